@@ -1,0 +1,20 @@
+//! Types that cross Trainyard's process boundaries.
+//!
+//! The API validates what users submit, the scheduler plans with it and the
+//! executors train from it, so the definitions live here once:
+//!
+//! * [`spec`] — the job spec as users write it ([`spec::JobSpecInput`]) and the
+//!   validated [`spec::JobSpec`] that can only be made by [`spec::JobSpec::parse`],
+//!   so a spec that exists in memory is a valid one;
+//! * [`state`] — the job lifecycle states and which transitions are legal;
+//! * [`model`] — parameter counts of the built-in models and the per-role
+//!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
+//!
+//! This crate has no I/O and no async code; it builds in seconds.
+
+pub mod model;
+pub mod spec;
+pub mod state;
+
+pub use spec::{JobSpec, JobSpecInput, Violation};
+pub use state::JobState;

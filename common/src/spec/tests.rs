@@ -1,0 +1,274 @@
+//! Unit and property tests of spec validation.
+
+use super::*;
+use proptest::prelude::{any, prop, prop_assert, prop_assert_eq, prop_oneof, proptest, Just, Strategy as PropStrategy};
+use serde_json::{json, Value};
+
+fn digits() -> Value {
+    json!({
+        "name": "digits-mlp",
+        "model": {"kind": "mlp", "inputs": 64, "hidden": [128, 64], "outputs": 10},
+        "dataset": {"kind": "file", "url": "file:///data/digits.npz"},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adamw", "lr": 0.001, "weight_decay": 0.01,
+                      "schedule": {"kind": "warmup_cosine", "warmup_steps": 10}},
+        "batch_size": 64,
+        "steps": 500,
+        "strategy": "parameter_server",
+        "workers": {"min": 2, "max": 4},
+        "parameter_servers": 2,
+        "consistency": {"bounded": {"staleness": 2}},
+        "checkpoint": {"every_steps": 100, "keep": 2},
+        "resources": {"device": "cpu", "memory_mb": 512},
+        "seed": 7
+    })
+}
+
+fn parse(v: &Value) -> Result<JobSpec, SpecError> {
+    JobSpec::from_json(&serde_json::to_vec(v).unwrap())
+}
+
+/// Sets `path` (dotted) in `v` to `new`.
+fn with(mut v: Value, path: &str, new: Value) -> Value {
+    let mut cur = &mut v;
+    let parts: Vec<&str> = path.split('.').collect();
+    for p in &parts[..parts.len() - 1] {
+        cur = cur.get_mut(*p).unwrap();
+    }
+    cur.as_object_mut().unwrap().insert(parts[parts.len() - 1].to_owned(), new);
+    v
+}
+
+fn fields(e: &SpecError) -> Vec<String> {
+    e.violations().iter().map(|v| v.field.clone()).collect()
+}
+
+#[test]
+fn valid_spec_parses_and_round_trips() {
+    let spec = parse(&digits()).unwrap();
+    assert_eq!(spec.name, "digits-mlp");
+    let back = serde_json::to_value(&spec).unwrap();
+    let again: JobSpec = serde_json::from_value(back.clone()).unwrap();
+    assert_eq!(again, spec);
+    assert_eq!(serde_json::to_value(&again).unwrap(), back);
+}
+
+#[test]
+fn defaults_are_filled_in() {
+    let v = json!({
+        "name": "x",
+        "model": {"kind": "mlp", "inputs": 4, "outputs": 3},
+        "dataset": {"kind": "classification", "samples": 100, "features": 4, "classes": 3},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.1},
+        "batch_size": 8,
+        "epochs": 1
+    });
+    let s = parse(&v).unwrap();
+    assert_eq!(s.strategy, Strategy::Auto);
+    assert_eq!(s.effective_strategy(), Strategy::Allreduce);
+    assert_eq!(s.workers, WorkerRange { min: 1, max: 1 });
+    assert_eq!(s.checkpoint.keep, 3);
+    assert!(s.checkpoint.at_end);
+    assert_eq!(s.resources.memory_mb, 1024);
+    assert_eq!(s.eval_fraction, 0.1);
+    assert_eq!(s.consistency_mode(), Consistency::Sync);
+}
+
+#[test]
+fn malformed_json_is_a_syntax_error() {
+    assert!(matches!(JobSpec::from_json(b"{\"name\": "), Err(SpecError::Syntax(_))));
+    assert!(matches!(JobSpec::from_json(b"not json"), Err(SpecError::Syntax(_))));
+}
+
+#[test]
+fn unknown_fields_are_rejected_at_every_level() {
+    for path in ["colour", "model.colour", "optimizer.colour", "workers.colour", "checkpoint.colour", "resources.colour", "dataset.colour"] {
+        let e = parse(&with(digits(), path, json!(1))).unwrap_err();
+        assert!(matches!(e, SpecError::Shape(_)), "{path}: {e:?}");
+        let msg = &e.violations()[0].message;
+        assert!(msg.contains("unknown field `colour`"), "{path}: {msg}");
+    }
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let e = parse(&with(digits(), "optimizer.lr", json!("fast"))).unwrap_err();
+    assert!(matches!(e, SpecError::Shape(_)));
+    assert_eq!(fields(&e), ["optimizer.lr"]);
+    let e = parse(&with(digits(), "batch_size", json!(-1))).unwrap_err();
+    assert_eq!(fields(&e), ["batch_size"]);
+    let e = parse(&with(digits(), "model.kind", json!("resnet"))).unwrap_err();
+    assert_eq!(fields(&e), ["model.kind"]);
+}
+
+#[test]
+fn missing_required_field_is_named() {
+    let mut v = digits();
+    v.as_object_mut().unwrap().remove("loss");
+    let e = parse(&v).unwrap_err();
+    assert!(e.violations()[0].message.contains("missing field `loss`"));
+}
+
+#[test]
+fn each_bound_is_rejected_with_its_field() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("name", json!(""), "name"),
+        ("name", json!("x".repeat(129)), "name"),
+        ("name", json!("a\u{7}b"), "name"),
+        ("model.inputs", json!(0), "model.inputs"),
+        ("model.hidden", json!([128, 0]), "model.hidden[1]"),
+        ("model.hidden", json!(vec![1; 33]), "model.hidden"),
+        ("dataset.url", json!("ftp://x/y.npz"), "dataset.url"),
+        ("dataset.url", json!("file://relative/y.npz"), "dataset.url"),
+        ("dataset.url", json!("s3://bucket"), "dataset.url"),
+        ("dataset.url", json!("file:///data/digits.csv"), "dataset.format"),
+        ("optimizer.lr", json!(0.0), "optimizer.lr"),
+        ("optimizer.lr", json!(11.0), "optimizer.lr"),
+        ("optimizer.weight_decay", json!(2.0), "optimizer.weight_decay"),
+        ("optimizer.momentum", json!(0.9), "optimizer.momentum"),
+        ("optimizer.betas", json!([0.9, 1.0]), "optimizer.betas[1]"),
+        ("optimizer.grad_clip", json!(0.0), "optimizer.grad_clip"),
+        ("optimizer.schedule.warmup_steps", json!(500), "optimizer.schedule.warmup_steps"),
+        ("batch_size", json!(0), "batch_size"),
+        ("batch_size", json!(70000), "batch_size"),
+        ("steps", json!(0), "steps"),
+        ("epochs", json!(3), "steps"),
+        ("workers.min", json!(0), "workers.min"),
+        ("workers.max", json!(1), "workers.max"),
+        ("workers.max", json!(2000), "workers.max"),
+        ("parameter_servers", json!(0), "parameter_servers"),
+        ("parameter_servers", json!(300), "parameter_servers"),
+        ("consistency", json!({"bounded": {"staleness": 20000}}), "consistency.bounded.staleness"),
+        ("checkpoint.every_steps", json!(0), "checkpoint.every_steps"),
+        ("checkpoint.every_seconds", json!(0), "checkpoint.every_seconds"),
+        ("checkpoint.keep", json!(0), "checkpoint.keep"),
+        ("resources.memory_mb", json!(1), "resources.memory_mb"),
+        ("eval_fraction", json!(0.9), "eval_fraction"),
+    ];
+    for (path, value, field) in cases {
+        let e = parse(&with(digits(), path, value.clone())).unwrap_err();
+        assert!(fields(&e).iter().any(|f| f == field), "{path}={value}: expected {field}, got {e:?}");
+    }
+}
+
+#[test]
+fn all_violations_are_listed() {
+    let mut v = with(digits(), "batch_size", json!(0));
+    v = with(v, "optimizer.lr", json!(-1.0));
+    v = with(v, "workers.min", json!(0));
+    v = with(v, "name", json!(""));
+    let e = parse(&v).unwrap_err();
+    let f = fields(&e);
+    for want in ["batch_size", "optimizer.lr", "workers.min", "name"] {
+        assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
+    }
+}
+
+#[test]
+fn model_and_data_must_agree() {
+    let v = with(digits(), "dataset", json!({"kind": "classification", "samples": 10, "features": 32, "classes": 10}));
+    assert_eq!(fields(&parse(&v).unwrap_err()), ["model.inputs"]);
+    let v = with(v, "model.inputs", json!(32));
+    let v = with(v, "loss", json!("mse"));
+    assert_eq!(fields(&parse(&v).unwrap_err()), ["loss"]);
+    let v = with(digits(), "model", json!({"kind": "transformer", "vocab": 256, "context": 32, "layers": 2, "heads": 4, "width": 66}));
+    let f = fields(&parse(&v).unwrap_err());
+    assert!(f.contains(&"model.width".to_owned()), "{f:?}");
+    let v = with(digits(), "model", json!({"kind": "cnn", "channels": 1, "height": 8, "width": 8, "conv_channels": [8, 8, 8, 8], "hidden": 32, "classes": 10}));
+    assert!(fields(&parse(&v).unwrap_err()).contains(&"model.conv_channels".to_owned()));
+}
+
+#[test]
+fn strategy_specific_fields_are_rejected_elsewhere() {
+    let v = with(digits(), "strategy", json!("allreduce"));
+    let f = fields(&parse(&v).unwrap_err());
+    assert_eq!(f, ["parameter_servers", "consistency"]);
+}
+
+#[test]
+fn memory_arithmetic_decides_auto_and_rejects_what_cannot_fit() {
+    // 8.4 M parameters with Adam: 16 B/param = 128 MiB for a ring replica.
+    let big = json!({"kind": "mlp", "inputs": 64, "hidden": [4096, 2048], "outputs": 10});
+    let v = with(with(digits(), "model", big.clone()), "strategy", json!("auto"));
+    let v = with(v, "resources.memory_mb", json!(100));
+    let s = parse(&v).unwrap();
+    assert_eq!(s.effective_strategy(), Strategy::ParameterServer);
+    let v = with(v.clone(), "resources.memory_mb", json!(200));
+    assert_eq!(parse(&v).unwrap().effective_strategy(), Strategy::Allreduce);
+    let mut v = with(with(digits(), "model", big), "strategy", json!("allreduce"));
+    v.as_object_mut().unwrap().remove("parameter_servers");
+    v.as_object_mut().unwrap().remove("consistency");
+    let v = with(v, "resources.memory_mb", json!(100));
+    assert_eq!(fields(&parse(&v).unwrap_err()), ["resources.memory_mb"]);
+}
+
+#[test]
+fn file_format_comes_from_the_extension() {
+    assert_eq!(file_format_from_url("s3://b/x.NPZ"), Some(FileFormat::Npz));
+    assert_eq!(file_format_from_url("file:///a.b/c"), None);
+    assert_eq!(file_format_from_url("file:///t.txt"), Some(FileFormat::Text));
+}
+
+fn arb_valid() -> impl PropStrategy<Value = Value> {
+    (
+        "[a-z][a-z0-9-]{0,40}",
+        1u32..=512,
+        prop::collection::vec(1u32..=512, 0..4),
+        2u32..=50,
+        1u32..=1024,
+        (1u32..=16, 0u32..=16),
+        prop::option::of(1u32..=8),
+        0u32..=3,
+        1e-5f64..1.0,
+        any::<u64>(),
+    )
+        .prop_map(|(name, inputs, hidden, classes, batch, (wmin, extra), ps, opt, lr, seed)| {
+            let kind = ["sgd", "momentum", "adam", "adamw"][opt as usize];
+            let mut v = json!({
+                "name": name,
+                "model": {"kind": "mlp", "inputs": inputs, "hidden": hidden, "outputs": classes},
+                "dataset": {"kind": "classification", "samples": 1000, "features": inputs, "classes": classes},
+                "loss": "cross_entropy",
+                "optimizer": {"kind": kind, "lr": lr},
+                "batch_size": batch,
+                "epochs": 2,
+                "strategy": "parameter_server",
+                "workers": {"min": wmin, "max": wmin + extra},
+                "seed": seed,
+                "resources": {"memory_mb": 4096}
+            });
+            if let Some(ps) = ps {
+                v["parameter_servers"] = json!(ps);
+            }
+            v
+        })
+}
+
+proptest! {
+    #[test]
+    fn generated_valid_specs_round_trip(v in arb_valid()) {
+        let spec = parse(&v).unwrap();
+        let json = serde_json::to_vec(&spec).unwrap();
+        let again = JobSpec::from_json(&json).unwrap();
+        prop_assert_eq!(&again, &spec);
+    }
+
+    #[test]
+    fn out_of_range_batch_is_always_named(v in arb_valid(), b in prop_oneof![Just(0u64), (u64::from(MAX_BATCH) + 1)..u64::from(u32::MAX)]) {
+        let e = parse(&with(v, "batch_size", json!(b))).unwrap_err();
+        prop_assert!(fields(&e).contains(&"batch_size".to_owned()));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = JobSpec::from_json(&bytes);
+    }
+
+    #[test]
+    fn arbitrary_numbers_never_panic(lr in any::<f64>(), mem in any::<u64>(), w in any::<u32>(), h in prop::collection::vec(any::<u32>(), 0..5)) {
+        let v = with(with(with(digits(), "optimizer.lr", json!(lr)), "resources.memory_mb", json!(mem)), "model.hidden", json!(h));
+        let v = with(v, "workers.max", json!(w));
+        let _ = parse(&v);
+    }
+}

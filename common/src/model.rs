@@ -8,7 +8,7 @@
 //! 0 (SGD), 4 (momentum) or 8 (Adam) bytes wherever its state lives.
 
 use crate::spec::{ModelSpec, OptimizerKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// Bytes of one fp32 value.
@@ -90,7 +90,7 @@ pub fn optimizer_state_bytes(kind: OptimizerKind) -> u64 {
 }
 
 /// What each role of each pattern needs to hold a model, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MemoryEstimate {
     /// Trainable parameters.
     pub parameters: u64,

@@ -656,9 +656,11 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
         v.fail("name", "must not contain control characters");
     }
 
+    let before = v.0.len();
     check_model(&s.model, v);
+    let model_ok = v.0.len() == before;
     let dataset_ok = check_dataset(&s.dataset, v);
-    if dataset_ok {
+    if model_ok && dataset_ok {
         check_model_fits_data(s, v);
     }
 

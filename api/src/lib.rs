@@ -1,0 +1,133 @@
+//! Trainyard's control plane: the REST API.
+//!
+//! [`Application::build`] wires the production server from a [`Config`]:
+//! a Postgres pool (migrations from `migrations/` applied on start-up), the
+//! routes of [`routes`] (jobs, health, metrics), the OpenAPI document of
+//! [`openapi`] with an interactive page at `/docs`, and the small web page
+//! of [`web`]. Every error leaves as `application/problem+json` through
+//! [`error::ApiError`]. `main.rs` is a thin shell over this, and the
+//! integration tests build the same [`Application`] on port 0 against a
+//! fresh database, so they exercise the production wiring.
+//!
+//! When no `DATABASE_URL` is given, [`embedded_pg`] runs a private Postgres
+//! cluster in the data folder with the machine's PostgreSQL binaries.
+
+pub mod config;
+pub mod embedded_pg;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod openapi;
+pub mod routes;
+pub mod web;
+
+use anyhow::Context;
+pub use config::Config;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// The migrations in `migrations/`, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The Postgres pool.
+    pub db: PgPool,
+    /// Prometheus metrics.
+    pub metrics: Arc<metrics::Metrics>,
+    /// The configuration the server runs with.
+    pub config: Arc<Config>,
+}
+
+/// A built server: bound to its port and connected to its database.
+pub struct Application {
+    listener: TcpListener,
+    router: axum::Router,
+    state: AppState,
+}
+
+impl Application {
+    /// Connects to `database_url`, applies migrations, and binds the listen
+    /// address (port 0 picks a free port).
+    pub async fn build(config: Config, database_url: &str) -> anyhow::Result<Application> {
+        let db = PgPoolOptions::new()
+            .max_connections(config.db_max_connections)
+            .acquire_timeout(Duration::from_secs(config.db_acquire_timeout_secs))
+            .connect(database_url)
+            .await
+            .context("connecting to Postgres")?;
+        MIGRATOR.run(&db).await.context("applying migrations")?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let state = AppState {
+            db,
+            metrics: Arc::new(metrics::Metrics::new()?),
+            config: Arc::new(config),
+        };
+        let router = routes::router(state.clone());
+        Ok(Application { listener, router, state })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The shared state (for tests and embedding).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then drains in-flight requests and
+    /// closes the pool.
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let db = self.state.db.clone();
+        axum::serve(
+            self.listener,
+            self.router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP")?;
+        db.close().await;
+        Ok(())
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown signal received; draining requests");
+}

@@ -1,0 +1,74 @@
+//! `trainyard`: the API server (with the scheduler in-process) and tools
+//! around it. `trainyard serve` runs it; `trainyard openapi` prints the
+//! OpenAPI document. The wiring lives in the library (`Application`).
+
+use clap::{Parser, Subcommand};
+use trainyard_api::config::LogFormat;
+use trainyard_api::embedded_pg::EmbeddedPostgres;
+use trainyard_api::{openapi, shutdown_signal, Application, Config};
+use tracing_subscriber::EnvFilter;
+
+/// Trainyard: submit distributed training jobs and watch them train.
+#[derive(Debug, Parser)]
+#[command(name = "trainyard", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the API server.
+    Serve(Box<Config>),
+    /// Print the OpenAPI document (the content of openapi/openapi.json).
+    Openapi,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Openapi => {
+            print!("{}", openapi::document());
+            Ok(())
+        }
+        Command::Serve(config) => serve(*config).await,
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
+    match config.log_format {
+        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
+    }
+
+    let embedded = match &config.database_url {
+        Some(_) => None,
+        None => Some(EmbeddedPostgres::start(&config.data_dir).await?),
+    };
+    let url = match (&config.database_url, &embedded) {
+        (Some(url), _) => url.clone(),
+        (None, Some(pg)) => {
+            tracing::info!(dir = %pg.dir().display(), url = pg.url(), "private Postgres cluster running");
+            pg.url().to_owned()
+        }
+        (None, None) => unreachable!("an embedded cluster is started when no URL is given"),
+    };
+
+    let result = async {
+        let app = Application::build(config.clone(), &url).await?;
+        let addr = app.local_addr();
+        tracing::info!(%addr, object_store = %config.object_store_url(), "Trainyard API listening");
+        println!("Trainyard is up.\n  UI:       http://{addr}/\n  API docs: http://{addr}/docs\n  Try:      curl -s http://{addr}/v1/jobs");
+        app.run_until(shutdown_signal()).await
+    }
+    .await;
+
+    if let Some(pg) = embedded {
+        if let Err(e) = pg.stop().await {
+            tracing::warn!(error = %e, "stopping the private Postgres cluster");
+        }
+    }
+    result
+}

@@ -1,0 +1,66 @@
+//! Liveness, readiness and Prometheus metrics.
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::AppState;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Serialize;
+use sqlx::Row;
+use std::time::Duration;
+use trainyard_common::JobState;
+use utoipa::ToSchema;
+
+/// How long readiness waits for Postgres.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Health answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `ready`.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "Alive", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness: Postgres answers within two seconds.
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "Postgres unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn readyz(State(st): State<AppState>) -> ApiResult<Json<Health>> {
+    match tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(&st.db)).await {
+        Ok(Ok(_)) => Ok(Json(Health { status: "ready" })),
+        Ok(Err(e)) => Err(ApiError::Unavailable(format!("database: {e}"))),
+        Err(_) => Err(ApiError::Unavailable("database did not answer in time".into())),
+    }
+}
+
+/// Prometheus metrics in the text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    responses((status = 200, description = "Metrics", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse> {
+    let rows = sqlx::query("SELECT state::text AS state, count(*) AS n FROM jobs GROUP BY state")
+        .fetch_all(&st.db)
+        .await?;
+    for s in JobState::ALL {
+        st.metrics.jobs.with_label_values(&[s.as_str()]).set(0);
+    }
+    for r in rows {
+        let state: String = r.try_get("state")?;
+        let n: i64 = r.try_get("n")?;
+        st.metrics.jobs.with_label_values(&[&state]).set(n);
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        st.metrics.render(),
+    ))
+}

@@ -1,0 +1,498 @@
+//! `/v1/jobs`: submit, list, read, cancel, and the event log.
+//!
+//! The SQL for jobs sits here beside the handlers that use it. Listing is
+//! newest first with keyset pagination on `(created_at, id)`: the cursor is
+//! the position of the last job returned, so pages stay stable while new
+//! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::{JobId, JsonBytes, QueryParams};
+use crate::AppState;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use trainyard_common::model::MemoryEstimate;
+use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::{JobSpec, JobState};
+use trainyard_scheduler::lifecycle::{self, TransitionError};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// Default page size of the job list.
+pub const DEFAULT_PAGE: i64 = 50;
+/// Largest page size of the job list.
+pub const MAX_PAGE: i64 = 500;
+/// Default page size of the event log.
+pub const DEFAULT_EVENTS_PAGE: i64 = 500;
+/// Largest page size of the event log.
+pub const MAX_EVENTS_PAGE: i64 = 1000;
+/// Longest `Idempotency-Key`.
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+/// Header set on a submit that returned an existing job.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// A job as the API shows it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Job {
+    /// Job id.
+    pub id: Uuid,
+    /// The spec's name.
+    pub name: String,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Why the job is in this state.
+    pub state_reason: String,
+    /// Membership generation (the data plane's fencing token).
+    pub generation: i64,
+    /// The strategy the job runs with (`auto` resolved when the model's size is known).
+    pub strategy: Strategy,
+    /// Memory each role needs (built-in models only).
+    pub estimate: Option<MemoryEstimate>,
+    /// The spec as submitted, with defaults filled in.
+    pub spec: JobSpecInput,
+    /// When it was submitted.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// When it first ran.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A page of jobs, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobPage {
+    /// The jobs.
+    pub jobs: Vec<Job>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One entry of a job's event log.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    /// Position in the log (increasing).
+    pub id: i64,
+    /// When it happened.
+    pub at: DateTime<Utc>,
+    /// `submitted`, `transition`, or a later capability's kind.
+    pub kind: String,
+    /// The state left, for transitions.
+    pub from_state: Option<JobState>,
+    /// The state entered, for transitions and the submit.
+    pub to_state: Option<JobState>,
+    /// Why.
+    pub reason: String,
+    /// Details of the event.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+/// A page of a job's events, oldest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EventPage {
+    /// The events.
+    pub events: Vec<JobEvent>,
+    /// Pass as `after` for the next page; absent when there are no more yet.
+    pub next_after: Option<i64>,
+}
+
+/// Query of `GET /v1/jobs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only jobs in these states (comma-separated, e.g. `queued,running`).
+    pub state: Option<String>,
+    /// Page size (1–500, default 50).
+    pub limit: Option<String>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// Query of `GET /v1/jobs/{id}/events`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only events after this id (the `next_after` of the previous page).
+    pub after: Option<String>,
+    /// Page size (1–1000, default 500).
+    pub limit: Option<String>,
+}
+
+const JOB_COLUMNS: &str = "id, name, spec, state::text AS state, state_reason, generation, created_at, updated_at, started_at, finished_at";
+
+fn job_from_row(row: &PgRow) -> ApiResult<Job> {
+    let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored spec does not decode: {e}")))?;
+    let state: JobState = row
+        .try_get::<String, _>("state")?
+        .parse()
+        .map_err(|e| ApiError::Internal(anyhow::Error::new(e)))?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        state,
+        state_reason: row.try_get("state_reason")?,
+        generation: row.try_get("generation")?,
+        strategy: spec.effective_strategy(),
+        estimate: spec.estimate(),
+        spec,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+async fn fetch_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Job> {
+    let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await?
+        .ok_or_else(|| not_found(id))?;
+    job_from_row(&row)
+}
+
+fn not_found(id: Uuid) -> ApiError {
+    ApiError::NotFound(format!("no job with id {id}"))
+}
+
+fn created(job: &Job, replayed: bool) -> Response {
+    let mut resp = (StatusCode::CREATED, Json(job)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/jobs/{}", job.id)) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    if replayed {
+        resp.headers_mut()
+            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(raw) = headers.get("idempotency-key") else { return Ok(None) };
+    let field = "Idempotency-Key";
+    let key = raw
+        .to_str()
+        .map_err(|_| ApiError::bad_field(field, "must be visible ASCII"))?;
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(ApiError::bad_field(
+            field,
+            format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters, got {}", key.len()),
+        ));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(ApiError::bad_field(field, "must be visible ASCII"));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// Submit a job.
+///
+/// The spec is validated in full: a 422 lists every violation with its
+/// field. With an `Idempotency-Key` header, a retried submit returns the job
+/// the first one created (with `Idempotent-Replayed: true`); reusing the key
+/// for a different spec is a 422.
+#[utoipa::path(
+    post, path = "/v1/jobs", tag = "jobs",
+    request_body(content = JobSpecInput, content_type = "application/json"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this submit return the same job (1–255 visible ASCII characters)")),
+    responses(
+        (status = 201, description = "Job created (or replayed)", body = Job,
+         headers(("Location" = String, description = "URL of the job"))),
+        (status = 400, description = "Malformed JSON or bad header", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid spec: every violation", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn submit(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Response> {
+    let key = idempotency_key(&headers)?;
+    let spec = JobSpec::from_json(&body)?;
+    let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
+    // Hash of the canonical (validated, re-serialized) spec: a retry with
+    // different whitespace or key order is still the same request.
+    let hash = key.as_ref().map(|_| Sha256::digest(spec_json.to_string().as_bytes()).to_vec());
+
+    let mut tx = st.db.begin().await?;
+    let inserted = sqlx::query(&format!(
+        "INSERT INTO jobs (id, name, spec, idempotency_key, request_hash)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (idempotency_key) DO NOTHING
+         RETURNING {JOB_COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(&spec.name)
+    .bind(&spec_json)
+    .bind(&key)
+    .bind(&hash)
+    .fetch_optional(&mut *tx)
+    .await?;
+
+    if let Some(row) = inserted {
+        let job = job_from_row(&row)?;
+        sqlx::query(
+            "INSERT INTO job_events (job_id, kind, to_state, reason, data)
+             VALUES ($1, 'submitted', 'queued', 'submitted', $2)",
+        )
+        .bind(job.id)
+        .bind(serde_json::json!({ "strategy": job.strategy, "idempotency_key": key }))
+        .execute(&mut *tx)
+        .await?;
+        lifecycle::notify(&mut tx, job.id).await?;
+        tx.commit().await?;
+        st.metrics.jobs_submitted.inc();
+        tracing::info!(job = %job.id, name = %job.name, "job submitted");
+        return Ok(created(&job, false));
+    }
+
+    // The key exists: this is a retry (same spec) or a misuse (another spec).
+    let row = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS}, request_hash FROM jobs WHERE idempotency_key = $1"
+    ))
+    .bind(&key)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let stored: Option<Vec<u8>> = row.try_get("request_hash")?;
+    if stored != hash {
+        return Err(ApiError::invalid_field(
+            "Idempotency-Key",
+            "this key was already used for a different job spec",
+        ));
+    }
+    Ok(created(&job_from_row(&row)?, true))
+}
+
+fn parse_limit(raw: Option<&str>, default: i64, max: i64) -> ApiResult<i64> {
+    match raw {
+        None => Ok(default),
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(ApiError::bad_field(
+                "limit",
+                format!("must be an integer between 1 and {max}, got {s:?}"),
+            )),
+        },
+    }
+}
+
+fn encode_cursor(at: DateTime<Utc>, id: Uuid) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}:{id}", at.timestamp_micros()))
+}
+
+fn decode_cursor(raw: &str) -> ApiResult<(DateTime<Utc>, Uuid)> {
+    let bad = || ApiError::bad_field("cursor", "not a cursor returned by this API");
+    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?).map_err(|_| bad())?;
+    let (micros, id) = text.split_once(':').ok_or_else(bad)?;
+    let at = DateTime::from_timestamp_micros(micros.parse().map_err(|_| bad())?).ok_or_else(bad)?;
+    Ok((at, Uuid::parse_str(id).map_err(|_| bad())?))
+}
+
+fn parse_states(raw: Option<&str>) -> ApiResult<Option<Vec<String>>> {
+    let Some(raw) = raw else { return Ok(None) };
+    raw.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<JobState>()
+                .map(|st| st.as_str().to_owned())
+                .map_err(|e| ApiError::bad_field("state", e.to_string()))
+        })
+        .collect::<ApiResult<Vec<_>>>()
+        .map(Some)
+}
+
+/// List jobs, newest first.
+#[utoipa::path(
+    get, path = "/v1/jobs", tag = "jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of jobs", body = JobPage),
+        (status = 400, description = "Bad query parameter", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list(
+    State(st): State<AppState>,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> ApiResult<Json<JobPage>> {
+    let limit = parse_limit(q.limit.as_deref(), DEFAULT_PAGE, MAX_PAGE)?;
+    let states = parse_states(q.state.as_deref())?;
+    let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    let rows = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS} FROM jobs
+         WHERE ($1::text[] IS NULL OR state = ANY($1::text[]::job_state[]))
+           AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
+         ORDER BY created_at DESC, id DESC
+         LIMIT $4"
+    ))
+    .bind(&states)
+    .bind(cursor.map(|c| c.0))
+    .bind(cursor.map(|c| c.1))
+    .bind(limit + 1)
+    .fetch_all(&st.db)
+    .await?;
+    let more = rows.len() as i64 > limit;
+    let jobs = rows
+        .iter()
+        .take(limit as usize)
+        .map(job_from_row)
+        .collect::<ApiResult<Vec<_>>>()?;
+    let next_cursor = if more {
+        jobs.last().map(|j| encode_cursor(j.created_at, j.id))
+    } else {
+        None
+    };
+    Ok(Json(JobPage { jobs, next_cursor }))
+}
+
+/// Read one job.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job", body = Job),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json<Job>> {
+    Ok(Json(fetch_job(&st.db, id).await?))
+}
+
+/// Cancel a job.
+///
+/// Idempotent: cancelling a cancelled job returns it unchanged (and writes
+/// no second event). A job that already succeeded or failed is a 409.
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The cancelled job", body = Job),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job already ended otherwise", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn cancel(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json<Job>> {
+    let mut tx = st.db.begin().await?;
+    match lifecycle::transition(&mut tx, id, JobState::Cancelled, "cancelled by user").await {
+        Ok(_) => {}
+        Err(TransitionError::NotFound) => return Err(not_found(id)),
+        Err(TransitionError::Illegal { from, .. }) => {
+            return Err(ApiError::Conflict(format!("job {id} already {from}; it cannot be cancelled")))
+        }
+        Err(TransitionError::Database(e)) => return Err(e.into()),
+    }
+    tx.commit().await?;
+    Ok(Json(fetch_job(&st.db, id).await?))
+}
+
+/// A job's event log, oldest first.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/events", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id"), EventsQuery),
+    responses(
+        (status = 200, description = "A page of events", body = EventPage),
+        (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn events(
+    State(st): State<AppState>,
+    JobId(id): JobId,
+    QueryParams(q): QueryParams<EventsQuery>,
+) -> ApiResult<Json<EventPage>> {
+    let limit = parse_limit(q.limit.as_deref(), DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)?;
+    let after = match q.after.as_deref() {
+        None => 0,
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| ApiError::bad_field("after", format!("must be a non-negative integer, got {s:?}")))?,
+    };
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
+        .bind(id)
+        .fetch_one(&st.db)
+        .await?;
+    if !exists {
+        return Err(not_found(id));
+    }
+    let rows = sqlx::query(
+        "SELECT id, at, kind, from_state::text AS from_state, to_state::text AS to_state, reason, data
+         FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+    )
+    .bind(id)
+    .bind(after)
+    .bind(limit + 1)
+    .fetch_all(&st.db)
+    .await?;
+    let more = rows.len() as i64 > limit;
+    let state = |col: &str, row: &PgRow| -> ApiResult<Option<JobState>> {
+        row.try_get::<Option<String>, _>(col)?
+            .map(|s| s.parse().map_err(|e| ApiError::Internal(anyhow::Error::new(e))))
+            .transpose()
+    };
+    let events = rows
+        .iter()
+        .take(limit as usize)
+        .map(|r| {
+            Ok(JobEvent {
+                id: r.try_get("id")?,
+                at: r.try_get("at")?,
+                kind: r.try_get("kind")?,
+                from_state: state("from_state", r)?,
+                to_state: state("to_state", r)?,
+                reason: r.try_get("reason")?,
+                data: r.try_get("data")?,
+            })
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    let next_after = if more { events.last().map(|e| e.id) } else { None };
+    Ok(Json(EventPage { events, next_after }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips() {
+        let at = DateTime::from_timestamp_micros(1_764_000_000_123_456).unwrap();
+        let id = Uuid::now_v7();
+        assert_eq!(decode_cursor(&encode_cursor(at, id)).unwrap(), (at, id));
+        assert!(decode_cursor("garbage!").is_err());
+        assert!(decode_cursor(&URL_SAFE_NO_PAD.encode("12:notauuid")).is_err());
+    }
+
+    #[test]
+    fn limits_are_bounded() {
+        assert_eq!(parse_limit(None, 50, 500).unwrap(), 50);
+        assert_eq!(parse_limit(Some("500"), 50, 500).unwrap(), 500);
+        for bad in ["0", "501", "-1", "ten", ""] {
+            assert!(parse_limit(Some(bad), 50, 500).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn states_parse_as_a_list() {
+        assert_eq!(parse_states(Some("queued,running")).unwrap(), Some(vec!["queued".into(), "running".into()]));
+        assert!(parse_states(Some("queued,nope")).is_err());
+    }
+}

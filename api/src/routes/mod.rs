@@ -1,0 +1,86 @@
+//! The router: resources, middleware and fallbacks.
+//!
+//! Layers, outermost first: panic catcher (a bug becomes a 500 problem, never
+//! a dropped connection), request tracing, metrics, timeout, body limit.
+//! `/v1` routes sit behind the bearer-token check when a token is configured;
+//! health, metrics, the OpenAPI document, the docs page and the web page do
+//! not. Unknown routes and wrong methods answer with problem details too.
+
+pub mod health;
+pub mod jobs;
+
+use crate::error::ApiError;
+use crate::extract::BodyLimit;
+use crate::{metrics, openapi, web, AppState};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::time::Duration;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+/// Builds the whole router over `state`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.config.max_body_bytes;
+    let v1 = Router::new()
+        .route("/jobs", post(jobs::submit).get(jobs::list))
+        .route("/jobs/{id}", get(jobs::get))
+        .route("/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/jobs/{id}/events", get(jobs::events))
+        .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+
+    Router::new()
+        .nest("/v1", v1)
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .merge(openapi::routes())
+        .merge(web::routes())
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.metrics.clone(), metrics::track))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(state.config.request_timeout_secs),
+        ))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::Extension(BodyLimit(limit)))
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::Internal(anyhow::anyhow!("handler panicked")).into_response()
+        }))
+        .with_state(state)
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::NotFound(format!("no route for {} {}", req.method(), req.uri().path()))
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Rejects `/v1` requests without the configured bearer token.
+async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = st.config.api_token.as_deref() {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without returning early on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

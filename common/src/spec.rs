@@ -545,6 +545,11 @@ impl JobSpec {
             Err(e) => {
                 let path = e.path().to_string();
                 let inner = e.into_inner();
+                // A shape error can come before a syntax error later in the
+                // document (`[1, 2` fails on the 1); bad JSON is a 400 first.
+                if let Err(syntax) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                    return Err(SpecError::Syntax(syntax.to_string()));
+                }
                 return Err(match inner.classify() {
                     serde_json::error::Category::Data => SpecError::Shape(vec![Violation {
                         field: if path == "." { String::new() } else { path },

@@ -79,6 +79,9 @@ fn defaults_are_filled_in() {
 fn malformed_json_is_a_syntax_error() {
     assert!(matches!(JobSpec::from_json(b"{\"name\": "), Err(SpecError::Syntax(_))));
     assert!(matches!(JobSpec::from_json(b"not json"), Err(SpecError::Syntax(_))));
+    // A shape error early in a document that is not JSON at all is still a syntax error.
+    assert!(matches!(JobSpec::from_json(b"[1, 2"), Err(SpecError::Syntax(_))));
+    assert!(matches!(JobSpec::from_json(b""), Err(SpecError::Syntax(_))));
 }
 
 #[test]
@@ -88,6 +91,9 @@ fn unknown_fields_are_rejected_at_every_level() {
         assert!(matches!(e, SpecError::Shape(_)), "{path}: {e:?}");
         let msg = &e.violations()[0].message;
         assert!(msg.contains("unknown field `colour`"), "{path}: {msg}");
+        // Inside tagged enums (model, dataset) the path stops at the enum.
+        let field = &e.violations()[0].field;
+        assert!(path == field || path.starts_with(&format!("{field}.")), "{path}: {field}");
     }
 }
 

@@ -1,0 +1,127 @@
+//! `spawn_app()`: a fresh database, the real application on a free port, and
+//! a small typed client.
+//!
+//! The Postgres server comes from `TRAINYARD_TEST_DATABASE_URL` (an admin
+//! URL; the test script sets it), else `DATABASE_URL`, else the local
+//! server at 127.0.0.1:5432. Each test makes its own `ty_test_*` database.
+
+use reqwest::{Client, Response};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection, PgPool};
+use std::net::SocketAddr;
+use trainyard_api::{Application, Config};
+use uuid::Uuid;
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub db: PgPool,
+    pub db_name: String,
+    pub client: Client,
+}
+
+pub fn admin_url() -> String {
+    std::env::var("TRAINYARD_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// `admin_url` with its database replaced by `db`.
+pub fn url_for(db: &str) -> String {
+    let admin = admin_url();
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b.to_owned(), format!("?{q}")),
+        None => (admin.clone(), String::new()),
+    };
+    let cut = base.rfind('/').filter(|&i| i > "postgres://".len()).unwrap_or(base.len());
+    format!("{}/{db}{query}", &base[..cut])
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
+    let db_name = format!("ty_test_{}", Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&admin_url())
+        .await
+        .expect("connect to the test Postgres server (set TRAINYARD_TEST_DATABASE_URL)");
+    sqlx::query(&format!("CREATE DATABASE {db_name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+
+    let mut config = Config::for_tests("127.0.0.1:0".parse().unwrap());
+    tweak(&mut config);
+    let url = url_for(&db_name);
+    let app = Application::build(config, &url).await.expect("build app");
+    let addr = app.local_addr();
+    let db = app.state().db.clone();
+    tokio::spawn(app.run_until(std::future::pending()));
+    TestApp { addr, db, db_name, client: Client::new() }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.client.get(self.url(path)).send().await.unwrap()
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.client.post(self.url(path)).json(body).send().await.unwrap()
+    }
+
+    pub async fn post_empty(&self, path: &str) -> Response {
+        self.client.post(self.url(path)).send().await.unwrap()
+    }
+
+    /// Submits `spec` and returns the created job.
+    pub async fn submit(&self, spec: &Value) -> Value {
+        let r = self.post_json("/v1/jobs", spec).await;
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        r.json().await.unwrap()
+    }
+}
+
+/// A valid spec: the digits MLP.
+pub fn digits_spec(name: &str) -> Value {
+    json!({
+        "name": name,
+        "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
+        "dataset": {"kind": "file", "url": "file:///data/digits.npz"},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adam", "lr": 0.001},
+        "batch_size": 64,
+        "epochs": 5,
+        "strategy": "parameter_server",
+        "workers": {"min": 2, "max": 4},
+        "parameter_servers": 2,
+        "consistency": "sync"
+    })
+}
+
+/// Asserts a problem-details response with `status`, naming `field`
+/// (when given), and returns the body.
+pub async fn assert_problem(r: Response, status: u16, field: Option<&str>) -> Value {
+    assert_eq!(r.status().as_u16(), status);
+    let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+    assert_eq!(ct, "application/problem+json");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], status);
+    assert!(body["type"].as_str().unwrap().starts_with("/problems/"));
+    assert!(!body["title"].as_str().unwrap().is_empty());
+    assert!(!body["detail"].as_str().unwrap().is_empty());
+    if let Some(field) = field {
+        let fields: Vec<&str> = body["errors"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no errors in {body}"))
+            .iter()
+            .map(|e| e["field"].as_str().unwrap())
+            .collect();
+        assert!(fields.contains(&field), "{field} not named in {body}");
+    }
+    body
+}

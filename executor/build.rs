@@ -35,7 +35,10 @@ fn libtorch_lib_dir() -> Option<PathBuf> {
     if std::env::var_os("LIBTORCH_USE_PYTORCH").is_some() {
         let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python3".into());
         let out = std::process::Command::new(python)
-            .args(["-c", "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+            .args([
+                "-c",
+                "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
+            ])
             .output()
             .ok()?;
         if out.status.success() {

@@ -56,3 +56,62 @@ torch_env() {
   export LIBTORCH_LIB_DIR="$lib"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
+
+# ensure_postgres_binaries: initdb/pg_ctl/psql from Debian's packages when missing.
+ensure_postgres_binaries() {
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v psql >/dev/null 2>&1; then
+    return 0
+  fi
+  apt_install postgresql postgresql-client
+}
+
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+
+# as_pg_user CMD...: PostgreSQL refuses to run as root; run it as `postgres` then.
+as_pg_user() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# ensure_test_postgres: exports TRAINYARD_TEST_DATABASE_URL, an admin URL of
+# a running server: the one given, the machine's own at 127.0.0.1:5432, or
+# a private cluster started here (stopped by stop_test_postgres).
+TEST_PG_STARTED=""
+ensure_test_postgres() {
+  if [ -n "${TRAINYARD_TEST_DATABASE_URL:-}" ]; then return 0; fi
+  local local_url="postgres://postgres@127.0.0.1:5432/postgres"
+  if psql "$local_url" -Atqc 'select 1' >/dev/null 2>&1; then
+    export TRAINYARD_TEST_DATABASE_URL="$local_url"
+    log "tests use the Postgres server at 127.0.0.1:5432"
+    return 0
+  fi
+  local dir port=55432 bin
+  bin="$(pg_bin)"
+  if [ "$(id -u)" -eq 0 ]; then dir=/var/lib/trainyard/test-postgres; else dir="$CACHE/test-postgres"; fi
+  mkdir -p "$dir"
+  [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$dir"
+  if [ ! -f "$dir/PG_VERSION" ]; then
+    log "creating a private Postgres cluster for tests in $dir"
+    (cd / && as_pg_user "$bin/initdb" -D "$dir" -U postgres --auth=trust --encoding=UTF8 >/dev/null)
+  fi
+  if ! (cd / && as_pg_user "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1); then
+    (cd / && as_pg_user "$bin/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off" start >/dev/null)
+    TEST_PG_STARTED="$dir"
+  fi
+  export TRAINYARD_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+  log "tests use a private Postgres cluster at 127.0.0.1:$port"
+}
+
+stop_test_postgres() {
+  if [ -n "$TEST_PG_STARTED" ]; then
+    (cd / && as_pg_user "$(pg_bin)/pg_ctl" -D "$TEST_PG_STARTED" -m fast -w stop >/dev/null 2>&1) || true
+  fi
+}
+
+drop_test_databases() {
+  local dbs
+  dbs=$(psql "$TRAINYARD_TEST_DATABASE_URL" -Atqc "select datname from pg_database where datname like 'ty\_test\_%'" 2>/dev/null || true)
+  for db in $dbs; do
+    psql "$TRAINYARD_TEST_DATABASE_URL" -qc "drop database if exists \"$db\" with (force)" >/dev/null 2>&1 || true
+  done
+}

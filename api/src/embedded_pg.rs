@@ -33,6 +33,7 @@ pub struct EmbeddedPostgres {
     dir: PathBuf,
     bin: PathBuf,
     run_as: Option<(u32, u32)>,
+    port: u16,
     url: String,
 }
 
@@ -40,12 +41,16 @@ impl EmbeddedPostgres {
     /// Creates (once) and starts the cluster for `data_dir`.
     pub async fn start(data_dir: &Path) -> anyhow::Result<EmbeddedPostgres> {
         let bin = find_bin_dir()?;
-        let run_as = if current_uid()? == 0 {
-            Some(postgres_user().context("running as root, PostgreSQL needs the unprivileged `postgres` user")?)
-        } else {
-            None
-        };
-        std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        let run_as =
+            if current_uid()? == 0 {
+                Some(postgres_user().context(
+                    "running as root, PostgreSQL needs the unprivileged `postgres` user",
+                )?)
+            } else {
+                None
+            };
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
         let dir = match run_as {
             None => std::path::absolute(data_dir)?.join("postgres"),
             Some(_) => {
@@ -54,7 +59,13 @@ impl EmbeddedPostgres {
                 Path::new(ROOT_CLUSTERS).join(format!("postgres-{tag}"))
             }
         };
-        let pg = EmbeddedPostgres { dir, bin, run_as, url: String::new() };
+        let pg = EmbeddedPostgres {
+            dir,
+            bin,
+            run_as,
+            port: 0,
+            url: String::new(),
+        };
         let pg = tokio::task::spawn_blocking(move || pg.start_blocking()).await??;
         pg.ensure_database().await?;
         Ok(pg)
@@ -75,7 +86,10 @@ impl EmbeddedPostgres {
         tokio::task::spawn_blocking(move || {
             let out = self.pg_ctl(&["stop", "-m", "fast", "-w", "-t", "60"])?;
             if !out.status.success() {
-                bail!("pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr));
+                bail!(
+                    "pg_ctl stop failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             Ok(())
         })
@@ -89,9 +103,17 @@ impl EmbeddedPostgres {
                 std::os::unix::fs::chown(&self.dir, Some(uid), Some(gid))?;
             }
             tracing::info!(dir = %self.dir.display(), "creating a private Postgres cluster");
-            let out = self.command("initdb")
-                .args(["-D"]).arg(&self.dir)
-                .args(["-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"])
+            let out = self
+                .command("initdb")
+                .args(["-D"])
+                .arg(&self.dir)
+                .args([
+                    "-U",
+                    SUPERUSER,
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C.UTF-8",
+                ])
                 .output()
                 .context("running initdb")?;
             if !out.status.success() {
@@ -100,14 +122,29 @@ impl EmbeddedPostgres {
         }
         let port = match self.running_port() {
             Some(port) => {
-                tracing::info!(port, "reusing the private Postgres cluster that is already running");
+                tracing::info!(
+                    port,
+                    "reusing the private Postgres cluster that is already running"
+                );
                 port
             }
             None => {
                 let port = free_port()?;
-                let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1", self.dir.display());
+                let opts = format!(
+                    "-p {port} -k {} -c listen_addresses=127.0.0.1",
+                    self.dir.display()
+                );
                 let log = self.dir.join("server.log");
-                let out = self.pg_ctl(&["start", "-w", "-t", "60", "-o", &opts, "-l", &log.to_string_lossy()])?;
+                let out = self.pg_ctl(&[
+                    "start",
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    &opts,
+                    "-l",
+                    &log.to_string_lossy(),
+                ])?;
                 if !out.status.success() {
                     let tail = std::fs::read_to_string(&log).unwrap_or_default();
                     let tail: Vec<&str> = tail.lines().rev().take(10).collect();
@@ -120,6 +157,7 @@ impl EmbeddedPostgres {
                 port
             }
         };
+        self.port = port;
         self.url = format!("postgres://{SUPERUSER}@127.0.0.1:{port}/{DATABASE}");
         Ok(self)
     }
@@ -135,14 +173,17 @@ impl EmbeddedPostgres {
     }
 
     async fn ensure_database(&self) -> anyhow::Result<()> {
-        let admin = self.url.replace(&format!("/{DATABASE}"), "/postgres");
+        let admin = format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port);
         let mut conn = connect_retrying(&admin).await?;
-        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(DATABASE)
-            .fetch_one(&mut conn)
-            .await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(DATABASE)
+                .fetch_one(&mut conn)
+                .await?;
         if !exists {
-            sqlx::query(&format!("CREATE DATABASE {DATABASE}")).execute(&mut conn).await?;
+            sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+                .execute(&mut conn)
+                .await?;
         }
         conn.close().await?;
         Ok(())

@@ -94,12 +94,18 @@ impl From<SpecError> for ApiError {
 impl ApiError {
     /// A 400 naming one field.
     pub fn bad_field(field: &str, message: impl Into<String>) -> ApiError {
-        ApiError::BadRequest(vec![Violation { field: field.into(), message: message.into() }])
+        ApiError::BadRequest(vec![Violation {
+            field: field.into(),
+            message: message.into(),
+        }])
     }
 
     /// A 422 naming one field.
     pub fn invalid_field(field: &str, message: impl Into<String>) -> ApiError {
-        ApiError::Unprocessable(vec![Violation { field: field.into(), message: message.into() }])
+        ApiError::Unprocessable(vec![Violation {
+            field: field.into(),
+            message: message.into(),
+        }])
     }
 
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
@@ -109,13 +115,37 @@ impl ApiError {
             BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
-            MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
+            MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
             Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
-            PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
-            UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type"),
-            Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-spec", "Invalid request"),
-            Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
-            Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
+            PayloadTooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Payload too large",
+            ),
+            UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+            ),
+            Unprocessable(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-spec",
+                "Invalid request",
+            ),
+            Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+            ),
+            Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal server error",
+            ),
         }
     }
 }
@@ -136,16 +166,33 @@ impl IntoResponse for ApiError {
         };
         let errors = match self {
             ApiError::BadRequest(v) | ApiError::Unprocessable(v) => v,
-            ApiError::PayloadTooLarge(_) => vec![Violation { field: "body".into(), message: detail.clone() }],
-            ApiError::UnsupportedMediaType(_) => vec![Violation { field: "Content-Type".into(), message: detail.clone() }],
-            ApiError::Unauthorized => vec![Violation { field: "Authorization".into(), message: detail.clone() }],
+            ApiError::PayloadTooLarge(_) => vec![Violation {
+                field: "body".into(),
+                message: detail.clone(),
+            }],
+            ApiError::UnsupportedMediaType(_) => vec![Violation {
+                field: "Content-Type".into(),
+                message: detail.clone(),
+            }],
+            ApiError::Unauthorized => vec![Violation {
+                field: "Authorization".into(),
+                message: detail.clone(),
+            }],
             _ => Vec::new(),
         };
-        let problem = Problem { kind: format!("/problems/{slug}"), title: title.into(), status: status.as_u16(), detail, errors };
+        let problem = Problem {
+            kind: format!("/problems/{slug}"),
+            title: title.into(),
+            status: status.as_u16(),
+            detail,
+            errors,
+        };
         let mut resp = (status, axum::Json(problem)).into_response();
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
     }

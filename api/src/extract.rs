@@ -23,11 +23,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let essence = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         let is_json = essence == "application/json"
             || (essence.starts_with("application/") && essence.ends_with("+json"));
         if !is_json {
-            let got = if ct.is_empty() { "none".to_owned() } else { format!("{ct:?}") };
+            let got = if ct.is_empty() {
+                "none".to_owned()
+            } else {
+                format!("{ct:?}")
+            };
             return Err(ApiError::UnsupportedMediaType(format!(
                 "Content-Type must be application/json, got {got}"
             )));
@@ -39,7 +48,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
         match Bytes::from_request(req, state).await {
             Ok(b) => Ok(JsonBytes(b)),
             Err(e) if is_length_limit(&e) => Err(ApiError::PayloadTooLarge(limit)),
-            Err(e) => Err(ApiError::bad_field("body", format!("cannot read body: {e}"))),
+            Err(e) => Err(ApiError::bad_field(
+                "body",
+                format!("cannot read body: {e}"),
+            )),
         }
     }
 }

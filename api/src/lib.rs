@@ -71,12 +71,18 @@ impl Application {
             config: Arc::new(config),
         };
         let router = routes::router(state.clone());
-        Ok(Application { listener, router, state })
+        Ok(Application {
+            listener,
+            router,
+            state,
+        })
     }
 
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// The shared state (for tests and embedding).
@@ -93,7 +99,8 @@ impl Application {
         let db = self.state.db.clone();
         axum::serve(
             self.listener,
-            self.router.into_make_service_with_connect_info::<SocketAddr>(),
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(shutdown)
         .await

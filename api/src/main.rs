@@ -3,10 +3,10 @@
 //! OpenAPI document. The wiring lives in the library (`Application`).
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
 use trainyard_api::config::LogFormat;
 use trainyard_api::embedded_pg::EmbeddedPostgres;
 use trainyard_api::{openapi, shutdown_signal, Application, Config};
-use tracing_subscriber::EnvFilter;
 
 /// Trainyard: submit distributed training jobs and watch them train.
 #[derive(Debug, Parser)]
@@ -40,7 +40,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
     match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init(),
     }
 
     let embedded = match &config.database_url {

@@ -8,7 +8,10 @@
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,21 +31,38 @@ impl Metrics {
     pub fn new() -> prometheus::Result<Metrics> {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("trainyard_http_requests_total", "HTTP requests by method, route and status"),
+            Opts::new(
+                "trainyard_http_requests_total",
+                "HTTP requests by method, route and status",
+            ),
             &["method", "route", "status"],
         )?;
         let latency = HistogramVec::new(
-            HistogramOpts::new("trainyard_http_request_duration_seconds", "HTTP request latency by route")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
+            HistogramOpts::new(
+                "trainyard_http_request_duration_seconds",
+                "HTTP request latency by route",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+            ]),
             &["method", "route"],
         )?;
         let jobs = IntGaugeVec::new(Opts::new("trainyard_jobs", "Jobs by state"), &["state"])?;
-        let jobs_submitted = IntCounter::new("trainyard_jobs_submitted_total", "Jobs created by this server")?;
+        let jobs_submitted = IntCounter::new(
+            "trainyard_jobs_submitted_total",
+            "Jobs created by this server",
+        )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(jobs.clone()))?;
         registry.register(Box::new(jobs_submitted.clone()))?;
-        Ok(Metrics { registry, requests, latency, jobs, jobs_submitted })
+        Ok(Metrics {
+            registry,
+            requests,
+            latency,
+            jobs,
+            jobs_submitted,
+        })
     }
 
     /// The text exposition of every metric.

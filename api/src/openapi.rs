@@ -51,7 +51,10 @@ impl Modify for BearerAuth {
             }
             for op in [&mut item.get, &mut item.post].into_iter().flatten() {
                 op.security = Some(vec![
-                    utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new()),
+                    utoipa::openapi::security::SecurityRequirement::new(
+                        "bearer",
+                        Vec::<String>::new(),
+                    ),
                     utoipa::openapi::security::SecurityRequirement::default(),
                 ]);
             }

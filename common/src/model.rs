@@ -130,8 +130,15 @@ mod tests {
 
     #[test]
     fn mlp_count_matches_hand_arithmetic() {
-        let m = ModelSpec::Mlp(MlpSpec { inputs: 64, hidden: vec![128, 64], outputs: 10 });
-        assert_eq!(parameter_count(&m), Some(64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10));
+        let m = ModelSpec::Mlp(MlpSpec {
+            inputs: 64,
+            hidden: vec![128, 64],
+            outputs: 10,
+        });
+        assert_eq!(
+            parameter_count(&m),
+            Some(64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10)
+        );
     }
 
     #[test]
@@ -144,9 +151,12 @@ mod tests {
             hidden: 64,
             classes: 10,
         });
-        let conv = (1 * 16 * 9 + 16) + (16 * 32 * 9 + 32);
+        let conv = (16 * 9 + 16) + (16 * 32 * 9 + 32); // 1 input channel
         let flat = 32 * 2 * 2;
-        assert_eq!(parameter_count(&c), Some(conv + flat * 64 + 64 + 64 * 10 + 10));
+        assert_eq!(
+            parameter_count(&c),
+            Some(conv + flat * 64 + 64 + 64 * 10 + 10)
+        );
     }
 
     #[test]

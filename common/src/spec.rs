@@ -450,7 +450,12 @@ fn yes() -> bool {
 
 impl Default for CheckpointPolicy {
     fn default() -> Self {
-        CheckpointPolicy { every_steps: None, every_seconds: None, keep: default_keep(), at_end: true }
+        CheckpointPolicy {
+            every_steps: None,
+            every_seconds: None,
+            keep: default_keep(),
+            at_end: true,
+        }
     }
 }
 
@@ -483,7 +488,10 @@ fn default_memory_mb() -> u64 {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { device: Device::Cpu, memory_mb: default_memory_mb() }
+        Resources {
+            device: Device::Cpu,
+            memory_mb: default_memory_mb(),
+        }
     }
 }
 
@@ -561,14 +569,17 @@ impl JobSpec {
         };
         JobSpec::parse(input).map_err(SpecError::Invalid)
     }
-
 }
 
 impl JobSpecInput {
     /// The memory each role needs, for built-in models.
     pub fn estimate(&self) -> Option<MemoryEstimate> {
         let params = model::parameter_count(&self.model)?;
-        Some(MemoryEstimate::new(params, self.optimizer.kind, self.is_sync()))
+        Some(MemoryEstimate::new(
+            params,
+            self.optimizer.kind,
+            self.is_sync(),
+        ))
     }
 
     /// The strategy the job runs with: `auto` resolved by the memory
@@ -619,7 +630,10 @@ struct Checker(Vec<Violation>);
 
 impl Checker {
     fn fail(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Violation { field: field.into(), message: message.into() });
+        self.0.push(Violation {
+            field: field.into(),
+            message: message.into(),
+        });
     }
 
     fn range<T: PartialOrd + fmt::Display + Copy>(&mut self, field: &str, value: T, lo: T, hi: T) {
@@ -636,15 +650,31 @@ impl Checker {
             return self.fail(field, "must not contain whitespace or control characters");
         }
         let Some((scheme, rest)) = url.split_once("://") else {
-            return self.fail(field, format!("must be a URL such as file:///path or s3://bucket/key (schemes: {})", URL_SCHEMES.join(", ")));
+            return self.fail(
+                field,
+                format!(
+                    "must be a URL such as file:///path or s3://bucket/key (schemes: {})",
+                    URL_SCHEMES.join(", ")
+                ),
+            );
         };
         if !URL_SCHEMES.contains(&scheme) {
-            return self.fail(field, format!("unsupported scheme {scheme:?}; expected one of {}", URL_SCHEMES.join(", ")));
+            return self.fail(
+                field,
+                format!(
+                    "unsupported scheme {scheme:?}; expected one of {}",
+                    URL_SCHEMES.join(", ")
+                ),
+            );
         }
         if scheme == "file" && !rest.starts_with('/') {
             return self.fail(field, "a file URL needs an absolute path: file:///path");
         }
-        let path = if scheme == "file" { rest } else { rest.split_once('/').map_or("", |(_, p)| p) };
+        let path = if scheme == "file" {
+            rest
+        } else {
+            rest.split_once('/').map_or("", |(_, p)| p)
+        };
         if rest.is_empty() || path.is_empty() || path.ends_with('/') {
             self.fail(field, "must name an object, not a bucket or a folder");
         }
@@ -656,7 +686,10 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
     if s.name.trim().is_empty() {
         v.fail("name", "must not be empty");
     } else if name_len > MAX_NAME_CHARS {
-        v.fail("name", format!("must be at most {MAX_NAME_CHARS} characters, got {name_len}"));
+        v.fail(
+            "name",
+            format!("must be at most {MAX_NAME_CHARS} characters, got {name_len}"),
+        );
     } else if s.name.chars().any(char::is_control) {
         v.fail("name", "must not contain control characters");
     }
@@ -672,10 +705,16 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
     // Optimizer.
     let o = &s.optimizer;
     if !(o.lr > 0.0 && o.lr <= MAX_LR) {
-        v.fail("optimizer.lr", format!("must be greater than 0 and at most {MAX_LR}, got {}", o.lr));
+        v.fail(
+            "optimizer.lr",
+            format!("must be greater than 0 and at most {MAX_LR}, got {}", o.lr),
+        );
     }
     if !(0.0..=1.0).contains(&o.weight_decay) {
-        v.fail("optimizer.weight_decay", format!("must be between 0 and 1, got {}", o.weight_decay));
+        v.fail(
+            "optimizer.weight_decay",
+            format!("must be between 0 and 1, got {}", o.weight_decay),
+        );
     }
     match (o.kind, o.momentum) {
         (OptimizerKind::Momentum, Some(m)) if !(0.0..1.0).contains(&m) => {
@@ -688,23 +727,40 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
         (OptimizerKind::Adam | OptimizerKind::Adamw, Some(b)) => {
             for (i, beta) in b.iter().enumerate() {
                 if !(0.0..1.0).contains(beta) {
-                    v.fail(format!("optimizer.betas[{i}]"), format!("must be in [0, 1), got {beta}"));
+                    v.fail(
+                        format!("optimizer.betas[{i}]"),
+                        format!("must be in [0, 1), got {beta}"),
+                    );
                 }
             }
         }
         (_, None) => {}
-        (_, Some(_)) => v.fail("optimizer.betas", "applies only to kinds \"adam\" and \"adamw\""),
+        (_, Some(_)) => v.fail(
+            "optimizer.betas",
+            "applies only to kinds \"adam\" and \"adamw\"",
+        ),
     }
     if let Some(c) = o.grad_clip {
         if !(c > 0.0 && c <= 1e6) {
-            v.fail("optimizer.grad_clip", format!("must be greater than 0 and at most 1000000, got {c}"));
+            v.fail(
+                "optimizer.grad_clip",
+                format!("must be greater than 0 and at most 1000000, got {c}"),
+            );
         }
     }
     if let Schedule::WarmupCosine { warmup_steps } = o.schedule {
-        v.range("optimizer.schedule.warmup_steps", warmup_steps, 0, MAX_STEPS);
+        v.range(
+            "optimizer.schedule.warmup_steps",
+            warmup_steps,
+            0,
+            MAX_STEPS,
+        );
         if let Some(steps) = s.steps {
             if warmup_steps >= steps {
-                v.fail("optimizer.schedule.warmup_steps", format!("must be less than steps ({steps}), got {warmup_steps}"));
+                v.fail(
+                    "optimizer.schedule.warmup_steps",
+                    format!("must be less than steps ({steps}), got {warmup_steps}"),
+                );
             }
         }
     }
@@ -720,14 +776,26 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
     v.range("workers.min", s.workers.min, 1, MAX_WORKERS);
     v.range("workers.max", s.workers.max, 1, MAX_WORKERS);
     if s.workers.max < s.workers.min {
-        v.fail("workers.max", format!("must be at least workers.min ({}), got {}", s.workers.min, s.workers.max));
+        v.fail(
+            "workers.max",
+            format!(
+                "must be at least workers.min ({}), got {}",
+                s.workers.min, s.workers.max
+            ),
+        );
     }
     if s.strategy == Strategy::Allreduce {
         if s.parameter_servers.is_some() {
-            v.fail("parameter_servers", "applies only to strategies parameter_server and auto");
+            v.fail(
+                "parameter_servers",
+                "applies only to strategies parameter_server and auto",
+            );
         }
         if s.consistency.is_some() {
-            v.fail("consistency", "applies only to strategies parameter_server and auto");
+            v.fail(
+                "consistency",
+                "applies only to strategies parameter_server and auto",
+            );
         }
     }
     if let Some(n) = s.parameter_servers {
@@ -746,9 +814,20 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
     }
     v.range("checkpoint.keep", c.keep, 1, MAX_CHECKPOINTS_KEPT);
 
-    v.range("resources.memory_mb", s.resources.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB);
+    v.range(
+        "resources.memory_mb",
+        s.resources.memory_mb,
+        MIN_MEMORY_MB,
+        MAX_MEMORY_MB,
+    );
     if !(0.0..=MAX_EVAL_FRACTION).contains(&s.eval_fraction) {
-        v.fail("eval_fraction", format!("must be between 0 and {MAX_EVAL_FRACTION}, got {}", s.eval_fraction));
+        v.fail(
+            "eval_fraction",
+            format!(
+                "must be between 0 and {MAX_EVAL_FRACTION}, got {}",
+                s.eval_fraction
+            ),
+        );
     }
 
     if v.0.is_empty() {
@@ -762,7 +841,10 @@ fn check_model(m: &ModelSpec, v: &mut Checker) {
             v.range("model.inputs", m.inputs, 1, MAX_WIDTH);
             v.range("model.outputs", m.outputs, 1, MAX_WIDTH);
             if m.hidden.len() > MAX_MLP_LAYERS {
-                v.fail("model.hidden", format!("at most {MAX_MLP_LAYERS} layers, got {}", m.hidden.len()));
+                v.fail(
+                    "model.hidden",
+                    format!("at most {MAX_MLP_LAYERS} layers, got {}", m.hidden.len()),
+                );
             }
             for (i, &h) in m.hidden.iter().enumerate() {
                 v.range(&format!("model.hidden[{i}]"), h, 1, MAX_WIDTH);
@@ -776,7 +858,10 @@ fn check_model(m: &ModelSpec, v: &mut Checker) {
             v.range("model.classes", c.classes, 2, MAX_WIDTH);
             let n = c.conv_channels.len();
             if n == 0 || n > MAX_CNN_CONVS {
-                v.fail("model.conv_channels", format!("needs 1 to {MAX_CNN_CONVS} convolutions, got {n}"));
+                v.fail(
+                    "model.conv_channels",
+                    format!("needs 1 to {MAX_CNN_CONVS} convolutions, got {n}"),
+                );
             } else {
                 for (i, &ch) in c.conv_channels.iter().enumerate() {
                     v.range(&format!("model.conv_channels[{i}]"), ch, 1, 4096);
@@ -794,7 +879,13 @@ fn check_model(m: &ModelSpec, v: &mut Checker) {
             v.range("model.heads", t.heads, 1, MAX_HEADS);
             v.range("model.width", t.width, 1, MAX_TRANSFORMER_WIDTH);
             if t.heads > 0 && t.width % t.heads != 0 {
-                v.fail("model.width", format!("must be a multiple of model.heads ({}), got {}", t.heads, t.width));
+                v.fail(
+                    "model.width",
+                    format!(
+                        "must be a multiple of model.heads ({}), got {}",
+                        t.heads, t.width
+                    ),
+                );
             }
         }
         ModelSpec::Torchscript(t) => v.url("model.url", &t.url),
@@ -829,7 +920,12 @@ fn check_dataset(d: &DatasetSpec, v: &mut Checker) -> bool {
 
 /// The format a dataset URL's extension names, if any.
 pub fn file_format_from_url(url: &str) -> Option<FileFormat> {
-    let ext = url.rsplit('/').next()?.rsplit_once('.')?.1.to_ascii_lowercase();
+    let ext = url
+        .rsplit('/')
+        .next()?
+        .rsplit_once('.')?
+        .1
+        .to_ascii_lowercase();
     match ext.as_str() {
         "npz" => Some(FileFormat::Npz),
         "safetensors" => Some(FileFormat::Safetensors),
@@ -845,8 +941,16 @@ fn check_model_fits_data(s: &JobSpecInput, v: &mut Checker) {
         DatasetSpec::Text(_) => (None, None, true),
         DatasetSpec::File(f) => {
             let fmt = f.format.or_else(|| file_format_from_url(&f.url));
-            if fmt == Some(FileFormat::Text) && !matches!(s.model, ModelSpec::Transformer(_) | ModelSpec::Torchscript(_)) {
-                v.fail("dataset.format", "a text dataset trains a transformer (or TorchScript) model");
+            if fmt == Some(FileFormat::Text)
+                && !matches!(
+                    s.model,
+                    ModelSpec::Transformer(_) | ModelSpec::Torchscript(_)
+                )
+            {
+                v.fail(
+                    "dataset.format",
+                    "a text dataset trains a transformer (or TorchScript) model",
+                );
             }
             if fmt != Some(FileFormat::Text) && matches!(s.model, ModelSpec::Transformer(_)) {
                 v.fail("dataset", "a transformer language model trains on text (kind text, or a file of format text)");
@@ -858,14 +962,27 @@ fn check_model_fits_data(s: &JobSpecInput, v: &mut Checker) {
     match &s.model {
         ModelSpec::Mlp(m) => {
             if is_text {
-                v.fail("dataset.kind", "an MLP trains on classification or regression data, not text");
+                v.fail(
+                    "dataset.kind",
+                    "an MLP trains on classification or regression data, not text",
+                );
             }
             if let Some(f) = features.filter(|&f| f != m.inputs) {
-                v.fail("model.inputs", format!("must equal dataset.features ({f}), got {}", m.inputs));
+                v.fail(
+                    "model.inputs",
+                    format!("must equal dataset.features ({f}), got {}", m.inputs),
+                );
             }
             if let Some(o) = outputs.filter(|&o| o != m.outputs) {
-                let what = if classification { "dataset.classes" } else { "dataset.targets" };
-                v.fail("model.outputs", format!("must equal {what} ({o}), got {}", m.outputs));
+                let what = if classification {
+                    "dataset.classes"
+                } else {
+                    "dataset.targets"
+                };
+                v.fail(
+                    "model.outputs",
+                    format!("must equal {what} ({o}), got {}", m.outputs),
+                );
             }
         }
         ModelSpec::Cnn(c) => {
@@ -874,22 +991,34 @@ fn check_model_fits_data(s: &JobSpecInput, v: &mut Checker) {
             }
             let pixels = u64::from(c.channels) * u64::from(c.height) * u64::from(c.width);
             if let Some(f) = features.filter(|&f| u64::from(f) != pixels) {
-                v.fail("dataset.features", format!("must equal model.channels × height × width ({pixels}), got {f}"));
+                v.fail(
+                    "dataset.features",
+                    format!("must equal model.channels × height × width ({pixels}), got {f}"),
+                );
             }
             if let Some(o) = outputs.filter(|&o| o != c.classes) {
-                v.fail("model.classes", format!("must equal dataset.classes ({o}), got {}", c.classes));
+                v.fail(
+                    "model.classes",
+                    format!("must equal dataset.classes ({o}), got {}", c.classes),
+                );
             }
         }
         ModelSpec::Transformer(_) => {
             if !is_text {
-                v.fail("dataset.kind", "a transformer language model trains on text");
+                v.fail(
+                    "dataset.kind",
+                    "a transformer language model trains on text",
+                );
             }
         }
         ModelSpec::Torchscript(_) => {}
     }
     let wants_ce = classification;
     match (s.loss, wants_ce) {
-        (Loss::Mse, true) => v.fail("loss", "classification and text data train with cross_entropy"),
+        (Loss::Mse, true) => v.fail(
+            "loss",
+            "classification and text data train with cross_entropy",
+        ),
         (Loss::CrossEntropy, false) => v.fail("loss", "regression data trains with mse"),
         _ => {}
     }

@@ -132,7 +132,9 @@ mod tests {
     #[test]
     fn happy_path_is_legal() {
         use JobState::*;
-        let path = [Queued, Inspecting, Scheduling, Running, Recovering, Running, Succeeded];
+        let path = [
+            Queued, Inspecting, Scheduling, Running, Recovering, Running, Succeeded,
+        ];
         for w in path.windows(2) {
             assert!(w[0].can_move_to(w[1]), "{} -> {}", w[0], w[1]);
         }

@@ -11,7 +11,11 @@ use clap::Parser;
 
 /// Command-line flags of the executor.
 #[derive(Debug, Parser)]
-#[command(name = "trainyard-executor", version, about = "Trainyard executor agent (libtorch via tch)")]
+#[command(
+    name = "trainyard-executor",
+    version,
+    about = "Trainyard executor agent (libtorch via tch)"
+)]
 struct Cli {
     /// Print libtorch's version and the devices it sees as JSON, then exit.
     #[arg(long)]

@@ -44,11 +44,17 @@ pub fn run() -> anyhow::Result<Report> {
     let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
     let libtorch_path = mapped(&maps, "libtorch_cpu.so");
     let libtorch_version = libtorch_path.as_deref().and_then(version_beside);
-    let mut devices = vec![DeviceReport { device: "cpu".into(), matmul_ok: matmul_ok(Device::Cpu) }];
+    let mut devices = vec![DeviceReport {
+        device: "cpu".into(),
+        matmul_ok: matmul_ok(Device::Cpu),
+    }];
     if cuda_available {
         for i in 0..Cuda::device_count() {
             let i = usize::try_from(i).context("device index")?;
-            devices.push(DeviceReport { device: format!("cuda:{i}"), matmul_ok: matmul_ok(Device::Cuda(i)) });
+            devices.push(DeviceReport {
+                device: format!("cuda:{i}"),
+                matmul_ok: matmul_ok(Device::Cuda(i)),
+            });
         }
     }
     Ok(Report {
@@ -74,7 +80,12 @@ fn version_beside(lib: &Path) -> Option<String> {
     let text = std::fs::read_to_string(lib.parent()?.parent()?.join("version.py")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("__version__"))
-        .map(|rest| rest.trim_start_matches([' ', '=', ':', 's', 't', 'r']).trim().trim_matches(['\'', '"']).to_owned())
+        .map(|rest| {
+            rest.trim_start_matches([' ', '=', ':', 's', 't', 'r'])
+                .trim()
+                .trim_matches(['\'', '"'])
+                .to_owned()
+        })
 }
 
 fn matmul_ok(device: Device) -> bool {

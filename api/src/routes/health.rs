@@ -40,7 +40,9 @@ pub async fn readyz(State(st): State<AppState>) -> ApiResult<Json<Health>> {
     match tokio::time::timeout(READY_TIMEOUT, sqlx::query("SELECT 1").execute(&st.db)).await {
         Ok(Ok(_)) => Ok(Json(Health { status: "ready" })),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("database: {e}"))),
-        Err(_) => Err(ApiError::Unavailable("database did not answer in time".into())),
+        Err(_) => Err(ApiError::Unavailable(
+            "database did not answer in time".into(),
+        )),
     }
 }
 
@@ -60,7 +62,10 @@ pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse>
         st.metrics.jobs.with_label_values(&[&state]).set(n);
     }
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         st.metrics.render(),
     ))
 }

@@ -181,7 +181,9 @@ fn created(job: &Job, replayed: bool) -> Response {
 }
 
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
-    let Some(raw) = headers.get("idempotency-key") else { return Ok(None) };
+    let Some(raw) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
     let field = "Idempotency-Key";
     let key = raw
         .to_str()
@@ -189,7 +191,10 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY {
         return Err(ApiError::bad_field(
             field,
-            format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters, got {}", key.len()),
+            format!(
+                "must be 1 to {MAX_IDEMPOTENCY_KEY} characters, got {}",
+                key.len()
+            ),
         ));
     }
     if !key.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
@@ -228,7 +233,9 @@ pub async fn submit(
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     // Hash of the canonical (validated, re-serialized) spec: a retry with
     // different whitespace or key order is still the same request.
-    let hash = key.as_ref().map(|_| Sha256::digest(spec_json.to_string().as_bytes()).to_vec());
+    let hash = key
+        .as_ref()
+        .map(|_| Sha256::digest(spec_json.to_string().as_bytes()).to_vec());
 
     let mut tx = st.db.begin().await?;
     let inserted = sqlx::query(&format!(
@@ -299,7 +306,8 @@ fn encode_cursor(at: DateTime<Utc>, id: Uuid) -> String {
 
 fn decode_cursor(raw: &str) -> ApiResult<(DateTime<Utc>, Uuid)> {
     let bad = || ApiError::bad_field("cursor", "not a cursor returned by this API");
-    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?).map_err(|_| bad())?;
+    let text =
+        String::from_utf8(URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?).map_err(|_| bad())?;
     let (micros, id) = text.split_once(':').ok_or_else(bad)?;
     let at = DateTime::from_timestamp_micros(micros.parse().map_err(|_| bad())?).ok_or_else(bad)?;
     Ok((at, Uuid::parse_str(id).map_err(|_| bad())?))
@@ -395,7 +403,9 @@ pub async fn cancel(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<J
         Ok(_) => {}
         Err(TransitionError::NotFound) => return Err(not_found(id)),
         Err(TransitionError::Illegal { from, .. }) => {
-            return Err(ApiError::Conflict(format!("job {id} already {from}; it cannot be cancelled")))
+            return Err(ApiError::Conflict(format!(
+                "job {id} already {from}; it cannot be cancelled"
+            )))
         }
         Err(TransitionError::Database(e)) => return Err(e.into()),
     }
@@ -421,11 +431,12 @@ pub async fn events(
     let limit = parse_limit(q.limit.as_deref(), DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)?;
     let after = match q.after.as_deref() {
         None => 0,
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .filter(|n| *n >= 0)
-            .ok_or_else(|| ApiError::bad_field("after", format!("must be a non-negative integer, got {s:?}")))?,
+        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::bad_field(
+                "after",
+                format!("must be a non-negative integer, got {s:?}"),
+            )
+        })?,
     };
     let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
         .bind(id)
@@ -446,7 +457,10 @@ pub async fn events(
     let more = rows.len() as i64 > limit;
     let state = |col: &str, row: &PgRow| -> ApiResult<Option<JobState>> {
         row.try_get::<Option<String>, _>(col)?
-            .map(|s| s.parse().map_err(|e| ApiError::Internal(anyhow::Error::new(e))))
+            .map(|s| {
+                s.parse()
+                    .map_err(|e| ApiError::Internal(anyhow::Error::new(e)))
+            })
             .transpose()
     };
     let events = rows
@@ -464,7 +478,11 @@ pub async fn events(
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
-    let next_after = if more { events.last().map(|e| e.id) } else { None };
+    let next_after = if more {
+        events.last().map(|e| e.id)
+    } else {
+        None
+    };
     Ok(Json(EventPage { events, next_after }))
 }
 
@@ -492,7 +510,10 @@ mod tests {
 
     #[test]
     fn states_parse_as_a_list() {
-        assert_eq!(parse_states(Some("queued,running")).unwrap(), Some(vec!["queued".into(), "running".into()]));
+        assert_eq!(
+            parse_states(Some("queued,running")).unwrap(),
+            Some(vec!["queued".into(), "running".into()])
+        );
         assert!(parse_states(Some("queued,nope")).is_err());
     }
 }

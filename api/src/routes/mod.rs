@@ -43,7 +43,10 @@ pub fn router(state: AppState) -> Router {
         .merge(web::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.metrics.clone(), metrics::track))
+        .layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            metrics::track,
+        ))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             Duration::from_secs(state.config.request_timeout_secs),
@@ -58,7 +61,11 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::NotFound(format!("no route for {} {}", req.method(), req.uri().path()))
+    ApiError::NotFound(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 async fn method_not_allowed() -> ApiError {

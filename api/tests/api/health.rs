@@ -11,7 +11,10 @@ async fn healthz_and_readyz_answer() {
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["status"], "ok");
     let r = app.get("/readyz").await;
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["status"], "ready");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["status"],
+        "ready"
+    );
 }
 
 #[tokio::test]
@@ -32,15 +35,40 @@ async fn readyz_is_503_when_the_database_is_gone() {
 async fn metrics_count_requests_by_route_and_jobs_by_state() {
     let app = spawn_app().await;
     let job = app.submit(&digits_spec("m")).await;
-    app.get(&format!("/v1/jobs/{}", job["id"].as_str().unwrap())).await;
+    app.get(&format!("/v1/jobs/{}", job["id"].as_str().unwrap()))
+        .await;
     app.get("/v1/jobs/not-a-uuid").await;
     let text = app.get("/metrics").await.text().await.unwrap();
-    assert!(text.contains(r#"trainyard_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1"#), "{text}");
-    assert!(text.contains(r#"trainyard_http_requests_total{method="GET",route="/v1/jobs/{id}",status="200"} 1"#), "{text}");
-    assert!(text.contains(r#"trainyard_http_requests_total{method="GET",route="/v1/jobs/{id}",status="400"} 1"#), "{text}");
-    assert!(text.contains(r#"trainyard_jobs{state="queued"} 1"#), "{text}");
-    assert!(text.contains(r#"trainyard_jobs{state="running"} 0"#), "{text}");
-    assert!(text.contains("trainyard_http_request_duration_seconds_bucket"), "{text}");
+    assert!(
+        text.contains(
+            r#"trainyard_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"trainyard_http_requests_total{method="GET",route="/v1/jobs/{id}",status="200"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"trainyard_http_requests_total{method="GET",route="/v1/jobs/{id}",status="400"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"trainyard_jobs{state="queued"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"trainyard_jobs{state="running"} 0"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("trainyard_http_request_duration_seconds_bucket"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -49,7 +77,12 @@ async fn unknown_routes_and_methods_are_problems() {
     assert_problem(app.get("/v2/nothing").await, 404, None).await;
     let r = app.client.delete(app.url("/v1/jobs")).send().await.unwrap();
     assert_problem(r, 405, None).await;
-    let r = app.client.put(app.url("/v1/jobs/00000000-0000-0000-0000-000000000000/cancel")).send().await.unwrap();
+    let r = app
+        .client
+        .put(app.url("/v1/jobs/00000000-0000-0000-0000-000000000000/cancel"))
+        .send()
+        .await
+        .unwrap();
     assert_problem(r, 405, None).await;
 }
 
@@ -59,11 +92,29 @@ async fn bearer_token_guards_v1_only() {
     let r = app.get("/v1/jobs").await;
     let body = assert_problem(r, 401, Some("Authorization")).await;
     assert!(body["detail"].as_str().unwrap().contains("bearer"));
-    let r = app.client.get(app.url("/v1/jobs")).bearer_auth("wrong").send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/v1/jobs"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    let r = app.client.get(app.url("/v1/jobs")).bearer_auth("s3cret-token").send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/v1/jobs"))
+        .bearer_auth("s3cret-token")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let r = app.client.post(app.url("/v1/jobs")).json(&digits_spec("t")).send().await.unwrap();
+    let r = app
+        .client
+        .post(app.url("/v1/jobs"))
+        .json(&digits_spec("t"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401, "submits need the token too");
     for open in ["/healthz", "/readyz", "/metrics", "/openapi.json", "/"] {
         assert_eq!(app.get(open).await.status(), 200, "{open}");
@@ -75,14 +126,20 @@ async fn web_page_and_docs_are_served() {
     let app = spawn_app().await;
     let r = app.get("/").await;
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
     assert!(r.text().await.unwrap().contains("/v1/jobs"));
     let r = app.get("/docs/").await;
     assert_eq!(r.status(), 200);
     let html = r.text().await.unwrap();
     assert!(html.contains("swagger"), "{html}");
     // The Swagger UI's assets come from the binary, not a CDN.
-    assert!(!html.contains("unpkg.com") && !html.contains("cdn."), "{html}");
+    assert!(
+        !html.contains("unpkg.com") && !html.contains("cdn."),
+        "{html}"
+    );
     let r = app.get("/docs/swagger-ui-bundle.js").await;
     assert_eq!(r.status(), 200);
 }

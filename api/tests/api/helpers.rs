@@ -32,7 +32,10 @@ pub fn url_for(db: &str) -> String {
         Some((b, q)) => (b.to_owned(), format!("?{q}")),
         None => (admin.clone(), String::new()),
     };
-    let cut = base.rfind('/').filter(|&i| i > "postgres://".len()).unwrap_or(base.len());
+    let cut = base
+        .rfind('/')
+        .filter(|&i| i > "postgres://".len())
+        .unwrap_or(base.len());
     format!("{}/{db}{query}", &base[..cut])
 }
 
@@ -58,7 +61,12 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
     let addr = app.local_addr();
     let db = app.state().db.clone();
     tokio::spawn(app.run_until(std::future::pending()));
-    TestApp { addr, db, db_name, client: Client::new() }
+    TestApp {
+        addr,
+        db,
+        db_name,
+        client: Client::new(),
+    }
 }
 
 impl TestApp {
@@ -71,7 +79,12 @@ impl TestApp {
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
-        self.client.post(self.url(path)).json(body).send().await.unwrap()
+        self.client
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
     }
 
     pub async fn post_empty(&self, path: &str) -> Response {

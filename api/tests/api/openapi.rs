@@ -40,13 +40,27 @@ async fn served_document_is_openapi_3_1_with_every_route() {
         ("/readyz", "get"),
         ("/metrics", "get"),
     ] {
-        assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} missing");
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} missing"
+        );
     }
     let schemas = doc["components"]["schemas"].as_object().unwrap();
-    for s in ["JobSpec", "Job", "JobPage", "JobEvent", "Problem", "ModelSpec", "OptimizerSpec"] {
+    for s in [
+        "JobSpec",
+        "Job",
+        "JobPage",
+        "JobEvent",
+        "Problem",
+        "ModelSpec",
+        "OptimizerSpec",
+    ] {
         assert!(schemas.contains_key(s), "schema {s} missing");
     }
     let served = serde_json::to_string_pretty(&doc).unwrap();
     let generated: Value = serde_json::from_str(&trainyard_api::openapi::document()).unwrap();
-    assert_eq!(doc, generated, "served document differs from the generated one:\n{served}");
+    assert_eq!(
+        doc, generated,
+        "served document differs from the generated one:\n{served}"
+    );
 }

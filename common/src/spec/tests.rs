@@ -1,7 +1,9 @@
 //! Unit and property tests of spec validation.
 
 use super::*;
-use proptest::prelude::{any, prop, prop_assert, prop_assert_eq, prop_oneof, proptest, Just, Strategy as PropStrategy};
+use proptest::prelude::{
+    any, prop, prop_assert, prop_assert_eq, prop_oneof, proptest, Just, Strategy as PropStrategy,
+};
 use serde_json::{json, Value};
 
 fn digits() -> Value {
@@ -35,7 +37,9 @@ fn with(mut v: Value, path: &str, new: Value) -> Value {
     for p in &parts[..parts.len() - 1] {
         cur = cur.get_mut(*p).unwrap();
     }
-    cur.as_object_mut().unwrap().insert(parts[parts.len() - 1].to_owned(), new);
+    cur.as_object_mut()
+        .unwrap()
+        .insert(parts[parts.len() - 1].to_owned(), new);
     v
 }
 
@@ -77,23 +81,43 @@ fn defaults_are_filled_in() {
 
 #[test]
 fn malformed_json_is_a_syntax_error() {
-    assert!(matches!(JobSpec::from_json(b"{\"name\": "), Err(SpecError::Syntax(_))));
-    assert!(matches!(JobSpec::from_json(b"not json"), Err(SpecError::Syntax(_))));
+    assert!(matches!(
+        JobSpec::from_json(b"{\"name\": "),
+        Err(SpecError::Syntax(_))
+    ));
+    assert!(matches!(
+        JobSpec::from_json(b"not json"),
+        Err(SpecError::Syntax(_))
+    ));
     // A shape error early in a document that is not JSON at all is still a syntax error.
-    assert!(matches!(JobSpec::from_json(b"[1, 2"), Err(SpecError::Syntax(_))));
+    assert!(matches!(
+        JobSpec::from_json(b"[1, 2"),
+        Err(SpecError::Syntax(_))
+    ));
     assert!(matches!(JobSpec::from_json(b""), Err(SpecError::Syntax(_))));
 }
 
 #[test]
 fn unknown_fields_are_rejected_at_every_level() {
-    for path in ["colour", "model.colour", "optimizer.colour", "workers.colour", "checkpoint.colour", "resources.colour", "dataset.colour"] {
+    for path in [
+        "colour",
+        "model.colour",
+        "optimizer.colour",
+        "workers.colour",
+        "checkpoint.colour",
+        "resources.colour",
+        "dataset.colour",
+    ] {
         let e = parse(&with(digits(), path, json!(1))).unwrap_err();
         assert!(matches!(e, SpecError::Shape(_)), "{path}: {e:?}");
         let msg = &e.violations()[0].message;
         assert!(msg.contains("unknown field `colour`"), "{path}: {msg}");
         // Inside tagged enums (model, dataset) the path stops at the enum.
         let field = &e.violations()[0].field;
-        assert!(path == field || path.starts_with(&format!("{field}.")), "{path}: {field}");
+        assert!(
+            path == field || path.starts_with(&format!("{field}.")),
+            "{path}: {field}"
+        );
     }
 }
 
@@ -128,14 +152,26 @@ fn each_bound_is_rejected_with_its_field() {
         ("dataset.url", json!("ftp://x/y.npz"), "dataset.url"),
         ("dataset.url", json!("file://relative/y.npz"), "dataset.url"),
         ("dataset.url", json!("s3://bucket"), "dataset.url"),
-        ("dataset.url", json!("file:///data/digits.csv"), "dataset.format"),
+        (
+            "dataset.url",
+            json!("file:///data/digits.csv"),
+            "dataset.format",
+        ),
         ("optimizer.lr", json!(0.0), "optimizer.lr"),
         ("optimizer.lr", json!(11.0), "optimizer.lr"),
-        ("optimizer.weight_decay", json!(2.0), "optimizer.weight_decay"),
+        (
+            "optimizer.weight_decay",
+            json!(2.0),
+            "optimizer.weight_decay",
+        ),
         ("optimizer.momentum", json!(0.9), "optimizer.momentum"),
         ("optimizer.betas", json!([0.9, 1.0]), "optimizer.betas[1]"),
         ("optimizer.grad_clip", json!(0.0), "optimizer.grad_clip"),
-        ("optimizer.schedule.warmup_steps", json!(500), "optimizer.schedule.warmup_steps"),
+        (
+            "optimizer.schedule.warmup_steps",
+            json!(500),
+            "optimizer.schedule.warmup_steps",
+        ),
         ("batch_size", json!(0), "batch_size"),
         ("batch_size", json!(70000), "batch_size"),
         ("steps", json!(0), "steps"),
@@ -145,16 +181,27 @@ fn each_bound_is_rejected_with_its_field() {
         ("workers.max", json!(2000), "workers.max"),
         ("parameter_servers", json!(0), "parameter_servers"),
         ("parameter_servers", json!(300), "parameter_servers"),
-        ("consistency", json!({"bounded": {"staleness": 20000}}), "consistency.bounded.staleness"),
+        (
+            "consistency",
+            json!({"bounded": {"staleness": 20000}}),
+            "consistency.bounded.staleness",
+        ),
         ("checkpoint.every_steps", json!(0), "checkpoint.every_steps"),
-        ("checkpoint.every_seconds", json!(0), "checkpoint.every_seconds"),
+        (
+            "checkpoint.every_seconds",
+            json!(0),
+            "checkpoint.every_seconds",
+        ),
         ("checkpoint.keep", json!(0), "checkpoint.keep"),
         ("resources.memory_mb", json!(1), "resources.memory_mb"),
         ("eval_fraction", json!(0.9), "eval_fraction"),
     ];
     for (path, value, field) in cases {
         let e = parse(&with(digits(), path, value.clone())).unwrap_err();
-        assert!(fields(&e).iter().any(|f| f == field), "{path}={value}: expected {field}, got {e:?}");
+        assert!(
+            fields(&e).iter().any(|f| f == field),
+            "{path}={value}: expected {field}, got {e:?}"
+        );
     }
 }
 
@@ -173,15 +220,27 @@ fn all_violations_are_listed() {
 
 #[test]
 fn model_and_data_must_agree() {
-    let v = with(digits(), "dataset", json!({"kind": "classification", "samples": 10, "features": 32, "classes": 10}));
+    let v = with(
+        digits(),
+        "dataset",
+        json!({"kind": "classification", "samples": 10, "features": 32, "classes": 10}),
+    );
     assert_eq!(fields(&parse(&v).unwrap_err()), ["model.inputs"]);
     let v = with(v, "model.inputs", json!(32));
     let v = with(v, "loss", json!("mse"));
     assert_eq!(fields(&parse(&v).unwrap_err()), ["loss"]);
-    let v = with(digits(), "model", json!({"kind": "transformer", "vocab": 256, "context": 32, "layers": 2, "heads": 4, "width": 66}));
+    let v = with(
+        digits(),
+        "model",
+        json!({"kind": "transformer", "vocab": 256, "context": 32, "layers": 2, "heads": 4, "width": 66}),
+    );
     let f = fields(&parse(&v).unwrap_err());
     assert!(f.contains(&"model.width".to_owned()), "{f:?}");
-    let v = with(digits(), "model", json!({"kind": "cnn", "channels": 1, "height": 8, "width": 8, "conv_channels": [8, 8, 8, 8], "hidden": 32, "classes": 10}));
+    let v = with(
+        digits(),
+        "model",
+        json!({"kind": "cnn", "channels": 1, "height": 8, "width": 8, "conv_channels": [8, 8, 8, 8], "hidden": 32, "classes": 10}),
+    );
     assert!(fields(&parse(&v).unwrap_err()).contains(&"model.conv_channels".to_owned()));
 }
 
@@ -196,7 +255,11 @@ fn strategy_specific_fields_are_rejected_elsewhere() {
 fn memory_arithmetic_decides_auto_and_rejects_what_cannot_fit() {
     // 8.4 M parameters with Adam: 16 B/param = 128 MiB for a ring replica.
     let big = json!({"kind": "mlp", "inputs": 64, "hidden": [4096, 2048], "outputs": 10});
-    let v = with(with(digits(), "model", big.clone()), "strategy", json!("auto"));
+    let v = with(
+        with(digits(), "model", big.clone()),
+        "strategy",
+        json!("auto"),
+    );
     let v = with(v, "resources.memory_mb", json!(100));
     let s = parse(&v).unwrap();
     assert_eq!(s.effective_strategy(), Strategy::ParameterServer);
@@ -213,7 +276,10 @@ fn memory_arithmetic_decides_auto_and_rejects_what_cannot_fit() {
 fn file_format_comes_from_the_extension() {
     assert_eq!(file_format_from_url("s3://b/x.NPZ"), Some(FileFormat::Npz));
     assert_eq!(file_format_from_url("file:///a.b/c"), None);
-    assert_eq!(file_format_from_url("file:///t.txt"), Some(FileFormat::Text));
+    assert_eq!(
+        file_format_from_url("file:///t.txt"),
+        Some(FileFormat::Text)
+    );
 }
 
 fn arb_valid() -> impl PropStrategy<Value = Value> {

@@ -1,0 +1,5 @@
+//! End-to-end tests: the real `trainyard` and `trainyard-executor` binaries
+//! started as processes.
+
+mod executor_probe;
+mod server_lifecycle;

@@ -1,0 +1,165 @@
+//! `trainyard serve` on embedded defaults: it makes and starts its own
+//! Postgres cluster, keeps jobs across a graceful restart, and stops the
+//! cluster when it stops.
+
+use reqwest::blocking::Client;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use trainyard_e2e::{binary, free_port, repo_root, wait_ready, Proc};
+
+fn serve(data_dir: &Path, port: u16) -> Proc {
+    let mut cmd = Command::new(binary("trainyard").unwrap());
+    cmd.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(data_dir)
+    .env_remove("DATABASE_URL")
+    .env("TRAINYARD_LOG_FORMAT", "json");
+    Proc::spawn(cmd).unwrap()
+}
+
+/// The `fields` of the first JSON log line whose message is `message`.
+fn log_fields(output: &str, message: &str) -> Option<Value> {
+    output
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == message)
+        .map(|v| v["fields"].clone())
+}
+
+fn demo_spec() -> Value {
+    let text = std::fs::read_to_string(repo_root().join("examples/digits-mlp.json")).unwrap();
+    let digits = repo_root().join("data/digits.npz");
+    serde_json::from_str(&text.replace("@DIGITS@", &format!("file://{}", digits.display())))
+        .unwrap()
+}
+
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+#[test]
+fn embedded_server_keeps_jobs_across_a_graceful_restart() {
+    let data = std::env::temp_dir().join(format!("trainyard-e2e-{}", std::process::id()));
+    let mut cleanup = Cleanup(vec![data.clone()]);
+    let port = free_port().unwrap();
+    let api = format!("http://127.0.0.1:{port}");
+    let client = Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+
+    let mut server = serve(&data, port);
+    wait_ready(
+        &format!("{api}/readyz"),
+        &mut server,
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    let pg = log_fields(&server.output(), "private Postgres cluster running")
+        .unwrap_or_else(|| panic!("no cluster log line:\n{}", server.output()));
+    let cluster_dir = PathBuf::from(pg["dir"].as_str().unwrap());
+    cleanup.0.push(cluster_dir.clone());
+    let pg_port: u16 = pg["url"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        server
+            .output()
+            .contains(&format!("UI:       http://127.0.0.1:{port}/")),
+        "{}",
+        server.output()
+    );
+
+    let r = client
+        .post(format!("{api}/v1/jobs"))
+        .json(&demo_spec())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let job: Value = r.json().unwrap();
+    let id = job["id"].as_str().unwrap().to_owned();
+
+    server.terminate().unwrap();
+    assert_eq!(
+        server.wait_exit(Duration::from_secs(60)).unwrap(),
+        Some(0),
+        "{}",
+        server.output()
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", pg_port)).is_err(),
+        "the private cluster still listens after shutdown"
+    );
+
+    let mut again = serve(&data, port);
+    wait_ready(
+        &format!("{api}/readyz"),
+        &mut again,
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    let got: Value = client
+        .get(format!("{api}/v1/jobs/{id}"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(got["id"], job["id"]);
+    assert_eq!(got["state"], "queued");
+    assert_eq!(got["spec"], job["spec"]);
+    let events: Value = client
+        .get(format!("{api}/v1/jobs/{id}/events"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(events["events"][0]["kind"], "submitted");
+    again.terminate().unwrap();
+    assert_eq!(
+        again.wait_exit(Duration::from_secs(60)).unwrap(),
+        Some(0),
+        "{}",
+        again.output()
+    );
+}
+
+#[test]
+fn serve_with_an_unreachable_database_fails_clearly() {
+    let port = free_port().unwrap();
+    let dead = free_port().unwrap();
+    let mut cmd = Command::new(binary("trainyard").unwrap());
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env(
+            "DATABASE_URL",
+            format!("postgres://nobody@127.0.0.1:{dead}/none"),
+        )
+        .env("TRAINYARD_DB_ACQUIRE_TIMEOUT_SECS", "2");
+    let mut p = Proc::spawn(cmd).unwrap();
+    let code = p.wait_exit(Duration::from_secs(60)).unwrap();
+    assert_ne!(code, Some(0));
+    assert!(
+        p.output().contains("connecting to Postgres"),
+        "{}",
+        p.output()
+    );
+}

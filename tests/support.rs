@@ -1,0 +1,151 @@
+//! Helpers of the end-to-end tests: find the built binaries, start them as
+//! real processes on free loopback ports, wait for them, and signal them.
+//!
+//! The binaries come from the workspace's target folder (`cargo build
+//! --workspace --bins` first; `scripts/test` does that).
+
+use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Path of a built binary of the workspace.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let path = target.join("debug").join(name);
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A free port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A child process whose output is collected, killed when dropped.
+pub struct Proc {
+    child: Child,
+    output: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr captured.
+    pub fn spawn(mut cmd: Command) -> anyhow::Result<Proc> {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning")?;
+        let output = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let out = output.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Ok(mut o) = out.lock() {
+                        o.push_str(&line);
+                        o.push('\n');
+                    }
+                }
+            });
+        }
+        Ok(Proc { child, output })
+    }
+
+    /// Everything printed so far.
+    pub fn output(&self) -> String {
+        self.output.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill -TERM failed");
+        }
+        Ok(())
+    }
+
+    /// Waits up to `limit` for the process to exit and returns its code.
+    pub fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<Option<i32>> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.code());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("still running after {limit:?}; output:\n{}", self.output())
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `url` until it answers 200 or `limit` passes (or `proc` exits).
+pub fn wait_ready(url: &str, proc: &mut Proc, limit: Duration) -> anyhow::Result<()> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if !proc.running() {
+            bail!(
+                "process exited before becoming ready; output:\n{}",
+                proc.output()
+            );
+        }
+        if client.get(url).send().is_ok_and(|r| r.status() == 200) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!(
+        "{url} not ready after {limit:?}; output:\n{}",
+        proc.output()
+    )
+}

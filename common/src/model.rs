@@ -20,33 +20,58 @@ pub const CNN_KERNEL: u64 = 3;
 /// The transformer's feed-forward layer is this many times wider than the model.
 pub const TRANSFORMER_FF_MULT: u64 = 4;
 
-/// Number of trainable parameters of a built-in model, or `None` for a
-/// TorchScript model (its size is learnt by inspecting the file).
-///
-/// Saturates instead of overflowing: absurd sizes are rejected by the memory
-/// check that follows rather than wrapping round to small numbers.
-pub fn parameter_count(model: &ModelSpec) -> Option<u64> {
-    let linear = |i: u64, o: u64| i.saturating_mul(o).saturating_add(o);
+/// One trainable tensor of a model: its name (the `tch` VarStore path the
+/// executor builds) and shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ParamInfo {
+    /// Name, e.g. `fc0.weight`.
+    pub name: String,
+    /// Shape, e.g. `[128, 64]`.
+    pub shape: Vec<u64>,
+}
+
+impl ParamInfo {
+    fn new(name: impl Into<String>, shape: &[u64]) -> Self {
+        ParamInfo { name: name.into(), shape: shape.to_vec() }
+    }
+
+    /// Elements (saturating: absurd sizes stay absurd instead of wrapping).
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().fold(1u64, |a, &d| a.saturating_mul(d))
+    }
+}
+
+fn linear(out: &mut Vec<ParamInfo>, name: &str, inputs: u64, outputs: u64) {
+    out.push(ParamInfo::new(format!("{name}.weight"), &[outputs, inputs]));
+    out.push(ParamInfo::new(format!("{name}.bias"), &[outputs]));
+}
+
+fn layer_norm(out: &mut Vec<ParamInfo>, name: &str, width: u64) {
+    out.push(ParamInfo::new(format!("{name}.weight"), &[width]));
+    out.push(ParamInfo::new(format!("{name}.bias"), &[width]));
+}
+
+/// The trainable tensors of a built-in model in the order the executor
+/// creates them, or `None` for a TorchScript model (its tensors are learnt by
+/// inspecting the file). The PS shard map and the memory arithmetic both
+/// start from this list.
+pub fn parameters(model: &ModelSpec) -> Option<Vec<ParamInfo>> {
+    let mut p = Vec::new();
     match model {
         ModelSpec::Mlp(m) => {
             let mut dims = vec![u64::from(m.inputs)];
             dims.extend(m.hidden.iter().map(|&h| u64::from(h)));
             dims.push(u64::from(m.outputs));
-            Some(
-                dims.windows(2)
-                    .fold(0u64, |acc, w| acc.saturating_add(linear(w[0], w[1]))),
-            )
+            for (i, w) in dims.windows(2).enumerate() {
+                linear(&mut p, &format!("fc{i}"), w[0], w[1]);
+            }
         }
         ModelSpec::Cnn(c) => {
-            let mut total = 0u64;
             let mut cin = u64::from(c.channels);
-            for &cout in &c.conv_channels {
+            for (i, &cout) in c.conv_channels.iter().enumerate() {
                 let cout = u64::from(cout);
-                total = total.saturating_add(
-                    cin.saturating_mul(cout)
-                        .saturating_mul(CNN_KERNEL * CNN_KERNEL)
-                        .saturating_add(cout),
-                );
+                p.push(ParamInfo::new(format!("conv{i}.weight"), &[cout, cin, CNN_KERNEL, CNN_KERNEL]));
+                p.push(ParamInfo::new(format!("conv{i}.bias"), &[cout]));
                 cin = cout;
             }
             // Each convolution is followed by a 2×2 max-pool.
@@ -54,30 +79,35 @@ pub fn parameter_count(model: &ModelSpec) -> Option<u64> {
             let flat = cin
                 .saturating_mul(u64::from(c.height) >> pools)
                 .saturating_mul(u64::from(c.width) >> pools);
-            total = total
-                .saturating_add(linear(flat, u64::from(c.hidden)))
-                .saturating_add(linear(u64::from(c.hidden), u64::from(c.classes)));
-            Some(total)
+            linear(&mut p, "fc0", flat, u64::from(c.hidden));
+            linear(&mut p, "fc1", u64::from(c.hidden), u64::from(c.classes));
         }
         ModelSpec::Transformer(t) => {
             let w = u64::from(t.width);
-            let embeddings = (u64::from(t.vocab) + u64::from(t.context)).saturating_mul(w);
-            let layer_norm = 2 * w;
-            let attention = linear(w, 3 * w).saturating_add(linear(w, w));
-            let feed_forward = linear(w, TRANSFORMER_FF_MULT * w)
-                .saturating_add(linear(TRANSFORMER_FF_MULT * w, w));
-            let block = (2 * layer_norm)
-                .saturating_add(attention)
-                .saturating_add(feed_forward);
-            Some(
-                embeddings
-                    .saturating_add(block.saturating_mul(u64::from(t.layers)))
-                    .saturating_add(layer_norm)
-                    .saturating_add(linear(w, u64::from(t.vocab))),
-            )
+            let ff = TRANSFORMER_FF_MULT * w;
+            p.push(ParamInfo::new("tok_emb.weight", &[u64::from(t.vocab), w]));
+            p.push(ParamInfo::new("pos_emb.weight", &[u64::from(t.context), w]));
+            for l in 0..t.layers {
+                let b = format!("blocks.{l}");
+                layer_norm(&mut p, &format!("{b}.ln1"), w);
+                linear(&mut p, &format!("{b}.attn.qkv"), w, 3 * w);
+                linear(&mut p, &format!("{b}.attn.proj"), w, w);
+                layer_norm(&mut p, &format!("{b}.ln2"), w);
+                linear(&mut p, &format!("{b}.mlp.fc"), w, ff);
+                linear(&mut p, &format!("{b}.mlp.proj"), ff, w);
+            }
+            layer_norm(&mut p, "ln_f", w);
+            linear(&mut p, "head", w, u64::from(t.vocab));
         }
-        ModelSpec::Torchscript(_) => None,
+        ModelSpec::Torchscript(_) => return None,
     }
+    Some(p)
+}
+
+/// Number of trainable parameters of a built-in model, or `None` for a
+/// TorchScript model.
+pub fn parameter_count(model: &ModelSpec) -> Option<u64> {
+    Some(parameters(model)?.iter().fold(0u64, |a, p| a.saturating_add(p.numel())))
 }
 
 /// Bytes of optimizer state per parameter.

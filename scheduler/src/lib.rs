@@ -8,5 +8,7 @@
 //! loop (executors, gang admission, generations) builds on it.
 
 pub mod lifecycle;
+pub mod plan;
+pub mod shard;
 
 pub use lifecycle::{transition, Transition, TransitionError};

@@ -1,0 +1,476 @@
+//! The planning core: `plan(jobs, live executors, current assignments) →
+//! new assignments`, a pure function with no I/O.
+//!
+//! Rules, in the order they are applied:
+//!
+//! 1. **Keep.** Roles of placed jobs stay where they are while their executor
+//!    is live and still has room (stable placements, fewer generations).
+//! 2. **Repair and admit (gang).** Jobs are visited placed-first, then by
+//!    priority (high first) and submission order. Each must hold its minimum
+//!    set — every PS shard and `workers.min` workers — or nothing: a job
+//!    whose minimum set cannot be placed at once releases what it kept and
+//!    waits with its reason. Since no partially placed job holds resources,
+//!    two jobs can never deadlock each other. Later (lower-priority) jobs
+//!    that fit may still start (backfill).
+//! 3. **Grow.** Placed jobs, in the same order, add workers towards
+//!    `workers.max` while capacity remains. Growth runs after every
+//!    admission so that one job's growth never keeps another from starting.
+//!
+//! Placement: one worker per device of the job's kind (`cpu` devices are
+//! the executor's host, whose memory is its RAM), best fit by free memory;
+//! PS shards take only RAM — never a device — and go where the most memory
+//! is, spread over executors. Nothing over-commits a device or an
+//! executor's RAM. Ring ranks keep workers of one host (label `host`)
+//! adjacent. The output is deterministic: it depends only on the inputs'
+//! contents, not their order.
+
+use crate::shard::{shard_ranges, Range};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use trainyard_common::model::{MemoryEstimate, ParamInfo};
+use trainyard_common::spec::{Device, Strategy, MAX_PARAMETER_SERVERS};
+use uuid::Uuid;
+
+/// `strategy: auto` picks allreduce only when a replica uses at most this
+/// share of the smallest eligible device, leaving room for activations.
+pub const AUTO_HEADROOM: f64 = 0.8;
+
+/// A device an executor offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSlot {
+    /// `cpu` or `cuda`.
+    pub kind: Device,
+    /// Index among the executor's devices of that kind.
+    pub index: u32,
+    /// Memory of a GPU; ignored for `cpu` (its memory is the executor's RAM).
+    pub memory_bytes: u64,
+}
+
+/// A live executor as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorView {
+    /// Executor id.
+    pub id: Uuid,
+    /// Value of its `host` label, if any.
+    pub host: Option<String>,
+    /// Host memory for PS shards and CPU workers.
+    pub ram_bytes: u64,
+    /// Its devices.
+    pub devices: Vec<DeviceSlot>,
+}
+
+/// What a job asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demand {
+    /// As submitted (`auto` is decided here).
+    pub strategy: Strategy,
+    /// Device kind of the workers.
+    pub device: Device,
+    /// Workers needed to run.
+    pub min_workers: u32,
+    /// Workers to grow to.
+    pub max_workers: u32,
+    /// PS shards asked for (PS and auto).
+    pub parameter_servers: u32,
+    /// Memory per worker and per PS shard.
+    pub memory_bytes: u64,
+    /// Memory each role needs, when the model's size is known.
+    pub estimate: Option<MemoryEstimate>,
+    /// The model's tensors, for the shard map.
+    pub params: Option<Vec<ParamInfo>>,
+}
+
+/// A job the planner considers (not terminal).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobView {
+    /// Job id.
+    pub id: Uuid,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Submission order (smaller first).
+    pub seq: i64,
+    /// What it needs.
+    pub demand: Demand,
+    /// Its current placement, if it has one.
+    pub current: Option<Placement>,
+}
+
+/// One worker of a placed job.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkerRole {
+    /// Rank (ring position, or worker index in the PS pattern).
+    pub rank: u32,
+    /// Executor it runs on.
+    pub executor: Uuid,
+    /// Device index (of the job's device kind) on that executor.
+    pub device: u32,
+}
+
+/// One PS shard of a placed job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PsRole {
+    /// Shard number.
+    pub shard: u32,
+    /// Executor holding it.
+    pub executor: Uuid,
+    /// The tensor ranges it owns.
+    pub ranges: Vec<Range>,
+}
+
+/// A job's roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// `parameter_server` or `allreduce` (never `auto`).
+    pub strategy: Strategy,
+    /// Workers in rank order.
+    pub workers: Vec<WorkerRole>,
+    /// PS shards in shard order (empty for allreduce).
+    pub parameter_servers: Vec<PsRole>,
+}
+
+/// What the planner decided.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Jobs that hold roles, with their roles.
+    pub placements: BTreeMap<Uuid, Placement>,
+    /// Jobs that hold nothing, with why.
+    pub waiting: BTreeMap<Uuid, String>,
+    /// How `auto` was decided, for jobs decided in this plan.
+    pub decisions: BTreeMap<Uuid, String>,
+}
+
+/// Free capacity, changed as roles are placed.
+struct Capacity {
+    ram: BTreeMap<Uuid, u64>,
+    /// (executor, kind, index) → free memory (GPU) and whether a worker holds it.
+    devices: BTreeMap<(Uuid, u8, u32), (u64, bool)>,
+    hosts: HashMap<Uuid, Option<String>>,
+}
+
+fn kind_key(d: Device) -> u8 {
+    match d {
+        Device::Cpu => 0,
+        Device::Cuda => 1,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Taken {
+    Worker { executor: Uuid, kind: u8, index: u32, bytes: u64 },
+    Ps { executor: Uuid, bytes: u64 },
+}
+
+impl Capacity {
+    fn new(executors: &[ExecutorView]) -> Capacity {
+        let mut c = Capacity { ram: BTreeMap::new(), devices: BTreeMap::new(), hosts: HashMap::new() };
+        for e in executors {
+            c.ram.insert(e.id, e.ram_bytes);
+            c.hosts.insert(e.id, e.host.clone());
+            for d in &e.devices {
+                c.devices.insert((e.id, kind_key(d.kind), d.index), (d.memory_bytes, false));
+            }
+        }
+        c
+    }
+
+    /// The memory a worker on this device draws from, free.
+    fn worker_free(&self, key: &(Uuid, u8, u32)) -> Option<u64> {
+        let (mem, used) = self.devices.get(key)?;
+        if *used {
+            return None;
+        }
+        Some(if key.1 == kind_key(Device::Cpu) { *self.ram.get(&key.0)? } else { *mem })
+    }
+
+    fn take_worker(&mut self, executor: Uuid, kind: Device, index: u32, bytes: u64) -> Option<Taken> {
+        let key = (executor, kind_key(kind), index);
+        if self.worker_free(&key)? < bytes {
+            return None;
+        }
+        let slot = self.devices.get_mut(&key)?;
+        slot.1 = true;
+        if kind == Device::Cpu {
+            *self.ram.get_mut(&executor)? -= bytes;
+        } else {
+            slot.0 -= bytes;
+        }
+        Some(Taken::Worker { executor, kind: key.1, index, bytes })
+    }
+
+    fn take_ps(&mut self, executor: Uuid, bytes: u64) -> Option<Taken> {
+        let free = self.ram.get_mut(&executor)?;
+        if *free < bytes {
+            return None;
+        }
+        *free -= bytes;
+        Some(Taken::Ps { executor, bytes })
+    }
+
+    fn give_back(&mut self, t: Taken) {
+        match t {
+            Taken::Worker { executor, kind, index, bytes } => {
+                if let Some(slot) = self.devices.get_mut(&(executor, kind, index)) {
+                    slot.1 = false;
+                    if kind == kind_key(Device::Cpu) {
+                        *self.ram.entry(executor).or_default() += bytes;
+                    } else {
+                        slot.0 += bytes;
+                    }
+                }
+            }
+            Taken::Ps { executor, bytes } => *self.ram.entry(executor).or_default() += bytes,
+        }
+    }
+
+    /// Best fit: the free device of `kind` with the least room that fits;
+    /// ties by executor id and index.
+    fn best_worker_slot(&self, kind: Device, bytes: u64) -> Option<(Uuid, u32)> {
+        let k = kind_key(kind);
+        self.devices
+            .keys()
+            .filter(|key| key.1 == k)
+            .filter_map(|key| self.worker_free(key).filter(|&f| f >= bytes).map(|f| (f, key.0, key.2)))
+            .min()
+            .map(|(_, e, i)| (e, i))
+    }
+
+    /// Where the most memory is, preferring executors that hold none of
+    /// this job's shards yet.
+    fn best_ps_executor(&self, bytes: u64, avoid: &BTreeSet<Uuid>) -> Option<Uuid> {
+        self.ram
+            .iter()
+            .filter(|(_, &free)| free >= bytes)
+            .max_by_key(|(id, &free)| (!avoid.contains(*id), free, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id)
+    }
+
+    fn smallest_eligible(&self, kind: Device, executors: &[ExecutorView]) -> Option<u64> {
+        executors
+            .iter()
+            .flat_map(|e| e.devices.iter().filter(|d| d.kind == kind).map(move |d| match kind {
+                Device::Cpu => e.ram_bytes,
+                Device::Cuda => d.memory_bytes,
+            }))
+            .min()
+    }
+}
+
+fn kind_name(d: Device) -> &'static str {
+    match d {
+        Device::Cpu => "cpu",
+        Device::Cuda => "cuda",
+    }
+}
+
+fn mib(b: u64) -> u64 {
+    b.div_ceil(1 << 20)
+}
+
+/// Decides `auto` for a job by the memory arithmetic; `Err` is a reason to wait.
+fn decide(d: &Demand, smallest: Option<u64>) -> Result<(Strategy, u32, String), String> {
+    let shards = |d: &Demand, tier: u64| {
+        let per = (d.memory_bytes as f64 * AUTO_HEADROOM).max(1.0);
+        let need = (tier as f64 / per).ceil() as u32;
+        need.max(d.parameter_servers).clamp(1, MAX_PARAMETER_SERVERS)
+    };
+    match d.strategy {
+        Strategy::Allreduce => Ok((Strategy::Allreduce, 0, String::new())),
+        Strategy::ParameterServer => Ok((Strategy::ParameterServer, d.parameter_servers.max(1), String::new())),
+        Strategy::Auto => {
+            let Some(e) = d.estimate else {
+                return Err("strategy auto needs the model's size; TorchScript models must be inspected first".into());
+            };
+            let Some(smallest) = smallest else {
+                return Err(format!("strategy auto: no live executor offers a {} device yet", kind_name(d.device)));
+            };
+            let budget = (smallest as f64 * AUTO_HEADROOM) as u64;
+            if e.allreduce_worker_bytes <= budget {
+                Ok((
+                    Strategy::Allreduce,
+                    0,
+                    format!(
+                        "auto chose allreduce: a replica with gradients and optimizer state needs {} MiB, within {:.0}% of the smallest {} device ({} MiB)",
+                        mib(e.allreduce_worker_bytes), AUTO_HEADROOM * 100.0, kind_name(d.device), mib(smallest)
+                    ),
+                ))
+            } else {
+                let n = shards(d, e.ps_tier_bytes);
+                Ok((
+                    Strategy::ParameterServer,
+                    n,
+                    format!(
+                        "auto chose parameter_server with {n} shard(s): a replica needs {} MiB, more than {:.0}% of the smallest {} device ({} MiB); the PS tier holds {} MiB",
+                        mib(e.allreduce_worker_bytes), AUTO_HEADROOM * 100.0, kind_name(d.device), mib(smallest), mib(e.ps_tier_bytes)
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// Plans every job over the live executors.
+pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
+    let mut executors = executors.to_vec();
+    executors.sort_by_key(|e| e.id);
+    let mut cap = Capacity::new(&executors);
+    let mut order: Vec<&JobView> = jobs.iter().collect();
+    order.sort_by_key(|j| (j.current.is_none(), std::cmp::Reverse(j.priority), j.seq, j.id));
+
+    let mut out = Plan::default();
+    // Per placed job: strategy, shard count, workers, PS executors by shard.
+    struct Held {
+        strategy: Strategy,
+        workers: Vec<(Uuid, u32)>,
+        ps: Vec<Uuid>,
+        taken: Vec<Taken>,
+    }
+    let mut held: BTreeMap<Uuid, Held> = BTreeMap::new();
+    let mut kept: HashMap<Uuid, (Vec<(Uuid, u32)>, Vec<Option<Uuid>>, Vec<Taken>)> = HashMap::new();
+
+    // 1. Keep what can stay.
+    for j in &order {
+        let Some(cur) = &j.current else { continue };
+        let d = &j.demand;
+        let mut taken = Vec::new();
+        let mut workers = Vec::new();
+        let mut ps = vec![None; cur.parameter_servers.len()];
+        for w in &cur.workers {
+            if let Some(t) = cap.take_worker(w.executor, d.device, w.device, d.memory_bytes) {
+                taken.push(t);
+                workers.push((w.executor, w.device));
+            }
+        }
+        for p in &cur.parameter_servers {
+            if let Some(t) = cap.take_ps(p.executor, d.memory_bytes) {
+                taken.push(t);
+                if let Some(slot) = ps.get_mut(p.shard as usize) {
+                    *slot = Some(p.executor);
+                }
+            }
+        }
+        kept.insert(j.id, (workers, ps, taken));
+    }
+
+    // 2. Repair placed jobs and admit waiting ones, all or nothing.
+    for j in &order {
+        let d = &j.demand;
+        let (strategy, shards) = match &j.current {
+            Some(cur) => (cur.strategy, cur.parameter_servers.len() as u32),
+            None => match decide(d, cap.smallest_eligible(d.device, &executors)) {
+                Ok((s, n, why)) => {
+                    if !why.is_empty() {
+                        out.decisions.insert(j.id, why);
+                    }
+                    (s, n)
+                }
+                Err(why) => {
+                    out.waiting.insert(j.id, why);
+                    continue;
+                }
+            },
+        };
+        if strategy == Strategy::ParameterServer && d.params.is_none() {
+            out.waiting.insert(j.id, "the parameter-server pattern needs the model's tensors; TorchScript models must be inspected first".into());
+            continue;
+        }
+        let (mut workers, ps_kept, mut taken) = kept.remove(&j.id).unwrap_or_default();
+        let mut ps: Vec<Option<Uuid>> = ps_kept;
+        ps.resize(shards as usize, None);
+        let mut failed = None;
+        while failed.is_none() && (workers.len() as u32) < d.min_workers {
+            match cap.best_worker_slot(d.device, d.memory_bytes) {
+                Some((e, i)) => {
+                    if let Some(t) = cap.take_worker(e, d.device, i, d.memory_bytes) {
+                        taken.push(t);
+                        workers.push((e, i));
+                    }
+                }
+                None => {
+                    failed = Some(format!(
+                        "needs {} {} worker device(s) with {} MiB free, has {}",
+                        d.min_workers, kind_name(d.device), mib(d.memory_bytes), workers.len()
+                    ))
+                }
+            }
+        }
+        for shard in 0..ps.len() {
+            if failed.is_some() || ps[shard].is_some() {
+                continue;
+            }
+            let mine: BTreeSet<Uuid> = ps.iter().flatten().copied().collect();
+            match cap.best_ps_executor(d.memory_bytes, &mine).and_then(|e| cap.take_ps(e, d.memory_bytes).map(|t| (e, t))) {
+                Some((e, t)) => {
+                    taken.push(t);
+                    ps[shard] = Some(e);
+                }
+                None => failed = Some(format!("needs {shards} PS shard(s) with {} MiB of RAM each, found room for {}", mib(d.memory_bytes), ps.iter().flatten().count())),
+            }
+        }
+        if let Some(why) = failed {
+            for t in taken.into_iter().rev() {
+                cap.give_back(t);
+            }
+            out.waiting.insert(j.id, why);
+            out.decisions.remove(&j.id);
+            continue;
+        }
+        held.insert(j.id, Held { strategy, workers, ps: ps.into_iter().flatten().collect(), taken });
+    }
+
+    // 3. Grow towards the maximum.
+    for j in &order {
+        let Some(h) = held.get_mut(&j.id) else { continue };
+        let d = &j.demand;
+        while (h.workers.len() as u32) < d.max_workers {
+            let Some((e, i)) = cap.best_worker_slot(d.device, d.memory_bytes) else { break };
+            let Some(t) = cap.take_worker(e, d.device, i, d.memory_bytes) else { break };
+            h.taken.push(t);
+            h.workers.push((e, i));
+        }
+    }
+
+    // Ranks and shard maps.
+    for j in &order {
+        let Some(h) = held.remove(&j.id) else { continue };
+        let mut workers = h.workers;
+        match h.strategy {
+            Strategy::Allreduce => {
+                // Same-host ranks adjacent: order by host label, then id.
+                workers.sort_by(|a, b| {
+                    (cap.hosts.get(&a.0), a.0, a.1).cmp(&(cap.hosts.get(&b.0), b.0, b.1))
+                });
+            }
+            _ => {
+                // Kept workers keep their relative order; new ones follow.
+                let prev: HashMap<(Uuid, u32), u32> = j
+                    .current
+                    .iter()
+                    .flat_map(|c| c.workers.iter().map(|w| ((w.executor, w.device), w.rank)))
+                    .collect();
+                workers.sort_by_key(|w| (prev.get(w).copied().unwrap_or(u32::MAX), w.0, w.1));
+            }
+        }
+        let shards = h.ps.len() as u32;
+        let params = j.demand.params.as_deref().unwrap_or(&[]);
+        out.placements.insert(
+            j.id,
+            Placement {
+                strategy: h.strategy,
+                workers: workers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, (executor, device))| WorkerRole { rank: r as u32, executor, device })
+                    .collect(),
+                parameter_servers: h
+                    .ps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(s, executor)| PsRole { shard: s as u32, executor, ranges: shard_ranges(params, shards, s as u32) })
+                    .collect(),
+            },
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! Unit and property tests of the planner.
+
+use super::*;
+use proptest::prelude::{any, prop, prop_assert, prop_assert_eq, proptest};
+use proptest::strategy::Strategy as _;
+use trainyard_common::model::parameters;
+use trainyard_common::spec::{MlpSpec, ModelSpec};
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn id(n: u128) -> Uuid {
+    Uuid::from_u128(n)
+}
+
+fn cpu_exec(n: u128, ram: u64, host: Option<&str>) -> ExecutorView {
+    ExecutorView {
+        id: id(n),
+        host: host.map(str::to_owned),
+        ram_bytes: ram,
+        devices: vec![DeviceSlot { kind: Device::Cpu, index: 0, memory_bytes: ram }],
+    }
+}
+
+fn mlp_params(hidden: u32) -> Vec<ParamInfo> {
+    parameters(&ModelSpec::Mlp(MlpSpec { inputs: 64, hidden: vec![hidden], outputs: 10 })).unwrap()
+}
+
+fn demand(strategy: Strategy, min: u32, max: u32, ps: u32, mem: u64) -> Demand {
+    let params = mlp_params(128);
+    let n: u64 = params.iter().map(ParamInfo::numel).sum();
+    Demand {
+        strategy,
+        device: Device::Cpu,
+        min_workers: min,
+        max_workers: max,
+        parameter_servers: ps,
+        memory_bytes: mem,
+        estimate: Some(MemoryEstimate::new(n, trainyard_common::spec::OptimizerKind::Adam, true)),
+        params: Some(params),
+    }
+}
+
+fn job(n: u128, priority: i32, d: Demand) -> JobView {
+    JobView { id: id(1000 + n), priority, seq: n as i64, demand: d, current: None }
+}
+
+/// Checks every invariant of a plan; panics with a message on violation.
+fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
+    let live: HashMap<Uuid, &ExecutorView> = executors.iter().map(|e| (e.id, e)).collect();
+    let mut device_used: BTreeSet<(Uuid, u8, u32)> = BTreeSet::new();
+    let mut ram_used: HashMap<Uuid, u64> = HashMap::new();
+    let mut gpu_used: HashMap<(Uuid, u32), u64> = HashMap::new();
+    for j in jobs {
+        let placed = plan.placements.get(&j.id);
+        assert!(placed.is_some() != plan.waiting.contains_key(&j.id), "job {} must be placed xor waiting", j.id);
+        let Some(p) = placed else { continue };
+        let d = &j.demand;
+        let n = p.workers.len() as u32;
+        assert!(n >= d.min_workers && n <= d.max_workers, "workers {n} outside [{}, {}]", d.min_workers, d.max_workers);
+        assert_ne!(p.strategy, Strategy::Auto);
+        if p.strategy == Strategy::Allreduce {
+            assert!(p.parameter_servers.is_empty());
+        } else {
+            assert!(!p.parameter_servers.is_empty());
+        }
+        for (r, w) in p.workers.iter().enumerate() {
+            assert_eq!(w.rank, r as u32);
+            let e = live.get(&w.executor).expect("worker on a live executor");
+            assert!(e.devices.iter().any(|s| s.kind == d.device && s.index == w.device), "no such device");
+            assert!(device_used.insert((w.executor, kind_key(d.device), w.device)), "two workers on one device");
+            match d.device {
+                Device::Cpu => *ram_used.entry(w.executor).or_default() += d.memory_bytes,
+                Device::Cuda => *gpu_used.entry((w.executor, w.device)).or_default() += d.memory_bytes,
+            }
+        }
+        for (s, ps) in p.parameter_servers.iter().enumerate() {
+            assert_eq!(ps.shard, s as u32);
+            assert!(live.contains_key(&ps.executor), "PS on a live executor");
+            *ram_used.entry(ps.executor).or_default() += d.memory_bytes;
+        }
+        if p.strategy == Strategy::Allreduce {
+            // Workers of one host are adjacent in rank order.
+            let hosts: Vec<Option<&String>> = p.workers.iter().map(|w| live[&w.executor].host.as_ref()).collect();
+            let mut seen = BTreeSet::new();
+            for (i, h) in hosts.iter().enumerate() {
+                if i > 0 && hosts[i - 1] == *h {
+                    continue;
+                }
+                assert!(seen.insert(*h), "host {h:?} not contiguous in {hosts:?}");
+            }
+        }
+    }
+    for (e, used) in ram_used {
+        assert!(used <= live[&e].ram_bytes, "RAM over-committed on {e}");
+    }
+    for ((e, i), used) in gpu_used {
+        let mem = live[&e].devices.iter().find(|d| d.kind == Device::Cuda && d.index == i).unwrap().memory_bytes;
+        assert!(used <= mem, "GPU memory over-committed");
+    }
+}
+
+#[test]
+fn ps_job_is_placed_and_a_lost_role_moves_to_the_spare() {
+    let execs: Vec<ExecutorView> = (1..=5).map(|n| cpu_exec(n, 4 * GIB, None)).collect();
+    let j = job(1, 0, demand(Strategy::ParameterServer, 2, 2, 2, GIB));
+    let p1 = plan(std::slice::from_ref(&j), &execs);
+    check(std::slice::from_ref(&j), &execs, &p1);
+    let placed = &p1.placements[&j.id];
+    assert_eq!(placed.workers.len(), 2);
+    assert_eq!(placed.parameter_servers.len(), 2);
+    // Shards are spread over two executors.
+    assert_ne!(placed.parameter_servers[0].executor, placed.parameter_servers[1].executor);
+
+    // Lose the executor of PS shard 0.
+    let lost = placed.parameter_servers[0].executor;
+    let survivors: Vec<ExecutorView> = execs.iter().filter(|e| e.id != lost).cloned().collect();
+    let mut j2 = j.clone();
+    j2.current = Some(placed.clone());
+    let p2 = plan(std::slice::from_ref(&j2), &survivors);
+    check(std::slice::from_ref(&j2), &survivors, &p2);
+    let after = &p2.placements[&j.id];
+    assert_ne!(after.parameter_servers[0].executor, lost);
+    // Everything else stayed put.
+    assert_eq!(after.parameter_servers[1], placed.parameter_servers[1]);
+    assert_eq!(after.workers, placed.workers);
+}
+
+#[test]
+fn a_job_grows_to_its_maximum_as_executors_join() {
+    let mut execs: Vec<ExecutorView> = (1..=2).map(|n| cpu_exec(n, 2 * GIB, None)).collect();
+    let j = job(1, 0, demand(Strategy::Allreduce, 2, 4, 0, GIB));
+    let p = plan(std::slice::from_ref(&j), &execs);
+    assert_eq!(p.placements[&j.id].workers.len(), 2);
+    execs.push(cpu_exec(3, 2 * GIB, None));
+    execs.push(cpu_exec(4, 2 * GIB, None));
+    execs.push(cpu_exec(5, 2 * GIB, None));
+    let mut j2 = j.clone();
+    j2.current = Some(p.placements[&j.id].clone());
+    let p = plan(std::slice::from_ref(&j2), &execs);
+    assert_eq!(p.placements[&j.id].workers.len(), 4);
+}
+
+#[test]
+fn gang_admission_is_all_or_nothing_and_smaller_jobs_backfill() {
+    let execs: Vec<ExecutorView> = (1..=2).map(|n| cpu_exec(n, 2 * GIB, None)).collect();
+    let big = job(1, 10, demand(Strategy::Allreduce, 3, 3, 0, GIB));
+    let small = job(2, 0, demand(Strategy::Allreduce, 1, 1, 0, GIB));
+    let jobs = [big.clone(), small.clone()];
+    let p = plan(&jobs, &execs);
+    check(&jobs, &execs, &p);
+    assert!(p.waiting[&big.id].contains("needs 3 cpu worker device(s)"), "{:?}", p.waiting);
+    assert_eq!(p.placements[&small.id].workers.len(), 1);
+}
+
+#[test]
+fn competing_jobs_never_each_hold_half() {
+    let execs: Vec<ExecutorView> = (1..=4).map(|n| cpu_exec(n, 2 * GIB, None)).collect();
+    let a = job(1, 0, demand(Strategy::Allreduce, 3, 3, 0, GIB));
+    let b = job(2, 0, demand(Strategy::Allreduce, 3, 3, 0, GIB));
+    let jobs = [a.clone(), b.clone()];
+    let p = plan(&jobs, &execs);
+    check(&jobs, &execs, &p);
+    assert_eq!(p.placements.len(), 1);
+    assert!(p.placements.contains_key(&a.id), "submission order breaks the tie");
+}
+
+#[test]
+fn priority_goes_first() {
+    let execs = vec![cpu_exec(1, 2 * GIB, None)];
+    let low = job(1, 0, demand(Strategy::Allreduce, 1, 1, 0, GIB));
+    let high = job(2, 5, demand(Strategy::Allreduce, 1, 1, 0, GIB));
+    let p = plan(&[low.clone(), high.clone()], &execs);
+    assert!(p.placements.contains_key(&high.id));
+    assert!(p.waiting.contains_key(&low.id));
+}
+
+#[test]
+fn ps_never_takes_a_gpu_and_workers_get_one_each() {
+    let gpu = |n: u128| ExecutorView {
+        id: id(n),
+        host: None,
+        ram_bytes: 8 * GIB,
+        devices: vec![
+            DeviceSlot { kind: Device::Cpu, index: 0, memory_bytes: 8 * GIB },
+            DeviceSlot { kind: Device::Cuda, index: 0, memory_bytes: 16 * GIB },
+            DeviceSlot { kind: Device::Cuda, index: 1, memory_bytes: 16 * GIB },
+        ],
+    };
+    let execs = vec![gpu(1), gpu(2)];
+    let mut d = demand(Strategy::ParameterServer, 4, 8, 2, 4 * GIB);
+    d.device = Device::Cuda;
+    let j = job(1, 0, d);
+    let p = plan(std::slice::from_ref(&j), &execs);
+    check(std::slice::from_ref(&j), &execs, &p);
+    assert_eq!(p.placements[&j.id].workers.len(), 4, "one per GPU");
+    assert_eq!(p.placements[&j.id].parameter_servers.len(), 2);
+}
+
+#[test]
+fn auto_decides_by_memory_and_says_why() {
+    let execs = vec![cpu_exec(1, 4 * GIB, None), cpu_exec(2, 4 * GIB, None)];
+    let small = job(1, 0, demand(Strategy::Auto, 1, 1, 1, 512 * MIB));
+    let p = plan(std::slice::from_ref(&small), &execs);
+    assert_eq!(p.placements[&small.id].strategy, Strategy::Allreduce);
+    assert!(p.decisions[&small.id].contains("auto chose allreduce"));
+
+    let mut big = demand(Strategy::Auto, 1, 1, 1, 512 * MIB);
+    // 400 M parameters with Adam: 6.4 GB per replica, more than 80% of 4 GiB.
+    big.estimate = Some(MemoryEstimate::new(400_000_000, trainyard_common::spec::OptimizerKind::Adam, true));
+    let big = job(2, 0, big);
+    let p = plan(std::slice::from_ref(&big), &execs);
+    let why = &p.decisions.get(&big.id).cloned().or_else(|| p.waiting.get(&big.id).cloned()).unwrap();
+    assert!(why.contains("parameter_server"), "{why}");
+}
+
+#[test]
+fn ring_keeps_hosts_adjacent() {
+    let hosts = ["b", "a", "b", "a", "c", "b"];
+    let execs: Vec<ExecutorView> = hosts.iter().enumerate().map(|(i, h)| cpu_exec(i as u128 + 1, 2 * GIB, Some(h))).collect();
+    let j = job(1, 0, demand(Strategy::Allreduce, 6, 6, 0, GIB));
+    let p = plan(std::slice::from_ref(&j), &execs);
+    check(std::slice::from_ref(&j), &execs, &p);
+}
+
+fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView>> {
+    prop::collection::vec(
+        (1u64..16, prop::collection::vec(4u64..40, 0..3), prop::option::of(0u8..3), any::<bool>()),
+        0..10,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (ram, gpus, host, has_cpu))| {
+                let mut devices: Vec<DeviceSlot> = gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(g, m)| DeviceSlot { kind: Device::Cuda, index: g as u32, memory_bytes: m * GIB })
+                    .collect();
+                if has_cpu || gpus.is_empty() {
+                    devices.push(DeviceSlot { kind: Device::Cpu, index: 0, memory_bytes: ram * 512 * MIB });
+                }
+                ExecutorView { id: id(i as u128 + 1), host: host.map(|h| format!("h{h}")), ram_bytes: ram * 512 * MIB, devices }
+            })
+            .collect()
+    })
+}
+
+fn arb_jobs() -> impl proptest::strategy::Strategy<Value = Vec<JobView>> {
+    prop::collection::vec((0u8..3, any::<bool>(), 1u32..4, 0u32..3, 1u32..3, 1u64..8, -2i32..3), 0..8).prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (s, cuda, min, extra, ps, mem, prio))| {
+                let strategy = [Strategy::ParameterServer, Strategy::Allreduce, Strategy::Auto][s as usize];
+                let mut d = demand(strategy, min, min + extra, ps, mem * 256 * MIB);
+                if cuda {
+                    d.device = Device::Cuda;
+                }
+                job(i as u128, prio, d)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn plans_never_over_commit_and_are_all_or_nothing(execs in arb_executors(), jobs in arb_jobs()) {
+        let p = plan(&jobs, &execs);
+        check(&jobs, &execs, &p);
+    }
+
+    #[test]
+    fn replans_after_losses_keep_invariants_and_survivors(execs in arb_executors(), jobs in arb_jobs(), lose in prop::collection::vec(any::<bool>(), 10)) {
+        let first = plan(&jobs, &execs);
+        let survivors: Vec<ExecutorView> = execs.iter().enumerate().filter(|(i, _)| !lose[*i]).map(|(_, e)| e.clone()).collect();
+        let jobs2: Vec<JobView> = jobs.iter().map(|j| JobView { current: first.placements.get(&j.id).cloned(), ..j.clone() }).collect();
+        let second = plan(&jobs2, &survivors);
+        check(&jobs2, &survivors, &second);
+        let live: BTreeSet<Uuid> = survivors.iter().map(|e| e.id).collect();
+        for (jid, before) in &first.placements {
+            if let Some(after) = second.placements.get(jid) {
+                prop_assert_eq!(after.strategy, before.strategy);
+                for w in before.workers.iter().filter(|w| live.contains(&w.executor)) {
+                    prop_assert!(after.workers.iter().any(|a| a.executor == w.executor && a.device == w.device), "a surviving worker was moved");
+                }
+                for ps in before.parameter_servers.iter().filter(|p| live.contains(&p.executor)) {
+                    prop_assert_eq!(&after.parameter_servers[ps.shard as usize], ps, "a surviving shard was moved");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_whatever_the_input_order(execs in arb_executors(), jobs in arb_jobs(), seed in any::<u64>()) {
+        let a = plan(&jobs, &execs);
+        prop_assert_eq!(&a, &plan(&jobs, &execs));
+        let mut e2 = execs.clone();
+        let mut j2 = jobs.clone();
+        // A cheap deterministic shuffle.
+        let n = e2.len().max(1);
+        e2.rotate_left((seed as usize) % n);
+        e2.reverse();
+        let m = j2.len().max(1);
+        j2.rotate_left((seed as usize / 7) % m);
+        j2.reverse();
+        prop_assert_eq!(&a, &plan(&j2, &e2));
+    }
+
+    #[test]
+    fn no_deadlock_if_any_job_fits_alone_one_is_placed(execs in arb_executors(), jobs in arb_jobs()) {
+        let any_fits = jobs.iter().any(|j| plan(std::slice::from_ref(j), &execs).placements.contains_key(&j.id));
+        let p = plan(&jobs, &execs);
+        prop_assert_eq!(any_fits, !p.placements.is_empty());
+    }
+}

@@ -34,6 +34,9 @@ use uuid::Uuid;
 /// share of the smallest eligible device, leaving room for activations.
 pub const AUTO_HEADROOM: f64 = 0.8;
 
+/// RAM a PS shard is charged beyond its tensors (buffers, connections).
+pub const PS_OVERHEAD_BYTES: u64 = 16 << 20;
+
 /// A device an executor offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSlot {
@@ -71,7 +74,7 @@ pub struct Demand {
     pub max_workers: u32,
     /// PS shards asked for (PS and auto).
     pub parameter_servers: u32,
-    /// Memory per worker and per PS shard.
+    /// Memory per worker (the job's `resources.memory_mb`).
     pub memory_bytes: u64,
     /// Memory each role needs, when the model's size is known.
     pub estimate: Option<MemoryEstimate>,
@@ -265,6 +268,16 @@ fn mib(b: u64) -> u64 {
     b.div_ceil(1 << 20)
 }
 
+/// RAM one of `shards` PS shards is charged: its share of the PS tier
+/// (weights, optimizer state, sync accumulator) plus overhead, or the job's
+/// memory per role when the model's size is unknown.
+pub fn ps_bytes(d: &Demand, shards: u32) -> u64 {
+    match d.estimate {
+        Some(e) => e.ps_shard_bytes(shards).saturating_add(PS_OVERHEAD_BYTES),
+        None => d.memory_bytes,
+    }
+}
+
 /// Decides `auto` for a job by the memory arithmetic; `Err` is a reason to wait.
 fn decide(d: &Demand, smallest: Option<u64>) -> Result<(Strategy, u32, String), String> {
     let shards = |d: &Demand, tier: u64| {
@@ -339,8 +352,9 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 workers.push((w.executor, w.device));
             }
         }
+        let ps_bytes = ps_bytes(d, cur.parameter_servers.len() as u32);
         for p in &cur.parameter_servers {
-            if let Some(t) = cap.take_ps(p.executor, d.memory_bytes) {
+            if let Some(t) = cap.take_ps(p.executor, ps_bytes) {
                 taken.push(t);
                 if let Some(slot) = ps.get_mut(p.shard as usize) {
                     *slot = Some(p.executor);
@@ -392,17 +406,18 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 }
             }
         }
+        let shard_bytes = ps_bytes(d, shards);
         for shard in 0..ps.len() {
             if failed.is_some() || ps[shard].is_some() {
                 continue;
             }
             let mine: BTreeSet<Uuid> = ps.iter().flatten().copied().collect();
-            match cap.best_ps_executor(d.memory_bytes, &mine).and_then(|e| cap.take_ps(e, d.memory_bytes).map(|t| (e, t))) {
+            match cap.best_ps_executor(shard_bytes, &mine).and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t))) {
                 Some((e, t)) => {
                     taken.push(t);
                     ps[shard] = Some(e);
                 }
-                None => failed = Some(format!("needs {shards} PS shard(s) with {} MiB of RAM each, found room for {}", mib(d.memory_bytes), ps.iter().flatten().count())),
+                None => failed = Some(format!("needs {shards} PS shard(s) with {} MiB of RAM each, found room for {}", mib(shard_bytes), ps.iter().flatten().count())),
             }
         }
         if let Some(why) = failed {

@@ -77,7 +77,7 @@ fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
         for (s, ps) in p.parameter_servers.iter().enumerate() {
             assert_eq!(ps.shard, s as u32);
             assert!(live.contains_key(&ps.executor), "PS on a live executor");
-            *ram_used.entry(ps.executor).or_default() += d.memory_bytes;
+            *ram_used.entry(ps.executor).or_default() += ps_bytes(d, p.parameter_servers.len() as u32);
         }
         if p.strategy == Strategy::Allreduce {
             // Workers of one host are adjacent in rank order.

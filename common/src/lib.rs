@@ -7,11 +7,13 @@
 //!   validated [`spec::JobSpec`] that can only be made by [`spec::JobSpec::parse`],
 //!   so a spec that exists in memory is a valid one;
 //! * [`state`] — the job lifecycle states and which transitions are legal;
+//! * [`cluster`] — executor registration, heartbeats and assignments;
 //! * [`model`] — parameter counts of the built-in models and the per-role
 //!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
 //!
 //! This crate has no I/O and no async code; it builds in seconds.
 
+pub mod cluster;
 pub mod model;
 pub mod spec;
 pub mod state;

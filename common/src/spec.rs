@@ -61,6 +61,8 @@ pub const MAX_CHECKPOINTS_KEPT: u32 = 1000;
 pub const MIN_MEMORY_MB: u64 = 16;
 /// Largest memory a role may ask for, in MiB (4 TiB).
 pub const MAX_MEMORY_MB: u64 = 4 << 20;
+/// Largest |priority|.
+pub const MAX_PRIORITY: i32 = 1000;
 /// Largest held-out fraction.
 pub const MAX_EVAL_FRACTION: f64 = 0.5;
 /// Object-store URL schemes a job may name.
@@ -157,6 +159,9 @@ pub struct JobSpecInput {
     /// Seed of initialisation, data split and shuffling.
     #[serde(default)]
     pub seed: u64,
+    /// Queue priority (−1000–1000, default 0): higher is placed first.
+    #[serde(default)]
+    pub priority: i32,
 }
 
 fn default_eval_fraction() -> f64 {
@@ -804,6 +809,8 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
     if let Some(Consistency::Bounded { staleness }) = s.consistency {
         v.range("consistency.bounded.staleness", staleness, 0, MAX_STALENESS);
     }
+
+    v.range("priority", s.priority, -MAX_PRIORITY, MAX_PRIORITY);
 
     let c = &s.checkpoint;
     if let Some(n) = c.every_steps {

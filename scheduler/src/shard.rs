@@ -8,21 +8,8 @@
 //! shard is described as the tensor slices it owns, which is what the PS
 //! data plane moves.
 
-use serde::{Deserialize, Serialize};
+pub use trainyard_common::cluster::Range;
 use trainyard_common::model::ParamInfo;
-use utoipa::ToSchema;
-
-/// A slice of one tensor owned by a shard: elements `[start, end)` of the
-/// flattened tensor `param`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Range {
-    /// Tensor name.
-    pub param: String,
-    /// First element (inclusive) in the flattened tensor.
-    pub start: u64,
-    /// Last element (exclusive).
-    pub end: u64,
-}
 
 /// The ranges shard `shard` of `shards` owns.
 pub fn shard_ranges(params: &[ParamInfo], shards: u32, shard: u32) -> Vec<Range> {

@@ -195,6 +195,7 @@ fn each_bound_is_rejected_with_its_field() {
         ("checkpoint.keep", json!(0), "checkpoint.keep"),
         ("resources.memory_mb", json!(1), "resources.memory_mb"),
         ("eval_fraction", json!(0.9), "eval_fraction"),
+        ("priority", json!(1001), "priority"),
     ];
     for (path, value, field) in cases {
         let e = parse(&with(digits(), path, value.clone())).unwrap_err();

@@ -1,0 +1,282 @@
+//! Messages between executors and the control plane: registration,
+//! heartbeats, and the assignments a heartbeat answers with.
+//!
+//! An executor registers once (with the cluster join token) and receives its
+//! id and its own credential; it then heartbeats about every second,
+//! reporting the roles it runs, and gets back every role assigned to it at
+//! the job's current generation with the peers it must talk to. The
+//! generation is the fencing token of the data plane.
+
+use crate::spec::{Device, JobSpecInput, Strategy, Violation};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Most devices one executor may report.
+pub const MAX_DEVICES: usize = 64;
+/// Largest memory of one device (16 TiB).
+pub const MAX_DEVICE_MEMORY: u64 = 16 << 40;
+/// Largest RAM of one executor (64 TiB).
+pub const MAX_RAM: u64 = 64 << 40;
+/// Smallest RAM of one executor (64 MiB).
+pub const MIN_RAM: u64 = 64 << 20;
+/// Most CPU cores of one executor.
+pub const MAX_CORES: u32 = 4096;
+/// Most labels.
+pub const MAX_LABELS: usize = 32;
+/// Most roles one heartbeat may report.
+pub const MAX_REPORTED_ROLES: usize = 1024;
+
+/// One device of an executor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceInfo {
+    /// `cpu` (the host) or `cuda`.
+    pub kind: Device,
+    /// Index among devices of that kind.
+    pub index: u32,
+    /// Human name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Memory in bytes (for `cpu`: usable host RAM).
+    pub memory_bytes: u64,
+}
+
+/// What an executor offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorResources {
+    /// Its devices: one worker can run on each.
+    pub devices: Vec<DeviceInfo>,
+    /// CPU cores.
+    pub cpu_cores: u32,
+    /// Host RAM in bytes (PS shards and CPU workers draw from it).
+    pub ram_bytes: u64,
+}
+
+/// `POST /v1/executors`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    /// A human name (1–128 characters).
+    pub name: String,
+    /// `host:port` of its data-plane listener.
+    #[schema(example = "127.0.0.1:7070")]
+    pub address: String,
+    /// What it offers.
+    pub resources: ExecutorResources,
+    /// Labels, e.g. `{"host": "gpu-node-3"}`; `host` keeps ring ranks adjacent.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl RegisterRequest {
+    /// Every violation of the request's bounds.
+    pub fn violations(&self) -> Vec<Violation> {
+        let mut v = Vec::new();
+        let mut fail = |field: String, message: String| v.push(Violation { field, message });
+        let n = self.name.chars().count();
+        if self.name.trim().is_empty() || n > 128 || self.name.chars().any(char::is_control) {
+            fail("name".into(), "must be 1 to 128 characters without control characters".into());
+        }
+        match self.address.rsplit_once(':') {
+            Some((host, port))
+                if !host.is_empty()
+                    && self.address.len() <= 256
+                    && !host.chars().any(|c| c.is_whitespace() || c.is_control())
+                    && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            _ => fail("address".into(), format!("must be host:port with a port 1–65535, got {:?}", self.address)),
+        }
+        let r = &self.resources;
+        if r.devices.is_empty() || r.devices.len() > MAX_DEVICES {
+            fail("resources.devices".into(), format!("must list 1 to {MAX_DEVICES} devices, got {}", r.devices.len()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, d) in r.devices.iter().enumerate() {
+            if !seen.insert((d.kind == Device::Cuda, d.index)) {
+                fail(format!("resources.devices[{i}].index"), "duplicate index for this kind".into());
+            }
+            if d.memory_bytes == 0 || d.memory_bytes > MAX_DEVICE_MEMORY {
+                fail(format!("resources.devices[{i}].memory_bytes"), format!("must be between 1 and {MAX_DEVICE_MEMORY}, got {}", d.memory_bytes));
+            }
+            if d.name.chars().count() > 128 {
+                fail(format!("resources.devices[{i}].name"), "must be at most 128 characters".into());
+            }
+        }
+        if r.cpu_cores == 0 || r.cpu_cores > MAX_CORES {
+            fail("resources.cpu_cores".into(), format!("must be between 1 and {MAX_CORES}, got {}", r.cpu_cores));
+        }
+        if r.ram_bytes < MIN_RAM || r.ram_bytes > MAX_RAM {
+            fail("resources.ram_bytes".into(), format!("must be between {MIN_RAM} and {MAX_RAM}, got {}", r.ram_bytes));
+        }
+        if self.labels.len() > MAX_LABELS {
+            fail("labels".into(), format!("at most {MAX_LABELS} labels"));
+        }
+        for (k, val) in &self.labels {
+            if k.is_empty() || k.len() > 63 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+                fail(format!("labels.{k}"), "keys are 1–63 characters of [A-Za-z0-9-_./]".into());
+            }
+            if val.len() > 255 || val.chars().any(char::is_control) {
+                fail(format!("labels.{k}"), "values are at most 255 characters without control characters".into());
+            }
+        }
+        v
+    }
+}
+
+/// Answer to a registration.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RegisterResponse {
+    /// The executor's id.
+    pub id: Uuid,
+    /// Its credential for heartbeats, drain and leave (shown only here).
+    pub token: String,
+    /// How often to heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// Missed heartbeats after which it is declared lost.
+    pub heartbeat_misses: u32,
+}
+
+/// A role kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleKind {
+    /// A parameter-server shard (index = shard).
+    Ps,
+    /// A worker (index = rank).
+    Worker,
+}
+
+impl RoleKind {
+    /// The name used in Postgres.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoleKind::Ps => "ps",
+            RoleKind::Worker => "worker",
+        }
+    }
+}
+
+/// A role an executor runs, as it reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoleKey {
+    /// Job id.
+    pub job_id: Uuid,
+    /// Generation the role was started for.
+    pub generation: i64,
+    /// Kind.
+    pub role: RoleKind,
+    /// Shard or rank.
+    pub index: u32,
+}
+
+/// `POST /v1/executors/{id}/heartbeat`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The roles it runs now.
+    #[serde(default)]
+    pub roles: Vec<RoleKey>,
+}
+
+/// Executor states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorState {
+    /// Heartbeating; takes roles.
+    Live,
+    /// Leaving: its roles are moved off, it takes no new ones.
+    Draining,
+    /// Missed too many heartbeats; must register again.
+    Lost,
+    /// Left gracefully.
+    Left,
+}
+
+impl ExecutorState {
+    /// The name used on the wire and in Postgres.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutorState::Live => "live",
+            ExecutorState::Draining => "draining",
+            ExecutorState::Lost => "lost",
+            ExecutorState::Left => "left",
+        }
+    }
+
+    /// Parses the Postgres name.
+    pub fn parse(s: &str) -> Option<ExecutorState> {
+        [ExecutorState::Live, ExecutorState::Draining, ExecutorState::Lost, ExecutorState::Left]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+    }
+}
+
+/// A slice of one tensor owned by a PS shard: elements `[start, end)` of
+/// the flattened tensor `param`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Range {
+    /// Tensor name.
+    pub param: String,
+    /// First element (inclusive) in the flattened tensor.
+    pub start: u64,
+    /// Last element (exclusive).
+    pub end: u64,
+}
+
+/// A worker peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WorkerPeer {
+    /// Rank.
+    pub rank: u32,
+    /// Executor id.
+    pub executor_id: Uuid,
+    /// Its data-plane address.
+    pub address: String,
+    /// Device index on it.
+    pub device: u32,
+}
+
+/// A PS peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PsPeer {
+    /// Shard.
+    pub shard: u32,
+    /// Executor id.
+    pub executor_id: Uuid,
+    /// Its data-plane address.
+    pub address: String,
+    /// Tensor ranges it owns.
+    pub ranges: Vec<Range>,
+}
+
+/// One role assigned to an executor, with everything needed to run it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Assignment {
+    /// Which role.
+    pub key: RoleKey,
+    /// Device index for a worker.
+    pub device: Option<u32>,
+    /// The job's resolved strategy.
+    pub strategy: Strategy,
+    /// The job's data-plane secret (hex).
+    pub secret: String,
+    /// The job spec.
+    pub spec: JobSpecInput,
+    /// All workers of the job in rank order.
+    pub workers: Vec<WorkerPeer>,
+    /// All PS shards of the job in shard order.
+    pub parameter_servers: Vec<PsPeer>,
+}
+
+/// Answer to a heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatResponse {
+    /// The executor's state (`draining` while it is being emptied).
+    pub state: ExecutorState,
+    /// How often to heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// Every role assigned to it now.
+    pub assignments: Vec<Assignment>,
+}

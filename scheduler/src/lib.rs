@@ -1,14 +1,21 @@
-//! Trainyard's scheduler library.
+//! Trainyard's scheduler library: who runs which role of which job.
 //!
-//! The scheduler owns the job lifecycle in Postgres. Today it provides
-//! [`lifecycle`]: the one function through which every job state change is
-//! made — checked against [`JobState::can_move_to`](trainyard_common::JobState::can_move_to),
-//! written together with its event row in one transaction and announced with
-//! a Postgres notification. The API uses it for cancellation; the placement
-//! loop (executors, gang admission, generations) builds on it.
+//! * [`plan`] — the pure planning core (`plan(jobs, live executors, current
+//!   assignments) → new assignments`): gang admission, placement, growth,
+//!   ring order, `strategy: auto`; property-tested without a database.
+//! * [`shard`] — the byte-balanced PS shard map.
+//! * [`service`] — the loop around the planner: leader lease (Postgres
+//!   advisory lock), lost-executor detection, one transaction per
+//!   membership change (new assignments, generation + 1, event).
+//! * [`lifecycle`] — the one function through which every job state change
+//!   is made, checked against [`JobState::can_move_to`](trainyard_common::JobState::can_move_to)
+//!   and written with its event row.
+//!
+//! The API runs the loop in-process by default.
 
 pub mod lifecycle;
 pub mod plan;
+pub mod service;
 pub mod shard;
 
 pub use lifecycle::{transition, Transition, TransitionError};

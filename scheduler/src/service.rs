@@ -1,0 +1,534 @@
+//! The scheduler loop: leader election, lost-executor detection, planning
+//! and writing each membership change.
+//!
+//! Several API replicas may run the loop; only the holder of a Postgres
+//! advisory lock ([`LEADER_LOCK_KEY`], held on a dedicated session) acts.
+//! When the leader dies its session ends, Postgres releases the lock, and a
+//! standby takes over at its next try (every tick). The leader wakes on
+//! notifications (job submitted or cancelled, executor joined, left or
+//! reported new roles) and on a periodic tick, then reconciles:
+//!
+//! 1. executors whose last heartbeat is older than `misses × interval` are
+//!    marked `lost`;
+//! 2. [`plan`] runs over the live (not draining) executors and every
+//!    unfinished job with its current assignments;
+//! 3. each job whose roles changed gets, in one transaction, its new
+//!    assignments, `generation + 1`, a state change where one applies, and
+//!    an event that says what moved and why;
+//! 4. jobs whose every role is reported running at the current generation
+//!    move from `scheduling`/`recovering` to `running`.
+//!
+//! Every write re-checks the job's generation under a row lock, so a
+//! leader that lost its lease mid-round cannot overwrite a newer plan.
+
+use crate::lifecycle::{self, transition};
+use crate::plan::{plan, Demand, DeviceSlot, ExecutorView, JobView, Placement, Plan, PsRole, WorkerRole};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use serde_json::json;
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::{PgConnection, PgPool, Row};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use trainyard_common::cluster::{ExecutorResources, Range};
+use trainyard_common::model::parameters;
+use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::JobState;
+use uuid::Uuid;
+
+/// Advisory-lock key of the scheduler's leader lease ("trainyar").
+pub const LEADER_LOCK_KEY: i64 = 0x7472_6169_6e79_6172;
+/// Channel on which executor changes are announced.
+pub const EXECUTOR_CHANNEL: &str = "trainyard_executors";
+
+/// Settings of the loop.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// How often executors heartbeat.
+    pub heartbeat_interval: Duration,
+    /// Missed heartbeats before an executor is lost.
+    pub heartbeat_misses: u32,
+}
+
+impl SchedulerConfig {
+    /// Silence after which an executor is lost.
+    pub fn lost_after(&self) -> Duration {
+        self.heartbeat_interval * self.heartbeat_misses
+    }
+
+    fn tick(&self) -> Duration {
+        (self.heartbeat_interval / 2).max(Duration::from_millis(50))
+    }
+}
+
+/// The scheduler's Prometheus metrics.
+#[derive(Clone)]
+pub struct SchedulerMetrics {
+    /// Seconds from submission to first placement.
+    pub placement_latency: Histogram,
+    /// Seconds one planning round takes (load, plan, write).
+    pub round_seconds: Histogram,
+    /// Jobs waiting for capacity.
+    pub queue_length: IntGauge,
+    /// Live executors.
+    pub live_executors: IntGauge,
+    /// Membership changes written (generation bumps).
+    pub replans: IntCounter,
+    /// 1 while this process holds the leader lease.
+    pub leader: IntGauge,
+}
+
+impl SchedulerMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<SchedulerMetrics> {
+        let buckets = vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+        let m = SchedulerMetrics {
+            placement_latency: Histogram::with_opts(
+                HistogramOpts::new("trainyard_scheduler_placement_latency_seconds", "Seconds from submission to first placement").buckets(buckets.clone()),
+            )?,
+            round_seconds: Histogram::with_opts(
+                HistogramOpts::new("trainyard_scheduler_round_seconds", "Seconds one scheduling round takes").buckets(buckets),
+            )?,
+            queue_length: IntGauge::new("trainyard_scheduler_queue_length", "Jobs waiting for capacity")?,
+            live_executors: IntGauge::new("trainyard_scheduler_live_executors", "Live executors")?,
+            replans: IntCounter::new("trainyard_scheduler_replans_total", "Membership changes written (generation bumps)")?,
+            leader: IntGauge::new("trainyard_scheduler_leader", "1 while this process leads scheduling")?,
+        };
+        registry.register(Box::new(m.placement_latency.clone()))?;
+        registry.register(Box::new(m.round_seconds.clone()))?;
+        registry.register(Box::new(m.queue_length.clone()))?;
+        registry.register(Box::new(m.live_executors.clone()))?;
+        registry.register(Box::new(m.replans.clone()))?;
+        registry.register(Box::new(m.leader.clone()))?;
+        Ok(m)
+    }
+}
+
+/// The loop's state.
+pub struct Scheduler {
+    db: PgPool,
+    config: SchedulerConfig,
+    metrics: SchedulerMetrics,
+}
+
+/// Why a round failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl Scheduler {
+    /// A scheduler over `db`.
+    pub fn new(db: PgPool, config: SchedulerConfig, metrics: SchedulerMetrics) -> Scheduler {
+        Scheduler { db, config, metrics }
+    }
+
+    /// Runs until `shutdown` turns true: campaigns for the lease, and leads
+    /// while it holds it.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            match self.campaign().await {
+                Ok(Some(mut lock)) => {
+                    tracing::info!("scheduler: this process is the leader");
+                    self.metrics.leader.set(1);
+                    if let Err(e) = self.lead(&mut lock, &mut shutdown).await {
+                        tracing::warn!(error = %e, "scheduler: lost leadership");
+                    }
+                    self.metrics.leader.set(0);
+                    // Closing the session releases the lock.
+                    drop(lock);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "scheduler: cannot reach Postgres"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.config.tick()) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+
+    async fn campaign(&self) -> Result<Option<PgConnection>, sqlx::Error> {
+        let mut conn = self.db.acquire().await?.detach();
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_LOCK_KEY)
+            .fetch_one(&mut conn)
+            .await?;
+        Ok(got.then_some(conn))
+    }
+
+    async fn lead(&self, lock: &mut PgConnection, shutdown: &mut watch::Receiver<bool>) -> Result<(), SchedulerError> {
+        let mut listener = PgListener::connect_with(&self.db).await?;
+        listener.listen_all([lifecycle::JOB_CHANNEL, EXECUTOR_CHANNEL]).await?;
+        let mut tick = tokio::time::interval(self.config.tick());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // The lease is only as good as the session that holds it.
+            sqlx::query("SELECT 1").execute(&mut *lock).await?;
+            let start = Instant::now();
+            if let Err(e) = self.round().await {
+                tracing::warn!(error = %e, "scheduler round failed; retrying");
+            }
+            self.metrics.round_seconds.observe(start.elapsed().as_secs_f64());
+            tokio::select! {
+                n = listener.recv() => { n?; }
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// One reconciliation round (public for tests and benchmarks).
+    pub async fn round(&self) -> Result<(), SchedulerError> {
+        let lost_after = self.config.lost_after().as_secs_f64();
+        let lost: Vec<(Uuid, String)> = sqlx::query_as(
+            "UPDATE executors SET state = 'lost', state_changed_at = clock_timestamp()
+             WHERE state IN ('live', 'draining') AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $1)
+             RETURNING id, name",
+        )
+        .bind(lost_after)
+        .fetch_all(&self.db)
+        .await?;
+        for (id, name) in &lost {
+            tracing::warn!(executor = %id, %name, "executor lost: no heartbeat for {lost_after:.1}s");
+        }
+
+        // Roles of finished jobs are released.
+        sqlx::query("DELETE FROM assignments a USING jobs j WHERE a.job_id = j.id AND j.state IN ('succeeded', 'failed', 'cancelled')")
+            .execute(&self.db)
+            .await?;
+
+        let world = World::load(&self.db).await?;
+        self.metrics.live_executors.set(world.live.len() as i64);
+        let plan = plan(&world.jobs, &world.live);
+        self.metrics.queue_length.set(plan.waiting.len() as i64);
+        for job in &world.jobs {
+            if let Err(e) = self.apply(&world, &plan, job).await {
+                tracing::warn!(job = %job.id, error = %e, "scheduler: writing the plan of a job failed");
+            }
+        }
+        self.promote_acknowledged().await?;
+        Ok(())
+    }
+
+    async fn apply(&self, world: &World, plan: &Plan, job: &JobView) -> Result<(), SchedulerError> {
+        let meta = &world.meta[&job.id];
+        let new = plan.placements.get(&job.id);
+        if new == job.current.as_ref() {
+            if let Some(why) = plan.waiting.get(&job.id) {
+                let reason = format!("waiting: {why}");
+                if meta.state_reason != reason {
+                    sqlx::query("UPDATE jobs SET state_reason = $2, updated_at = clock_timestamp() WHERE id = $1 AND state_reason <> $2")
+                        .bind(job.id)
+                        .bind(&reason)
+                        .execute(&self.db)
+                        .await?;
+                    let mut conn = self.db.acquire().await?;
+                    lifecycle::notify(&mut conn, job.id).await?;
+                }
+            }
+            return Ok(());
+        }
+
+        let mut tx = self.db.begin().await?;
+        let row = sqlx::query("SELECT generation, state::text AS state FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(job.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else { return Ok(()) };
+        let generation: i64 = row.get("generation");
+        let state: JobState = row.get::<String, _>("state").parse().unwrap_or(JobState::Failed);
+        if generation != meta.generation || state.is_terminal() {
+            return Ok(()); // Changed under us: the next round sees the new truth.
+        }
+        let next = generation + 1;
+        let reason = describe(world, job.current.as_ref(), new, plan.waiting.get(&job.id));
+        sqlx::query("DELETE FROM assignments WHERE job_id = $1").bind(job.id).execute(&mut *tx).await?;
+        if let Some(p) = new {
+            for w in &p.workers {
+                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, device) VALUES ($1, $2, 'worker', $3, $4, $5)")
+                    .bind(job.id)
+                    .bind(next)
+                    .bind(w.rank as i32)
+                    .bind(w.executor)
+                    .bind(w.device as i32)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for ps in &p.parameter_servers {
+                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
+                    .bind(job.id)
+                    .bind(next)
+                    .bind(ps.shard as i32)
+                    .bind(ps.executor)
+                    .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        let strategy = new.map(|p| strategy_name(p.strategy));
+        sqlx::query(
+            "UPDATE jobs SET generation = $2, updated_at = clock_timestamp(),
+                    strategy = coalesce(strategy, $3), secret = coalesce(secret, $4)
+             WHERE id = $1",
+        )
+        .bind(job.id)
+        .bind(next)
+        .bind(strategy)
+        .bind(new_secret())
+        .execute(&mut *tx)
+        .await?;
+        if let Some(why) = plan.decisions.get(&job.id) {
+            event(&mut tx, job.id, "strategy", why, json!({})).await?;
+        }
+        event(&mut tx, job.id, "placement", &reason, placement_json(next, new)).await?;
+        match (state, new.is_some()) {
+            (JobState::Queued, true) => {
+                transition(&mut tx, job.id, JobState::Scheduling, &reason).await.map_err(db_err)?;
+            }
+            (JobState::Running, _) => {
+                transition(&mut tx, job.id, JobState::Recovering, &reason).await.map_err(db_err)?;
+            }
+            _ => {
+                sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1").bind(job.id).bind(&reason).execute(&mut *tx).await?;
+                lifecycle::notify(&mut tx, job.id).await?;
+            }
+        }
+        tx.commit().await?;
+        self.metrics.replans.inc();
+        if job.current.is_none() && new.is_some() {
+            let waited = (chrono::Utc::now() - meta.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+            self.metrics.placement_latency.observe(waited);
+        }
+        tracing::info!(job = %job.id, generation = next, "{reason}");
+        Ok(())
+    }
+
+    /// Moves jobs whose every role runs at the current generation to `running`.
+    async fn promote_acknowledged(&self) -> Result<(), SchedulerError> {
+        let ready: Vec<(Uuid, i64, i64)> = sqlx::query_as(
+            "SELECT j.id, j.generation, count(*)
+             FROM jobs j JOIN assignments a ON a.job_id = j.id AND a.generation = j.generation
+             JOIN executors e ON e.id = a.executor_id
+             WHERE j.state IN ('scheduling', 'recovering')
+             GROUP BY j.id, j.generation
+             HAVING bool_and(e.reported @> jsonb_build_array(jsonb_build_object(
+                 'job_id', a.job_id, 'generation', a.generation, 'role', a.role, 'index', a.index)))",
+        )
+        .fetch_all(&self.db)
+        .await?;
+        for (id, generation, roles) in ready {
+            let mut tx = self.db.begin().await?;
+            let current: Option<i64> = sqlx::query_scalar("SELECT generation FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if current != Some(generation) {
+                continue;
+            }
+            let reason = format!("all {roles} role(s) running at generation {generation}");
+            match transition(&mut tx, id, JobState::Running, &reason).await {
+                Ok(_) => tx.commit().await?,
+                Err(lifecycle::TransitionError::Illegal { .. }) => {}
+                Err(e) => return Err(db_err(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn db_err(e: lifecycle::TransitionError) -> SchedulerError {
+    match e {
+        lifecycle::TransitionError::Database(e) => SchedulerError::Database(e),
+        other => SchedulerError::Database(sqlx::Error::Protocol(other.to_string())),
+    }
+}
+
+fn strategy_name(s: Strategy) -> &'static str {
+    match s {
+        Strategy::Allreduce => "allreduce",
+        _ => "parameter_server",
+    }
+}
+
+/// 32 random bytes (from two v4 UUIDs, which use the OS's CSPRNG).
+pub fn new_secret() -> Vec<u8> {
+    let mut s = Uuid::new_v4().as_bytes().to_vec();
+    s.extend_from_slice(Uuid::new_v4().as_bytes());
+    s
+}
+
+async fn event(tx: &mut PgConnection, job: Uuid, kind: &str, reason: &str, data: serde_json::Value) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
+        .bind(job)
+        .bind(kind)
+        .bind(reason)
+        .bind(data)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+fn placement_json(generation: i64, p: Option<&Placement>) -> serde_json::Value {
+    match p {
+        None => json!({ "generation": generation, "workers": [], "parameter_servers": [] }),
+        Some(p) => json!({
+            "generation": generation,
+            "strategy": strategy_name(p.strategy),
+            "workers": p.workers.iter().map(|w| json!({"rank": w.rank, "executor": w.executor, "device": w.device})).collect::<Vec<_>>(),
+            "parameter_servers": p.parameter_servers.iter().map(|s| json!({"shard": s.shard, "executor": s.executor})).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+/// A sentence saying what changed between two placements and why.
+fn describe(world: &World, old: Option<&Placement>, new: Option<&Placement>, waiting: Option<&String>) -> String {
+    let name = |id: &Uuid| world.executor_label(id);
+    match (old, new) {
+        (None, Some(n)) => format!(
+            "placed {} PS shard(s) and {} worker(s) on {} executor(s)",
+            n.parameter_servers.len(),
+            n.workers.len(),
+            n.workers.iter().map(|w| w.executor).chain(n.parameter_servers.iter().map(|p| p.executor)).collect::<BTreeSet<_>>().len()
+        ),
+        (Some(_), None) => format!("released every role: {}", waiting.map_or("no longer placeable", |w| w.as_str())),
+        (None, None) => "nothing to place".into(),
+        (Some(o), Some(n)) => {
+            let mut parts = Vec::new();
+            for ps in &o.parameter_servers {
+                let to = n.parameter_servers.get(ps.shard as usize).map(|p| p.executor);
+                if to != Some(ps.executor) {
+                    parts.push(format!("PS shard {} moved from {} to {}", ps.shard, name(&ps.executor), to.map_or("nowhere".into(), |t| name(&t))));
+                }
+            }
+            let old_w: BTreeSet<(Uuid, u32)> = o.workers.iter().map(|w| (w.executor, w.device)).collect();
+            let new_w: BTreeSet<(Uuid, u32)> = n.workers.iter().map(|w| (w.executor, w.device)).collect();
+            for (e, _) in old_w.difference(&new_w) {
+                parts.push(format!("worker removed from {}", name(e)));
+            }
+            for (e, _) in new_w.difference(&old_w) {
+                parts.push(format!("worker added on {}", name(e)));
+            }
+            if parts.is_empty() {
+                parts.push("ranks reordered".into());
+            }
+            format!("{} (now {} worker(s))", parts.join("; "), n.workers.len())
+        }
+    }
+}
+
+struct JobMeta {
+    generation: i64,
+    state_reason: String,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// What one round sees.
+struct World {
+    jobs: Vec<JobView>,
+    live: Vec<ExecutorView>,
+    meta: HashMap<Uuid, JobMeta>,
+    executors: HashMap<Uuid, (String, String)>,
+}
+
+impl World {
+    async fn load(db: &PgPool) -> Result<World, sqlx::Error> {
+        let mut executors = HashMap::new();
+        let mut live = Vec::new();
+        for r in sqlx::query("SELECT id, name, state::text AS state, resources, labels FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
+            .fetch_all(db)
+            .await?
+        {
+            let id: Uuid = r.get("id");
+            let state: String = r.get("state");
+            executors.insert(id, (r.get::<String, _>("name"), state.clone()));
+            if state != "live" {
+                continue;
+            }
+            let Ok(res) = serde_json::from_value::<ExecutorResources>(r.get("resources")) else { continue };
+            let labels: BTreeMap<String, String> = serde_json::from_value(r.get("labels")).unwrap_or_default();
+            live.push(ExecutorView {
+                id,
+                host: labels.get("host").cloned(),
+                ram_bytes: res.ram_bytes,
+                devices: res.devices.iter().map(|d| DeviceSlot { kind: d.kind, index: d.index, memory_bytes: d.memory_bytes }).collect(),
+            });
+        }
+
+        let mut assigned: HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)> = HashMap::new();
+        for r in sqlx::query("SELECT job_id, role, index, executor_id, device, ranges FROM assignments ORDER BY job_id, role, index")
+            .fetch_all(db)
+            .await?
+        {
+            let entry = assigned.entry(r.get("job_id")).or_default();
+            let index = r.get::<i32, _>("index") as u32;
+            if r.get::<String, _>("role") == "worker" {
+                entry.0.push(WorkerRole { rank: index, executor: r.get("executor_id"), device: r.get::<Option<i32>, _>("device").unwrap_or(0) as u32 });
+            } else {
+                let ranges: Vec<Range> = serde_json::from_value(r.get("ranges")).unwrap_or_default();
+                entry.1.push(PsRole { shard: index, executor: r.get("executor_id"), ranges });
+            }
+        }
+
+        let mut jobs = Vec::new();
+        let mut meta = HashMap::new();
+        for r in sqlx::query(
+            "SELECT id, spec, priority, created_at, generation, state_reason, strategy
+             FROM jobs WHERE state IN ('queued', 'inspecting', 'scheduling', 'running', 'recovering')",
+        )
+        .fetch_all(db)
+        .await?
+        {
+            let Some(job) = job_view(&r, &mut assigned) else { continue };
+            meta.insert(job.id, JobMeta { generation: r.get("generation"), state_reason: r.get("state_reason"), created_at: r.get("created_at") });
+            jobs.push(job);
+        }
+        Ok(World { jobs, live, meta, executors })
+    }
+
+    fn executor_label(&self, id: &Uuid) -> String {
+        match self.executors.get(id) {
+            Some((name, state)) if state != "live" => format!("{name} ({state})"),
+            Some((name, _)) => name.clone(),
+            None => id.to_string(),
+        }
+    }
+}
+
+fn job_view(r: &PgRow, assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)>) -> Option<JobView> {
+    let id: Uuid = r.get("id");
+    let spec: JobSpecInput = match serde_json::from_value(r.get("spec")) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(job = %id, error = %e, "stored spec does not decode; skipping");
+            return None;
+        }
+    };
+    let created: chrono::DateTime<chrono::Utc> = r.get("created_at");
+    let current = assigned.remove(&id).map(|(workers, parameter_servers)| Placement {
+        strategy: match r.get::<Option<String>, _>("strategy").as_deref() {
+            Some("allreduce") => Strategy::Allreduce,
+            _ => Strategy::ParameterServer,
+        },
+        workers,
+        parameter_servers,
+    });
+    Some(JobView {
+        id,
+        priority: r.get("priority"),
+        seq: created.timestamp_micros(),
+        demand: Demand {
+            strategy: spec.strategy,
+            device: spec.resources.device,
+            min_workers: spec.workers.min,
+            max_workers: spec.workers.max,
+            parameter_servers: spec.parameter_server_count(),
+            memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
+            estimate: spec.estimate(),
+            params: parameters(&spec.model),
+        },
+        current,
+    })
+}

@@ -34,6 +34,23 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
 
+    /// Cluster join token executors register with. When absent, one is made
+    /// and kept in `<data-dir>/join-token`.
+    #[arg(long, env = "TRAINYARD_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+
+    /// How often executors heartbeat, in milliseconds.
+    #[arg(long, env = "TRAINYARD_HEARTBEAT_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub heartbeat_interval_ms: u64,
+
+    /// Missed heartbeats after which an executor is lost.
+    #[arg(long, env = "TRAINYARD_HEARTBEAT_MISSES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub heartbeat_misses: u32,
+
+    /// Do not run the scheduler loop in this process (another replica does).
+    #[arg(long, env = "TRAINYARD_NO_SCHEDULER")]
+    pub no_scheduler: bool,
+
     /// Largest request body in bytes.
     #[arg(long, env = "TRAINYARD_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
@@ -73,12 +90,34 @@ impl Config {
             data_dir: PathBuf::from(".trainyard"),
             object_store: None,
             api_token: None,
+            join_token: Some("test-join-token".into()),
+            heartbeat_interval_ms: 1000,
+            heartbeat_misses: 3,
+            no_scheduler: false,
             max_body_bytes: 1 << 20,
             request_timeout_secs: 30,
             db_max_connections: 8,
             db_acquire_timeout_secs: 5,
             log_format: LogFormat::Text,
         }
+    }
+
+    /// The join token in force: the configured one, else the one kept in
+    /// `<data-dir>/join-token` (made on first use).
+    pub fn resolve_join_token(&self) -> std::io::Result<String> {
+        if let Some(t) = &self.join_token {
+            return Ok(t.clone());
+        }
+        let path = self.data_dir.join("join-token");
+        if let Ok(t) = std::fs::read_to_string(&path) {
+            if !t.trim().is_empty() {
+                return Ok(t.trim().to_owned());
+            }
+        }
+        std::fs::create_dir_all(&self.data_dir)?;
+        let token = hex::encode(trainyard_scheduler::service::new_secret());
+        std::fs::write(&path, &token)?;
+        Ok(token)
     }
 
     /// The object-store URL in force.

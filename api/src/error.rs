@@ -54,6 +54,9 @@ pub enum ApiError {
     /// 409: the resource's state forbids the operation.
     #[error("{0}")]
     Conflict(String),
+    /// 410: the resource existed but is gone for good.
+    #[error("{0}")]
+    Gone(String),
     /// 413: the body is larger than the limit.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -121,6 +124,7 @@ impl ApiError {
                 "Method not allowed",
             ),
             Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            Gone(_) => (StatusCode::GONE, "gone", "Gone"),
             PayloadTooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",

@@ -2,7 +2,8 @@
 //!
 //! [`Application::build`] wires the production server from a [`Config`]:
 //! a Postgres pool (migrations from `migrations/` applied on start-up), the
-//! routes of [`routes`] (jobs, health, metrics), the OpenAPI document of
+//! routes of [`routes`] (jobs, executors, health, metrics), the scheduler
+//! loop (unless `--no-scheduler`; see `trainyard-scheduler`), the OpenAPI document of
 //! [`openapi`] with an interactive page at `/docs`, and the small web page
 //! of [`web`]. Every error leaves as `application/problem+json` through
 //! [`error::ApiError`]. `main.rs` is a thin shell over this, and the
@@ -29,6 +30,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use trainyard_scheduler::service::{Scheduler, SchedulerConfig, SchedulerMetrics};
 
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -42,6 +44,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// The configuration the server runs with.
     pub config: Arc<Config>,
+    /// The cluster join token executors register with.
+    pub join_token: Arc<String>,
 }
 
 /// A built server: bound to its port and connected to its database.
@@ -49,6 +53,7 @@ pub struct Application {
     listener: TcpListener,
     router: axum::Router,
     state: AppState,
+    scheduler: Option<Scheduler>,
 }
 
 impl Application {
@@ -65,16 +70,28 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
+        let join_token = config
+            .resolve_join_token()
+            .context("reading or making the join token")?;
+        let metrics = Arc::new(metrics::Metrics::new()?);
+        let scheduler = if config.no_scheduler {
+            None
+        } else {
+            let sm = SchedulerMetrics::register(metrics.registry())?;
+            Some(Scheduler::new(db.clone(), scheduler_config(&config), sm))
+        };
         let state = AppState {
             db,
-            metrics: Arc::new(metrics::Metrics::new()?),
+            metrics,
             config: Arc::new(config),
+            join_token: Arc::new(join_token),
         };
         let router = routes::router(state.clone());
         Ok(Application {
             listener,
             router,
             state,
+            scheduler,
         })
     }
 
@@ -97,6 +114,8 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let db = self.state.db.clone();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stopped)));
         axum::serve(
             self.listener,
             self.router
@@ -105,8 +124,20 @@ impl Application {
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving HTTP")?;
+        let _ = stop.send(true);
+        if let Some(s) = scheduler {
+            let _ = s.await;
+        }
         db.close().await;
         Ok(())
+    }
+}
+
+/// The scheduler loop's settings from the server's.
+pub fn scheduler_config(c: &Config) -> SchedulerConfig {
+    SchedulerConfig {
+        heartbeat_interval: Duration::from_millis(c.heartbeat_interval_ms),
+        heartbeat_misses: c.heartbeat_misses,
     }
 }
 

@@ -65,6 +65,11 @@ impl Metrics {
         })
     }
 
+    /// The registry, for other components' metrics (the scheduler's).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

@@ -6,7 +6,7 @@
 //! regenerates it).
 
 use crate::error::Problem;
-use crate::routes::{health, jobs};
+use crate::routes::{executors, health, jobs};
 use crate::AppState;
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -23,12 +23,14 @@ use utoipa_swagger_ui::SwaggerUi;
     ),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
+        executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave,
         health::healthz, health::readyz, health::metrics,
     ),
-    components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage)),
+    components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),
     modifiers(&BearerAuth),
     tags(
         (name = "jobs", description = "Training jobs"),
+        (name = "executors", description = "Executors: registration and heartbeats (executor credentials), listing (user token)"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
 )]
@@ -39,6 +41,20 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         let components = doc.components.get_or_insert_with(Default::default);
+        for (name, what) in [
+            ("join_token", "the cluster join token"),
+            ("executor_token", "an executor's own credential"),
+        ] {
+            components.add_security_scheme(
+                name,
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .description(Some(what))
+                        .build(),
+                ),
+            );
+        }
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
@@ -49,7 +65,13 @@ impl Modify for BearerAuth {
             if !path.starts_with("/v1/") {
                 continue;
             }
-            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            for op in [&mut item.get, &mut item.post, &mut item.delete]
+                .into_iter()
+                .flatten()
+            {
+                if op.security.is_some() {
+                    continue; // Executor endpoints declare their own.
+                }
                 op.security = Some(vec![
                     utoipa::openapi::security::SecurityRequirement::new(
                         "bearer",

@@ -77,7 +77,10 @@ impl RegisterRequest {
         let mut fail = |field: String, message: String| v.push(Violation { field, message });
         let n = self.name.chars().count();
         if self.name.trim().is_empty() || n > 128 || self.name.chars().any(char::is_control) {
-            fail("name".into(), "must be 1 to 128 characters without control characters".into());
+            fail(
+                "name".into(),
+                "must be 1 to 128 characters without control characters".into(),
+            );
         }
         match self.address.rsplit_once(':') {
             Some((host, port))
@@ -85,39 +88,83 @@ impl RegisterRequest {
                     && self.address.len() <= 256
                     && !host.chars().any(|c| c.is_whitespace() || c.is_control())
                     && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
-            _ => fail("address".into(), format!("must be host:port with a port 1–65535, got {:?}", self.address)),
+            _ => fail(
+                "address".into(),
+                format!(
+                    "must be host:port with a port 1–65535, got {:?}",
+                    self.address
+                ),
+            ),
         }
         let r = &self.resources;
         if r.devices.is_empty() || r.devices.len() > MAX_DEVICES {
-            fail("resources.devices".into(), format!("must list 1 to {MAX_DEVICES} devices, got {}", r.devices.len()));
+            fail(
+                "resources.devices".into(),
+                format!(
+                    "must list 1 to {MAX_DEVICES} devices, got {}",
+                    r.devices.len()
+                ),
+            );
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, d) in r.devices.iter().enumerate() {
             if !seen.insert((d.kind == Device::Cuda, d.index)) {
-                fail(format!("resources.devices[{i}].index"), "duplicate index for this kind".into());
+                fail(
+                    format!("resources.devices[{i}].index"),
+                    "duplicate index for this kind".into(),
+                );
             }
             if d.memory_bytes == 0 || d.memory_bytes > MAX_DEVICE_MEMORY {
-                fail(format!("resources.devices[{i}].memory_bytes"), format!("must be between 1 and {MAX_DEVICE_MEMORY}, got {}", d.memory_bytes));
+                fail(
+                    format!("resources.devices[{i}].memory_bytes"),
+                    format!(
+                        "must be between 1 and {MAX_DEVICE_MEMORY}, got {}",
+                        d.memory_bytes
+                    ),
+                );
             }
             if d.name.chars().count() > 128 {
-                fail(format!("resources.devices[{i}].name"), "must be at most 128 characters".into());
+                fail(
+                    format!("resources.devices[{i}].name"),
+                    "must be at most 128 characters".into(),
+                );
             }
         }
         if r.cpu_cores == 0 || r.cpu_cores > MAX_CORES {
-            fail("resources.cpu_cores".into(), format!("must be between 1 and {MAX_CORES}, got {}", r.cpu_cores));
+            fail(
+                "resources.cpu_cores".into(),
+                format!("must be between 1 and {MAX_CORES}, got {}", r.cpu_cores),
+            );
         }
         if r.ram_bytes < MIN_RAM || r.ram_bytes > MAX_RAM {
-            fail("resources.ram_bytes".into(), format!("must be between {MIN_RAM} and {MAX_RAM}, got {}", r.ram_bytes));
+            fail(
+                "resources.ram_bytes".into(),
+                format!(
+                    "must be between {MIN_RAM} and {MAX_RAM}, got {}",
+                    r.ram_bytes
+                ),
+            );
         }
         if self.labels.len() > MAX_LABELS {
             fail("labels".into(), format!("at most {MAX_LABELS} labels"));
         }
         for (k, val) in &self.labels {
-            if k.is_empty() || k.len() > 63 || !k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
-                fail(format!("labels.{k}"), "keys are 1–63 characters of [A-Za-z0-9-_./]".into());
+            if k.is_empty()
+                || k.len() > 63
+                || !k
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            {
+                fail(
+                    format!("labels.{k}"),
+                    "keys are 1–63 characters of [A-Za-z0-9-_./]".into(),
+                );
             }
             if val.len() > 255 || val.chars().any(char::is_control) {
-                fail(format!("labels.{k}"), "values are at most 255 characters without control characters".into());
+                fail(
+                    format!("labels.{k}"),
+                    "values are at most 255 characters without control characters".into(),
+                );
             }
         }
         v
@@ -138,7 +185,9 @@ pub struct RegisterResponse {
 }
 
 /// A role kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RoleKind {
     /// A parameter-server shard (index = shard).
@@ -158,7 +207,9 @@ impl RoleKind {
 }
 
 /// A role an executor runs, as it reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct RoleKey {
     /// Job id.
@@ -207,9 +258,14 @@ impl ExecutorState {
 
     /// Parses the Postgres name.
     pub fn parse(s: &str) -> Option<ExecutorState> {
-        [ExecutorState::Live, ExecutorState::Draining, ExecutorState::Lost, ExecutorState::Left]
-            .into_iter()
-            .find(|x| x.as_str() == s)
+        [
+            ExecutorState::Live,
+            ExecutorState::Draining,
+            ExecutorState::Lost,
+            ExecutorState::Left,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
     }
 }
 

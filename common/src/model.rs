@@ -32,7 +32,10 @@ pub struct ParamInfo {
 
 impl ParamInfo {
     fn new(name: impl Into<String>, shape: &[u64]) -> Self {
-        ParamInfo { name: name.into(), shape: shape.to_vec() }
+        ParamInfo {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
     }
 
     /// Elements (saturating: absurd sizes stay absurd instead of wrapping).
@@ -70,7 +73,10 @@ pub fn parameters(model: &ModelSpec) -> Option<Vec<ParamInfo>> {
             let mut cin = u64::from(c.channels);
             for (i, &cout) in c.conv_channels.iter().enumerate() {
                 let cout = u64::from(cout);
-                p.push(ParamInfo::new(format!("conv{i}.weight"), &[cout, cin, CNN_KERNEL, CNN_KERNEL]));
+                p.push(ParamInfo::new(
+                    format!("conv{i}.weight"),
+                    &[cout, cin, CNN_KERNEL, CNN_KERNEL],
+                ));
                 p.push(ParamInfo::new(format!("conv{i}.bias"), &[cout]));
                 cin = cout;
             }
@@ -107,7 +113,11 @@ pub fn parameters(model: &ModelSpec) -> Option<Vec<ParamInfo>> {
 /// Number of trainable parameters of a built-in model, or `None` for a
 /// TorchScript model.
 pub fn parameter_count(model: &ModelSpec) -> Option<u64> {
-    Some(parameters(model)?.iter().fold(0u64, |a, p| a.saturating_add(p.numel())))
+    Some(
+        parameters(model)?
+            .iter()
+            .fold(0u64, |a, p| a.saturating_add(p.numel())),
+    )
 }
 
 /// Bytes of optimizer state per parameter.

@@ -158,18 +158,31 @@ fn kind_key(d: Device) -> u8 {
 
 #[derive(Clone, Copy)]
 enum Taken {
-    Worker { executor: Uuid, kind: u8, index: u32, bytes: u64 },
-    Ps { executor: Uuid, bytes: u64 },
+    Worker {
+        executor: Uuid,
+        kind: u8,
+        index: u32,
+        bytes: u64,
+    },
+    Ps {
+        executor: Uuid,
+        bytes: u64,
+    },
 }
 
 impl Capacity {
     fn new(executors: &[ExecutorView]) -> Capacity {
-        let mut c = Capacity { ram: BTreeMap::new(), devices: BTreeMap::new(), hosts: HashMap::new() };
+        let mut c = Capacity {
+            ram: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            hosts: HashMap::new(),
+        };
         for e in executors {
             c.ram.insert(e.id, e.ram_bytes);
             c.hosts.insert(e.id, e.host.clone());
             for d in &e.devices {
-                c.devices.insert((e.id, kind_key(d.kind), d.index), (d.memory_bytes, false));
+                c.devices
+                    .insert((e.id, kind_key(d.kind), d.index), (d.memory_bytes, false));
             }
         }
         c
@@ -181,10 +194,20 @@ impl Capacity {
         if *used {
             return None;
         }
-        Some(if key.1 == kind_key(Device::Cpu) { *self.ram.get(&key.0)? } else { *mem })
+        Some(if key.1 == kind_key(Device::Cpu) {
+            *self.ram.get(&key.0)?
+        } else {
+            *mem
+        })
     }
 
-    fn take_worker(&mut self, executor: Uuid, kind: Device, index: u32, bytes: u64) -> Option<Taken> {
+    fn take_worker(
+        &mut self,
+        executor: Uuid,
+        kind: Device,
+        index: u32,
+        bytes: u64,
+    ) -> Option<Taken> {
         let key = (executor, kind_key(kind), index);
         if self.worker_free(&key)? < bytes {
             return None;
@@ -196,7 +219,12 @@ impl Capacity {
         } else {
             slot.0 -= bytes;
         }
-        Some(Taken::Worker { executor, kind: key.1, index, bytes })
+        Some(Taken::Worker {
+            executor,
+            kind: key.1,
+            index,
+            bytes,
+        })
     }
 
     fn take_ps(&mut self, executor: Uuid, bytes: u64) -> Option<Taken> {
@@ -210,7 +238,12 @@ impl Capacity {
 
     fn give_back(&mut self, t: Taken) {
         match t {
-            Taken::Worker { executor, kind, index, bytes } => {
+            Taken::Worker {
+                executor,
+                kind,
+                index,
+                bytes,
+            } => {
                 if let Some(slot) = self.devices.get_mut(&(executor, kind, index)) {
                     slot.1 = false;
                     if kind == kind_key(Device::Cpu) {
@@ -231,7 +264,11 @@ impl Capacity {
         self.devices
             .keys()
             .filter(|key| key.1 == k)
-            .filter_map(|key| self.worker_free(key).filter(|&f| f >= bytes).map(|f| (f, key.0, key.2)))
+            .filter_map(|key| {
+                self.worker_free(key)
+                    .filter(|&f| f >= bytes)
+                    .map(|f| (f, key.0, key.2))
+            })
             .min()
             .map(|(_, e, i)| (e, i))
     }
@@ -249,10 +286,15 @@ impl Capacity {
     fn smallest_eligible(&self, kind: Device, executors: &[ExecutorView]) -> Option<u64> {
         executors
             .iter()
-            .flat_map(|e| e.devices.iter().filter(|d| d.kind == kind).map(move |d| match kind {
-                Device::Cpu => e.ram_bytes,
-                Device::Cuda => d.memory_bytes,
-            }))
+            .flat_map(|e| {
+                e.devices
+                    .iter()
+                    .filter(|d| d.kind == kind)
+                    .map(move |d| match kind {
+                        Device::Cpu => e.ram_bytes,
+                        Device::Cuda => d.memory_bytes,
+                    })
+            })
             .min()
     }
 }
@@ -283,17 +325,25 @@ fn decide(d: &Demand, smallest: Option<u64>) -> Result<(Strategy, u32, String), 
     let shards = |d: &Demand, tier: u64| {
         let per = (d.memory_bytes as f64 * AUTO_HEADROOM).max(1.0);
         let need = (tier as f64 / per).ceil() as u32;
-        need.max(d.parameter_servers).clamp(1, MAX_PARAMETER_SERVERS)
+        need.max(d.parameter_servers)
+            .clamp(1, MAX_PARAMETER_SERVERS)
     };
     match d.strategy {
         Strategy::Allreduce => Ok((Strategy::Allreduce, 0, String::new())),
-        Strategy::ParameterServer => Ok((Strategy::ParameterServer, d.parameter_servers.max(1), String::new())),
+        Strategy::ParameterServer => Ok((
+            Strategy::ParameterServer,
+            d.parameter_servers.max(1),
+            String::new(),
+        )),
         Strategy::Auto => {
             let Some(e) = d.estimate else {
                 return Err("strategy auto needs the model's size; TorchScript models must be inspected first".into());
             };
             let Some(smallest) = smallest else {
-                return Err(format!("strategy auto: no live executor offers a {} device yet", kind_name(d.device)));
+                return Err(format!(
+                    "strategy auto: no live executor offers a {} device yet",
+                    kind_name(d.device)
+                ));
             };
             let budget = (smallest as f64 * AUTO_HEADROOM) as u64;
             if e.allreduce_worker_bytes <= budget {
@@ -326,7 +376,14 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
     executors.sort_by_key(|e| e.id);
     let mut cap = Capacity::new(&executors);
     let mut order: Vec<&JobView> = jobs.iter().collect();
-    order.sort_by_key(|j| (j.current.is_none(), std::cmp::Reverse(j.priority), j.seq, j.id));
+    order.sort_by_key(|j| {
+        (
+            j.current.is_none(),
+            std::cmp::Reverse(j.priority),
+            j.seq,
+            j.id,
+        )
+    });
 
     let mut out = Plan::default();
     // Per placed job: strategy, shard count, workers, PS executors by shard.
@@ -401,7 +458,10 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 None => {
                     failed = Some(format!(
                         "needs {} {} worker device(s) with {} MiB free, has {}",
-                        d.min_workers, kind_name(d.device), mib(d.memory_bytes), workers.len()
+                        d.min_workers,
+                        kind_name(d.device),
+                        mib(d.memory_bytes),
+                        workers.len()
                     ))
                 }
             }
@@ -412,12 +472,21 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 continue;
             }
             let mine: BTreeSet<Uuid> = ps.iter().flatten().copied().collect();
-            match cap.best_ps_executor(shard_bytes, &mine).and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t))) {
+            match cap
+                .best_ps_executor(shard_bytes, &mine)
+                .and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t)))
+            {
                 Some((e, t)) => {
                     taken.push(t);
                     ps[shard] = Some(e);
                 }
-                None => failed = Some(format!("needs {shards} PS shard(s) with {} MiB of RAM each, found room for {}", mib(shard_bytes), ps.iter().flatten().count())),
+                None => {
+                    failed = Some(format!(
+                        "needs {shards} PS shard(s) with {} MiB of RAM each, found room for {}",
+                        mib(shard_bytes),
+                        ps.iter().flatten().count()
+                    ))
+                }
             }
         }
         if let Some(why) = failed {
@@ -428,16 +497,30 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             out.decisions.remove(&j.id);
             continue;
         }
-        held.insert(j.id, Held { strategy, workers, ps: ps.into_iter().flatten().collect(), taken });
+        held.insert(
+            j.id,
+            Held {
+                strategy,
+                workers,
+                ps: ps.into_iter().flatten().collect(),
+                taken,
+            },
+        );
     }
 
     // 3. Grow towards the maximum.
     for j in &order {
-        let Some(h) = held.get_mut(&j.id) else { continue };
+        let Some(h) = held.get_mut(&j.id) else {
+            continue;
+        };
         let d = &j.demand;
         while (h.workers.len() as u32) < d.max_workers {
-            let Some((e, i)) = cap.best_worker_slot(d.device, d.memory_bytes) else { break };
-            let Some(t) = cap.take_worker(e, d.device, i, d.memory_bytes) else { break };
+            let Some((e, i)) = cap.best_worker_slot(d.device, d.memory_bytes) else {
+                break;
+            };
+            let Some(t) = cap.take_worker(e, d.device, i, d.memory_bytes) else {
+                break;
+            };
             h.taken.push(t);
             h.workers.push((e, i));
         }
@@ -445,7 +528,9 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
 
     // Ranks and shard maps.
     for j in &order {
-        let Some(h) = held.remove(&j.id) else { continue };
+        let Some(h) = held.remove(&j.id) else {
+            continue;
+        };
         let mut workers = h.workers;
         match h.strategy {
             Strategy::Allreduce => {
@@ -473,13 +558,21 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 workers: workers
                     .into_iter()
                     .enumerate()
-                    .map(|(r, (executor, device))| WorkerRole { rank: r as u32, executor, device })
+                    .map(|(r, (executor, device))| WorkerRole {
+                        rank: r as u32,
+                        executor,
+                        device,
+                    })
                     .collect(),
                 parameter_servers: h
                     .ps
                     .into_iter()
                     .enumerate()
-                    .map(|(s, executor)| PsRole { shard: s as u32, executor, ranges: shard_ranges(params, shards, s as u32) })
+                    .map(|(s, executor)| PsRole {
+                        shard: s as u32,
+                        executor,
+                        ranges: shard_ranges(params, shards, s as u32),
+                    })
                     .collect(),
             },
         );

@@ -22,7 +22,9 @@
 //! leader that lost its lease mid-round cannot overwrite a newer plan.
 
 use crate::lifecycle::{self, transition};
-use crate::plan::{plan, Demand, DeviceSlot, ExecutorView, JobView, Placement, Plan, PsRole, WorkerRole};
+use crate::plan::{
+    plan, Demand, DeviceSlot, ExecutorView, JobView, Placement, Plan, PsRole, WorkerRole,
+};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
 use serde_json::json;
 use sqlx::postgres::{PgListener, PgRow};
@@ -81,18 +83,37 @@ pub struct SchedulerMetrics {
 impl SchedulerMetrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<SchedulerMetrics> {
-        let buckets = vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+        let buckets = vec![
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+        ];
         let m = SchedulerMetrics {
             placement_latency: Histogram::with_opts(
-                HistogramOpts::new("trainyard_scheduler_placement_latency_seconds", "Seconds from submission to first placement").buckets(buckets.clone()),
+                HistogramOpts::new(
+                    "trainyard_scheduler_placement_latency_seconds",
+                    "Seconds from submission to first placement",
+                )
+                .buckets(buckets.clone()),
             )?,
             round_seconds: Histogram::with_opts(
-                HistogramOpts::new("trainyard_scheduler_round_seconds", "Seconds one scheduling round takes").buckets(buckets),
+                HistogramOpts::new(
+                    "trainyard_scheduler_round_seconds",
+                    "Seconds one scheduling round takes",
+                )
+                .buckets(buckets),
             )?,
-            queue_length: IntGauge::new("trainyard_scheduler_queue_length", "Jobs waiting for capacity")?,
+            queue_length: IntGauge::new(
+                "trainyard_scheduler_queue_length",
+                "Jobs waiting for capacity",
+            )?,
             live_executors: IntGauge::new("trainyard_scheduler_live_executors", "Live executors")?,
-            replans: IntCounter::new("trainyard_scheduler_replans_total", "Membership changes written (generation bumps)")?,
-            leader: IntGauge::new("trainyard_scheduler_leader", "1 while this process leads scheduling")?,
+            replans: IntCounter::new(
+                "trainyard_scheduler_replans_total",
+                "Membership changes written (generation bumps)",
+            )?,
+            leader: IntGauge::new(
+                "trainyard_scheduler_leader",
+                "1 while this process leads scheduling",
+            )?,
         };
         registry.register(Box::new(m.placement_latency.clone()))?;
         registry.register(Box::new(m.round_seconds.clone()))?;
@@ -122,7 +143,11 @@ pub enum SchedulerError {
 impl Scheduler {
     /// A scheduler over `db`.
     pub fn new(db: PgPool, config: SchedulerConfig, metrics: SchedulerMetrics) -> Scheduler {
-        Scheduler { db, config, metrics }
+        Scheduler {
+            db,
+            config,
+            metrics,
+        }
     }
 
     /// Runs until `shutdown` turns true: campaigns for the lease, and leads
@@ -159,9 +184,15 @@ impl Scheduler {
         Ok(got.then_some(conn))
     }
 
-    async fn lead(&self, lock: &mut PgConnection, shutdown: &mut watch::Receiver<bool>) -> Result<(), SchedulerError> {
+    async fn lead(
+        &self,
+        lock: &mut PgConnection,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), SchedulerError> {
         let mut listener = PgListener::connect_with(&self.db).await?;
-        listener.listen_all([lifecycle::JOB_CHANNEL, EXECUTOR_CHANNEL]).await?;
+        listener
+            .listen_all([lifecycle::JOB_CHANNEL, EXECUTOR_CHANNEL])
+            .await?;
         let mut tick = tokio::time::interval(self.config.tick());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -171,7 +202,9 @@ impl Scheduler {
             if let Err(e) = self.round().await {
                 tracing::warn!(error = %e, "scheduler round failed; retrying");
             }
-            self.metrics.round_seconds.observe(start.elapsed().as_secs_f64());
+            self.metrics
+                .round_seconds
+                .observe(start.elapsed().as_secs_f64());
             tokio::select! {
                 n = listener.recv() => { n?; }
                 _ = tick.tick() => {}
@@ -233,19 +266,27 @@ impl Scheduler {
         }
 
         let mut tx = self.db.begin().await?;
-        let row = sqlx::query("SELECT generation, state::text AS state FROM jobs WHERE id = $1 FOR UPDATE")
-            .bind(job.id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let row = sqlx::query(
+            "SELECT generation, state::text AS state FROM jobs WHERE id = $1 FOR UPDATE",
+        )
+        .bind(job.id)
+        .fetch_optional(&mut *tx)
+        .await?;
         let Some(row) = row else { return Ok(()) };
         let generation: i64 = row.get("generation");
-        let state: JobState = row.get::<String, _>("state").parse().unwrap_or(JobState::Failed);
+        let state: JobState = row
+            .get::<String, _>("state")
+            .parse()
+            .unwrap_or(JobState::Failed);
         if generation != meta.generation || state.is_terminal() {
             return Ok(()); // Changed under us: the next round sees the new truth.
         }
         let next = generation + 1;
         let reason = describe(world, job.current.as_ref(), new, plan.waiting.get(&job.id));
-        sqlx::query("DELETE FROM assignments WHERE job_id = $1").bind(job.id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM assignments WHERE job_id = $1")
+            .bind(job.id)
+            .execute(&mut *tx)
+            .await?;
         if let Some(p) = new {
             for w in &p.workers {
                 sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, device) VALUES ($1, $2, 'worker', $3, $4, $5)")
@@ -283,23 +324,41 @@ impl Scheduler {
         if let Some(why) = plan.decisions.get(&job.id) {
             event(&mut tx, job.id, "strategy", why, json!({})).await?;
         }
-        event(&mut tx, job.id, "placement", &reason, placement_json(next, new)).await?;
+        event(
+            &mut tx,
+            job.id,
+            "placement",
+            &reason,
+            placement_json(next, new),
+        )
+        .await?;
         match (state, new.is_some()) {
             (JobState::Queued, true) => {
-                transition(&mut tx, job.id, JobState::Scheduling, &reason).await.map_err(db_err)?;
+                transition(&mut tx, job.id, JobState::Scheduling, &reason)
+                    .await
+                    .map_err(db_err)?;
             }
             (JobState::Running, _) => {
-                transition(&mut tx, job.id, JobState::Recovering, &reason).await.map_err(db_err)?;
+                transition(&mut tx, job.id, JobState::Recovering, &reason)
+                    .await
+                    .map_err(db_err)?;
             }
             _ => {
-                sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1").bind(job.id).bind(&reason).execute(&mut *tx).await?;
+                sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1")
+                    .bind(job.id)
+                    .bind(&reason)
+                    .execute(&mut *tx)
+                    .await?;
                 lifecycle::notify(&mut tx, job.id).await?;
             }
         }
         tx.commit().await?;
         self.metrics.replans.inc();
         if job.current.is_none() && new.is_some() {
-            let waited = (chrono::Utc::now() - meta.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+            let waited = (chrono::Utc::now() - meta.created_at)
+                .num_milliseconds()
+                .max(0) as f64
+                / 1000.0;
             self.metrics.placement_latency.observe(waited);
         }
         tracing::info!(job = %job.id, generation = next, "{reason}");
@@ -321,10 +380,11 @@ impl Scheduler {
         .await?;
         for (id, generation, roles) in ready {
             let mut tx = self.db.begin().await?;
-            let current: Option<i64> = sqlx::query_scalar("SELECT generation FROM jobs WHERE id = $1 FOR UPDATE")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let current: Option<i64> =
+                sqlx::query_scalar("SELECT generation FROM jobs WHERE id = $1 FOR UPDATE")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
             if current != Some(generation) {
                 continue;
             }
@@ -360,7 +420,13 @@ pub fn new_secret() -> Vec<u8> {
     s
 }
 
-async fn event(tx: &mut PgConnection, job: Uuid, kind: &str, reason: &str, data: serde_json::Value) -> Result<(), sqlx::Error> {
+async fn event(
+    tx: &mut PgConnection,
+    job: Uuid,
+    kind: &str,
+    reason: &str,
+    data: serde_json::Value,
+) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
         .bind(job)
         .bind(kind)
@@ -384,27 +450,50 @@ fn placement_json(generation: i64, p: Option<&Placement>) -> serde_json::Value {
 }
 
 /// A sentence saying what changed between two placements and why.
-fn describe(world: &World, old: Option<&Placement>, new: Option<&Placement>, waiting: Option<&String>) -> String {
+fn describe(
+    world: &World,
+    old: Option<&Placement>,
+    new: Option<&Placement>,
+    waiting: Option<&String>,
+) -> String {
     let name = |id: &Uuid| world.executor_label(id);
     match (old, new) {
         (None, Some(n)) => format!(
             "placed {} PS shard(s) and {} worker(s) on {} executor(s)",
             n.parameter_servers.len(),
             n.workers.len(),
-            n.workers.iter().map(|w| w.executor).chain(n.parameter_servers.iter().map(|p| p.executor)).collect::<BTreeSet<_>>().len()
+            n.workers
+                .iter()
+                .map(|w| w.executor)
+                .chain(n.parameter_servers.iter().map(|p| p.executor))
+                .collect::<BTreeSet<_>>()
+                .len()
         ),
-        (Some(_), None) => format!("released every role: {}", waiting.map_or("no longer placeable", |w| w.as_str())),
+        (Some(_), None) => format!(
+            "released every role: {}",
+            waiting.map_or("no longer placeable", |w| w.as_str())
+        ),
         (None, None) => "nothing to place".into(),
         (Some(o), Some(n)) => {
             let mut parts = Vec::new();
             for ps in &o.parameter_servers {
-                let to = n.parameter_servers.get(ps.shard as usize).map(|p| p.executor);
+                let to = n
+                    .parameter_servers
+                    .get(ps.shard as usize)
+                    .map(|p| p.executor);
                 if to != Some(ps.executor) {
-                    parts.push(format!("PS shard {} moved from {} to {}", ps.shard, name(&ps.executor), to.map_or("nowhere".into(), |t| name(&t))));
+                    parts.push(format!(
+                        "PS shard {} moved from {} to {}",
+                        ps.shard,
+                        name(&ps.executor),
+                        to.map_or("nowhere".into(), |t| name(&t))
+                    ));
                 }
             }
-            let old_w: BTreeSet<(Uuid, u32)> = o.workers.iter().map(|w| (w.executor, w.device)).collect();
-            let new_w: BTreeSet<(Uuid, u32)> = n.workers.iter().map(|w| (w.executor, w.device)).collect();
+            let old_w: BTreeSet<(Uuid, u32)> =
+                o.workers.iter().map(|w| (w.executor, w.device)).collect();
+            let new_w: BTreeSet<(Uuid, u32)> =
+                n.workers.iter().map(|w| (w.executor, w.device)).collect();
             for (e, _) in old_w.difference(&new_w) {
                 parts.push(format!("worker removed from {}", name(e)));
             }
@@ -485,7 +574,12 @@ impl World {
             meta.insert(job.id, JobMeta { generation: r.get("generation"), state_reason: r.get("state_reason"), created_at: r.get("created_at") });
             jobs.push(job);
         }
-        Ok(World { jobs, live, meta, executors })
+        Ok(World {
+            jobs,
+            live,
+            meta,
+            executors,
+        })
     }
 
     fn executor_label(&self, id: &Uuid) -> String {
@@ -497,7 +591,10 @@ impl World {
     }
 }
 
-fn job_view(r: &PgRow, assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)>) -> Option<JobView> {
+fn job_view(
+    r: &PgRow,
+    assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)>,
+) -> Option<JobView> {
     let id: Uuid = r.get("id");
     let spec: JobSpecInput = match serde_json::from_value(r.get("spec")) {
         Ok(s) => s,
@@ -507,14 +604,16 @@ fn job_view(r: &PgRow, assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole
         }
     };
     let created: chrono::DateTime<chrono::Utc> = r.get("created_at");
-    let current = assigned.remove(&id).map(|(workers, parameter_servers)| Placement {
-        strategy: match r.get::<Option<String>, _>("strategy").as_deref() {
-            Some("allreduce") => Strategy::Allreduce,
-            _ => Strategy::ParameterServer,
-        },
-        workers,
-        parameter_servers,
-    });
+    let current = assigned
+        .remove(&id)
+        .map(|(workers, parameter_servers)| Placement {
+            strategy: match r.get::<Option<String>, _>("strategy").as_deref() {
+                Some("allreduce") => Strategy::Allreduce,
+                _ => Strategy::ParameterServer,
+            },
+            workers,
+            parameter_servers,
+        });
     Some(JobView {
         id,
         priority: r.get("priority"),

@@ -23,7 +23,11 @@ pub fn shard_ranges(params: &[ParamInfo], shards: u32, shard: u32) -> Vec<Range>
         let n = p.numel();
         let (a, b) = (lo.max(offset), hi.min(offset + n));
         if a < b {
-            out.push(Range { param: p.name.clone(), start: a - offset, end: b - offset });
+            out.push(Range {
+                param: p.name.clone(),
+                start: a - offset,
+                end: b - offset,
+            });
         }
         offset += n;
         if offset >= hi {
@@ -52,11 +56,38 @@ mod tests {
 
     fn realistic_models() -> Vec<ModelSpec> {
         vec![
-            ModelSpec::Mlp(MlpSpec { inputs: 64, hidden: vec![128, 64], outputs: 10 }),
-            ModelSpec::Mlp(MlpSpec { inputs: 784, hidden: vec![4096, 4096, 1024], outputs: 10 }),
-            ModelSpec::Cnn(CnnSpec { channels: 3, height: 32, width: 32, conv_channels: vec![32, 64, 128], hidden: 256, classes: 100 }),
-            ModelSpec::Transformer(TransformerSpec { vocab: 256, context: 256, layers: 6, heads: 8, width: 512 }),
-            ModelSpec::Transformer(TransformerSpec { vocab: 50_000, context: 1024, layers: 12, heads: 12, width: 768 }),
+            ModelSpec::Mlp(MlpSpec {
+                inputs: 64,
+                hidden: vec![128, 64],
+                outputs: 10,
+            }),
+            ModelSpec::Mlp(MlpSpec {
+                inputs: 784,
+                hidden: vec![4096, 4096, 1024],
+                outputs: 10,
+            }),
+            ModelSpec::Cnn(CnnSpec {
+                channels: 3,
+                height: 32,
+                width: 32,
+                conv_channels: vec![32, 64, 128],
+                hidden: 256,
+                classes: 100,
+            }),
+            ModelSpec::Transformer(TransformerSpec {
+                vocab: 256,
+                context: 256,
+                layers: 6,
+                heads: 8,
+                width: 512,
+            }),
+            ModelSpec::Transformer(TransformerSpec {
+                vocab: 50_000,
+                context: 1024,
+                layers: 12,
+                heads: 12,
+                width: 768,
+            }),
         ]
     }
 
@@ -65,7 +96,9 @@ mod tests {
         for m in realistic_models() {
             let params = parameters(&m).unwrap();
             for shards in 1..=16u32 {
-                let sizes: Vec<u64> = (0..shards).map(|s| range_elements(&shard_ranges(&params, shards, s))).collect();
+                let sizes: Vec<u64> = (0..shards)
+                    .map(|s| range_elements(&shard_ranges(&params, shards, s)))
+                    .collect();
                 let mean = sizes.iter().sum::<u64>() as f64 / f64::from(shards);
                 let max = *sizes.iter().max().unwrap() as f64;
                 assert!(max <= mean * 1.1, "{m:?} with {shards} shards: {sizes:?}");
@@ -75,11 +108,41 @@ mod tests {
 
     #[test]
     fn a_large_tensor_is_split_across_shards() {
-        let params = vec![ParamInfo { name: "big".into(), shape: vec![100, 10] }, ParamInfo { name: "b".into(), shape: vec![10] }];
+        let params = vec![
+            ParamInfo {
+                name: "big".into(),
+                shape: vec![100, 10],
+            },
+            ParamInfo {
+                name: "b".into(),
+                shape: vec![10],
+            },
+        ];
         let s0 = shard_ranges(&params, 2, 0);
         let s1 = shard_ranges(&params, 2, 1);
-        assert_eq!(s0, [Range { param: "big".into(), start: 0, end: 505 }]);
-        assert_eq!(s1, [Range { param: "big".into(), start: 505, end: 1000 }, Range { param: "b".into(), start: 0, end: 10 }]);
+        assert_eq!(
+            s0,
+            [Range {
+                param: "big".into(),
+                start: 0,
+                end: 505
+            }]
+        );
+        assert_eq!(
+            s1,
+            [
+                Range {
+                    param: "big".into(),
+                    start: 505,
+                    end: 1000
+                },
+                Range {
+                    param: "b".into(),
+                    start: 0,
+                    end: 10
+                }
+            ]
+        );
     }
 
     proptest! {

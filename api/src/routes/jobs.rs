@@ -52,7 +52,8 @@ pub struct Job {
     pub state_reason: String,
     /// Membership generation (the data plane's fencing token).
     pub generation: i64,
-    /// The strategy the job runs with (`auto` resolved when the model's size is known).
+    /// The strategy the job runs with: the scheduler's decision once placed,
+    /// before that the memory estimate's (`auto` when the size is unknown).
     pub strategy: Strategy,
     /// Memory each role needs (built-in models only).
     pub estimate: Option<MemoryEstimate>,
@@ -130,7 +131,7 @@ pub struct EventsQuery {
     pub limit: Option<String>,
 }
 
-const JOB_COLUMNS: &str = "id, name, spec, state::text AS state, state_reason, generation, created_at, updated_at, started_at, finished_at";
+const JOB_COLUMNS: &str = "id, name, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
 
 fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
@@ -145,7 +146,12 @@ fn job_from_row(row: &PgRow) -> ApiResult<Job> {
         state,
         state_reason: row.try_get("state_reason")?,
         generation: row.try_get("generation")?,
-        strategy: spec.effective_strategy(),
+        // What the scheduler resolved once placed; before, the estimate.
+        strategy: match row.try_get::<Option<String>, _>("strategy")?.as_deref() {
+            Some("allreduce") => Strategy::Allreduce,
+            Some(_) => Strategy::ParameterServer,
+            None => spec.effective_strategy(),
+        },
         estimate: spec.estimate(),
         spec,
         created_at: row.try_get("created_at")?,

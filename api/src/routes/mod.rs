@@ -6,6 +6,7 @@
 //! health, metrics, the OpenAPI document, the docs page and the web page do
 //! not. Unknown routes and wrong methods answer with problem details too.
 
+pub mod executors;
 pub mod health;
 pub mod jobs;
 
@@ -31,8 +32,18 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(jobs::get))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
+        .route("/executors", get(executors::list))
+        .route("/executors/{id}", get(executors::get))
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    // Executor endpoints check their own credentials (join token, executor
+    // token) instead of the user token.
+    let agents = Router::new()
+        .route("/executors", post(executors::register))
+        .route("/executors/{id}", axum::routing::delete(executors::leave))
+        .route("/executors/{id}/heartbeat", post(executors::heartbeat))
+        .route("/executors/{id}/drain", post(executors::drain));
+    let v1 = v1.merge(agents);
 
     Router::new()
         .nest("/v1", v1)
@@ -88,6 +99,6 @@ async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> 
 }
 
 /// Compares without returning early on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

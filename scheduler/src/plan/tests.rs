@@ -18,12 +18,21 @@ fn cpu_exec(n: u128, ram: u64, host: Option<&str>) -> ExecutorView {
         id: id(n),
         host: host.map(str::to_owned),
         ram_bytes: ram,
-        devices: vec![DeviceSlot { kind: Device::Cpu, index: 0, memory_bytes: ram }],
+        devices: vec![DeviceSlot {
+            kind: Device::Cpu,
+            index: 0,
+            memory_bytes: ram,
+        }],
     }
 }
 
 fn mlp_params(hidden: u32) -> Vec<ParamInfo> {
-    parameters(&ModelSpec::Mlp(MlpSpec { inputs: 64, hidden: vec![hidden], outputs: 10 })).unwrap()
+    parameters(&ModelSpec::Mlp(MlpSpec {
+        inputs: 64,
+        hidden: vec![hidden],
+        outputs: 10,
+    }))
+    .unwrap()
 }
 
 fn demand(strategy: Strategy, min: u32, max: u32, ps: u32, mem: u64) -> Demand {
@@ -36,13 +45,23 @@ fn demand(strategy: Strategy, min: u32, max: u32, ps: u32, mem: u64) -> Demand {
         max_workers: max,
         parameter_servers: ps,
         memory_bytes: mem,
-        estimate: Some(MemoryEstimate::new(n, trainyard_common::spec::OptimizerKind::Adam, true)),
+        estimate: Some(MemoryEstimate::new(
+            n,
+            trainyard_common::spec::OptimizerKind::Adam,
+            true,
+        )),
         params: Some(params),
     }
 }
 
 fn job(n: u128, priority: i32, d: Demand) -> JobView {
-    JobView { id: id(1000 + n), priority, seq: n as i64, demand: d, current: None }
+    JobView {
+        id: id(1000 + n),
+        priority,
+        seq: n as i64,
+        demand: d,
+        current: None,
+    }
 }
 
 /// Checks every invariant of a plan; panics with a message on violation.
@@ -53,11 +72,20 @@ fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
     let mut gpu_used: HashMap<(Uuid, u32), u64> = HashMap::new();
     for j in jobs {
         let placed = plan.placements.get(&j.id);
-        assert!(placed.is_some() != plan.waiting.contains_key(&j.id), "job {} must be placed xor waiting", j.id);
+        assert!(
+            placed.is_some() != plan.waiting.contains_key(&j.id),
+            "job {} must be placed xor waiting",
+            j.id
+        );
         let Some(p) = placed else { continue };
         let d = &j.demand;
         let n = p.workers.len() as u32;
-        assert!(n >= d.min_workers && n <= d.max_workers, "workers {n} outside [{}, {}]", d.min_workers, d.max_workers);
+        assert!(
+            n >= d.min_workers && n <= d.max_workers,
+            "workers {n} outside [{}, {}]",
+            d.min_workers,
+            d.max_workers
+        );
         assert_ne!(p.strategy, Strategy::Auto);
         if p.strategy == Strategy::Allreduce {
             assert!(p.parameter_servers.is_empty());
@@ -67,21 +95,36 @@ fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
         for (r, w) in p.workers.iter().enumerate() {
             assert_eq!(w.rank, r as u32);
             let e = live.get(&w.executor).expect("worker on a live executor");
-            assert!(e.devices.iter().any(|s| s.kind == d.device && s.index == w.device), "no such device");
-            assert!(device_used.insert((w.executor, kind_key(d.device), w.device)), "two workers on one device");
+            assert!(
+                e.devices
+                    .iter()
+                    .any(|s| s.kind == d.device && s.index == w.device),
+                "no such device"
+            );
+            assert!(
+                device_used.insert((w.executor, kind_key(d.device), w.device)),
+                "two workers on one device"
+            );
             match d.device {
                 Device::Cpu => *ram_used.entry(w.executor).or_default() += d.memory_bytes,
-                Device::Cuda => *gpu_used.entry((w.executor, w.device)).or_default() += d.memory_bytes,
+                Device::Cuda => {
+                    *gpu_used.entry((w.executor, w.device)).or_default() += d.memory_bytes
+                }
             }
         }
         for (s, ps) in p.parameter_servers.iter().enumerate() {
             assert_eq!(ps.shard, s as u32);
             assert!(live.contains_key(&ps.executor), "PS on a live executor");
-            *ram_used.entry(ps.executor).or_default() += ps_bytes(d, p.parameter_servers.len() as u32);
+            *ram_used.entry(ps.executor).or_default() +=
+                ps_bytes(d, p.parameter_servers.len() as u32);
         }
         if p.strategy == Strategy::Allreduce {
             // Workers of one host are adjacent in rank order.
-            let hosts: Vec<Option<&String>> = p.workers.iter().map(|w| live[&w.executor].host.as_ref()).collect();
+            let hosts: Vec<Option<&String>> = p
+                .workers
+                .iter()
+                .map(|w| live[&w.executor].host.as_ref())
+                .collect();
             let mut seen = BTreeSet::new();
             for (i, h) in hosts.iter().enumerate() {
                 if i > 0 && hosts[i - 1] == *h {
@@ -95,7 +138,12 @@ fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
         assert!(used <= live[&e].ram_bytes, "RAM over-committed on {e}");
     }
     for ((e, i), used) in gpu_used {
-        let mem = live[&e].devices.iter().find(|d| d.kind == Device::Cuda && d.index == i).unwrap().memory_bytes;
+        let mem = live[&e]
+            .devices
+            .iter()
+            .find(|d| d.kind == Device::Cuda && d.index == i)
+            .unwrap()
+            .memory_bytes;
         assert!(used <= mem, "GPU memory over-committed");
     }
 }
@@ -110,7 +158,10 @@ fn ps_job_is_placed_and_a_lost_role_moves_to_the_spare() {
     assert_eq!(placed.workers.len(), 2);
     assert_eq!(placed.parameter_servers.len(), 2);
     // Shards are spread over two executors.
-    assert_ne!(placed.parameter_servers[0].executor, placed.parameter_servers[1].executor);
+    assert_ne!(
+        placed.parameter_servers[0].executor,
+        placed.parameter_servers[1].executor
+    );
 
     // Lose the executor of PS shard 0.
     let lost = placed.parameter_servers[0].executor;
@@ -149,7 +200,11 @@ fn gang_admission_is_all_or_nothing_and_smaller_jobs_backfill() {
     let jobs = [big.clone(), small.clone()];
     let p = plan(&jobs, &execs);
     check(&jobs, &execs, &p);
-    assert!(p.waiting[&big.id].contains("needs 3 cpu worker device(s)"), "{:?}", p.waiting);
+    assert!(
+        p.waiting[&big.id].contains("needs 3 cpu worker device(s)"),
+        "{:?}",
+        p.waiting
+    );
     assert_eq!(p.placements[&small.id].workers.len(), 1);
 }
 
@@ -162,7 +217,10 @@ fn competing_jobs_never_each_hold_half() {
     let p = plan(&jobs, &execs);
     check(&jobs, &execs, &p);
     assert_eq!(p.placements.len(), 1);
-    assert!(p.placements.contains_key(&a.id), "submission order breaks the tie");
+    assert!(
+        p.placements.contains_key(&a.id),
+        "submission order breaks the tie"
+    );
 }
 
 #[test]
@@ -182,9 +240,21 @@ fn ps_never_takes_a_gpu_and_workers_get_one_each() {
         host: None,
         ram_bytes: 8 * GIB,
         devices: vec![
-            DeviceSlot { kind: Device::Cpu, index: 0, memory_bytes: 8 * GIB },
-            DeviceSlot { kind: Device::Cuda, index: 0, memory_bytes: 16 * GIB },
-            DeviceSlot { kind: Device::Cuda, index: 1, memory_bytes: 16 * GIB },
+            DeviceSlot {
+                kind: Device::Cpu,
+                index: 0,
+                memory_bytes: 8 * GIB,
+            },
+            DeviceSlot {
+                kind: Device::Cuda,
+                index: 0,
+                memory_bytes: 16 * GIB,
+            },
+            DeviceSlot {
+                kind: Device::Cuda,
+                index: 1,
+                memory_bytes: 16 * GIB,
+            },
         ],
     };
     let execs = vec![gpu(1), gpu(2)];
@@ -207,17 +277,30 @@ fn auto_decides_by_memory_and_says_why() {
 
     let mut big = demand(Strategy::Auto, 1, 1, 1, 512 * MIB);
     // 400 M parameters with Adam: 6.4 GB per replica, more than 80% of 4 GiB.
-    big.estimate = Some(MemoryEstimate::new(400_000_000, trainyard_common::spec::OptimizerKind::Adam, true));
+    big.estimate = Some(MemoryEstimate::new(
+        400_000_000,
+        trainyard_common::spec::OptimizerKind::Adam,
+        true,
+    ));
     let big = job(2, 0, big);
     let p = plan(std::slice::from_ref(&big), &execs);
-    let why = &p.decisions.get(&big.id).cloned().or_else(|| p.waiting.get(&big.id).cloned()).unwrap();
+    let why = &p
+        .decisions
+        .get(&big.id)
+        .cloned()
+        .or_else(|| p.waiting.get(&big.id).cloned())
+        .unwrap();
     assert!(why.contains("parameter_server"), "{why}");
 }
 
 #[test]
 fn ring_keeps_hosts_adjacent() {
     let hosts = ["b", "a", "b", "a", "c", "b"];
-    let execs: Vec<ExecutorView> = hosts.iter().enumerate().map(|(i, h)| cpu_exec(i as u128 + 1, 2 * GIB, Some(h))).collect();
+    let execs: Vec<ExecutorView> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| cpu_exec(i as u128 + 1, 2 * GIB, Some(h)))
+        .collect();
     let j = job(1, 0, demand(Strategy::Allreduce, 6, 6, 0, GIB));
     let p = plan(std::slice::from_ref(&j), &execs);
     check(std::slice::from_ref(&j), &execs, &p);
@@ -225,7 +308,12 @@ fn ring_keeps_hosts_adjacent() {
 
 fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView>> {
     prop::collection::vec(
-        (1u64..16, prop::collection::vec(4u64..40, 0..3), prop::option::of(0u8..3), any::<bool>()),
+        (
+            1u64..16,
+            prop::collection::vec(4u64..40, 0..3),
+            prop::option::of(0u8..3),
+            any::<bool>(),
+        ),
         0..10,
     )
     .prop_map(|v| {
@@ -235,23 +323,52 @@ fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView
                 let mut devices: Vec<DeviceSlot> = gpus
                     .iter()
                     .enumerate()
-                    .map(|(g, m)| DeviceSlot { kind: Device::Cuda, index: g as u32, memory_bytes: m * GIB })
+                    .map(|(g, m)| DeviceSlot {
+                        kind: Device::Cuda,
+                        index: g as u32,
+                        memory_bytes: m * GIB,
+                    })
                     .collect();
                 if has_cpu || gpus.is_empty() {
-                    devices.push(DeviceSlot { kind: Device::Cpu, index: 0, memory_bytes: ram * 512 * MIB });
+                    devices.push(DeviceSlot {
+                        kind: Device::Cpu,
+                        index: 0,
+                        memory_bytes: ram * 512 * MIB,
+                    });
                 }
-                ExecutorView { id: id(i as u128 + 1), host: host.map(|h| format!("h{h}")), ram_bytes: ram * 512 * MIB, devices }
+                ExecutorView {
+                    id: id(i as u128 + 1),
+                    host: host.map(|h| format!("h{h}")),
+                    ram_bytes: ram * 512 * MIB,
+                    devices,
+                }
             })
             .collect()
     })
 }
 
 fn arb_jobs() -> impl proptest::strategy::Strategy<Value = Vec<JobView>> {
-    prop::collection::vec((0u8..3, any::<bool>(), 1u32..4, 0u32..3, 1u32..3, 1u64..8, -2i32..3), 0..8).prop_map(|v| {
+    prop::collection::vec(
+        (
+            0u8..3,
+            any::<bool>(),
+            1u32..4,
+            0u32..3,
+            1u32..3,
+            1u64..8,
+            -2i32..3,
+        ),
+        0..8,
+    )
+    .prop_map(|v| {
         v.into_iter()
             .enumerate()
             .map(|(i, (s, cuda, min, extra, ps, mem, prio))| {
-                let strategy = [Strategy::ParameterServer, Strategy::Allreduce, Strategy::Auto][s as usize];
+                let strategy = [
+                    Strategy::ParameterServer,
+                    Strategy::Allreduce,
+                    Strategy::Auto,
+                ][s as usize];
                 let mut d = demand(strategy, min, min + extra, ps, mem * 256 * MIB);
                 if cuda {
                     d.device = Device::Cuda;

@@ -1,0 +1,566 @@
+//! `/v1/executors`: registration, heartbeats, drain and leave (executor
+//! credentials), and the listing users see.
+//!
+//! Registration needs the cluster join token; it returns the executor's own
+//! credential, stored only as a SHA-256 hash. Heartbeats carry that
+//! credential, refresh the executor's liveness, record the roles it reports
+//! running, and answer with every role assigned to it. An executor the
+//! scheduler declared lost, or that left, gets 410 Gone and must register
+//! again.
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::{JobId, JsonBytes, QueryParams};
+use crate::routes::constant_time_eq;
+use crate::AppState;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use std::collections::{BTreeMap, HashMap};
+use trainyard_common::cluster::{
+    Assignment, ExecutorResources, ExecutorState, HeartbeatRequest, HeartbeatResponse, PsPeer,
+    Range, RegisterRequest, RegisterResponse, RoleKey, RoleKind, WorkerPeer, MAX_REPORTED_ROLES,
+};
+use trainyard_common::spec::{JobSpecInput, Strategy, Violation};
+use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// An executor as users see it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ExecutorInfo {
+    /// Executor id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Data-plane address.
+    pub address: String,
+    /// `live`, `draining`, `lost` or `left`.
+    pub state: ExecutorState,
+    /// What it offers.
+    pub resources: ExecutorResources,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Roles assigned to it now.
+    pub roles: Vec<RoleInfo>,
+    /// When it registered.
+    pub registered_at: DateTime<Utc>,
+    /// When it last heartbeat.
+    pub last_heartbeat_at: DateTime<Utc>,
+    /// Seconds since its last heartbeat.
+    pub seconds_since_heartbeat: f64,
+}
+
+/// A role held by an executor.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RoleInfo {
+    /// Job id.
+    pub job_id: Uuid,
+    /// The job's generation.
+    pub generation: i64,
+    /// `ps` or `worker`.
+    pub role: RoleKind,
+    /// Shard or rank.
+    pub index: u32,
+    /// Device index, for workers.
+    pub device: Option<u32>,
+}
+
+/// Executors, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ExecutorList {
+    /// The executors.
+    pub executors: Vec<ExecutorInfo>,
+}
+
+/// Query of `GET /v1/executors`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExecutorQuery {
+    /// Only executors in this state (`live`, `draining`, `lost`, `left`).
+    pub state: Option<String>,
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+fn hash(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err()
+            || !matches!(inner.classify(), serde_json::error::Category::Data)
+        {
+            ApiError::MalformedJson(inner.to_string())
+        } else {
+            ApiError::Unprocessable(vec![Violation {
+                field: if path == "." { String::new() } else { path },
+                message: inner.to_string(),
+            }])
+        }
+    })
+}
+
+async fn notify(db: &sqlx::PgPool, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(EXECUTOR_CHANNEL)
+        .bind(id.to_string())
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+const EXECUTOR_COLUMNS: &str = "id, name, address, state::text AS state, resources, labels, token_hash, registered_at, last_heartbeat_at,
+     extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS since";
+
+fn info_from_row(r: &PgRow, roles: Vec<RoleInfo>) -> ApiResult<ExecutorInfo> {
+    let internal = |e: serde_json::Error| ApiError::Internal(e.into());
+    Ok(ExecutorInfo {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        address: r.try_get("address")?,
+        state: ExecutorState::parse(&r.try_get::<String, _>("state")?)
+            .unwrap_or(ExecutorState::Lost),
+        resources: serde_json::from_value(r.try_get("resources")?).map_err(internal)?,
+        labels: serde_json::from_value(r.try_get("labels")?).map_err(internal)?,
+        roles,
+        registered_at: r.try_get("registered_at")?,
+        last_heartbeat_at: r.try_get("last_heartbeat_at")?,
+        seconds_since_heartbeat: r.try_get("since")?,
+    })
+}
+
+async fn roles_of(db: &sqlx::PgPool, ids: &[Uuid]) -> ApiResult<HashMap<Uuid, Vec<RoleInfo>>> {
+    let mut out: HashMap<Uuid, Vec<RoleInfo>> = HashMap::new();
+    for r in sqlx::query("SELECT executor_id, job_id, generation, role, index, device FROM assignments WHERE executor_id = ANY($1) ORDER BY job_id, role, index")
+        .bind(ids)
+        .fetch_all(db)
+        .await?
+    {
+        out.entry(r.try_get("executor_id")?).or_default().push(RoleInfo {
+            job_id: r.try_get("job_id")?,
+            generation: r.try_get("generation")?,
+            role: if r.try_get::<String, _>("role")? == "ps" { RoleKind::Ps } else { RoleKind::Worker },
+            index: r.try_get::<i32, _>("index")? as u32,
+            device: r.try_get::<Option<i32>, _>("device")?.map(|d| d as u32),
+        });
+    }
+    Ok(out)
+}
+
+/// Register an executor.
+///
+/// Needs `Authorization: Bearer <cluster join token>`. Returns the
+/// executor's id and its own credential (shown only here).
+#[utoipa::path(
+    post, path = "/v1/executors", tag = "executors",
+    request_body(content = RegisterRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Registered", body = RegisterResponse, headers(("Location" = String, description = "URL of the executor"))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or wrong join token", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid resources or address", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("join_token" = []))
+)]
+pub async fn register(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Response> {
+    if !bearer(&headers).is_some_and(|t| constant_time_eq(t.as_bytes(), st.join_token.as_bytes())) {
+        return Err(ApiError::Unauthorized);
+    }
+    let req: RegisterRequest = parse_body(&body)?;
+    let violations = req.violations();
+    if !violations.is_empty() {
+        return Err(ApiError::Unprocessable(violations));
+    }
+    let id = Uuid::now_v7();
+    let token = hex::encode(new_secret());
+    sqlx::query("INSERT INTO executors (id, name, address, resources, labels, token_hash) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(id)
+        .bind(&req.name)
+        .bind(&req.address)
+        .bind(serde_json::to_value(&req.resources).map_err(|e| ApiError::Internal(e.into()))?)
+        .bind(serde_json::to_value(&req.labels).map_err(|e| ApiError::Internal(e.into()))?)
+        .bind(hash(&token))
+        .execute(&st.db)
+        .await?;
+    notify(&st.db, id).await?;
+    tracing::info!(executor = %id, name = %req.name, address = %req.address, "executor registered");
+    let body = RegisterResponse {
+        id,
+        token,
+        heartbeat_interval_ms: st.config.heartbeat_interval_ms,
+        heartbeat_misses: st.config.heartbeat_misses,
+    };
+    let mut resp = (StatusCode::CREATED, Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/executors/{id}")) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(resp)
+}
+
+/// List executors, newest first.
+#[utoipa::path(
+    get, path = "/v1/executors", tag = "executors", params(ExecutorQuery),
+    responses(
+        (status = 200, description = "Executors", body = ExecutorList),
+        (status = 400, description = "Bad query", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list(
+    State(st): State<AppState>,
+    QueryParams(q): QueryParams<ExecutorQuery>,
+) -> ApiResult<Json<ExecutorList>> {
+    let state = match q.state.as_deref() {
+        None => None,
+        Some(s) => Some(
+            ExecutorState::parse(s)
+                .ok_or_else(|| {
+                    ApiError::bad_field(
+                        "state",
+                        format!("must be live, draining, lost or left, got {s:?}"),
+                    )
+                })?
+                .as_str(),
+        ),
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT {EXECUTOR_COLUMNS} FROM executors WHERE ($1::text IS NULL OR state::text = $1) ORDER BY registered_at DESC, id DESC LIMIT 1000"
+    ))
+    .bind(state)
+    .fetch_all(&st.db)
+    .await?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
+    let mut roles = roles_of(&st.db, &ids).await?;
+    let executors = rows
+        .iter()
+        .map(|r| info_from_row(r, roles.remove(&r.get::<Uuid, _>("id")).unwrap_or_default()))
+        .collect::<ApiResult<_>>()?;
+    Ok(Json(ExecutorList { executors }))
+}
+
+async fn fetch(st: &AppState, id: Uuid) -> ApiResult<PgRow> {
+    sqlx::query(&format!(
+        "SELECT {EXECUTOR_COLUMNS} FROM executors WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&st.db)
+    .await?
+    .ok_or_else(|| ApiError::NotFound(format!("no executor with id {id}")))
+}
+
+async fn info(st: &AppState, id: Uuid) -> ApiResult<ExecutorInfo> {
+    let row = fetch(st, id).await?;
+    let roles = roles_of(&st.db, &[id])
+        .await?
+        .remove(&id)
+        .unwrap_or_default();
+    info_from_row(&row, roles)
+}
+
+/// Read one executor.
+#[utoipa::path(
+    get, path = "/v1/executors/{id}", tag = "executors",
+    params(("id" = Uuid, Path, description = "Executor id")),
+    responses(
+        (status = 200, description = "The executor", body = ExecutorInfo),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json<ExecutorInfo>> {
+    Ok(Json(info(&st, id).await?))
+}
+
+/// Checks the executor's own credential (or, for drain and leave, the API
+/// token) and returns its row.
+async fn authorize(
+    st: &AppState,
+    headers: &HeaderMap,
+    id: Uuid,
+    allow_api_token: bool,
+) -> ApiResult<PgRow> {
+    let row = fetch(st, id).await?;
+    let given = bearer(headers).ok_or(ApiError::Unauthorized)?;
+    let stored: Vec<u8> = row.try_get("token_hash")?;
+    let own = constant_time_eq(&hash(given), &stored);
+    let admin = allow_api_token
+        && st
+            .config
+            .api_token
+            .as_deref()
+            .is_some_and(|t| constant_time_eq(given.as_bytes(), t.as_bytes()));
+    if !own && !admin {
+        return Err(ApiError::Unauthorized);
+    }
+    Ok(row)
+}
+
+fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
+    let state =
+        ExecutorState::parse(&row.try_get::<String, _>("state")?).unwrap_or(ExecutorState::Lost);
+    match state {
+        ExecutorState::Lost => Err(ApiError::Gone(
+            "this executor was declared lost (missed heartbeats); register again".into(),
+        )),
+        ExecutorState::Left => Err(ApiError::Gone(
+            "this executor left the cluster; register again".into(),
+        )),
+        s => Ok(s),
+    }
+}
+
+/// Heartbeat: report running roles, receive assignments.
+#[utoipa::path(
+    post, path = "/v1/executors/{id}/heartbeat", tag = "executors",
+    params(("id" = Uuid, Path, description = "Executor id")),
+    request_body(content = HeartbeatRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Its assignments", body = HeartbeatResponse),
+        (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Declared lost or left: register again", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("executor_token" = []))
+)]
+pub async fn heartbeat(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JobId(id): JobId,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Json<HeartbeatResponse>> {
+    let row = authorize(&st, &headers, id, false).await?;
+    let state = gone_if_removed(&row)?;
+    let mut req: HeartbeatRequest = parse_body(&body)?;
+    if req.roles.len() > MAX_REPORTED_ROLES {
+        return Err(ApiError::invalid_field(
+            "roles",
+            format!("at most {MAX_REPORTED_ROLES} roles"),
+        ));
+    }
+    req.roles.sort();
+    req.roles.dedup();
+    let reported = serde_json::to_value(&req.roles).map_err(|e| ApiError::Internal(e.into()))?;
+    // Only live or draining executors are refreshed: a lost one stays lost.
+    let changed: Option<bool> = sqlx::query_scalar(
+        "UPDATE executors e SET last_heartbeat_at = clock_timestamp(), reported = $2
+         FROM (SELECT reported AS old FROM executors WHERE id = $1) o
+         WHERE e.id = $1 AND e.state IN ('live', 'draining')
+         RETURNING o.old IS DISTINCT FROM $2",
+    )
+    .bind(id)
+    .bind(&reported)
+    .fetch_optional(&st.db)
+    .await?;
+    match changed {
+        None => {
+            return Err(ApiError::Gone(
+                "this executor was declared lost (missed heartbeats); register again".into(),
+            ))
+        }
+        Some(true) => notify(&st.db, id).await?,
+        Some(false) => {}
+    }
+    Ok(Json(HeartbeatResponse {
+        state,
+        heartbeat_interval_ms: st.config.heartbeat_interval_ms,
+        assignments: assignments_for(&st, id).await?,
+    }))
+}
+
+async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> {
+    let rows = sqlx::query(
+        "SELECT a.job_id, a.generation, a.role, a.index, a.executor_id, a.device, a.ranges, e.address,
+                j.spec, j.strategy, j.secret
+         FROM assignments a
+         JOIN executors e ON e.id = a.executor_id
+         JOIN jobs j ON j.id = a.job_id
+         WHERE a.job_id IN (SELECT job_id FROM assignments WHERE executor_id = $1)
+           AND j.state NOT IN ('succeeded', 'failed', 'cancelled')
+         ORDER BY a.job_id, a.role, a.index",
+    )
+    .bind(id)
+    .fetch_all(&st.db)
+    .await?;
+    struct JobPeers {
+        spec: serde_json::Value,
+        strategy: Strategy,
+        secret: String,
+        workers: Vec<WorkerPeer>,
+        ps: Vec<PsPeer>,
+        mine: Vec<(RoleKey, Option<u32>)>,
+    }
+    let mut jobs: BTreeMap<Uuid, JobPeers> = BTreeMap::new();
+    for r in &rows {
+        let job_id: Uuid = r.try_get("job_id")?;
+        let entry = match jobs.entry(job_id) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => v.insert(JobPeers {
+                spec: r.try_get("spec")?,
+                strategy: if r.try_get::<Option<String>, _>("strategy")?.as_deref()
+                    == Some("allreduce")
+                {
+                    Strategy::Allreduce
+                } else {
+                    Strategy::ParameterServer
+                },
+                secret: hex::encode(
+                    r.try_get::<Option<Vec<u8>>, _>("secret")?
+                        .unwrap_or_default(),
+                ),
+                workers: Vec::new(),
+                ps: Vec::new(),
+                mine: Vec::new(),
+            }),
+        };
+        let index = r.try_get::<i32, _>("index")? as u32;
+        let executor_id: Uuid = r.try_get("executor_id")?;
+        let address: String = r.try_get("address")?;
+        let device = r.try_get::<Option<i32>, _>("device")?.map(|d| d as u32);
+        let role = if r.try_get::<String, _>("role")? == "ps" {
+            RoleKind::Ps
+        } else {
+            RoleKind::Worker
+        };
+        match role {
+            RoleKind::Worker => entry.workers.push(WorkerPeer {
+                rank: index,
+                executor_id,
+                address,
+                device: device.unwrap_or(0),
+            }),
+            RoleKind::Ps => {
+                let ranges: Vec<Range> =
+                    serde_json::from_value(r.try_get("ranges")?).unwrap_or_default();
+                entry.ps.push(PsPeer {
+                    shard: index,
+                    executor_id,
+                    address,
+                    ranges,
+                });
+            }
+        }
+        if executor_id == id {
+            let key = RoleKey {
+                job_id,
+                generation: r.try_get("generation")?,
+                role,
+                index,
+            };
+            entry.mine.push((key, device));
+        }
+    }
+    let mut out = Vec::new();
+    for (_, j) in jobs {
+        let spec: JobSpecInput =
+            serde_json::from_value(j.spec).map_err(|e| ApiError::Internal(e.into()))?;
+        for (key, device) in j.mine {
+            out.push(Assignment {
+                key,
+                device,
+                strategy: j.strategy,
+                secret: j.secret.clone(),
+                spec: spec.clone(),
+                workers: j.workers.clone(),
+                parameter_servers: j.ps.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Drain: the scheduler moves the executor's roles off; it takes no new ones.
+#[utoipa::path(
+    post, path = "/v1/executors/{id}/drain", tag = "executors",
+    params(("id" = Uuid, Path, description = "Executor id")),
+    responses(
+        (status = 200, description = "Draining", body = ExecutorInfo),
+        (status = 401, description = "Missing or wrong credential", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Lost or left", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("executor_token" = []), ("bearer" = []))
+)]
+pub async fn drain(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JobId(id): JobId,
+) -> ApiResult<Json<ExecutorInfo>> {
+    let row = authorize(&st, &headers, id, true).await?;
+    gone_if_removed(&row)?;
+    sqlx::query("UPDATE executors SET state = 'draining', state_changed_at = clock_timestamp() WHERE id = $1 AND state = 'live'")
+        .bind(id)
+        .execute(&st.db)
+        .await?;
+    notify(&st.db, id).await?;
+    tracing::info!(executor = %id, "executor draining");
+    Ok(Json(info(&st, id).await?))
+}
+
+/// Leave: after a drain, once no role is assigned to it.
+#[utoipa::path(
+    delete, path = "/v1/executors/{id}", tag = "executors",
+    params(("id" = Uuid, Path, description = "Executor id")),
+    responses(
+        (status = 200, description = "Left", body = ExecutorInfo),
+        (status = 401, description = "Missing or wrong credential", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Roles still assigned: drain first", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Already lost or left", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("executor_token" = []), ("bearer" = []))
+)]
+pub async fn leave(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JobId(id): JobId,
+) -> ApiResult<Json<ExecutorInfo>> {
+    let row = authorize(&st, &headers, id, true).await?;
+    gone_if_removed(&row)?;
+    let mut tx = st.db.begin().await?;
+    sqlx::query("SELECT 1 FROM executors WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM assignments WHERE executor_id = $1")
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    if held > 0 {
+        return Err(ApiError::Conflict(format!(
+            "{held} role(s) are still assigned to this executor; drain it and wait until they move"
+        )));
+    }
+    sqlx::query(
+        "UPDATE executors SET state = 'left', state_changed_at = clock_timestamp() WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    notify(&st.db, id).await?;
+    tracing::info!(executor = %id, "executor left");
+    Ok(Json(info(&st, id).await?))
+}

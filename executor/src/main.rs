@@ -1,25 +1,62 @@
 //! `trainyard-executor`: the agent that runs training roles on one machine.
 //!
-//! Today it proves the libtorch link: `trainyard-executor --probe` prints, as
-//! JSON, the version and path of the libtorch it loaded, whether CUDA is
-//! usable, and every device it sees, after running a small matrix product on
-//! each. Registration, heartbeats and the training roles build on this binary.
+//! `trainyard-executor --api URL --join-token T` registers this machine's
+//! devices with the API, heartbeats, and runs the roles the scheduler
+//! assigns to it (see [`agent`] and [`roles`]). `--probe` only proves the
+//! libtorch link: it prints, as JSON, the version and path of the libtorch
+//! it loaded, whether CUDA is usable, and every device it sees.
 
+mod agent;
 mod probe;
+mod roles;
 
+use anyhow::Context;
 use clap::Parser;
+use std::collections::BTreeMap;
+use trainyard_common::cluster::{DeviceInfo, ExecutorResources, RegisterRequest};
+use trainyard_common::spec::Device;
 
 /// Command-line flags of the executor.
 #[derive(Debug, Parser)]
-#[command(
-    name = "trainyard-executor",
-    version,
-    about = "Trainyard executor agent (libtorch via tch)"
-)]
+#[command(name = "trainyard-executor", version, about = "Trainyard executor agent (libtorch via tch)")]
 struct Cli {
     /// Print libtorch's version and the devices it sees as JSON, then exit.
     #[arg(long)]
     probe: bool,
+
+    /// Base URL of the Trainyard API.
+    #[arg(long, env = "TRAINYARD_API")]
+    api: Option<String>,
+
+    /// Cluster join token.
+    #[arg(long, env = "TRAINYARD_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+
+    /// Name shown in listings (default: the host name and data port).
+    #[arg(long, env = "TRAINYARD_EXECUTOR_NAME")]
+    name: Option<String>,
+
+    /// Address of the data-plane listener (port 0 picks one).
+    #[arg(long, env = "TRAINYARD_DATA_LISTEN", default_value = "127.0.0.1:0")]
+    data_listen: std::net::SocketAddr,
+
+    /// RAM to offer in MiB (default: the machine's available memory).
+    #[arg(long, env = "TRAINYARD_RAM_MB")]
+    ram_mb: Option<u64>,
+
+    /// Memory of each CUDA device to offer in MiB (libtorch does not report it).
+    #[arg(long, env = "TRAINYARD_CUDA_MEMORY_MB", default_value_t = 16_384)]
+    cuda_memory_mb: u64,
+
+    /// Labels, `key=value`, repeatable (`host=…` keeps ring ranks adjacent).
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,8 +66,56 @@ fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    anyhow::bail!(
-        "nothing to do: the executor's agent mode (registration and training roles) is not built yet; \
-         run with --probe to check the libtorch link"
-    )
+    let (Some(api), Some(join_token)) = (cli.api.clone(), cli.join_token.clone()) else {
+        anyhow::bail!("give --api URL and --join-token TOKEN to run as an agent, or --probe to check the libtorch link");
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(cli.data_listen).await.context("binding the data-plane listener")?;
+        let address = listener.local_addr()?.to_string();
+        // Nothing speaks the data plane yet; connections are accepted and closed.
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        let registration = RegisterRequest {
+            name: cli.name.clone().unwrap_or_else(|| format!("{}:{}", hostname(), address.rsplit(':').next().unwrap_or(""))),
+            address,
+            resources: resources(&cli)?,
+            labels: cli.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+        };
+        agent::run(agent::AgentConfig { api, join_token, registration }, roles::Roles::default()).await
+    })
+}
+
+fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {
+    let ram = match cli.ram_mb {
+        Some(mb) => mb << 20,
+        None => available_memory().unwrap_or(1 << 30),
+    };
+    let mut devices = vec![DeviceInfo { kind: Device::Cpu, index: 0, name: "cpu".into(), memory_bytes: ram }];
+    if tch::Cuda::is_available() {
+        for i in 0..tch::Cuda::device_count() {
+            devices.push(DeviceInfo { kind: Device::Cuda, index: u32::try_from(i)?, name: format!("cuda:{i}"), memory_bytes: cli.cuda_memory_mb << 20 });
+        }
+    }
+    Ok(ExecutorResources {
+        devices,
+        cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        ram_bytes: ram,
+    })
+}
+
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "executor".into(), |h| h.trim().to_owned())
 }

@@ -1,0 +1,189 @@
+//! The agent loop: register, heartbeat, run the assigned roles.
+//!
+//! The executor registers with the cluster join token (retrying with
+//! backoff until the API answers), then heartbeats at the interval the API
+//! gives, reporting the roles it runs. Each answer lists every role
+//! assigned to it; a role whose generation changed is stopped and started
+//! again, a role no longer listed is stopped. When the API is unreachable
+//! the executor keeps its roles running and retries with backoff; when the
+//! API says it was declared lost (410) or forgotten (404), it registers
+//! again. On SIGTERM/SIGINT it drains (the scheduler moves its roles away),
+//! waits until nothing is assigned, leaves, and exits.
+//!
+//! The data-plane listener is bound before registering so that the address
+//! peers receive is real.
+
+use crate::roles::Roles;
+use anyhow::Context;
+use reqwest::StatusCode;
+use std::time::Duration;
+use trainyard_common::cluster::{
+    HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
+};
+use uuid::Uuid;
+
+/// Longest wait between retries.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Timeout of each request to the API.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a drain waits for the scheduler to move roles away.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Settings of the agent.
+pub struct AgentConfig {
+    /// Base URL of the API, e.g. `http://127.0.0.1:8080`.
+    pub api: String,
+    /// Cluster join token.
+    pub join_token: String,
+    /// What to register.
+    pub registration: RegisterRequest,
+}
+
+struct Session {
+    id: Uuid,
+    token: String,
+    interval: Duration,
+}
+
+/// Runs the agent until a shutdown signal, then drains and leaves.
+pub async fn run(config: AgentConfig, mut roles: Roles) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;
+    let api = config.api.trim_end_matches('/').to_owned();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    let mut session = tokio::select! {
+        s = register(&client, &api, &config) => s,
+        () = &mut shutdown => return Ok(()),
+    };
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let wait = match heartbeat(&client, &api, &session, &mut roles).await {
+            Ok(()) => {
+                backoff = Duration::from_millis(200);
+                session.interval
+            }
+            Err(Beat::Gone(why)) => {
+                tracing::warn!(%why, "the API no longer knows this executor; stopping its roles and registering again");
+                roles.apply(&[]);
+                session = tokio::select! {
+                    s = register(&client, &api, &config) => s,
+                    () = &mut shutdown => return Ok(()),
+                };
+                continue;
+            }
+            Err(Beat::Failed(e)) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "heartbeat failed; roles keep running");
+                let b = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                b
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = &mut shutdown => break,
+        }
+    }
+    drain_and_leave(&client, &api, &session, &mut roles).await;
+    Ok(())
+}
+
+async fn register(client: &reqwest::Client, api: &str, config: &AgentConfig) -> Session {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let res = client
+            .post(format!("{api}/v1/executors"))
+            .bearer_auth(&config.join_token)
+            .json(&config.registration)
+            .send()
+            .await;
+        match res {
+            Ok(r) if r.status() == StatusCode::CREATED => match r.json::<RegisterResponse>().await {
+                Ok(reg) => {
+                    tracing::info!(id = %reg.id, "registered with the API");
+                    return Session {
+                        id: reg.id,
+                        token: reg.token,
+                        interval: Duration::from_millis(reg.heartbeat_interval_ms.max(50)),
+                    };
+                }
+                Err(e) => tracing::warn!(error = %e, "bad registration answer"),
+            },
+            Ok(r) => {
+                let status = r.status();
+                let body = r.text().await.unwrap_or_default();
+                tracing::error!(%status, %body, "registration refused");
+            }
+            Err(e) => tracing::warn!(error = %e, "API unreachable"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+enum Beat {
+    Gone(String),
+    Failed(anyhow::Error),
+}
+
+async fn heartbeat(client: &reqwest::Client, api: &str, s: &Session, roles: &mut Roles) -> Result<(), Beat> {
+    let body = HeartbeatRequest { roles: roles.running() };
+    let r = client
+        .post(format!("{api}/v1/executors/{}/heartbeat", s.id))
+        .bearer_auth(&s.token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| Beat::Failed(e.into()))?;
+    match r.status() {
+        StatusCode::OK => {
+            let hb: HeartbeatResponse = r.json().await.map_err(|e| Beat::Failed(e.into()))?;
+            roles.apply(&hb.assignments);
+            Ok(())
+        }
+        StatusCode::GONE | StatusCode::NOT_FOUND => Err(Beat::Gone(r.text().await.unwrap_or_default())),
+        status => Err(Beat::Failed(anyhow::anyhow!("{status}: {}", r.text().await.unwrap_or_default()))),
+    }
+}
+
+async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles: &mut Roles) {
+    tracing::info!("draining: asking the scheduler to move this executor's roles away");
+    let drained = client
+        .post(format!("{api}/v1/executors/{}/drain", s.id))
+        .bearer_auth(&s.token)
+        .send()
+        .await
+        .context("drain")
+        .and_then(|r| r.error_for_status().context("drain"));
+    if let Err(e) = drained {
+        tracing::warn!(error = %e, "drain failed; leaving without it");
+    }
+    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    while tokio::time::Instant::now() < deadline {
+        if heartbeat(client, api, s, roles).await.is_ok() && roles.is_empty() {
+            break;
+        }
+        tokio::time::sleep(s.interval).await;
+    }
+    roles.apply(&[]);
+    match client.delete(format!("{api}/v1/executors/{}", s.id)).bearer_auth(&s.token).send().await {
+        Ok(r) if r.status().is_success() => tracing::info!("left the cluster"),
+        Ok(r) => tracing::warn!(status = %r.status(), "leave refused"),
+        Err(e) => tracing::warn!(error = %e, "leave failed"),
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

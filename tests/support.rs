@@ -149,3 +149,50 @@ pub fn wait_ready(url: &str, proc: &mut Proc, limit: Duration) -> anyhow::Result
         proc.output()
     )
 }
+
+/// The admin URL of the test Postgres server (as the API tests use).
+pub fn admin_url() -> String {
+    std::env::var("TRAINYARD_TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// Makes a fresh database with `psql` and returns its URL.
+pub fn fresh_database() -> anyhow::Result<String> {
+    let admin = admin_url();
+    let name = format!("ty_test_{}", uuid::Uuid::new_v4().simple());
+    let ok = Command::new("psql")
+        .args([admin.as_str(), "-qc", &format!("CREATE DATABASE {name}")])
+        .status()
+        .context("running psql")?
+        .success();
+    if !ok {
+        bail!("cannot create a database on {admin}");
+    }
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+    Ok(format!("{base}/{name}"))
+}
+
+/// Sends SIGKILL to a process id.
+pub fn kill9(pid: u32) {
+    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+}
+
+impl Proc {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some` or `limit` passes.
+pub fn eventually<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(v) = check() {
+            return Some(v);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}

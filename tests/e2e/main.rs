@@ -1,5 +1,6 @@
 //! End-to-end tests: the real `trainyard` and `trainyard-executor` binaries
 //! started as processes.
 
+mod cluster;
 mod executor_probe;
 mod server_lifecycle;

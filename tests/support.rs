@@ -175,7 +175,9 @@ pub fn fresh_database() -> anyhow::Result<String> {
 
 /// Sends SIGKILL to a process id.
 pub fn kill9(pid: u32) {
-    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
 }
 
 impl Proc {

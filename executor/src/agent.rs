@@ -47,7 +47,9 @@ struct Session {
 
 /// Runs the agent until a shutdown signal, then drains and leaves.
 pub async fn run(config: AgentConfig, mut roles: Roles) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?;
+    let client = reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .build()?;
     let api = config.api.trim_end_matches('/').to_owned();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
@@ -98,17 +100,19 @@ async fn register(client: &reqwest::Client, api: &str, config: &AgentConfig) -> 
             .send()
             .await;
         match res {
-            Ok(r) if r.status() == StatusCode::CREATED => match r.json::<RegisterResponse>().await {
-                Ok(reg) => {
-                    tracing::info!(id = %reg.id, "registered with the API");
-                    return Session {
-                        id: reg.id,
-                        token: reg.token,
-                        interval: Duration::from_millis(reg.heartbeat_interval_ms.max(50)),
-                    };
+            Ok(r) if r.status() == StatusCode::CREATED => {
+                match r.json::<RegisterResponse>().await {
+                    Ok(reg) => {
+                        tracing::info!(id = %reg.id, "registered with the API");
+                        return Session {
+                            id: reg.id,
+                            token: reg.token,
+                            interval: Duration::from_millis(reg.heartbeat_interval_ms.max(50)),
+                        };
+                    }
+                    Err(e) => tracing::warn!(error = %e, "bad registration answer"),
                 }
-                Err(e) => tracing::warn!(error = %e, "bad registration answer"),
-            },
+            }
             Ok(r) => {
                 let status = r.status();
                 let body = r.text().await.unwrap_or_default();
@@ -126,8 +130,15 @@ enum Beat {
     Failed(anyhow::Error),
 }
 
-async fn heartbeat(client: &reqwest::Client, api: &str, s: &Session, roles: &mut Roles) -> Result<(), Beat> {
-    let body = HeartbeatRequest { roles: roles.running() };
+async fn heartbeat(
+    client: &reqwest::Client,
+    api: &str,
+    s: &Session,
+    roles: &mut Roles,
+) -> Result<(), Beat> {
+    let body = HeartbeatRequest {
+        roles: roles.running(),
+    };
     let r = client
         .post(format!("{api}/v1/executors/{}/heartbeat", s.id))
         .bearer_auth(&s.token)
@@ -141,8 +152,13 @@ async fn heartbeat(client: &reqwest::Client, api: &str, s: &Session, roles: &mut
             roles.apply(&hb.assignments);
             Ok(())
         }
-        StatusCode::GONE | StatusCode::NOT_FOUND => Err(Beat::Gone(r.text().await.unwrap_or_default())),
-        status => Err(Beat::Failed(anyhow::anyhow!("{status}: {}", r.text().await.unwrap_or_default()))),
+        StatusCode::GONE | StatusCode::NOT_FOUND => {
+            Err(Beat::Gone(r.text().await.unwrap_or_default()))
+        }
+        status => Err(Beat::Failed(anyhow::anyhow!(
+            "{status}: {}",
+            r.text().await.unwrap_or_default()
+        ))),
     }
 }
 
@@ -166,7 +182,12 @@ async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles
         tokio::time::sleep(s.interval).await;
     }
     roles.apply(&[]);
-    match client.delete(format!("{api}/v1/executors/{}", s.id)).bearer_auth(&s.token).send().await {
+    match client
+        .delete(format!("{api}/v1/executors/{}", s.id))
+        .bearer_auth(&s.token)
+        .send()
+        .await
+    {
         Ok(r) if r.status().is_success() => tracing::info!("left the cluster"),
         Ok(r) => tracing::warn!(status = %r.status(), "leave refused"),
         Err(e) => tracing::warn!(error = %e, "leave failed"),

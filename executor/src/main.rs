@@ -18,7 +18,11 @@ use trainyard_common::spec::Device;
 
 /// Command-line flags of the executor.
 #[derive(Debug, Parser)]
-#[command(name = "trainyard-executor", version, about = "Trainyard executor agent (libtorch via tch)")]
+#[command(
+    name = "trainyard-executor",
+    version,
+    about = "Trainyard executor agent (libtorch via tch)"
+)]
 struct Cli {
     /// Print libtorch's version and the devices it sees as JSON, then exit.
     #[arg(long)]
@@ -70,11 +74,17 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("give --api URL and --join-token TOKEN to run as an agent, or --probe to check the libtorch link");
     };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(cli.data_listen).await.context("binding the data-plane listener")?;
+        let listener = tokio::net::TcpListener::bind(cli.data_listen)
+            .await
+            .context("binding the data-plane listener")?;
         let address = listener.local_addr()?.to_string();
         // Nothing speaks the data plane yet; connections are accepted and closed.
         tokio::spawn(async move {
@@ -83,12 +93,26 @@ fn main() -> anyhow::Result<()> {
             }
         });
         let registration = RegisterRequest {
-            name: cli.name.clone().unwrap_or_else(|| format!("{}:{}", hostname(), address.rsplit(':').next().unwrap_or(""))),
+            name: cli.name.clone().unwrap_or_else(|| {
+                format!(
+                    "{}:{}",
+                    hostname(),
+                    address.rsplit(':').next().unwrap_or("")
+                )
+            }),
             address,
             resources: resources(&cli)?,
             labels: cli.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
         };
-        agent::run(agent::AgentConfig { api, join_token, registration }, roles::Roles::default()).await
+        agent::run(
+            agent::AgentConfig {
+                api,
+                join_token,
+                registration,
+            },
+            roles::Roles::default(),
+        )
+        .await
     })
 }
 
@@ -97,10 +121,20 @@ fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {
         Some(mb) => mb << 20,
         None => available_memory().unwrap_or(1 << 30),
     };
-    let mut devices = vec![DeviceInfo { kind: Device::Cpu, index: 0, name: "cpu".into(), memory_bytes: ram }];
+    let mut devices = vec![DeviceInfo {
+        kind: Device::Cpu,
+        index: 0,
+        name: "cpu".into(),
+        memory_bytes: ram,
+    }];
     if tch::Cuda::is_available() {
         for i in 0..tch::Cuda::device_count() {
-            devices.push(DeviceInfo { kind: Device::Cuda, index: u32::try_from(i)?, name: format!("cuda:{i}"), memory_bytes: cli.cuda_memory_mb << 20 });
+            devices.push(DeviceInfo {
+                kind: Device::Cuda,
+                index: u32::try_from(i)?,
+                name: format!("cuda:{i}"),
+                memory_bytes: cli.cuda_memory_mb << 20,
+            });
         }
     }
     Ok(ExecutorResources {
@@ -112,10 +146,18 @@ fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {
 
 fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "executor".into(), |h| h.trim().to_owned())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "executor".into(), |h| h.trim().to_owned())
 }

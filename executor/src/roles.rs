@@ -49,7 +49,11 @@ impl Roles {
         let stale: Vec<_> = self
             .running
             .iter()
-            .filter(|(k, r)| wanted.get(*k).is_none_or(|a| a.key.generation != r.key.generation))
+            .filter(|(k, r)| {
+                wanted
+                    .get(*k)
+                    .is_none_or(|a| a.key.generation != r.key.generation)
+            })
             .map(|(k, _)| *k)
             .collect();
         for k in stale {
@@ -65,7 +69,14 @@ impl Roles {
             }
             let (stop, stopped) = watch::channel(false);
             let task = tokio::spawn(hold(a.clone(), stopped));
-            self.running.insert(k, Running { key: a.key, stop, task });
+            self.running.insert(
+                k,
+                Running {
+                    key: a.key,
+                    stop,
+                    task,
+                },
+            );
         }
     }
 }

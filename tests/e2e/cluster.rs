@@ -7,24 +7,46 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use trainyard_e2e::{binary, eventually, fresh_database, free_port, kill9, wait_ready, Proc};
+use trainyard_e2e::{binary, eventually, free_port, fresh_database, kill9, wait_ready, Proc};
 
 const JOIN: &str = "e2e-join-token";
 
 fn api(db: &str, port: u16) -> Proc {
     let mut cmd = Command::new(binary("trainyard").unwrap());
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--heartbeat-interval-ms", "200", "--heartbeat-misses", "5"])
-        .env("DATABASE_URL", db)
-        .env("TRAINYARD_JOIN_TOKEN", JOIN)
-        .env("RUST_LOG", "info,sqlx=warn");
+    cmd.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--heartbeat-interval-ms",
+        "200",
+        "--heartbeat-misses",
+        "5",
+    ])
+    .env("DATABASE_URL", db)
+    .env("TRAINYARD_JOIN_TOKEN", JOIN)
+    .env("RUST_LOG", "info,sqlx=warn");
     let mut p = Proc::spawn(cmd).unwrap();
-    wait_ready(&format!("http://127.0.0.1:{port}/readyz"), &mut p, Duration::from_secs(60)).unwrap();
+    wait_ready(
+        &format!("http://127.0.0.1:{port}/readyz"),
+        &mut p,
+        Duration::from_secs(60),
+    )
+    .unwrap();
     p
 }
 
 fn executor(api_port: u16, name: &str) -> Proc {
     let mut cmd = Command::new(binary("trainyard-executor").unwrap());
-    cmd.args(["--api", &format!("http://127.0.0.1:{api_port}"), "--join-token", JOIN, "--name", name, "--ram-mb", "1024"]);
+    cmd.args([
+        "--api",
+        &format!("http://127.0.0.1:{api_port}"),
+        "--join-token",
+        JOIN,
+        "--name",
+        name,
+        "--ram-mb",
+        "1024",
+    ]);
     Proc::spawn(cmd).unwrap()
 }
 
@@ -35,18 +57,42 @@ struct Api {
 
 impl Api {
     fn new(port: u16) -> Api {
-        Api { base: format!("http://127.0.0.1:{port}"), client: Client::builder().timeout(Duration::from_secs(5)).build().unwrap() }
+        Api {
+            base: format!("http://127.0.0.1:{port}"),
+            client: Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        }
     }
     fn get(&self, path: &str) -> Value {
-        self.client.get(format!("{}{path}", self.base)).send().unwrap().json().unwrap()
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
     }
     fn submit(&self, spec: &Value) -> String {
-        let r = self.client.post(format!("{}/v1/jobs", self.base)).json(spec).send().unwrap();
+        let r = self
+            .client
+            .post(format!("{}/v1/jobs", self.base))
+            .json(spec)
+            .send()
+            .unwrap();
         assert_eq!(r.status(), 201);
-        r.json::<Value>().unwrap()["id"].as_str().unwrap().to_owned()
+        r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     }
     fn metrics(&self) -> String {
-        self.client.get(format!("{}/metrics", self.base)).send().unwrap().text().unwrap()
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
     }
     /// Executor name → its roles (`ps0`, `worker1`, …) for `job`.
     fn roles(&self, job: &str) -> BTreeMap<String, Vec<String>> {
@@ -56,7 +102,10 @@ impl Api {
             .unwrap()
             .iter()
             .map(|e| {
-                let roles = e["roles"].as_array().unwrap().iter()
+                let roles = e["roles"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
                     .filter(|r| r["job_id"] == job)
                     .map(|r| format!("{}{}", r["role"].as_str().unwrap(), r["index"]))
                     .collect();
@@ -85,9 +134,22 @@ fn ps_spec(name: &str) -> Value {
 fn job_state(api: &Api, id: &str) -> (String, i64, usize, usize) {
     let j = api.get(&format!("/v1/jobs/{id}"));
     let roles = api.roles(id);
-    let workers = roles.values().flatten().filter(|r| r.starts_with("worker")).count();
-    let ps = roles.values().flatten().filter(|r| r.starts_with("ps")).count();
-    (j["state"].as_str().unwrap().to_owned(), j["generation"].as_i64().unwrap(), workers, ps)
+    let workers = roles
+        .values()
+        .flatten()
+        .filter(|r| r.starts_with("worker"))
+        .count();
+    let ps = roles
+        .values()
+        .flatten()
+        .filter(|r| r.starts_with("ps"))
+        .count();
+    (
+        j["state"].as_str().unwrap().to_owned(),
+        j["generation"].as_i64().unwrap(),
+        workers,
+        ps,
+    )
 }
 
 #[test]
@@ -96,7 +158,9 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
     let port = free_port().unwrap();
     let _server = api(&db, port);
     let api = Api::new(port);
-    let mut execs: BTreeMap<String, Proc> = (1..=4).map(|i| (format!("ex{i}"), executor(port, &format!("ex{i}")))).collect();
+    let mut execs: BTreeMap<String, Proc> = (1..=4)
+        .map(|i| (format!("ex{i}"), executor(port, &format!("ex{i}"))))
+        .collect();
     let job = api.submit(&ps_spec("e2e-ps"));
 
     // 2 PS + 2 workers at least; with 4 executors of 1 GiB and 600 MiB
@@ -105,11 +169,21 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
         let s = job_state(&api, &job);
         (s.0 == "running" && s.2 == 3 && s.3 == 2).then_some(s)
     })
-    .unwrap_or_else(|| panic!("not placed: {:?} {:?}", job_state(&api, &job), api.get(&format!("/v1/jobs/{job}/events"))));
+    .unwrap_or_else(|| {
+        panic!(
+            "not placed: {:?} {:?}",
+            job_state(&api, &job),
+            api.get(&format!("/v1/jobs/{job}/events"))
+        )
+    });
 
     // SIGKILL an executor that holds only a worker: its role moves to the spare.
     let roles = api.roles(&job);
-    let victim = roles.iter().find(|(_, r)| r.len() == 1 && r[0].starts_with("worker")).map(|(n, _)| n.clone()).expect("a worker-only executor");
+    let victim = roles
+        .iter()
+        .find(|(_, r)| r.len() == 1 && r[0].starts_with("worker"))
+        .map(|(n, _)| n.clone())
+        .expect("a worker-only executor");
     let killed_at = Instant::now();
     kill9(execs[&victim].pid());
     execs.remove(&victim);
@@ -120,17 +194,37 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
     .unwrap_or_else(|| panic!("not repaired within 5 s: {:?}", job_state(&api, &job)));
     let repaired_in = killed_at.elapsed();
     let after = api.roles(&job);
-    assert!(!after.contains_key(&victim), "the dead executor still holds roles");
+    assert!(
+        !after.contains_key(&victim),
+        "the dead executor still holds roles"
+    );
     let events = api.get(&format!("/v1/jobs/{job}/events"));
-    let reasons: Vec<&str> = events["events"].as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap()).collect();
-    assert!(reasons.iter().any(|r| r.contains(&format!("{victim} (lost)"))), "no event explains the loss: {reasons:?}");
+    let reasons: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains(&format!("{victim} (lost)"))),
+        "no event explains the loss: {reasons:?}"
+    );
     eprintln!("repaired in {repaired_in:?} (generation {g1} → {g2})");
-    eventually(Duration::from_secs(10), || (job_state(&api, &job).0 == "running").then_some(())).expect("running again");
+    eventually(Duration::from_secs(10), || {
+        (job_state(&api, &job).0 == "running").then_some(())
+    })
+    .expect("running again");
 
     // Kill another worker-only executor: no spare left, the job runs with
     // its minimum of 2 workers.
     let roles = api.roles(&job);
-    if let Some(victim) = roles.iter().find(|(_, r)| r.len() == 1 && r[0].starts_with("worker")).map(|(n, _)| n.clone()) {
+    if let Some(victim) = roles
+        .iter()
+        .find(|(_, r)| r.len() == 1 && r[0].starts_with("worker"))
+        .map(|(n, _)| n.clone())
+    {
         kill9(execs[&victim].pid());
         execs.remove(&victim);
         eventually(Duration::from_secs(10), || {
@@ -144,13 +238,22 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
     execs.insert("ex5".into(), executor(port, "ex5"));
     eventually(Duration::from_secs(10), || {
         let s = job_state(&api, &job);
-        (s.2 == 3 && s.3 == 2 && api.roles(&job).get("ex5").is_some_and(|r| !r.is_empty())).then_some(())
+        (s.2 == 3 && s.3 == 2 && api.roles(&job).get("ex5").is_some_and(|r| !r.is_empty()))
+            .then_some(())
     })
-    .unwrap_or_else(|| panic!("ex5 not absorbed: {:?} {:?}", job_state(&api, &job), api.roles(&job)));
+    .unwrap_or_else(|| {
+        panic!(
+            "ex5 not absorbed: {:?} {:?}",
+            job_state(&api, &job),
+            api.roles(&job)
+        )
+    });
 }
 
 fn leader(api: &Api) -> bool {
-    api.metrics().lines().any(|l| l == "trainyard_scheduler_leader 1")
+    api.metrics()
+        .lines()
+        .any(|l| l == "trainyard_scheduler_leader 1")
 }
 
 #[test]
@@ -170,24 +273,40 @@ fn two_api_processes_schedule_once_and_fail_over() {
     let mut spec = ps_spec("e2e-failover");
     spec["workers"] = json!({"min": 2, "max": 2});
     let job = api_b.submit(&spec);
-    eventually(Duration::from_secs(20), || (job_state(&api_b, &job).0 == "running").then_some(())).expect("placed");
+    eventually(Duration::from_secs(20), || {
+        (job_state(&api_b, &job).0 == "running").then_some(())
+    })
+    .expect("placed");
     std::thread::sleep(Duration::from_secs(1));
     let events = api_b.get(&format!("/v1/jobs/{job}/events"));
-    let placements = events["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "placement").count();
+    let placements = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "placement")
+        .count();
     assert_eq!(placements, 1, "scheduled twice: {events}");
     assert_eq!(job_state(&api_b, &job).1, 1, "one generation");
 
     // Kill the leader: B takes over and schedules the next job.
     let killed = Instant::now();
     kill9(a.pid());
-    eventually(Duration::from_secs(5), || leader(&api_b).then_some(())).expect("B leads within 5 s");
+    eventually(Duration::from_secs(5), || leader(&api_b).then_some(()))
+        .expect("B leads within 5 s");
     eprintln!("failover in {:?}", killed.elapsed());
     let mut small = ps_spec("after-failover");
     small["strategy"] = json!("allreduce");
     small.as_object_mut().unwrap().remove("parameter_servers");
     small["workers"] = json!({"min": 1, "max": 1});
     let second = api_b.submit(&small);
-    eventually(Duration::from_secs(10), || (job_state(&api_b, &second).0 == "running").then_some(()))
-        .unwrap_or_else(|| panic!("B does not schedule: {:?}", api_b.get(&format!("/v1/jobs/{second}"))));
+    eventually(Duration::from_secs(10), || {
+        (job_state(&api_b, &second).0 == "running").then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "B does not schedule: {:?}",
+            api_b.get(&format!("/v1/jobs/{second}"))
+        )
+    });
     drop(a);
 }

@@ -1,0 +1,299 @@
+//! `/v1/executors`: registration credentials, bad resources, heartbeats
+//! from unknown, lost and departed executors, drain and leave, and the
+//! scheduler placing a job on registered executors.
+
+use crate::helpers::{assert_problem, digits_spec, spawn_app, TestApp};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn registration(name: &str) -> Value {
+    json!({
+        "name": name,
+        "address": "127.0.0.1:7070",
+        "resources": {
+            "devices": [{"kind": "cpu", "index": 0, "name": "cpu", "memory_bytes": 4u64 << 30}],
+            "cpu_cores": 2,
+            "ram_bytes": 4u64 << 30
+        },
+        "labels": {"host": "test-host"}
+    })
+}
+
+async fn register(app: &TestApp, name: &str) -> (String, String) {
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&registration(name))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let body: Value = r.json().await.unwrap();
+    (
+        body["id"].as_str().unwrap().to_owned(),
+        body["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn heartbeat(app: &TestApp, id: &str, token: &str, roles: Value) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!("/v1/executors/{id}/heartbeat")))
+        .bearer_auth(token)
+        .json(&json!({"roles": roles}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn registration_needs_the_join_token() {
+    let app = spawn_app().await;
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .json(&registration("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 401, Some("Authorization")).await;
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("wrong")
+        .json(&registration("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 401, None).await;
+    let (id, token) = register(&app, "ok").await;
+    assert_eq!(token.len(), 64);
+    let info: Value = app
+        .get(&format!("/v1/executors/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["state"], "live");
+    assert_eq!(info["labels"]["host"], "test-host");
+    assert!(
+        info.get("token_hash").is_none() && !info.to_string().contains(&token),
+        "credentials never leave"
+    );
+}
+
+#[tokio::test]
+async fn absurd_resources_are_422_naming_each_field() {
+    let app = spawn_app().await;
+    let mut bad = registration("x");
+    bad["resources"]["ram_bytes"] = json!(1u64 << 60);
+    bad["resources"]["cpu_cores"] = json!(0);
+    bad["resources"]["devices"][0]["memory_bytes"] = json!(0);
+    bad["address"] = json!("no-port");
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    let p = assert_problem(r, 422, Some("resources.ram_bytes")).await;
+    let fields: Vec<&str> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    for f in [
+        "resources.cpu_cores",
+        "resources.devices[0].memory_bytes",
+        "address",
+    ] {
+        assert!(fields.contains(&f), "{f} not in {fields:?}");
+    }
+    let mut none = registration("x");
+    none["resources"]["devices"] = json!([]);
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&none)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 422, Some("resources.devices")).await;
+    let mut neg = registration("x");
+    neg["resources"]["ram_bytes"] = json!(-5);
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&neg)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 422, Some("resources.ram_bytes")).await;
+}
+
+#[tokio::test]
+async fn heartbeats_from_unknown_lost_or_departed_executors_are_refused() {
+    let app = spawn_app().await;
+    let r = heartbeat(&app, "0190b2c4-0000-7000-8000-000000000000", "x", json!([])).await;
+    assert_problem(r, 404, None).await;
+    let (id, token) = register(&app, "hb").await;
+    assert_problem(
+        heartbeat(&app, &id, "wrong-token", json!([])).await,
+        401,
+        None,
+    )
+    .await;
+    let r = heartbeat(&app, &id, &token, json!([])).await;
+    assert_eq!(r.status(), 200);
+    let hb: Value = r.json().await.unwrap();
+    assert_eq!(hb["state"], "live");
+    assert_eq!(hb["assignments"], json!([]));
+    let r = heartbeat(&app, &id, &token, json!([{"job_id": "x"}])).await;
+    assert_problem(r, 422, None).await;
+
+    sqlx::query("UPDATE executors SET state = 'lost' WHERE id = $1::uuid")
+        .bind(&id)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let p = assert_problem(heartbeat(&app, &id, &token, json!([])).await, 410, None).await;
+    assert!(p["detail"].as_str().unwrap().contains("register again"));
+
+    let (id2, token2) = register(&app, "leaver").await;
+    let r = app
+        .client
+        .delete(app.url(&format!("/v1/executors/{id2}")))
+        .bearer_auth(&token2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_problem(heartbeat(&app, &id2, &token2, json!([])).await, 410, None).await;
+}
+
+#[tokio::test]
+async fn a_job_is_placed_on_registered_executors_and_drain_moves_it() {
+    let app = spawn_app().await;
+    let (a, ta) = register(&app, "a").await;
+    let (b, tb) = register(&app, "b").await;
+    let mut spec = digits_spec("placed");
+    spec["strategy"] = json!("allreduce");
+    spec.as_object_mut().unwrap().remove("parameter_servers");
+    spec.as_object_mut().unwrap().remove("consistency");
+    spec["workers"] = json!({"min": 1, "max": 1});
+    let job = app.submit(&spec).await;
+    let id = job["id"].as_str().unwrap().to_owned();
+
+    // The scheduler assigns one worker; heartbeats deliver it.
+    let mut holder = None;
+    for _ in 0..50 {
+        for (e, t) in [(&a, &ta), (&b, &tb)] {
+            let hb: Value = heartbeat(&app, e, t, json!([])).await.json().await.unwrap();
+            if let Some(asg) = hb["assignments"].as_array().unwrap().first() {
+                assert_eq!(asg["key"]["job_id"], id.as_str());
+                assert_eq!(asg["strategy"], "allreduce");
+                assert_eq!(asg["secret"].as_str().unwrap().len(), 64);
+                assert_eq!(asg["workers"].as_array().unwrap().len(), 1);
+                holder = Some((e.clone(), t.clone(), asg["key"].clone()));
+            }
+        }
+        if holder.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (e, t, key) = holder.expect("assigned within 5 s");
+    let j: Value = app
+        .get(&format!("/v1/jobs/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(j["state"], "scheduling");
+    assert_eq!(j["generation"], 1);
+
+    // Reporting the role running moves the job to running.
+    heartbeat(&app, &e, &t, json!([key])).await;
+    let mut state = String::new();
+    for _ in 0..50 {
+        let j: Value = app
+            .get(&format!("/v1/jobs/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        state = j["state"].as_str().unwrap().to_owned();
+        if state == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "running");
+
+    // Leaving while holding a role is refused; a drain moves the role.
+    let r = app
+        .client
+        .delete(app.url(&format!("/v1/executors/{e}")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 409, None).await;
+    let r = app
+        .client
+        .post(app.url(&format!("/v1/executors/{e}/drain")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut moved = false;
+    for _ in 0..50 {
+        let info: Value = app
+            .get(&format!("/v1/executors/{e}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if info["roles"].as_array().unwrap().is_empty() {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(moved, "the drained executor still holds its role");
+    let j: Value = app
+        .get(&format!("/v1/jobs/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(j["generation"], 2);
+    assert_eq!(j["state"], "recovering");
+    let r = app
+        .client
+        .delete(app.url(&format!("/v1/executors/{e}")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let list: Value = app
+        .get("/v1/executors?state=left")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["executors"].as_array().unwrap().len(), 1);
+    assert_problem(
+        app.get("/v1/executors?state=gone").await,
+        400,
+        Some("state"),
+    )
+    .await;
+}

@@ -141,11 +141,20 @@ pub struct Plan {
     pub decisions: BTreeMap<Uuid, String>,
 }
 
-/// Free capacity, changed as roles are placed.
+/// Free capacity, changed as roles are placed, with ordered indexes so
+/// that each placement is a logarithmic lookup rather than a scan.
 struct Capacity {
-    ram: BTreeMap<Uuid, u64>,
-    /// (executor, kind, index) → free memory (GPU) and whether a worker holds it.
-    devices: BTreeMap<(Uuid, u8, u32), (u64, bool)>,
+    ram: HashMap<Uuid, u64>,
+    /// (executor, kind, index) → GPU memory free and whether a worker holds it.
+    devices: HashMap<(Uuid, u8, u32), (u64, bool)>,
+    /// Each executor's `cpu` device indexes (their memory is its RAM).
+    cpu_devices: HashMap<Uuid, Vec<u32>>,
+    /// Unused devices by kind, ordered by the memory a worker there may use.
+    free: [BTreeSet<(u64, Uuid, u32)>; 2],
+    /// Executors ordered by free RAM (largest last), ties by smaller id last.
+    by_ram: BTreeSet<(u64, std::cmp::Reverse<Uuid>)>,
+    /// Smallest memory of an eligible device, per kind (for `auto`).
+    smallest: [Option<u64>; 2],
     hosts: HashMap<Uuid, Option<String>>,
 }
 
@@ -173,32 +182,52 @@ enum Taken {
 impl Capacity {
     fn new(executors: &[ExecutorView]) -> Capacity {
         let mut c = Capacity {
-            ram: BTreeMap::new(),
-            devices: BTreeMap::new(),
+            ram: HashMap::new(),
+            devices: HashMap::new(),
+            cpu_devices: HashMap::new(),
+            free: [BTreeSet::new(), BTreeSet::new()],
+            by_ram: BTreeSet::new(),
+            smallest: [None, None],
             hosts: HashMap::new(),
         };
         for e in executors {
             c.ram.insert(e.id, e.ram_bytes);
+            c.by_ram.insert((e.ram_bytes, std::cmp::Reverse(e.id)));
             c.hosts.insert(e.id, e.host.clone());
             for d in &e.devices {
-                c.devices
-                    .insert((e.id, kind_key(d.kind), d.index), (d.memory_bytes, false));
+                let k = kind_key(d.kind);
+                if c.devices
+                    .insert((e.id, k, d.index), (d.memory_bytes, false))
+                    .is_some()
+                {
+                    continue; // A duplicate index counts once.
+                }
+                let usable = if d.kind == Device::Cpu {
+                    c.cpu_devices.entry(e.id).or_default().push(d.index);
+                    e.ram_bytes
+                } else {
+                    d.memory_bytes
+                };
+                c.free[k as usize].insert((usable, e.id, d.index));
+                let s = &mut c.smallest[k as usize];
+                *s = Some(s.map_or(usable, |m| m.min(usable)));
             }
         }
         c
     }
 
-    /// The memory a worker on this device draws from, free.
-    fn worker_free(&self, key: &(Uuid, u8, u32)) -> Option<u64> {
-        let (mem, used) = self.devices.get(key)?;
-        if *used {
-            return None;
+    /// Changes an executor's free RAM, keeping the indexes in step.
+    fn set_ram(&mut self, executor: Uuid, new: u64) {
+        let Some(old) = self.ram.insert(executor, new) else {
+            return;
+        };
+        self.by_ram.remove(&(old, std::cmp::Reverse(executor)));
+        self.by_ram.insert((new, std::cmp::Reverse(executor)));
+        for &i in self.cpu_devices.get(&executor).into_iter().flatten() {
+            if self.free[0].remove(&(old, executor, i)) {
+                self.free[0].insert((new, executor, i));
+            }
         }
-        Some(if key.1 == kind_key(Device::Cpu) {
-            *self.ram.get(&key.0)?
-        } else {
-            *mem
-        })
     }
 
     fn take_worker(
@@ -208,31 +237,35 @@ impl Capacity {
         index: u32,
         bytes: u64,
     ) -> Option<Taken> {
-        let key = (executor, kind_key(kind), index);
-        if self.worker_free(&key)? < bytes {
+        let k = kind_key(kind);
+        let (mem, used) = *self.devices.get(&(executor, k, index))?;
+        let ram = *self.ram.get(&executor)?;
+        let usable = if kind == Device::Cpu { ram } else { mem };
+        if used || usable < bytes {
             return None;
         }
-        let slot = self.devices.get_mut(&key)?;
-        slot.1 = true;
+        self.free[k as usize].remove(&(usable, executor, index));
         if kind == Device::Cpu {
-            *self.ram.get_mut(&executor)? -= bytes;
+            self.devices.insert((executor, k, index), (mem, true));
+            self.set_ram(executor, ram - bytes);
         } else {
-            slot.0 -= bytes;
+            self.devices
+                .insert((executor, k, index), (mem - bytes, true));
         }
         Some(Taken::Worker {
             executor,
-            kind: key.1,
+            kind: k,
             index,
             bytes,
         })
     }
 
     fn take_ps(&mut self, executor: Uuid, bytes: u64) -> Option<Taken> {
-        let free = self.ram.get_mut(&executor)?;
-        if *free < bytes {
+        let free = *self.ram.get(&executor)?;
+        if free < bytes {
             return None;
         }
-        *free -= bytes;
+        self.set_ram(executor, free - bytes);
         Some(Taken::Ps { executor, bytes })
     }
 
@@ -244,58 +277,54 @@ impl Capacity {
                 index,
                 bytes,
             } => {
-                if let Some(slot) = self.devices.get_mut(&(executor, kind, index)) {
-                    slot.1 = false;
-                    if kind == kind_key(Device::Cpu) {
-                        *self.ram.entry(executor).or_default() += bytes;
-                    } else {
-                        slot.0 += bytes;
-                    }
+                let Some(&(mem, _)) = self.devices.get(&(executor, kind, index)) else {
+                    return;
+                };
+                let ram = self.ram.get(&executor).copied().unwrap_or(0);
+                if kind == kind_key(Device::Cpu) {
+                    self.devices.insert((executor, kind, index), (mem, false));
+                    self.set_ram(executor, ram + bytes);
+                    self.free[0].insert((ram + bytes, executor, index));
+                } else {
+                    self.devices
+                        .insert((executor, kind, index), (mem + bytes, false));
+                    self.free[kind as usize].insert((mem + bytes, executor, index));
                 }
             }
-            Taken::Ps { executor, bytes } => *self.ram.entry(executor).or_default() += bytes,
+            Taken::Ps { executor, bytes } => {
+                let ram = self.ram.get(&executor).copied().unwrap_or(0);
+                self.set_ram(executor, ram + bytes);
+            }
         }
     }
 
     /// Best fit: the free device of `kind` with the least room that fits;
     /// ties by executor id and index.
     fn best_worker_slot(&self, kind: Device, bytes: u64) -> Option<(Uuid, u32)> {
-        let k = kind_key(kind);
-        self.devices
-            .keys()
-            .filter(|key| key.1 == k)
-            .filter_map(|key| {
-                self.worker_free(key)
-                    .filter(|&f| f >= bytes)
-                    .map(|f| (f, key.0, key.2))
-            })
-            .min()
-            .map(|(_, e, i)| (e, i))
+        self.free[kind_key(kind) as usize]
+            .range((bytes, Uuid::nil(), 0)..)
+            .next()
+            .map(|&(_, e, i)| (e, i))
     }
 
     /// Where the most memory is, preferring executors that hold none of
     /// this job's shards yet.
     fn best_ps_executor(&self, bytes: u64, avoid: &BTreeSet<Uuid>) -> Option<Uuid> {
-        self.ram
-            .iter()
-            .filter(|(_, &free)| free >= bytes)
-            .max_by_key(|(id, &free)| (!avoid.contains(*id), free, std::cmp::Reverse(**id)))
-            .map(|(id, _)| *id)
+        let mut fallback = None;
+        for &(free, std::cmp::Reverse(id)) in self.by_ram.iter().rev() {
+            if free < bytes {
+                break;
+            }
+            if !avoid.contains(&id) {
+                return Some(id);
+            }
+            fallback.get_or_insert(id);
+        }
+        fallback
     }
 
-    fn smallest_eligible(&self, kind: Device, executors: &[ExecutorView]) -> Option<u64> {
-        executors
-            .iter()
-            .flat_map(|e| {
-                e.devices
-                    .iter()
-                    .filter(|d| d.kind == kind)
-                    .map(move |d| match kind {
-                        Device::Cpu => e.ram_bytes,
-                        Device::Cuda => d.memory_bytes,
-                    })
-            })
-            .min()
+    fn smallest_eligible(&self, kind: Device) -> Option<u64> {
+        self.smallest[kind_key(kind) as usize]
     }
 }
 
@@ -426,7 +455,7 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         let d = &j.demand;
         let (strategy, shards) = match &j.current {
             Some(cur) => (cur.strategy, cur.parameter_servers.len() as u32),
-            None => match decide(d, cap.smallest_eligible(d.device, &executors)) {
+            None => match decide(d, cap.smallest_eligible(d.device)) {
                 Ok((s, n, why)) => {
                     if !why.is_empty() {
                         out.decisions.insert(j.id, why);

@@ -399,6 +399,10 @@ fn decide(d: &Demand, smallest: Option<u64>) -> Result<(Strategy, u32, String), 
     }
 }
 
+/// What a placed job kept in the first pass: workers (executor, device),
+/// PS executors by shard, and the capacity it took.
+type Kept = (Vec<(Uuid, u32)>, Vec<Option<Uuid>>, Vec<Taken>);
+
 /// Plans every job over the live executors.
 pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
     let mut executors = executors.to_vec();
@@ -423,7 +427,7 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         taken: Vec<Taken>,
     }
     let mut held: BTreeMap<Uuid, Held> = BTreeMap::new();
-    let mut kept: HashMap<Uuid, (Vec<(Uuid, u32)>, Vec<Option<Uuid>>, Vec<Taken>)> = HashMap::new();
+    let mut kept: HashMap<Uuid, Kept> = HashMap::new();
 
     // 1. Keep what can stay.
     for j in &order {

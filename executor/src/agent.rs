@@ -176,8 +176,11 @@ async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles
     }
     let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
     while tokio::time::Instant::now() < deadline {
-        if heartbeat(client, api, s, roles).await.is_ok() && roles.is_empty() {
-            break;
+        match heartbeat(client, api, s, roles).await {
+            Ok(()) if roles.is_empty() => break,
+            Ok(()) => {}
+            // The API is gone too (a whole-system stop): nothing to hand over.
+            Err(_) => break,
         }
         tokio::time::sleep(s.interval).await;
     }

@@ -297,3 +297,42 @@ async fn a_job_is_placed_on_registered_executors_and_drain_moves_it() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_job_that_cannot_be_placed_stays_queued_with_its_reason() {
+    let app = spawn_app().await;
+    register(&app, "small").await;
+    let mut spec = digits_spec("too-big");
+    spec["workers"] = json!({"min": 3, "max": 3});
+    let job = app.submit(&spec).await;
+    let id = job["id"].as_str().unwrap().to_owned();
+    let mut reason = String::new();
+    for _ in 0..50 {
+        let j: Value = app
+            .get(&format!("/v1/jobs/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(j["state"], "queued");
+        reason = j["state_reason"].as_str().unwrap().to_owned();
+        if reason.starts_with("waiting:") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reason.contains("needs 3 cpu worker device(s)"), "{reason}");
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("trainyard_scheduler_queue_length 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("trainyard_scheduler_live_executors 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("trainyard_scheduler_leader 1"),
+        "{metrics}"
+    );
+}

@@ -6,9 +6,7 @@
 //! libtorch link: it prints, as JSON, the version and path of the libtorch
 //! it loaded, whether CUDA is usable, and every device it sees.
 
-mod agent;
-mod probe;
-mod roles;
+use trainyard_executor::{agent, probe, roles};
 
 use anyhow::Context;
 use clap::Parser;

@@ -1,0 +1,12 @@
+//! The Trainyard executor: the agent that runs training roles on one machine.
+//!
+//! * [`agent`] — registration, heartbeats with backoff, drain and leave;
+//! * [`roles`] — the roles assigned to this executor, started and stopped
+//!   as generations change;
+//! * [`train`] — the training runtime on libtorch (models, data, loop);
+//! * [`probe`] — proof of the libtorch link (`--probe`).
+
+pub mod agent;
+pub mod probe;
+pub mod roles;
+pub mod train;

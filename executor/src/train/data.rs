@@ -1,0 +1,373 @@
+//! Datasets: built-in generators and files, split into training and
+//! evaluation sets, served in seeded, sharded batches by a background thread.
+//!
+//! Every worker computes the same seeded split and, each epoch, the same
+//! seeded permutation of the training indices; worker `rank` of `world`
+//! takes every `world`-th index of it, so the shards are disjoint and cover
+//! the epoch. Text is cut into windows of `context + 1` tokens (bytes) at
+//! seeded random offsets. Batches are gathered on a background thread into a
+//! bounded channel, so the training loop only waits when the data is slower
+//! than the model.
+
+use super::rng::Rng;
+use std::sync::mpsc::{sync_channel, Receiver};
+use tch::{Kind, Tensor};
+use trainyard_common::spec::{DatasetSpec, FileFormat, JobSpecInput, Loss, ModelSpec};
+
+/// Batches buffered ahead of the training loop.
+pub const PREFETCH: usize = 4;
+
+/// Why data could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The URL could not be read.
+    #[error("cannot read dataset {url}: {reason}")]
+    Unreadable {
+        /// The dataset URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The contents do not fit the model or the loss.
+    #[error("dataset does not fit the model: {0}")]
+    Shape(String),
+}
+
+/// Inputs and targets, all on the CPU.
+pub enum Data {
+    /// `x` `[n, features…]` float, `y` `[n]` int64 (classes) or `[n, targets]` float.
+    Tensors {
+        /// Inputs.
+        x: Tensor,
+        /// Targets.
+        y: Tensor,
+    },
+    /// A token stream (bytes) for language models.
+    Text(Tensor),
+}
+
+/// A loaded dataset with its split.
+pub struct Dataset {
+    data: Data,
+    train: Vec<i64>,
+    eval: Vec<i64>,
+}
+
+/// Where a file URL points on this machine (`file://` only; other stores
+/// arrive with the object-store integration).
+pub fn local_path(url: &str) -> Result<std::path::PathBuf, String> {
+    match url.strip_prefix("file://") {
+        Some(p) => Ok(std::path::PathBuf::from(p)),
+        None => Err(format!(
+            "this executor reads file:// URLs only so far, got {url}"
+        )),
+    }
+}
+
+fn unreadable(url: &str, reason: impl ToString) -> DataError {
+    DataError::Unreadable {
+        url: url.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn generated(spec: &JobSpecInput) -> Data {
+    let mut rng = Rng::new(spec.seed, 0xDA7A);
+    match &spec.dataset {
+        DatasetSpec::Classification(c) => {
+            let (n, f, k) = (c.samples as usize, c.features as usize, c.classes as usize);
+            let centers: Vec<f32> = (0..k * f).map(|_| (rng.normal() * 1.5) as f32).collect();
+            let mut x = Vec::with_capacity(n * f);
+            let mut y = Vec::with_capacity(n);
+            for _ in 0..n {
+                let class = rng.below(k as u64) as usize;
+                y.push(class as i64);
+                x.extend((0..f).map(|j| centers[class * f + j] + rng.normal() as f32));
+            }
+            Data::Tensors {
+                x: Tensor::from_slice(&x).reshape([n as i64, f as i64]),
+                y: Tensor::from_slice(&y),
+            }
+        }
+        DatasetSpec::Regression(r) => {
+            let (n, f, t) = (r.samples as usize, r.features as usize, r.targets as usize);
+            let w: Vec<f32> = (0..f * t)
+                .map(|_| rng.normal() as f32 / (f as f32).sqrt())
+                .collect();
+            let mut x = Vec::with_capacity(n * f);
+            let mut y = Vec::with_capacity(n * t);
+            for _ in 0..n {
+                let row: Vec<f32> = (0..f).map(|_| rng.normal() as f32).collect();
+                for o in 0..t {
+                    let v: f32 = (0..f).map(|j| row[j] * w[j * t + o]).sum();
+                    y.push(v + 0.05 * rng.normal() as f32);
+                }
+                x.extend(row);
+            }
+            Data::Tensors {
+                x: Tensor::from_slice(&x).reshape([n as i64, f as i64]),
+                y: Tensor::from_slice(&y).reshape([n as i64, t as i64]),
+            }
+        }
+        DatasetSpec::Text(t) => Data::Text(Tensor::from_slice(&generated_text(
+            t.characters as usize,
+            &mut rng,
+        ))),
+        DatasetSpec::File(_) => unreachable!("files are loaded by load()"),
+    }
+}
+
+/// Test access to the text generator.
+#[cfg(test)]
+pub mod tests_support {
+    pub use super::generated_text;
+}
+
+/// Sentences from a small grammar: structured enough that a language model
+/// beats the unigram entropy, varied enough that it must learn to.
+pub fn generated_text(chars: usize, rng: &mut Rng) -> Vec<u8> {
+    const SUBJECTS: [&str; 6] = [
+        "the cat",
+        "a dog",
+        "the old man",
+        "my sister",
+        "the robot",
+        "a bird",
+    ];
+    const VERBS: [&str; 6] = ["sees", "likes", "chases", "finds", "draws", "hears"];
+    const OBJECTS: [&str; 6] = [
+        "the moon",
+        "a red ball",
+        "the river",
+        "an apple",
+        "the tall tree",
+        "a small boat",
+    ];
+    let mut out = Vec::with_capacity(chars + 64);
+    while out.len() < chars {
+        let s = format!(
+            "{} {} {}. ",
+            SUBJECTS[rng.below(6) as usize],
+            VERBS[rng.below(6) as usize],
+            OBJECTS[rng.below(6) as usize]
+        );
+        out.extend_from_slice(s.as_bytes());
+    }
+    out.truncate(chars);
+    out
+}
+
+fn load_file(url: &str, format: FileFormat) -> Result<Data, DataError> {
+    let path = local_path(url).map_err(|e| unreadable(url, e))?;
+    if !path.is_file() {
+        return Err(unreadable(url, "no such file"));
+    }
+    let named = match format {
+        FileFormat::Text => {
+            let bytes = std::fs::read(&path).map_err(|e| unreadable(url, e))?;
+            return Ok(Data::Text(Tensor::from_slice(&bytes)));
+        }
+        FileFormat::Npz => Tensor::read_npz(&path).map_err(|e| unreadable(url, e))?,
+        FileFormat::Safetensors => {
+            Tensor::read_safetensors(&path).map_err(|e| unreadable(url, e))?
+        }
+    };
+    let get = |name: &str| {
+        named
+            .iter()
+            .find(|(n, _)| n == name || n.trim_end_matches(".npy") == name)
+            .map(|(_, t)| t.shallow_clone())
+            .ok_or_else(|| {
+                DataError::Shape(format!(
+                    "{url} has no tensor named {name:?} (found {:?})",
+                    named.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                ))
+            })
+    };
+    Ok(Data::Tensors {
+        x: get("x")?,
+        y: get("y")?,
+    })
+}
+
+impl Dataset {
+    /// Loads (or generates) the dataset of `spec`, checks it against the
+    /// model and the loss, and splits it.
+    pub fn load(spec: &JobSpecInput) -> Result<Dataset, DataError> {
+        let data = match &spec.dataset {
+            DatasetSpec::File(f) => {
+                let fmt = f
+                    .format
+                    .or_else(|| trainyard_common::spec::file_format_from_url(&f.url))
+                    .unwrap_or(FileFormat::Npz);
+                load_file(&f.url, fmt)?
+            }
+            _ => generated(spec),
+        };
+        let data = check(spec, data)?;
+        let n = match &data {
+            Data::Tensors { x, .. } => x.size()[0] as usize,
+            // Windows start anywhere a full window fits.
+            Data::Text(t) => (t.size()[0] as usize).saturating_sub(context(spec) + 1),
+        };
+        if n < 2 {
+            return Err(DataError::Shape(format!(
+                "{n} sample(s): too few to train and evaluate"
+            )));
+        }
+        let order = Rng::new(spec.seed, 0x5E1).permutation(n);
+        let n_eval = ((n as f64 * spec.eval_fraction).round() as usize).min(n - 1);
+        Ok(Dataset {
+            eval: order[..n_eval].to_vec(),
+            train: order[n_eval..].to_vec(),
+            data,
+        })
+    }
+
+    /// Training samples (all workers together).
+    pub fn train_len(&self) -> usize {
+        self.train.len()
+    }
+
+    /// The evaluation set as one batch.
+    pub fn eval_batch(&self, spec: &JobSpecInput) -> Option<(Tensor, Tensor)> {
+        if self.eval.is_empty() {
+            return None;
+        }
+        // Bounded so evaluation of a large set stays cheap.
+        let idx: Vec<i64> = self.eval.iter().copied().take(4096).collect();
+        Some(gather(&self.data, &idx, spec))
+    }
+
+    /// Starts the background batcher for worker `rank` of `world` from
+    /// `epoch`; it stops when the receiver is dropped.
+    pub fn into_batches(
+        self,
+        spec: &JobSpecInput,
+        rank: u32,
+        world: u32,
+        epoch: u64,
+    ) -> Receiver<(Tensor, Tensor)> {
+        let (tx, rx) = sync_channel(PREFETCH);
+        let ds = self;
+        let spec = spec.clone();
+        let batch = spec.batch_size as usize;
+        std::thread::spawn(move || {
+            let mut epoch = epoch;
+            loop {
+                let perm = Rng::new(spec.seed, 0xE0C0 + epoch).permutation(ds.train.len());
+                let mine: Vec<i64> = perm
+                    .iter()
+                    .skip(rank as usize)
+                    .step_by(world.max(1) as usize)
+                    .map(|&i| ds.train[i as usize])
+                    .collect();
+                if mine.is_empty() {
+                    return;
+                }
+                for chunk in mine.chunks(batch) {
+                    if tx.send(gather(&ds.data, chunk, &spec)).is_err() {
+                        return;
+                    }
+                }
+                epoch += 1;
+            }
+        });
+        rx
+    }
+}
+
+fn context(spec: &JobSpecInput) -> usize {
+    match &spec.model {
+        ModelSpec::Transformer(t) => t.context as usize,
+        _ => 64,
+    }
+}
+
+fn gather(data: &Data, idx: &[i64], spec: &JobSpecInput) -> (Tensor, Tensor) {
+    let index = Tensor::from_slice(idx);
+    match data {
+        Data::Tensors { x, y } => (x.index_select(0, &index), y.index_select(0, &index)),
+        Data::Text(t) => {
+            let c = context(spec) as i64;
+            let windows: Vec<Tensor> = idx.iter().map(|&s| t.narrow(0, s, c + 1)).collect();
+            let w = Tensor::stack(&windows, 0).to_kind(Kind::Int64);
+            (w.narrow(1, 0, c), w.narrow(1, 1, c))
+        }
+    }
+}
+
+/// Checks that the data fits the model and the loss; converts kinds.
+fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
+    match data {
+        Data::Text(t) => match &spec.model {
+            ModelSpec::Transformer(m)
+                if m.vocab >= 256 || t.max().int64_value(&[]) < i64::from(m.vocab) =>
+            {
+                Ok(Data::Text(t))
+            }
+            ModelSpec::Transformer(m) => Err(DataError::Shape(format!(
+                "text has byte values ≥ the model's vocab ({})",
+                m.vocab
+            ))),
+            _ => Err(DataError::Shape("text data trains a transformer".into())),
+        },
+        Data::Tensors { x, y } => {
+            let (xs, ys) = (x.size(), y.size());
+            if xs.is_empty() || ys.is_empty() || xs[0] != ys[0] {
+                return Err(DataError::Shape(format!(
+                    "x has shape {xs:?} and y {ys:?}: they need the same number of samples"
+                )));
+            }
+            let features: i64 = xs[1..].iter().product();
+            let want = match &spec.model {
+                ModelSpec::Mlp(m) => Some(i64::from(m.inputs)),
+                ModelSpec::Cnn(c) => Some(i64::from(c.channels * c.height * c.width)),
+                ModelSpec::Transformer(_) => {
+                    return Err(DataError::Shape(
+                        "a transformer trains on text, not x/y tensors".into(),
+                    ))
+                }
+                ModelSpec::Torchscript(_) => None,
+            };
+            if let Some(w) = want.filter(|&w| w != features) {
+                return Err(DataError::Shape(format!(
+                    "x has {features} features per sample (shape {xs:?}) but the model takes {w}"
+                )));
+            }
+            let x = x.to_kind(Kind::Float);
+            let y = match spec.loss {
+                Loss::CrossEntropy => {
+                    let y = y.to_kind(Kind::Int64).flatten(0, -1);
+                    if y.size()[0] != xs[0] {
+                        return Err(DataError::Shape(format!(
+                            "cross_entropy needs one class id per sample; y has shape {ys:?}"
+                        )));
+                    }
+                    let classes = match &spec.model {
+                        ModelSpec::Mlp(m) => Some(i64::from(m.outputs)),
+                        ModelSpec::Cnn(c) => Some(i64::from(c.classes)),
+                        _ => None,
+                    };
+                    let (lo, hi) = (y.min().int64_value(&[]), y.max().int64_value(&[]));
+                    if lo < 0 || classes.is_some_and(|k| hi >= k) {
+                        return Err(DataError::Shape(format!(
+                            "class ids span {lo}..={hi}, outside 0..{}",
+                            classes.unwrap_or(0)
+                        )));
+                    }
+                    y
+                }
+                Loss::Mse => {
+                    let y = y.to_kind(Kind::Float);
+                    if ys.len() == 1 {
+                        y.unsqueeze(1)
+                    } else {
+                        y
+                    }
+                }
+            };
+            Ok(Data::Tensors { x, y })
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The training runtime: one worker's loop on libtorch.
+//!
+//! [`run`] loads the data ([`data`]), builds the model ([`model`]) in a
+//! `VarStore` on the assigned device, and trains: seeded initialisation,
+//! the spec's optimizer with its learning-rate schedule and gradient
+//! clipping, cross-entropy or MSE. It reports each step's loss, throughput
+//! and the time split between waiting for data and computing, evaluates on
+//! the held-out split, and returns the final weights. A single worker
+//! (world size 1) trains the whole job; more workers need a data plane (PS
+//! or ring) to combine gradients, which plugs in between backward and step.
+
+pub mod data;
+pub mod model;
+pub mod rng;
+
+use data::{DataError, Dataset};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use tch::nn::{self, OptimizerConfig};
+use tch::{Kind, Tensor};
+use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec, OptimizerKind, Schedule};
+
+/// One step's figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// Step number (1-based).
+    pub step: u64,
+    /// Training loss of the step's batch.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Samples per second over the step.
+    pub samples_per_sec: f64,
+    /// Seconds spent waiting for the batch.
+    pub data_seconds: f64,
+    /// Seconds of forward, backward and optimizer step.
+    pub compute_seconds: f64,
+    /// Seconds of gradient exchange (0 for a single worker).
+    pub comm_seconds: f64,
+    /// Held-out accuracy, on evaluation steps of classification jobs.
+    pub eval_accuracy: Option<f64>,
+    /// Held-out loss, on evaluation steps.
+    pub eval_loss: Option<f64>,
+}
+
+/// What a finished training returns.
+pub struct Outcome {
+    /// Steps run.
+    pub steps: u64,
+    /// Loss of the last step.
+    pub final_loss: f64,
+    /// Held-out accuracy (classification).
+    pub eval_accuracy: Option<f64>,
+    /// Held-out loss.
+    pub eval_loss: Option<f64>,
+    /// The trained tensors by name.
+    pub weights: Vec<(String, Tensor)>,
+}
+
+/// Why training stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The data could not be loaded or does not fit.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The model kind is not supported by this runtime yet.
+    #[error("{0}")]
+    Unsupported(String),
+    /// libtorch failed (shapes, memory, device).
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+    /// The loss became NaN or infinite.
+    #[error(
+        "the loss diverged (not finite) at step {0}; lower optimizer.lr or set optimizer.grad_clip"
+    )]
+    Diverged(u64),
+    /// Stopped on request.
+    #[error("stopped")]
+    Stopped,
+}
+
+/// Evaluations during a run (plus one at the end).
+pub const EVALUATIONS: u64 = 10;
+
+/// The learning rate at `step` (1-based) of `total`.
+pub fn learning_rate(spec: &JobSpecInput, step: u64, total: u64) -> f64 {
+    let lr = spec.optimizer.lr;
+    match spec.optimizer.schedule {
+        Schedule::Constant => lr,
+        Schedule::WarmupCosine { warmup_steps } => {
+            if step <= warmup_steps {
+                lr * step as f64 / warmup_steps.max(1) as f64
+            } else {
+                let span = total.saturating_sub(warmup_steps).max(1) as f64;
+                let t = (step - warmup_steps) as f64 / span;
+                0.5 * lr * (1.0 + (std::f64::consts::PI * t.min(1.0)).cos())
+            }
+        }
+    }
+}
+
+/// Total steps of the job for one of `world` workers holding `train_len` samples in all.
+pub fn total_steps(spec: &JobSpecInput, train_len: usize, world: u32) -> u64 {
+    match (spec.steps, spec.epochs) {
+        (Some(s), _) => s,
+        (None, Some(e)) => {
+            let per_worker = train_len.div_ceil(world.max(1) as usize);
+            u64::from(e) * per_worker.div_ceil(spec.batch_size as usize).max(1) as u64
+        }
+        (None, None) => 1,
+    }
+}
+
+fn loss_of(spec: &JobSpecInput, out: &Tensor, y: &Tensor) -> Tensor {
+    match spec.loss {
+        Loss::CrossEntropy => {
+            let classes = *out.size().last().unwrap_or(&1);
+            out.reshape([-1, classes])
+                .cross_entropy_for_logits(&y.reshape([-1]))
+        }
+        Loss::Mse => out.mse_loss(y, tch::Reduction::Mean),
+    }
+}
+
+fn evaluate(
+    spec: &JobSpecInput,
+    net: &dyn model::Net,
+    batch: &(Tensor, Tensor),
+    device: tch::Device,
+) -> (f64, Option<f64>) {
+    tch::no_grad(|| {
+        let (x, y) = (batch.0.to_device(device), batch.1.to_device(device));
+        let out = net.forward(&x, false);
+        let loss = loss_of(spec, &out, &y).double_value(&[]);
+        let acc = (spec.loss == Loss::CrossEntropy
+            && !matches!(spec.model, ModelSpec::Transformer(_)))
+        .then(|| {
+            out.argmax(-1, false)
+                .eq_tensor(&y)
+                .to_kind(Kind::Float)
+                .mean(Kind::Float)
+                .double_value(&[])
+        });
+        (loss, acc)
+    })
+}
+
+/// Trains `spec` as worker `rank` of `world` on `device`, calling `on_step`
+/// after each step, until done or `stop` is set.
+pub fn run(
+    spec: &JobSpecInput,
+    device: tch::Device,
+    rank: u32,
+    world: u32,
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&StepStats),
+) -> Result<Outcome, TrainError> {
+    if world != 1 {
+        return Err(TrainError::Unsupported(format!(
+            "{world} workers need the PS or ring data plane, which this executor does not have yet; run with workers 1"
+        )));
+    }
+    let dataset = Dataset::load(spec)?;
+    let total = total_steps(spec, dataset.train_len(), world);
+    let eval = dataset.eval_batch(spec);
+    let batches = dataset.into_batches(spec, rank, world, 0);
+
+    tch::manual_seed(spec.seed as i64);
+    let vs = nn::VarStore::new(device);
+    let net = model::build(&vs.root(), &spec.model).ok_or_else(|| {
+        TrainError::Unsupported("TorchScript models are not supported by this runtime yet".into())
+    })?;
+    let o = &spec.optimizer;
+    let [b1, b2] = o.betas.unwrap_or([0.9, 0.999]);
+    let mut opt = match o.kind {
+        OptimizerKind::Sgd => nn::Sgd {
+            momentum: 0.0,
+            dampening: 0.0,
+            wd: o.weight_decay,
+            nesterov: false,
+        }
+        .build(&vs, o.lr)?,
+        OptimizerKind::Momentum => nn::Sgd {
+            momentum: o.momentum.unwrap_or(0.9),
+            dampening: 0.0,
+            wd: o.weight_decay,
+            nesterov: false,
+        }
+        .build(&vs, o.lr)?,
+        OptimizerKind::Adam => nn::Adam {
+            beta1: b1,
+            beta2: b2,
+            wd: o.weight_decay,
+            eps: 1e-8,
+            amsgrad: false,
+        }
+        .build(&vs, o.lr)?,
+        OptimizerKind::Adamw => nn::AdamW {
+            beta1: b1,
+            beta2: b2,
+            wd: o.weight_decay,
+            eps: 1e-8,
+            amsgrad: false,
+        }
+        .build(&vs, o.lr)?,
+    };
+    let eval_every = (total / EVALUATIONS).max(1);
+    let mut last_loss = f64::NAN;
+    let (mut eval_loss, mut eval_acc) = (None, None);
+    for step in 1..=total {
+        if stop.load(Ordering::Relaxed) {
+            return Err(TrainError::Stopped);
+        }
+        let waited = Instant::now();
+        let Ok((x, y)) = batches.recv() else {
+            return Err(TrainError::Unsupported("the data loader stopped".into()));
+        };
+        let data_seconds = waited.elapsed().as_secs_f64();
+        let computed = Instant::now();
+        let n = x.size()[0];
+        let (x, y) = (x.to_device(device), y.to_device(device));
+        let lr = learning_rate(spec, step, total);
+        opt.set_lr(lr);
+        let loss = loss_of(spec, &net.forward(&x, true), &y);
+        match o.grad_clip {
+            Some(c) => opt.backward_step_clip_norm(&loss, c),
+            None => opt.backward_step(&loss),
+        }
+        last_loss = loss.double_value(&[]);
+        if !last_loss.is_finite() {
+            return Err(TrainError::Diverged(step));
+        }
+        let compute_seconds = computed.elapsed().as_secs_f64();
+        let mut stats = StepStats {
+            step,
+            loss: last_loss,
+            lr,
+            samples_per_sec: n as f64 / (data_seconds + compute_seconds).max(1e-9),
+            data_seconds,
+            compute_seconds,
+            comm_seconds: 0.0,
+            eval_accuracy: None,
+            eval_loss: None,
+        };
+        if let Some(batch) = eval
+            .as_ref()
+            .filter(|_| step % eval_every == 0 || step == total)
+        {
+            let (l, a) = evaluate(spec, net.as_ref(), batch, device);
+            (eval_loss, eval_acc) = (Some(l), a);
+            (stats.eval_loss, stats.eval_accuracy) = (Some(l), a);
+        }
+        on_step(&stats);
+    }
+    let mut weights: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(k, v)| (k, v.to_device(tch::Device::Cpu)))
+        .collect();
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Outcome {
+        steps: total,
+        final_loss: last_loss,
+        eval_accuracy: eval_acc,
+        eval_loss,
+        weights,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+//! Training runs on real data on the CPU.
+
+use super::*;
+use serde_json::json;
+use std::sync::atomic::AtomicBool;
+
+fn spec(v: serde_json::Value) -> JobSpecInput {
+    let s: trainyard_common::JobSpec = serde_json::from_value(v).expect("valid spec");
+    s.into()
+}
+
+fn digits_url() -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/digits.npz");
+    format!("file://{}", p.canonicalize().unwrap().display())
+}
+
+fn train(s: &JobSpecInput) -> Result<(Outcome, Vec<StepStats>), TrainError> {
+    let mut steps = Vec::new();
+    let out = run(
+        s,
+        tch::Device::Cpu,
+        0,
+        1,
+        &AtomicBool::new(false),
+        &mut |st| steps.push(*st),
+    )?;
+    Ok((out, steps))
+}
+
+#[test]
+fn mlp_learns_digits_to_95_percent_on_a_held_out_fifth() {
+    let s = spec(json!({
+        "name": "digits", "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
+        "dataset": {"kind": "file", "url": digits_url()}, "loss": "cross_entropy",
+        "optimizer": {"kind": "adamw", "lr": 0.003, "weight_decay": 0.0001, "schedule": {"kind": "warmup_cosine", "warmup_steps": 20}},
+        "batch_size": 64, "epochs": 30, "eval_fraction": 0.2, "seed": 3
+    }));
+    let (out, steps) = train(&s).unwrap();
+    let acc = out.eval_accuracy.unwrap();
+    assert!(acc >= 0.95, "held-out accuracy {acc}");
+    assert_eq!(out.steps, steps.len() as u64);
+    assert!(steps.last().unwrap().loss < steps[0].loss / 5.0);
+    assert!(out
+        .weights
+        .iter()
+        .any(|(n, t)| n == "fc0.weight" && t.size() == [128, 64]));
+}
+
+#[test]
+fn transformer_beats_the_unigram_entropy_of_its_text() {
+    let s = spec(json!({
+        "name": "lm", "model": {"kind": "transformer", "vocab": 128, "context": 32, "layers": 2, "heads": 4, "width": 64},
+        "dataset": {"kind": "text", "characters": 40000}, "loss": "cross_entropy",
+        "optimizer": {"kind": "adamw", "lr": 0.003, "grad_clip": 1.0},
+        "batch_size": 32, "steps": 300, "seed": 1
+    }));
+    // Unigram entropy (nats) of the same generated text.
+    let mut rng = rng::Rng::new(s.seed, 0xDA7A);
+    let bytes = super::data::tests_support::generated_text(40000, &mut rng);
+    let mut counts = [0f64; 256];
+    for b in &bytes {
+        counts[*b as usize] += 1.0;
+    }
+    let n = bytes.len() as f64;
+    let entropy: f64 = counts
+        .iter()
+        .filter(|&&c| c > 0.0)
+        .map(|&c| -(c / n) * (c / n).ln())
+        .sum();
+    let (out, _) = train(&s).unwrap();
+    let eval = out.eval_loss.unwrap();
+    assert!(
+        eval < entropy,
+        "eval loss {eval} ≥ unigram entropy {entropy}"
+    );
+}
+
+#[test]
+fn regression_loss_falls_tenfold() {
+    let s = spec(json!({
+        "name": "reg", "model": {"kind": "mlp", "inputs": 8, "hidden": [32], "outputs": 1},
+        "dataset": {"kind": "regression", "samples": 2000, "features": 8}, "loss": "mse",
+        "optimizer": {"kind": "adam", "lr": 0.01}, "batch_size": 64, "epochs": 20
+    }));
+    let (out, steps) = train(&s).unwrap();
+    assert!(
+        out.final_loss < steps[0].loss / 10.0,
+        "{} vs {}",
+        out.final_loss,
+        steps[0].loss
+    );
+}
+
+#[test]
+fn cnn_trains_on_generated_images() {
+    let s = spec(json!({
+        "name": "cnn", "model": {"kind": "cnn", "channels": 1, "height": 8, "width": 8, "conv_channels": [8], "hidden": 32, "classes": 4},
+        "dataset": {"kind": "classification", "samples": 800, "features": 64, "classes": 4}, "loss": "cross_entropy",
+        "optimizer": {"kind": "momentum", "lr": 0.05}, "batch_size": 32, "epochs": 5
+    }));
+    let (out, _) = train(&s).unwrap();
+    assert!(out.eval_accuracy.unwrap() > 0.9, "{:?}", out.eval_accuracy);
+}
+
+#[test]
+fn bad_data_fails_with_a_reason_that_names_the_problem() {
+    let base = json!({
+        "name": "bad", "model": {"kind": "mlp", "inputs": 32, "outputs": 10},
+        "dataset": {"kind": "file", "url": digits_url()}, "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.1}, "batch_size": 8, "steps": 2
+    });
+    let err = train(&spec(base.clone())).err().unwrap().to_string();
+    assert!(
+        err.contains("64 features") && err.contains("takes 32"),
+        "{err}"
+    );
+    let mut missing = base;
+    missing["model"]["inputs"] = json!(64);
+    missing["dataset"]["url"] = json!("file:///nonexistent/data.npz");
+    let err = train(&spec(missing)).err().unwrap().to_string();
+    assert!(
+        err.contains("cannot read dataset file:///nonexistent/data.npz"),
+        "{err}"
+    );
+}
+
+#[test]
+fn warmup_cosine_schedule() {
+    let s = spec(json!({
+        "name": "s", "model": {"kind": "mlp", "inputs": 2, "outputs": 2},
+        "dataset": {"kind": "classification", "samples": 10, "features": 2, "classes": 2}, "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 1.0, "schedule": {"kind": "warmup_cosine", "warmup_steps": 10}}, "batch_size": 2, "steps": 110
+    }));
+    assert!((learning_rate(&s, 5, 110) - 0.5).abs() < 1e-9);
+    assert!((learning_rate(&s, 10, 110) - 1.0).abs() < 1e-9);
+    assert!((learning_rate(&s, 60, 110) - 0.5).abs() < 1e-9);
+    assert!(learning_rate(&s, 110, 110).abs() < 1e-9);
+}

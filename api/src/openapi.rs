@@ -6,7 +6,7 @@
 //! regenerates it).
 
 use crate::error::Problem;
-use crate::routes::{executors, health, jobs};
+use crate::routes::{executors, health, jobs, telemetry};
 use crate::AppState;
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -23,7 +23,8 @@ use utoipa_swagger_ui::SwaggerUi;
     ),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
-        executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave,
+        telemetry::metrics, telemetry::logs,
+        executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report,
         health::healthz, health::readyz, health::metrics,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),

@@ -182,6 +182,8 @@ pub struct RegisterResponse {
     pub heartbeat_interval_ms: u64,
     /// Missed heartbeats after which it is declared lost.
     pub heartbeat_misses: u32,
+    /// Object-store URL for weights and checkpoints.
+    pub object_store: String,
 }
 
 /// A role kind.
@@ -335,4 +337,103 @@ pub struct HeartbeatResponse {
     pub heartbeat_interval_ms: u64,
     /// Every role assigned to it now.
     pub assignments: Vec<Assignment>,
+}
+
+/// Most metric points or log lines in one report.
+pub const MAX_REPORT_ITEMS: usize = 10_000;
+/// Longest log line.
+pub const MAX_LOG_CHARS: usize = 4096;
+
+/// One training step as a worker measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricPoint {
+    /// Step (1-based).
+    pub step: u64,
+    /// Training loss of the step.
+    pub loss: f64,
+    /// Learning rate.
+    pub lr: f64,
+    /// Samples per second.
+    pub samples_per_sec: f64,
+    /// Seconds waiting for data.
+    pub data_seconds: f64,
+    /// Seconds computing.
+    pub compute_seconds: f64,
+    /// Seconds exchanging gradients.
+    pub comm_seconds: f64,
+    /// Held-out loss, on evaluation steps.
+    #[serde(default)]
+    pub eval_loss: Option<f64>,
+    /// Held-out accuracy, on evaluation steps of classification jobs.
+    #[serde(default)]
+    pub eval_accuracy: Option<f64>,
+}
+
+/// Log severities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    /// Information.
+    Info,
+    /// Something odd.
+    Warn,
+    /// A failure.
+    Error,
+}
+
+/// One log line of a role.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LogLine {
+    /// Sequence number within the role instance (retries are idempotent).
+    pub seq: u64,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// Severity.
+    pub level: LogLevel,
+    /// The line (at most 4096 characters).
+    pub message: String,
+}
+
+/// How a role ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleOutcome {
+    /// Training finished.
+    Succeeded {
+        /// Steps run.
+        steps: u64,
+        /// Loss of the last step.
+        final_loss: f64,
+        /// Held-out loss.
+        eval_loss: Option<f64>,
+        /// Held-out accuracy.
+        eval_accuracy: Option<f64>,
+        /// Where the final weights (safetensors) were written.
+        weights_url: String,
+    },
+    /// Training failed.
+    Failed {
+        /// Why, naming the problem.
+        reason: String,
+    },
+}
+
+/// `POST /v1/executors/{id}/reports`: what a role measured and logged, and
+/// how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoleReport {
+    /// The role.
+    pub key: RoleKey,
+    /// Step figures.
+    #[serde(default)]
+    pub metrics: Vec<MetricPoint>,
+    /// Log lines.
+    #[serde(default)]
+    pub logs: Vec<LogLine>,
+    /// Set once, when the role ends.
+    #[serde(default)]
+    pub outcome: Option<RoleOutcome>,
 }

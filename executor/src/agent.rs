@@ -13,9 +13,11 @@
 //! The data-plane listener is bound before registering so that the address
 //! peers receive is real.
 
+use crate::report::Sink;
 use crate::roles::Roles;
 use anyhow::Context;
 use reqwest::StatusCode;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use trainyard_common::cluster::{
     HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
@@ -46,16 +48,23 @@ struct Session {
 }
 
 /// Runs the agent until a shutdown signal, then drains and leaves.
-pub async fn run(config: AgentConfig, mut roles: Roles) -> anyhow::Result<()> {
+pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
         .build()?;
     let api = config.api.trim_end_matches('/').to_owned();
+    let sink = Sink {
+        client: client.clone(),
+        api: api.clone(),
+        session: Arc::new(RwLock::new((Uuid::nil(), String::new()))),
+        object_store: Arc::new(RwLock::new(String::new())),
+    };
+    let mut roles = Roles::new(sink.clone());
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
     let mut session = tokio::select! {
-        s = register(&client, &api, &config) => s,
+        s = register(&client, &api, &config, &sink) => s,
         () = &mut shutdown => return Ok(()),
     };
     let mut backoff = Duration::from_millis(200);
@@ -69,7 +78,7 @@ pub async fn run(config: AgentConfig, mut roles: Roles) -> anyhow::Result<()> {
                 tracing::warn!(%why, "the API no longer knows this executor; stopping its roles and registering again");
                 roles.apply(&[]);
                 session = tokio::select! {
-                    s = register(&client, &api, &config) => s,
+                    s = register(&client, &api, &config, &sink) => s,
                     () = &mut shutdown => return Ok(()),
                 };
                 continue;
@@ -90,7 +99,12 @@ pub async fn run(config: AgentConfig, mut roles: Roles) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn register(client: &reqwest::Client, api: &str, config: &AgentConfig) -> Session {
+async fn register(
+    client: &reqwest::Client,
+    api: &str,
+    config: &AgentConfig,
+    sink: &Sink,
+) -> Session {
     let mut backoff = Duration::from_millis(200);
     loop {
         let res = client
@@ -104,6 +118,12 @@ async fn register(client: &reqwest::Client, api: &str, config: &AgentConfig) -> 
                 match r.json::<RegisterResponse>().await {
                     Ok(reg) => {
                         tracing::info!(id = %reg.id, "registered with the API");
+                        if let Ok(mut s) = sink.session.write() {
+                            *s = (reg.id, reg.token.clone());
+                        }
+                        if let Ok(mut o) = sink.object_store.write() {
+                            o.clone_from(&reg.object_store);
+                        }
                         return Session {
                             id: reg.id,
                             token: reg.token,

@@ -2,11 +2,11 @@
 //!
 //! `trainyard-executor --api URL --join-token T` registers this machine's
 //! devices with the API, heartbeats, and runs the roles the scheduler
-//! assigns to it (see [`agent`] and [`roles`]). `--probe` only proves the
+//! assigns to it (see the library's `agent` and `roles`). `--probe` only proves the
 //! libtorch link: it prints, as JSON, the version and path of the libtorch
 //! it loaded, whether CUDA is usable, and every device it sees.
 
-use trainyard_executor::{agent, probe, roles};
+use trainyard_executor::{agent, probe};
 
 use anyhow::Context;
 use clap::Parser;
@@ -102,14 +102,11 @@ fn main() -> anyhow::Result<()> {
             resources: resources(&cli)?,
             labels: cli.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
         };
-        agent::run(
-            agent::AgentConfig {
-                api,
-                join_token,
-                registration,
-            },
-            roles::Roles::default(),
-        )
+        agent::run(agent::AgentConfig {
+            api,
+            join_token,
+            registration,
+        })
         .await
     })
 }

@@ -2,34 +2,49 @@
 //!
 //! A role is keyed by job, kind and index and stamped with the generation it
 //! was started for; a new generation restarts it (its peers may have
-//! changed), and a role no longer assigned is stopped. Each role runs as a
-//! task with its own stop signal.
+//! changed), and a role no longer assigned is stopped.
 //!
-//! What a role does is the training runtime's business (PS shard server, PS
-//! worker, ring worker). That runtime is not built yet: a role task today
-//! holds its assignment, logs its peers, and waits to be stopped — enough
-//! for the scheduler to see it acknowledged, and nothing that pretends to
-//! train.
+//! A worker of a single-worker job (allreduce with one rank: nothing to
+//! exchange) trains the whole job with [`crate::train::run`] on a thread of
+//! its own, reporting metrics, logs and the outcome through
+//! [`crate::report`], and writes the final weights as safetensors to the
+//! object store. Roles of multi-worker jobs need the PS or ring data plane,
+//! which is not built yet: such a role holds its assignment and says so in
+//! the job's logs.
 
+use crate::report::{self, Item, Sink};
+use crate::train;
 use std::collections::BTreeMap;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use trainyard_common::cluster::{Assignment, RoleKey, RoleKind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use trainyard_common::cluster::{
+    Assignment, LogLevel, MetricPoint, RoleKey, RoleKind, RoleOutcome,
+};
+use trainyard_common::spec::{Device, Strategy};
 use uuid::Uuid;
 
 struct Running {
     key: RoleKey,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    stop: Arc<AtomicBool>,
 }
 
 /// The set of running roles.
 #[derive(Default)]
 pub struct Roles {
     running: BTreeMap<(Uuid, RoleKind, u32), Running>,
+    sink: Option<Sink>,
 }
 
 impl Roles {
+    /// Roles that report to `sink`.
+    pub fn new(sink: Sink) -> Roles {
+        Roles {
+            running: BTreeMap::new(),
+            sink: Some(sink),
+        }
+    }
+
     /// The roles running now, as reported in heartbeats.
     pub fn running(&self) -> Vec<RoleKey> {
         self.running.values().map(|r| r.key).collect()
@@ -58,8 +73,7 @@ impl Roles {
             .collect();
         for k in stale {
             if let Some(r) = self.running.remove(&k) {
-                let _ = r.stop.send(true);
-                r.task.abort();
+                r.stop.store(true, Ordering::Relaxed);
                 tracing::info!(job = %r.key.job_id, role = ?r.key.role, index = r.key.index, generation = r.key.generation, "role stopped");
             }
         }
@@ -67,34 +81,144 @@ impl Roles {
             if self.running.contains_key(&k) {
                 continue;
             }
-            let (stop, stopped) = watch::channel(false);
-            let task = tokio::spawn(hold(a.clone(), stopped));
-            self.running.insert(
-                k,
-                Running {
-                    key: a.key,
-                    stop,
-                    task,
-                },
-            );
+            let stop = Arc::new(AtomicBool::new(false));
+            self.start(a.clone(), stop.clone());
+            self.running.insert(k, Running { key: a.key, stop });
         }
+    }
+
+    fn start(&self, a: Assignment, stop: Arc<AtomicBool>) {
+        let (tx, rx) = unbounded_channel();
+        if let Some(sink) = &self.sink {
+            tokio::spawn(report::deliver(sink.clone(), a.key, rx));
+        }
+        let trains = a.key.role == RoleKind::Worker
+            && a.strategy == Strategy::Allreduce
+            && a.workers.len() == 1;
+        if !trains {
+            let msg = format!(
+                "{:?} {} of generation {} started; training with {} worker(s) and {} PS shard(s) needs the data plane, which this executor does not have yet: holding the assignment",
+                a.key.role, a.key.index, a.key.generation, a.workers.len(), a.parameter_servers.len()
+            );
+            tracing::info!(job = %a.key.job_id, "{msg}");
+            let _ = tx.send(Item::Log(LogLevel::Warn, msg));
+            return;
+        }
+        let object_store = self
+            .sink
+            .as_ref()
+            .and_then(|s| s.object_store.read().ok().map(|o| o.clone()))
+            .unwrap_or_default();
+        std::thread::spawn(move || train_role(a, stop, tx, object_store));
     }
 }
 
-async fn hold(a: Assignment, mut stopped: watch::Receiver<bool>) {
-    tracing::info!(
-        job = %a.key.job_id,
-        role = ?a.key.role,
-        index = a.key.index,
-        generation = a.key.generation,
-        strategy = ?a.strategy,
-        workers = a.workers.len(),
-        parameter_servers = a.parameter_servers.len(),
-        "role started (the training runtime is not built yet: holding the assignment)"
-    );
-    while !*stopped.borrow() {
-        if stopped.changed().await.is_err() {
-            break;
+fn train_role(
+    a: Assignment,
+    stop: Arc<AtomicBool>,
+    tx: UnboundedSender<Item>,
+    object_store: String,
+) {
+    let log = |level, msg: String| {
+        tracing::info!(job = %a.key.job_id, "{msg}");
+        let _ = tx.send(Item::Log(level, msg));
+    };
+    let device = match a.spec.resources.device {
+        Device::Cuda if tch::Cuda::is_available() => {
+            tch::Device::Cuda(a.device.unwrap_or(0) as usize)
         }
+        Device::Cuda => {
+            let reason = "the job asks for cuda but libtorch sees no CUDA device on this executor"
+                .to_owned();
+            log(LogLevel::Error, reason.clone());
+            let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
+            return;
+        }
+        Device::Cpu => tch::Device::Cpu,
+    };
+    log(
+        LogLevel::Info,
+        format!(
+            "worker 0 of 1 starts training on {device:?} (generation {})",
+            a.key.generation
+        ),
+    );
+    let mut last_eval = std::time::Instant::now();
+    let mut on_step = |s: &train::StepStats| {
+        let _ = tx.send(Item::Metric(MetricPoint {
+            step: s.step,
+            loss: s.loss,
+            lr: s.lr,
+            samples_per_sec: s.samples_per_sec,
+            data_seconds: s.data_seconds,
+            compute_seconds: s.compute_seconds,
+            comm_seconds: s.comm_seconds,
+            eval_loss: s.eval_loss,
+            eval_accuracy: s.eval_accuracy,
+        }));
+        if s.eval_loss.is_some() || last_eval.elapsed().as_secs() >= 10 {
+            last_eval = std::time::Instant::now();
+            let acc = s.eval_accuracy.map_or(String::new(), |a| {
+                format!(", held-out accuracy {:.1}%", a * 100.0)
+            });
+            let _ = tx.send(Item::Log(
+                LogLevel::Info,
+                format!(
+                    "step {}: loss {:.4}, {:.0} samples/s{}",
+                    s.step, s.loss, s.samples_per_sec, acc
+                ),
+            ));
+        }
+    };
+    let outcome = match train::run(&a.spec, device, 0, 1, &stop, &mut on_step) {
+        Ok(out) => match write_weights(&object_store, a.key.job_id, &out.weights) {
+            Ok(url) => {
+                log(
+                    LogLevel::Info,
+                    format!("done after {} steps; weights written to {url}", out.steps),
+                );
+                RoleOutcome::Succeeded {
+                    steps: out.steps,
+                    final_loss: out.final_loss,
+                    eval_loss: out.eval_loss,
+                    eval_accuracy: out.eval_accuracy,
+                    weights_url: url,
+                }
+            }
+            Err(reason) => RoleOutcome::Failed { reason },
+        },
+        Err(train::TrainError::Stopped) => {
+            log(
+                LogLevel::Info,
+                "stopped: the role was moved or the job ended".into(),
+            );
+            return;
+        }
+        Err(e) => RoleOutcome::Failed {
+            reason: e.to_string(),
+        },
+    };
+    if let RoleOutcome::Failed { reason } = &outcome {
+        log(LogLevel::Error, reason.clone());
     }
+    let _ = tx.send(Item::Outcome(outcome));
+}
+
+/// Writes the final weights to `{store}/{job}/final/model.safetensors`.
+fn write_weights(
+    store: &str,
+    job: Uuid,
+    weights: &[(String, tch::Tensor)],
+) -> Result<String, String> {
+    let root = store.strip_prefix("file://").ok_or_else(|| {
+        format!("this executor writes to file:// object stores only so far, got {store}")
+    })?;
+    let dir = std::path::Path::new(root)
+        .join(job.to_string())
+        .join("final");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join("model.safetensors");
+    tch::Tensor::write_safetensors(weights, &path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(format!("file://{}", path.display()))
 }

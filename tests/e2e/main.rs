@@ -4,3 +4,4 @@
 mod cluster;
 mod executor_probe;
 mod server_lifecycle;
+mod training;

@@ -100,7 +100,7 @@ fn hash(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
-fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -212,6 +212,7 @@ pub async fn register(
         token,
         heartbeat_interval_ms: st.config.heartbeat_interval_ms,
         heartbeat_misses: st.config.heartbeat_misses,
+        object_store: st.config.object_store_url(),
     };
     let mut resp = (StatusCode::CREATED, Json(body)).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/executors/{id}")) {
@@ -315,6 +316,16 @@ async fn authorize(
         return Err(ApiError::Unauthorized);
     }
     Ok(row)
+}
+
+/// Checks an executor's own credential. Reports are accepted even from an
+/// executor declared lost since: what it measured is still true.
+pub(crate) async fn authorize_executor(
+    st: &AppState,
+    headers: &HeaderMap,
+    id: Uuid,
+) -> ApiResult<()> {
+    authorize(st, headers, id, false).await.map(drop)
 }
 
 fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {

@@ -9,6 +9,7 @@
 pub mod executors;
 pub mod health;
 pub mod jobs;
+pub mod telemetry;
 
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
@@ -32,6 +33,8 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(jobs::get))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
+        .route("/jobs/{id}/metrics", get(telemetry::metrics))
+        .route("/jobs/{id}/logs", get(telemetry::logs))
         .route("/executors", get(executors::list))
         .route("/executors/{id}", get(executors::get))
         .method_not_allowed_fallback(method_not_allowed)
@@ -42,7 +45,8 @@ pub fn router(state: AppState) -> Router {
         .route("/executors", post(executors::register))
         .route("/executors/{id}", axum::routing::delete(executors::leave))
         .route("/executors/{id}/heartbeat", post(executors::heartbeat))
-        .route("/executors/{id}/drain", post(executors::drain));
+        .route("/executors/{id}/drain", post(executors::drain))
+        .route("/executors/{id}/reports", post(telemetry::report));
     let v1 = v1.merge(agents);
 
     Router::new()

@@ -1,0 +1,441 @@
+//! Training telemetry: executors report step metrics, log lines and each
+//! role's outcome; users read metrics (downsampled) and logs, which stay in
+//! Postgres after the executors are gone.
+//!
+//! Reports are idempotent (metrics keyed by job, rank and step; log lines by
+//! role instance and sequence number), so an executor that retries after a
+//! lost answer duplicates nothing. An outcome is accepted only from a role
+//! of the job's current generation: it ends the job (`succeeded` with its
+//! result, or `failed` with the role's reason).
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::{JobId, JsonBytes, QueryParams};
+use crate::routes::executors::{authorize_executor, parse_body};
+use crate::AppState;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use trainyard_common::cluster::{
+    LogLevel, RoleOutcome, RoleReport, MAX_LOG_CHARS, MAX_REPORT_ITEMS,
+};
+use trainyard_common::JobState;
+use trainyard_scheduler::lifecycle::{self, TransitionError};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// Default number of points `GET …/metrics` returns at most.
+pub const DEFAULT_MAX_POINTS: i64 = 500;
+/// Largest `max_points`.
+pub const MAX_POINTS: i64 = 10_000;
+
+/// What a report did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReportAck {
+    /// Metric points stored (duplicates of earlier reports are not).
+    pub metrics_stored: u64,
+    /// Log lines stored.
+    pub logs_stored: u64,
+    /// Whether the outcome ended the job.
+    pub outcome_applied: bool,
+}
+
+fn finite(x: Option<f64>) -> Option<f64> {
+    x.filter(|v| v.is_finite())
+}
+
+/// Report a role's metrics, logs and outcome.
+#[utoipa::path(
+    post, path = "/v1/executors/{id}/reports", tag = "executors",
+    params(("id" = Uuid, Path, description = "Executor id")),
+    request_body(content = RoleReport, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Stored", body = ReportAck),
+        (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such executor or job", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The outcome is from a stale generation", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("executor_token" = []))
+)]
+pub async fn report(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JobId(executor): JobId,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Json<ReportAck>> {
+    authorize_executor(&st, &headers, executor).await?;
+    let r: RoleReport = parse_body(&body)?;
+    if r.metrics.len() > MAX_REPORT_ITEMS || r.logs.len() > MAX_REPORT_ITEMS {
+        return Err(ApiError::invalid_field(
+            "metrics",
+            format!("at most {MAX_REPORT_ITEMS} metric points and log lines per report"),
+        ));
+    }
+    if let Some(i) = r
+        .metrics
+        .iter()
+        .position(|m| m.step == 0 || m.step > i64::MAX as u64)
+    {
+        return Err(ApiError::invalid_field(
+            &format!("metrics[{i}].step"),
+            "must be at least 1",
+        ));
+    }
+    let key = r.key;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
+        .bind(key.job_id)
+        .fetch_one(&st.db)
+        .await?;
+    if !exists {
+        return Err(ApiError::NotFound(format!("no job with id {}", key.job_id)));
+    }
+    let rank = if key.role == trainyard_common::cluster::RoleKind::Worker {
+        key.index as i32
+    } else {
+        -1
+    };
+    let mut tx = st.db.begin().await?;
+    let mut metrics_stored = 0;
+    if rank >= 0 {
+        for m in &r.metrics {
+            let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
+            metrics_stored += sqlx::query(
+                "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+            )
+            .bind(key.job_id)
+            .bind(rank)
+            .bind(m.step as i64)
+            .bind(clean(m.loss))
+            .bind(clean(m.lr))
+            .bind(clean(m.samples_per_sec))
+            .bind(clean(m.data_seconds))
+            .bind(clean(m.compute_seconds))
+            .bind(clean(m.comm_seconds))
+            .bind(finite(m.eval_loss))
+            .bind(finite(m.eval_accuracy))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+    }
+    let mut logs_stored = 0;
+    for l in &r.logs {
+        let at = DateTime::from_timestamp_millis(l.at_ms).unwrap_or_else(Utc::now);
+        let message: String = l.message.chars().take(MAX_LOG_CHARS).collect();
+        let level = match l.level {
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        };
+        logs_stored += sqlx::query(
+            "INSERT INTO job_logs (job_id, executor_id, generation, role, index, seq, at, level, message)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+        )
+        .bind(key.job_id)
+        .bind(executor)
+        .bind(key.generation)
+        .bind(key.role.as_str())
+        .bind(key.index as i32)
+        .bind(l.seq as i64)
+        .bind(at)
+        .bind(level)
+        .bind(message)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    }
+    let mut outcome_applied = false;
+    if let Some(outcome) = &r.outcome {
+        let current: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM assignments a JOIN jobs j ON j.id = a.job_id
+             WHERE a.job_id = $1 AND a.generation = $2 AND a.role = $3 AND a.index = $4 AND a.executor_id = $5 AND j.generation = $2)",
+        )
+        .bind(key.job_id)
+        .bind(key.generation)
+        .bind(key.role.as_str())
+        .bind(key.index as i32)
+        .bind(executor)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !current {
+            tx.commit().await?;
+            return Err(ApiError::Conflict(format!(
+                "generation {} of job {} is not current for this role: the outcome is ignored",
+                key.generation, key.job_id
+            )));
+        }
+        let (to, reason, data) = match outcome {
+            RoleOutcome::Succeeded { steps, final_loss, eval_loss, eval_accuracy, weights_url } => (
+                JobState::Succeeded,
+                match eval_accuracy {
+                    Some(a) => format!("trained {steps} steps: final loss {final_loss:.4}, held-out accuracy {:.1}%", a * 100.0),
+                    None => format!("trained {steps} steps: final loss {final_loss:.4}, held-out loss {:.4}", eval_loss.unwrap_or(f64::NAN)),
+                },
+                serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
+            ),
+            RoleOutcome::Failed { reason } => (JobState::Failed, reason.chars().take(MAX_LOG_CHARS).collect(), serde_json::json!({})),
+        };
+        sqlx::query(
+            "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)",
+        )
+        .bind(key.job_id)
+        .bind(&reason)
+        .bind(data)
+        .execute(&mut *tx)
+        .await?;
+        match lifecycle::transition(&mut tx, key.job_id, to, &reason).await {
+            Ok(_) => outcome_applied = true,
+            Err(TransitionError::Illegal { .. }) => {} // Cancelled meanwhile: the user's word stands.
+            Err(TransitionError::NotFound) => {
+                return Err(ApiError::NotFound(format!("no job with id {}", key.job_id)))
+            }
+            Err(TransitionError::Database(e)) => return Err(e.into()),
+        }
+    }
+    tx.commit().await?;
+    Ok(Json(ReportAck {
+        metrics_stored,
+        logs_stored,
+        outcome_applied,
+    }))
+}
+
+/// One (possibly averaged) point of a job's training curve.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MetricSample {
+    /// Last step of the bucket.
+    pub step: i64,
+    /// Mean training loss over the bucket.
+    pub loss: f64,
+    /// Mean learning rate.
+    pub lr: f64,
+    /// Mean samples per second (of rank 0).
+    pub samples_per_sec: f64,
+    /// Mean seconds waiting for data per step.
+    pub data_seconds: f64,
+    /// Mean seconds computing per step.
+    pub compute_seconds: f64,
+    /// Mean seconds exchanging gradients per step.
+    pub comm_seconds: f64,
+    /// Latest held-out loss in the bucket.
+    pub eval_loss: Option<f64>,
+    /// Latest held-out accuracy in the bucket.
+    pub eval_accuracy: Option<f64>,
+}
+
+/// A job's training curve.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MetricSeries {
+    /// Steps recorded (by rank 0).
+    pub steps_recorded: i64,
+    /// Whether points are averages over buckets of steps.
+    pub downsampled: bool,
+    /// The points, by step.
+    pub points: Vec<MetricSample>,
+}
+
+/// Query of `GET /v1/jobs/{id}/metrics`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsQuery {
+    /// Most points to return (1–10000, default 500); longer runs are averaged into buckets.
+    pub max_points: Option<String>,
+}
+
+async fn ensure_job(st: &AppState, id: Uuid) -> ApiResult<()> {
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
+        .bind(id)
+        .fetch_one(&st.db)
+        .await?;
+    if exists {
+        Ok(())
+    } else {
+        Err(ApiError::NotFound(format!("no job with id {id}")))
+    }
+}
+
+/// A job's training curve (rank 0), downsampled for long runs.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/metrics", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id"), MetricsQuery),
+    responses(
+        (status = 200, description = "The curve", body = MetricSeries),
+        (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn metrics(
+    State(st): State<AppState>,
+    JobId(id): JobId,
+    QueryParams(q): QueryParams<MetricsQuery>,
+) -> ApiResult<Json<MetricSeries>> {
+    let max = match q.max_points.as_deref() {
+        None => DEFAULT_MAX_POINTS,
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=MAX_POINTS).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_field(
+                    "max_points",
+                    format!("must be an integer between 1 and {MAX_POINTS}, got {s:?}"),
+                )
+            })?,
+    };
+    ensure_job(&st, id).await?;
+    let count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM job_metrics WHERE job_id = $1 AND rank = 0")
+            .bind(id)
+            .fetch_one(&st.db)
+            .await?;
+    let width = (count + max - 1) / max;
+    let width = width.max(1);
+    let rows = sqlx::query(
+        "SELECT max(step) AS step, avg(loss) AS loss, avg(lr) AS lr, avg(samples_per_sec) AS sps,
+                avg(data_seconds) AS data, avg(compute_seconds) AS compute, avg(comm_seconds) AS comm,
+                (array_agg(eval_loss ORDER BY step DESC) FILTER (WHERE eval_loss IS NOT NULL))[1] AS eval_loss,
+                (array_agg(eval_accuracy ORDER BY step DESC) FILTER (WHERE eval_accuracy IS NOT NULL))[1] AS eval_accuracy
+         FROM (SELECT *, row_number() OVER (ORDER BY step) - 1 AS i FROM job_metrics WHERE job_id = $1 AND rank = 0) m
+         GROUP BY i / $2 ORDER BY 1",
+    )
+    .bind(id)
+    .bind(width)
+    .fetch_all(&st.db)
+    .await?;
+    let points = rows
+        .iter()
+        .map(|r| {
+            Ok(MetricSample {
+                step: r.try_get("step")?,
+                loss: r.try_get("loss")?,
+                lr: r.try_get("lr")?,
+                samples_per_sec: r.try_get("sps")?,
+                data_seconds: r.try_get("data")?,
+                compute_seconds: r.try_get("compute")?,
+                comm_seconds: r.try_get("comm")?,
+                eval_loss: r.try_get("eval_loss")?,
+                eval_accuracy: r.try_get("eval_accuracy")?,
+            })
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(MetricSeries {
+        steps_recorded: count,
+        downsampled: width > 1,
+        points,
+    }))
+}
+
+/// One stored log line.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobLogLine {
+    /// Position in the job's log.
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Executor that ran the role.
+    pub executor_id: Uuid,
+    /// `ps` or `worker`.
+    pub role: String,
+    /// Shard or rank.
+    pub index: i32,
+    /// Generation of the role.
+    pub generation: i64,
+    /// `info`, `warn` or `error`.
+    pub level: String,
+    /// The line.
+    pub message: String,
+}
+
+/// A page of a job's logs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogPage {
+    /// Lines, oldest first.
+    pub lines: Vec<JobLogLine>,
+    /// Pass as `after` for the next page; absent when there are no more yet.
+    pub next_after: Option<i64>,
+}
+
+/// Query of `GET /v1/jobs/{id}/logs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogsQuery {
+    /// Only lines after this id.
+    pub after: Option<String>,
+    /// Page size (1–1000, default 500).
+    pub limit: Option<String>,
+}
+
+/// Every role's log lines, oldest first.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/logs", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id"), LogsQuery),
+    responses(
+        (status = 200, description = "A page of log lines", body = LogPage),
+        (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn logs(
+    State(st): State<AppState>,
+    JobId(id): JobId,
+    QueryParams(q): QueryParams<LogsQuery>,
+) -> ApiResult<Json<LogPage>> {
+    let limit = match q.limit.as_deref() {
+        None => 500,
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_field(
+                    "limit",
+                    format!("must be an integer between 1 and 1000, got {s:?}"),
+                )
+            })?,
+    };
+    let after = match q.after.as_deref() {
+        None => 0,
+        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::bad_field(
+                "after",
+                format!("must be a non-negative integer, got {s:?}"),
+            )
+        })?,
+    };
+    ensure_job(&st, id).await?;
+    let rows = sqlx::query("SELECT id, at, executor_id, role, index, generation, level, message FROM job_logs WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3")
+        .bind(id)
+        .bind(after)
+        .bind(limit + 1)
+        .fetch_all(&st.db)
+        .await?;
+    let more = rows.len() as i64 > limit;
+    let lines = rows
+        .iter()
+        .take(limit as usize)
+        .map(|r| {
+            Ok(JobLogLine {
+                id: r.try_get("id")?,
+                at: r.try_get("at")?,
+                executor_id: r.try_get("executor_id")?,
+                role: r.try_get("role")?,
+                index: r.try_get("index")?,
+                generation: r.try_get("generation")?,
+                level: r.try_get("level")?,
+                message: r.try_get("message")?,
+            })
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    let next_after = if more {
+        lines.last().map(|l| l.id)
+    } else {
+        None
+    };
+    Ok(Json(LogPage { lines, next_after }))
+}

@@ -1,0 +1,108 @@
+//! Delivery of a role's metrics, logs and outcome to the API.
+//!
+//! A role's training thread sends [`Item`]s into a channel; a task batches
+//! them (every half second) into `POST /v1/executors/{id}/reports`. What
+//! could not be delivered stays buffered and is retried with backoff while
+//! the API is unreachable, so nothing is lost; the API stores each metric
+//! step and log line once however often a report is retried.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
+use trainyard_common::cluster::{LogLevel, LogLine, MetricPoint, RoleKey, RoleOutcome, RoleReport};
+use uuid::Uuid;
+
+/// How often buffered items are sent.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// Where reports go; the credentials change when the executor registers again.
+#[derive(Clone)]
+pub struct Sink {
+    /// HTTP client.
+    pub client: reqwest::Client,
+    /// API base URL.
+    pub api: String,
+    /// Current (executor id, credential).
+    pub session: Arc<RwLock<(Uuid, String)>>,
+    /// Object-store URL the API gave at registration.
+    pub object_store: Arc<RwLock<String>>,
+}
+
+/// Something a role reports.
+pub enum Item {
+    /// A step.
+    Metric(MetricPoint),
+    /// A log line.
+    Log(LogLevel, String),
+    /// The end.
+    Outcome(RoleOutcome),
+}
+
+/// Delivers `items` for role `key` until the channel closes and all is sent.
+pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item>) {
+    let mut pending = RoleReport {
+        key,
+        metrics: Vec::new(),
+        logs: Vec::new(),
+        outcome: None,
+    };
+    let mut seq = 0u64;
+    let mut open = true;
+    let mut backoff = FLUSH_EVERY;
+    loop {
+        let deadline = tokio::time::Instant::now() + backoff;
+        while open {
+            match tokio::time::timeout_at(deadline, items.recv()).await {
+                Ok(Some(Item::Metric(m))) => pending.metrics.push(m),
+                Ok(Some(Item::Log(level, message))) => {
+                    seq += 1;
+                    let at_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64);
+                    pending.logs.push(LogLine {
+                        seq,
+                        at_ms,
+                        level,
+                        message,
+                    });
+                }
+                Ok(Some(Item::Outcome(o))) => pending.outcome = Some(o),
+                Ok(None) => open = false,
+                Err(_) => break,
+            }
+        }
+        if pending.metrics.is_empty() && pending.logs.is_empty() && pending.outcome.is_none() {
+            if !open {
+                return;
+            }
+            continue;
+        }
+        let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
+        let res = sink
+            .client
+            .post(format!("{}/v1/executors/{id}/reports", sink.api))
+            .bearer_auth(token)
+            .json(&pending)
+            .send()
+            .await;
+        match res {
+            Ok(r) if r.status().is_success() || r.status() == reqwest::StatusCode::CONFLICT => {
+                if r.status() == reqwest::StatusCode::CONFLICT {
+                    tracing::warn!(job = %key.job_id, "outcome from a stale generation was refused");
+                }
+                pending.metrics.clear();
+                pending.logs.clear();
+                pending.outcome = None;
+                backoff = FLUSH_EVERY;
+            }
+            Ok(r) => {
+                tracing::warn!(status = %r.status(), "report refused; retrying");
+                backoff = (backoff * 2).min(crate::agent::MAX_BACKOFF);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "report failed; retrying");
+                backoff = (backoff * 2).min(crate::agent::MAX_BACKOFF);
+            }
+        }
+    }
+}

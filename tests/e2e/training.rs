@@ -1,0 +1,239 @@
+//! Training through the platform: a job submitted over REST is placed by the
+//! scheduler, trained by a real executor process, and ends `succeeded` with
+//! its weights in the object store — or `failed` with a reason that names
+//! the problem. Metrics and logs stay readable after the executors exit.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::process::Command;
+use std::time::Duration;
+use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wait_ready, Proc};
+
+const JOIN: &str = "e2e-train-token";
+
+struct Platform {
+    _api: Proc,
+    base: String,
+    client: Client,
+    data: std::path::PathBuf,
+}
+
+impl Platform {
+    fn start() -> Platform {
+        let db = fresh_database().unwrap();
+        let port = free_port().unwrap();
+        let data =
+            std::env::temp_dir().join(format!("trainyard-train-{}-{port}", std::process::id()));
+        let mut cmd = Command::new(binary("trainyard").unwrap());
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--heartbeat-interval-ms",
+            "200",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .env("DATABASE_URL", db)
+        .env("TRAINYARD_JOIN_TOKEN", JOIN);
+        let mut api = Proc::spawn(cmd).unwrap();
+        wait_ready(
+            &format!("http://127.0.0.1:{port}/readyz"),
+            &mut api,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        Platform {
+            _api: api,
+            base: format!("http://127.0.0.1:{port}"),
+            client: Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+            data,
+        }
+    }
+
+    fn executor(&self, name: &str) -> Proc {
+        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
+        cmd.args([
+            "--api",
+            &self.base,
+            "--join-token",
+            JOIN,
+            "--name",
+            name,
+            "--ram-mb",
+            "2048",
+        ]);
+        Proc::spawn(cmd).unwrap()
+    }
+
+    fn get(&self, path: &str) -> Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn submit(&self, spec: &Value) -> String {
+        let r = self
+            .client
+            .post(format!("{}/v1/jobs", self.base))
+            .json(spec)
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().unwrap());
+        r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn wait_end(&self, id: &str, limit: Duration) -> Value {
+        eventually(limit, || {
+            let j = self.get(&format!("/v1/jobs/{id}"));
+            ["succeeded", "failed", "cancelled"]
+                .contains(&j["state"].as_str().unwrap())
+                .then_some(j)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "job {id} did not end: {} {}",
+                self.get(&format!("/v1/jobs/{id}")),
+                self.get(&format!("/v1/jobs/{id}/logs"))
+            )
+        })
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn digits(name: &str) -> Value {
+    json!({
+        "name": name,
+        "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
+        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adamw", "lr": 0.003, "weight_decay": 0.0001, "schedule": {"kind": "warmup_cosine", "warmup_steps": 20}},
+        "batch_size": 64,
+        "epochs": 30,
+        "eval_fraction": 0.2,
+        "strategy": "allreduce",
+        "workers": {"min": 1, "max": 1},
+        "seed": 3
+    })
+}
+
+#[test]
+fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
+    let p = Platform::start();
+    let mut exec = p.executor("trainer");
+    let id = p.submit(&digits("digits-e2e"));
+    let job = p.wait_end(&id, Duration::from_secs(180));
+    assert_eq!(job["state"], "succeeded", "{job}");
+
+    let events = p.get(&format!("/v1/jobs/{id}/events"));
+    let result = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .expect("a result event")
+        .clone();
+    let acc = result["data"]["eval_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.95, "held-out accuracy {acc}");
+    let states: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["to_state"].as_str())
+        .collect();
+    assert_eq!(states, ["queued", "scheduling", "running", "succeeded"]);
+
+    // The weights are a safetensors file with the model's tensors.
+    let url = result["data"]["weights_url"].as_str().unwrap();
+    let bytes = std::fs::read(url.strip_prefix("file://").unwrap()).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(header["fc0.weight"]["shape"], json!([128, 64]));
+    assert_eq!(header["fc1.bias"]["dtype"], "F32");
+
+    // Telemetry outlives the executor.
+    exec.terminate().unwrap();
+    exec.wait_exit(Duration::from_secs(30)).unwrap();
+    let m = p.get(&format!("/v1/jobs/{id}/metrics"));
+    let steps = m["steps_recorded"].as_i64().unwrap();
+    assert_eq!(steps, 30 * (1438f64 / 64.0).ceil() as i64, "{m}");
+    let points = m["points"].as_array().unwrap();
+    assert!(points.len() <= 500 && !points.is_empty());
+    assert!(points.last().unwrap()["eval_accuracy"].as_f64().unwrap() >= 0.95);
+    assert!(points[0]["loss"].as_f64().unwrap() > points.last().unwrap()["loss"].as_f64().unwrap());
+    let small = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
+    assert!(
+        small["downsampled"].as_bool().unwrap() && small["points"].as_array().unwrap().len() <= 10
+    );
+    let logs = p.get(&format!("/v1/jobs/{id}/logs"));
+    let lines: Vec<&str> = logs["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.contains("starts training")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("done after") && l.contains("weights written")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
+    let p = Platform::start();
+    let _exec = p.executor("failer");
+    let mut missing = digits("missing-data");
+    missing["dataset"]["url"] = json!("file:///nonexistent/trainyard/digits.npz");
+    missing["epochs"] = json!(1);
+    let a = p.submit(&missing);
+    let ja = p.wait_end(&a, Duration::from_secs(60));
+    assert_eq!(ja["state"], "failed");
+    assert!(
+        ja["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot read dataset file:///nonexistent/trainyard/digits.npz"),
+        "{ja}"
+    );
+
+    let mut shapes = digits("wrong-shape");
+    shapes["model"]["inputs"] = json!(32);
+    shapes["epochs"] = json!(1);
+    let b = p.submit(&shapes);
+    let jb = p.wait_end(&b, Duration::from_secs(60));
+    assert_eq!(jb["state"], "failed");
+    let reason = jb["state_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("64 features") && reason.contains("takes 32"),
+        "{reason}"
+    );
+    let logs = p.get(&format!("/v1/jobs/{b}/logs"));
+    assert!(
+        logs["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["level"] == "error"),
+        "{logs}"
+    );
+}

@@ -24,7 +24,7 @@ use utoipa_swagger_ui::SwaggerUi;
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
         telemetry::metrics, telemetry::logs,
-        executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report,
+        executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         health::healthz, health::readyz, health::metrics,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),

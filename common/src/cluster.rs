@@ -328,6 +328,35 @@ pub struct Assignment {
     pub parameter_servers: Vec<PsPeer>,
 }
 
+/// A TorchScript model file to inspect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Inspection {
+    /// The job.
+    pub job_id: Uuid,
+    /// The model file's URL.
+    pub url: String,
+}
+
+/// What inspecting a TorchScript file found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InspectionResult {
+    /// The module's trainable tensors.
+    Parameters(Vec<crate::model::ParamInfo>),
+    /// The file is not a loadable TorchScript module.
+    Error(String),
+}
+
+/// `POST /v1/executors/{id}/inspections`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InspectionReport {
+    /// The job.
+    pub job_id: Uuid,
+    /// What was found.
+    pub result: InspectionResult,
+}
+
 /// Answer to a heartbeat.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct HeartbeatResponse {
@@ -337,6 +366,9 @@ pub struct HeartbeatResponse {
     pub heartbeat_interval_ms: u64,
     /// Every role assigned to it now.
     pub assignments: Vec<Assignment>,
+    /// TorchScript files it is asked to inspect.
+    #[serde(default)]
+    pub inspections: Vec<Inspection>,
 }
 
 /// Most metric points or log lines in one report.

@@ -170,6 +170,7 @@ async fn heartbeat(
         StatusCode::OK => {
             let hb: HeartbeatResponse = r.json().await.map_err(|e| Beat::Failed(e.into()))?;
             roles.apply(&hb.assignments);
+            roles.inspect(&hb.inspections);
             Ok(())
         }
         StatusCode::GONE | StatusCode::NOT_FOUND => {

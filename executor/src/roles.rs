@@ -19,8 +19,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use trainyard_common::cluster::{
-    Assignment, LogLevel, MetricPoint, RoleKey, RoleKind, RoleOutcome,
+    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, MetricPoint, RoleKey,
+    RoleKind, RoleOutcome,
 };
+use trainyard_common::model::ParamInfo;
 use trainyard_common::spec::{Device, Strategy};
 use uuid::Uuid;
 
@@ -34,6 +36,7 @@ struct Running {
 pub struct Roles {
     running: BTreeMap<(Uuid, RoleKind, u32), Running>,
     sink: Option<Sink>,
+    inspecting: std::collections::BTreeSet<Uuid>,
 }
 
 impl Roles {
@@ -42,6 +45,51 @@ impl Roles {
         Roles {
             running: BTreeMap::new(),
             sink: Some(sink),
+            inspecting: Default::default(),
+        }
+    }
+
+    /// Starts inspecting the TorchScript files it was asked to, once each.
+    pub fn inspect(&mut self, inspections: &[Inspection]) {
+        let Some(sink) = self.sink.clone() else {
+            return;
+        };
+        for i in inspections {
+            if !self.inspecting.insert(i.job_id) {
+                continue;
+            }
+            let (job_id, url) = (i.job_id, i.url.clone());
+            let sink = sink.clone();
+            tokio::spawn(async move {
+                let result = tokio::task::spawn_blocking(move || inspect_file(&url))
+                    .await
+                    .unwrap_or_else(|e| {
+                        InspectionResult::Error(format!("inspection crashed: {e}"))
+                    });
+                let report = InspectionReport { job_id, result };
+                for attempt in 0..20u32 {
+                    let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
+                    let res = sink
+                        .client
+                        .post(format!("{}/v1/executors/{id}/inspections", sink.api))
+                        .bearer_auth(token)
+                        .json(&report)
+                        .send()
+                        .await;
+                    match res {
+                        Ok(r) if r.status().is_success() || r.status().is_client_error() => {
+                            tracing::info!(job = %job_id, status = %r.status(), "inspection reported");
+                            return;
+                        }
+                        _ => {
+                            tokio::time::sleep(std::time::Duration::from_millis(
+                                200 << attempt.min(4),
+                            ))
+                            .await
+                        }
+                    }
+                }
+            });
         }
     }
 
@@ -170,7 +218,22 @@ fn train_role(
             ));
         }
     };
-    let outcome = match train::run(&a.spec, device, 0, 1, &stop, &mut on_step) {
+    // A bug or a libtorch assertion must fail the job, not kill the executor.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        train::run(&a.spec, device, 0, 1, &stop, &mut on_step)
+    }))
+    .unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        Err(train::TrainError::Unsupported(format!(
+            "training failed inside libtorch: {}",
+            what.lines().next().unwrap_or("")
+        )))
+    });
+    let outcome = match result {
         Ok(out) => match write_weights(&object_store, a.key.job_id, &out.weights) {
             Ok(url) => {
                 log(
@@ -221,4 +284,36 @@ fn write_weights(
     tch::Tensor::write_safetensors(weights, &path)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(format!("file://{}", path.display()))
+}
+
+/// Loads a TorchScript file and lists its trainable tensors.
+fn inspect_file(url: &str) -> InspectionResult {
+    let path = match crate::train::data::local_path(url) {
+        Ok(p) => p,
+        Err(e) => return InspectionResult::Error(e),
+    };
+    if !path.is_file() {
+        return InspectionResult::Error(format!("{url}: no such file"));
+    }
+    let loaded =
+        std::panic::catch_unwind(|| tch::CModule::load(&path).and_then(|m| m.named_parameters()));
+    match loaded {
+        Ok(Ok(params)) => InspectionResult::Parameters(
+            params
+                .into_iter()
+                .map(|(name, t)| ParamInfo {
+                    name,
+                    shape: t.size().iter().map(|&d| d.max(0) as u64).collect(),
+                })
+                .collect(),
+        ),
+        Ok(Err(e)) => InspectionResult::Error(
+            e.to_string()
+                .lines()
+                .next()
+                .unwrap_or("unreadable")
+                .to_owned(),
+        ),
+        Err(_) => InspectionResult::Error("libtorch crashed while loading the file".into()),
+    }
 }

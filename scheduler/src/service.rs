@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use trainyard_common::cluster::{ExecutorResources, Range};
-use trainyard_common::model::parameters;
+use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
 use trainyard_common::spec::{JobSpecInput, Strategy};
 use trainyard_common::JobState;
 use uuid::Uuid;
@@ -233,6 +233,7 @@ impl Scheduler {
             .execute(&self.db)
             .await?;
 
+        self.assign_inspections().await?;
         let world = World::load(&self.db).await?;
         self.metrics.live_executors.set(world.live.len() as i64);
         let plan = plan(&world.jobs, &world.live);
@@ -362,6 +363,63 @@ impl Scheduler {
             self.metrics.placement_latency.observe(waited);
         }
         tracing::info!(job = %job.id, generation = next, "{reason}");
+        Ok(())
+    }
+
+    /// Gives each TorchScript job that has not been inspected to a live
+    /// executor (moving it to `inspecting`), and moves the inspection of a
+    /// lost or departed inspector to another.
+    async fn assign_inspections(&self) -> Result<(), SchedulerError> {
+        let pending: Vec<(Uuid, String, Option<Uuid>)> = sqlx::query_as(
+            "SELECT j.id, j.state::text, j.inspector FROM jobs j
+             WHERE j.state IN ('queued', 'inspecting') AND j.params IS NULL AND j.spec->'model'->>'kind' = 'torchscript'
+               AND NOT EXISTS (SELECT 1 FROM executors e WHERE e.id = j.inspector AND e.state = 'live' AND j.state = 'inspecting')
+             ORDER BY j.priority DESC, j.created_at",
+        )
+        .fetch_all(&self.db)
+        .await?;
+        for (job, state, previous) in pending {
+            let pick: Option<(Uuid, String)> = sqlx::query_as(
+                "SELECT e.id, e.name FROM executors e WHERE e.state = 'live'
+                 ORDER BY (SELECT count(*) FROM jobs j WHERE j.inspector = e.id AND j.state = 'inspecting'), e.id LIMIT 1",
+            )
+            .fetch_optional(&self.db)
+            .await?;
+            let mut tx = self.db.begin().await?;
+            match pick {
+                None => {
+                    sqlx::query(
+                        "UPDATE jobs SET state_reason = $2 WHERE id = $1 AND state_reason <> $2",
+                    )
+                    .bind(job)
+                    .bind("waiting: no live executor to inspect the TorchScript file")
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                Some((exec, name)) => {
+                    sqlx::query("UPDATE jobs SET inspector = $2 WHERE id = $1")
+                        .bind(job)
+                        .bind(exec)
+                        .execute(&mut *tx)
+                        .await?;
+                    let reason =
+                        format!("loading the TorchScript file on {name} to learn its tensors");
+                    if state == "queued" {
+                        transition(&mut tx, job, JobState::Inspecting, &reason)
+                            .await
+                            .map_err(db_err)?;
+                    } else {
+                        let why = format!(
+                            "inspector {} is gone; {reason}",
+                            previous.map_or("?".into(), |p| p.to_string())
+                        );
+                        event(&mut tx, job, "inspection", &why, json!({})).await?;
+                        lifecycle::notify(&mut tx, job).await?;
+                    }
+                }
+            }
+            tx.commit().await?;
+        }
         Ok(())
     }
 
@@ -564,14 +622,23 @@ impl World {
         let mut jobs = Vec::new();
         let mut meta = HashMap::new();
         for r in sqlx::query(
-            "SELECT id, spec, priority, created_at, generation, state_reason, strategy
-             FROM jobs WHERE state IN ('queued', 'inspecting', 'scheduling', 'running', 'recovering')",
+            "SELECT id, spec, priority, created_at, generation, state_reason, strategy, params
+             FROM jobs WHERE state IN ('queued', 'scheduling', 'running', 'recovering')",
         )
         .fetch_all(db)
         .await?
         {
-            let Some(job) = job_view(&r, &mut assigned) else { continue };
-            meta.insert(job.id, JobMeta { generation: r.get("generation"), state_reason: r.get("state_reason"), created_at: r.get("created_at") });
+            let Some(job) = job_view(&r, &mut assigned) else {
+                continue;
+            };
+            meta.insert(
+                job.id,
+                JobMeta {
+                    generation: r.get("generation"),
+                    state_reason: r.get("state_reason"),
+                    created_at: r.get("created_at"),
+                },
+            );
             jobs.push(job);
         }
         Ok(World {
@@ -604,6 +671,22 @@ fn job_view(
         }
     };
     let created: chrono::DateTime<chrono::Utc> = r.get("created_at");
+    // TorchScript models are planned from what their inspection reported.
+    let params = match parameters(&spec.model) {
+        Some(p) => p,
+        None => match r
+            .get::<Option<serde_json::Value>, _>("params")
+            .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())
+        {
+            Some(p) => p,
+            None => return None,
+        },
+    };
+    let count: u64 = params
+        .iter()
+        .map(ParamInfo::numel)
+        .fold(0, u64::saturating_add);
+    let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
     let current = assigned
         .remove(&id)
         .map(|(workers, parameter_servers)| Placement {
@@ -625,8 +708,8 @@ fn job_view(
             max_workers: spec.workers.max,
             parameter_servers: spec.parameter_server_count(),
             memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
-            estimate: spec.estimate(),
-            params: parameters(&spec.model),
+            estimate: Some(MemoryEstimate::new(count, spec.optimizer.kind, sync)),
+            params: Some(params),
         },
         current,
     })

@@ -237,3 +237,118 @@ fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
         "{logs}"
     );
 }
+
+/// Writes a TorchScript regression model with Python's torch (the venv's
+/// `python3` is first on PATH in `scripts/test`).
+fn write_torchscript(path: &std::path::Path) {
+    let script = r#"
+import sys, torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(8, 32)
+        self.out = torch.nn.Linear(32, 1)
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+torch.manual_seed(0)
+torch.jit.script(Net()).save(sys.argv[1])
+"#;
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    // torch.jit.script reads the class's source, so it must live in a file.
+    let file = path.with_extension("py");
+    std::fs::write(&file, script).unwrap();
+    let out = Command::new(&python)
+        .arg(&file)
+        .arg(path)
+        .output()
+        .expect("python3 with torch (run through scripts/test)");
+    assert!(
+        out.status.success(),
+        "python could not write the model: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn torchscript_job(name: &str, url: &str) -> Value {
+    json!({
+        "name": name,
+        "model": {"kind": "torchscript", "url": url},
+        "dataset": {"kind": "regression", "samples": 2000, "features": 8},
+        "loss": "mse",
+        "optimizer": {"kind": "adam", "lr": 0.01},
+        "batch_size": 64,
+        "epochs": 20,
+        "strategy": "allreduce",
+        "workers": {"min": 1, "max": 1}
+    })
+}
+
+#[test]
+fn a_torchscript_model_from_python_is_inspected_and_trained() {
+    let p = Platform::start();
+    let _exec = p.executor("scripter");
+    std::fs::create_dir_all(&p.data).unwrap();
+    let model = p.data.join("net.pt");
+    write_torchscript(&model);
+    let id = p.submit(&torchscript_job(
+        "byom",
+        &format!("file://{}", model.display()),
+    ));
+    let job = p.wait_end(&id, Duration::from_secs(120));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let events = p.get(&format!("/v1/jobs/{id}/events"));
+    let states: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["to_state"].as_str())
+        .collect();
+    assert_eq!(
+        states,
+        ["queued", "inspecting", "scheduling", "running", "succeeded"],
+        "{events}"
+    );
+    let inspected = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["to_state"] == "scheduling")
+        .unwrap();
+    assert!(
+        inspected["reason"]
+            .as_str()
+            .unwrap()
+            .contains("inspected: 4 tensors, 321 parameters"),
+        "{inspected}"
+    );
+    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
+    let points = m["points"].as_array().unwrap();
+    let first = points[0]["loss"].as_f64().unwrap();
+    let last = points.last().unwrap()["loss"].as_f64().unwrap();
+    assert!(
+        first / last >= 10.0,
+        "loss fell only from {first} to {last}"
+    );
+}
+
+#[test]
+fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
+    let p = Platform::start();
+    let _exec = p.executor("inspector");
+    std::fs::create_dir_all(&p.data).unwrap();
+    let model = p.data.join("corrupt.pt");
+    std::fs::write(&model, b"this is not a TorchScript archive").unwrap();
+    let id = p.submit(&torchscript_job(
+        "corrupt",
+        &format!("file://{}", model.display()),
+    ));
+    let job = p.wait_end(&id, Duration::from_secs(60));
+    assert_eq!(job["state"], "failed");
+    assert!(
+        job["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("not a loadable TorchScript module"),
+        "{job}"
+    );
+}

@@ -24,8 +24,9 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::collections::{BTreeMap, HashMap};
 use trainyard_common::cluster::{
-    Assignment, ExecutorResources, ExecutorState, HeartbeatRequest, HeartbeatResponse, PsPeer,
-    Range, RegisterRequest, RegisterResponse, RoleKey, RoleKind, WorkerPeer, MAX_REPORTED_ROLES,
+    Assignment, ExecutorResources, ExecutorState, HeartbeatRequest, HeartbeatResponse, Inspection,
+    InspectionReport, InspectionResult, PsPeer, Range, RegisterRequest, RegisterResponse, RoleKey,
+    RoleKind, WorkerPeer, MAX_REPORTED_ROLES,
 };
 use trainyard_common::spec::{JobSpecInput, Strategy, Violation};
 use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
@@ -394,10 +395,25 @@ pub async fn heartbeat(
         Some(true) => notify(&st.db, id).await?,
         Some(false) => {}
     }
+    let inspections: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, spec->'model' FROM jobs WHERE inspector = $1 AND state = 'inspecting'",
+    )
+    .bind(id)
+    .fetch_all(&st.db)
+    .await?;
     Ok(Json(HeartbeatResponse {
         state,
         heartbeat_interval_ms: st.config.heartbeat_interval_ms,
         assignments: assignments_for(&st, id).await?,
+        inspections: inspections
+            .into_iter()
+            .filter_map(|(job_id, model)| {
+                Some(Inspection {
+                    job_id,
+                    url: model.get("url")?.as_str()?.to_owned(),
+                })
+            })
+            .collect(),
     }))
 }
 
@@ -574,4 +590,108 @@ pub async fn leave(
     notify(&st.db, id).await?;
     tracing::info!(executor = %id, "executor left");
     Ok(Json(info(&st, id).await?))
+}
+
+/// Report what inspecting a TorchScript file found.
+///
+/// Its tensors let the scheduler size and shard the job (`inspecting →
+/// scheduling`); a file that is not a loadable module, or a model too large
+/// for the job's memory, fails the job with the reason.
+#[utoipa::path(
+    post, path = "/v1/executors/{id}/inspections", tag = "executors",
+    params(("id" = Uuid, Path, description = "Executor id")),
+    request_body(content = InspectionReport, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The job after the inspection", body = crate::routes::jobs::Job),
+        (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such executor or job", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "This executor is not the job's inspector", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("executor_token" = []))
+)]
+pub async fn inspection(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    JobId(id): JobId,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Json<crate::routes::jobs::Job>> {
+    authorize(&st, &headers, id, false).await?;
+    let report: InspectionReport = parse_body(&body)?;
+    let mut tx = st.db.begin().await?;
+    let row: Option<(String, Option<Uuid>, serde_json::Value)> =
+        sqlx::query_as("SELECT state::text, inspector, spec FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(report.job_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some((state, inspector, spec)) = row else {
+        return Err(ApiError::NotFound(format!(
+            "no job with id {}",
+            report.job_id
+        )));
+    };
+    if state != "inspecting" || inspector != Some(id) {
+        return Err(ApiError::Conflict(format!(
+            "job {} is {state} and not being inspected by this executor",
+            report.job_id
+        )));
+    }
+    let spec: JobSpecInput =
+        serde_json::from_value(spec).map_err(|e| ApiError::Internal(e.into()))?;
+    let (to, reason) = match report.result {
+        InspectionResult::Error(e) => (
+            trainyard_common::JobState::Failed,
+            format!(
+                "model.url is not a loadable TorchScript module: {}",
+                e.chars().take(1000).collect::<String>()
+            ),
+        ),
+        InspectionResult::Parameters(params) => {
+            if params.len() > 1_000_000 {
+                return Err(ApiError::invalid_field(
+                    "result.parameters",
+                    "at most 1000000 tensors",
+                ));
+            }
+            let count = params
+                .iter()
+                .map(trainyard_common::model::ParamInfo::numel)
+                .fold(0u64, u64::saturating_add);
+            let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
+            let e = trainyard_common::model::MemoryEstimate::new(count, spec.optimizer.kind, sync);
+            let have = spec.resources.memory_mb.saturating_mul(1 << 20);
+            sqlx::query("UPDATE jobs SET params = $2 WHERE id = $1")
+                .bind(report.job_id)
+                .bind(serde_json::to_value(&params).map_err(|e| ApiError::Internal(e.into()))?)
+                .execute(&mut *tx)
+                .await?;
+            if count == 0 {
+                (
+                    trainyard_common::JobState::Failed,
+                    "the TorchScript module has no trainable parameters".to_owned(),
+                )
+            } else if e.ps_worker_bytes > have {
+                (
+                    trainyard_common::JobState::Failed,
+                    format!("the model has {count} parameters: a worker needs {} MiB, more than resources.memory_mb ({})", e.ps_worker_bytes.div_ceil(1 << 20), spec.resources.memory_mb),
+                )
+            } else {
+                (
+                    trainyard_common::JobState::Scheduling,
+                    format!(
+                        "inspected: {} tensors, {count} parameters ({} KiB of fp32 weights)",
+                        params.len(),
+                        (count * 4).div_ceil(1024)
+                    ),
+                )
+            }
+        }
+    };
+    trainyard_scheduler::lifecycle::transition(&mut tx, report.job_id, to, &reason)
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!(e.to_string())))?;
+    tx.commit().await?;
+    Ok(Json(
+        crate::routes::jobs::fetch_job(&st.db, report.job_id).await?,
+    ))
 }

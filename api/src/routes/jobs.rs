@@ -161,7 +161,7 @@ fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     })
 }
 
-async fn fetch_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Job> {
+pub(crate) async fn fetch_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Job> {
     let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
         .bind(id)
         .fetch_optional(db)

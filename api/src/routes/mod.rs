@@ -46,7 +46,8 @@ pub fn router(state: AppState) -> Router {
         .route("/executors/{id}", axum::routing::delete(executors::leave))
         .route("/executors/{id}/heartbeat", post(executors::heartbeat))
         .route("/executors/{id}/drain", post(executors::drain))
-        .route("/executors/{id}/reports", post(telemetry::report));
+        .route("/executors/{id}/reports", post(telemetry::report))
+        .route("/executors/{id}/inspections", post(executors::inspection));
     let v1 = v1.merge(agents);
 
     Router::new()

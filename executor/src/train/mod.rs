@@ -111,14 +111,29 @@ pub fn total_steps(spec: &JobSpecInput, train_len: usize, world: u32) -> u64 {
     }
 }
 
-fn loss_of(spec: &JobSpecInput, out: &Tensor, y: &Tensor) -> Tensor {
+fn loss_of(spec: &JobSpecInput, out: &Tensor, y: &Tensor) -> Result<Tensor, tch::TchError> {
     match spec.loss {
         Loss::CrossEntropy => {
             let classes = *out.size().last().unwrap_or(&1);
-            out.reshape([-1, classes])
-                .cross_entropy_for_logits(&y.reshape([-1]))
+            out.f_reshape([-1, classes])?
+                .f_log_softmax(-1, Kind::Float)?
+                .f_nll_loss(
+                    &y.f_reshape([-1])?,
+                    None::<Tensor>,
+                    tch::Reduction::Mean,
+                    -100,
+                )
         }
-        Loss::Mse => out.mse_loss(y, tch::Reduction::Mean),
+        Loss::Mse => {
+            if out.numel() != y.numel() {
+                return Err(tch::TchError::Shape(format!(
+                    "output {:?} and targets {:?} differ in size",
+                    out.size(),
+                    y.size()
+                )));
+            }
+            out.f_mse_loss(&y.f_reshape(out.size())?, tch::Reduction::Mean)
+        }
     }
 }
 
@@ -130,8 +145,13 @@ fn evaluate(
 ) -> (f64, Option<f64>) {
     tch::no_grad(|| {
         let (x, y) = (batch.0.to_device(device), batch.1.to_device(device));
-        let out = net.forward(&x, false);
-        let loss = loss_of(spec, &out, &y).double_value(&[]);
+        let Ok(out) = net.try_forward(&x, false) else {
+            return (f64::NAN, None);
+        };
+        let Ok(loss) = loss_of(spec, &out, &y) else {
+            return (f64::NAN, None);
+        };
+        let loss = loss.double_value(&[]);
         let acc = (spec.loss == Loss::CrossEntropy
             && !matches!(spec.model, ModelSpec::Transformer(_)))
         .then(|| {
@@ -167,9 +187,18 @@ pub fn run(
 
     tch::manual_seed(spec.seed as i64);
     let vs = nn::VarStore::new(device);
-    let net = model::build(&vs.root(), &spec.model).ok_or_else(|| {
-        TrainError::Unsupported("TorchScript models are not supported by this runtime yet".into())
-    })?;
+    let net: Box<dyn model::Net> = match &spec.model {
+        ModelSpec::Torchscript(t) => {
+            let path = data::local_path(&t.url).map_err(TrainError::Unsupported)?;
+            Box::new(model::Script::load(&vs.root(), &path).map_err(|e| {
+                TrainError::Unsupported(format!(
+                    "model.url is not a loadable TorchScript module: {e}"
+                ))
+            })?)
+        }
+        other => model::build(&vs.root(), other)
+            .ok_or_else(|| TrainError::Unsupported("unknown model kind".into()))?,
+    };
     let o = &spec.optimizer;
     let [b1, b2] = o.betas.unwrap_or([0.9, 0.999]);
     let mut opt = match o.kind {
@@ -221,7 +250,25 @@ pub fn run(
         let (x, y) = (x.to_device(device), y.to_device(device));
         let lr = learning_rate(spec, step, total);
         opt.set_lr(lr);
-        let loss = loss_of(spec, &net.forward(&x, true), &y);
+        let out = net.try_forward(&x, true).map_err(|e| {
+            TrainError::Unsupported(format!(
+                "the model cannot take a batch of shape {:?}: {e}",
+                x.size()
+            ))
+        })?;
+        if out.size().first() != Some(&n) {
+            return Err(TrainError::Unsupported(format!(
+                "the model returned shape {:?} for a batch of {n}",
+                out.size()
+            )));
+        }
+        let loss = loss_of(spec, &out, &y).map_err(|e| {
+            TrainError::Unsupported(format!(
+                "the model's output {:?} does not fit the targets {:?}: {e}",
+                out.size(),
+                y.size()
+            ))
+        })?;
         match o.grad_clip {
             Some(c) => opt.backward_step_clip_norm(&loss, c),
             None => opt.backward_step(&loss),

@@ -13,6 +13,39 @@ use trainyard_common::spec::{CnnSpec, MlpSpec, ModelSpec, TransformerSpec};
 pub trait Net: Send {
     /// Forward pass; `train` enables training-only behaviour.
     fn forward(&self, xs: &Tensor, train: bool) -> Tensor;
+
+    /// Forward pass that reports libtorch errors (a user's TorchScript
+    /// module may not accept the data) instead of panicking.
+    fn try_forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
+        Ok(self.forward(xs, train))
+    }
+}
+
+/// A TorchScript module loaded for training: its parameters live in the
+/// VarStore (named with `_` for `.`), so the optimizer trains them.
+pub struct Script {
+    module: tch::TrainableCModule,
+}
+
+impl Script {
+    /// Loads the module at `path` into `p`.
+    pub fn load(p: &nn::Path, path: &std::path::Path) -> Result<Script, tch::TchError> {
+        let mut module = tch::TrainableCModule::load(path, p.clone())?;
+        module.f_set_train()?;
+        Ok(Script { module })
+    }
+}
+
+impl Net for Script {
+    fn forward(&self, xs: &Tensor, train: bool) -> Tensor {
+        // Only reached through try_forward in the training loop.
+        self.try_forward(xs, train)
+            .unwrap_or_else(|_| Tensor::zeros([0], (Kind::Float, xs.device())))
+    }
+
+    fn try_forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, tch::TchError> {
+        self.module.forward_ts(&[xs])
+    }
 }
 
 /// Fully connected layers with ReLU between them.

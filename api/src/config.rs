@@ -116,7 +116,16 @@ impl Config {
         }
         std::fs::create_dir_all(&self.data_dir)?;
         let token = hex::encode(trainyard_scheduler::service::new_secret());
-        std::fs::write(&path, &token)?;
+        // Readable by its owner only: it admits executors to the cluster.
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(token.as_bytes())?;
         Ok(token)
     }
 

@@ -57,6 +57,9 @@ pub enum ApiError {
     /// 410: the resource existed but is gone for good.
     #[error("{0}")]
     Gone(String),
+    /// 408: the request took longer than the configured timeout.
+    #[error("the request took longer than {0} s")]
+    Timeout(u64),
     /// 413: the body is larger than the limit.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -125,6 +128,7 @@ impl ApiError {
             ),
             Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             Gone(_) => (StatusCode::GONE, "gone", "Gone"),
+            Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "timeout", "Request timeout"),
             PayloadTooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",

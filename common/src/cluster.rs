@@ -123,10 +123,10 @@ impl RegisterRequest {
                     ),
                 );
             }
-            if d.name.chars().count() > 128 {
+            if d.name.chars().count() > 128 || d.name.chars().any(char::is_control) {
                 fail(
                     format!("resources.devices[{i}].name"),
-                    "must be at most 128 characters".into(),
+                    "must be at most 128 characters without control characters".into(),
                 );
             }
         }

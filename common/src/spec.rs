@@ -414,7 +414,7 @@ impl Default for WorkerRange {
 
 /// Update consistency of the parameter-server pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Consistency {
     /// Each shard averages one gradient from every worker per version.
     Sync,
@@ -585,21 +585,6 @@ impl JobSpecInput {
             self.optimizer.kind,
             self.is_sync(),
         ))
-    }
-
-    /// The strategy the job runs with: `auto` resolved by the memory
-    /// arithmetic when the model's size is known, else `auto` itself.
-    pub fn effective_strategy(&self) -> Strategy {
-        match (self.strategy, self.estimate()) {
-            (Strategy::Auto, Some(e)) => {
-                if e.allreduce_worker_bytes <= self.memory_bytes() {
-                    Strategy::Allreduce
-                } else {
-                    Strategy::ParameterServer
-                }
-            }
-            (s, _) => s,
-        }
     }
 
     /// Parameter-server shards (1 unless given).

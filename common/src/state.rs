@@ -74,7 +74,9 @@ impl JobState {
             return false;
         }
         match next {
-            Queued => false,
+            // A placed job whose minimum set no longer fits releases every
+            // role and waits in the queue again.
+            Queued => matches!(self, Scheduling | Running | Recovering),
             Inspecting => self == Queued,
             Scheduling => matches!(self, Queued | Inspecting),
             Running => matches!(self, Scheduling | Recovering),
@@ -140,6 +142,7 @@ mod tests {
         }
         assert!(Queued.can_move_to(Cancelled));
         assert!(!Queued.can_move_to(Running));
-        assert!(!Running.can_move_to(Queued));
+        assert!(Running.can_move_to(Queued), "released for lack of capacity");
+        assert!(!Inspecting.can_move_to(Queued));
     }
 }

@@ -339,6 +339,18 @@ fn mib(b: u64) -> u64 {
     b.div_ceil(1 << 20)
 }
 
+/// Memory one worker is charged: the job's `resources.memory_mb`, or what
+/// a replica needs under the resolved strategy when that is more (`auto`
+/// may pick allreduce for a model larger than `memory_mb`).
+pub fn worker_bytes(d: &Demand, strategy: Strategy) -> u64 {
+    let need = match (d.estimate, strategy) {
+        (Some(e), Strategy::Allreduce) => e.allreduce_worker_bytes,
+        (Some(e), _) => e.ps_worker_bytes,
+        (None, _) => 0,
+    };
+    d.memory_bytes.max(need)
+}
+
 /// RAM one of `shards` PS shards is charged: its share of the PS tier
 /// (weights, optimizer state, sync accumulator) plus overhead, or the job's
 /// memory per role when the model's size is unknown.
@@ -436,8 +448,9 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         let mut taken = Vec::new();
         let mut workers = Vec::new();
         let mut ps = vec![None; cur.parameter_servers.len()];
+        let wb = worker_bytes(d, cur.strategy);
         for w in &cur.workers {
-            if let Some(t) = cap.take_worker(w.executor, d.device, w.device, d.memory_bytes) {
+            if let Some(t) = cap.take_worker(w.executor, d.device, w.device, wb) {
                 taken.push(t);
                 workers.push((w.executor, w.device));
             }
@@ -480,10 +493,11 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         let mut ps: Vec<Option<Uuid>> = ps_kept;
         ps.resize(shards as usize, None);
         let mut failed = None;
+        let wb = worker_bytes(d, strategy);
         while failed.is_none() && (workers.len() as u32) < d.min_workers {
-            match cap.best_worker_slot(d.device, d.memory_bytes) {
+            match cap.best_worker_slot(d.device, wb) {
                 Some((e, i)) => {
-                    if let Some(t) = cap.take_worker(e, d.device, i, d.memory_bytes) {
+                    if let Some(t) = cap.take_worker(e, d.device, i, wb) {
                         taken.push(t);
                         workers.push((e, i));
                     }
@@ -493,7 +507,7 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                         "needs {} {} worker device(s) with {} MiB free, has {}",
                         d.min_workers,
                         kind_name(d.device),
-                        mib(d.memory_bytes),
+                        mib(wb),
                         workers.len()
                     ))
                 }
@@ -547,11 +561,12 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             continue;
         };
         let d = &j.demand;
+        let wb = worker_bytes(d, h.strategy);
         while (h.workers.len() as u32) < d.max_workers {
-            let Some((e, i)) = cap.best_worker_slot(d.device, d.memory_bytes) else {
+            let Some((e, i)) = cap.best_worker_slot(d.device, wb) else {
                 break;
             };
-            let Some(t) = cap.take_worker(e, d.device, i, d.memory_bytes) else {
+            let Some(t) = cap.take_worker(e, d.device, i, wb) else {
                 break;
             };
             h.taken.push(t);

@@ -153,20 +153,28 @@ impl Scheduler {
     /// Runs until `shutdown` turns true: campaigns for the lease, and leads
     /// while it holds it.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        // One session campaigns (and, once it wins, holds the lease), so a
+        // standby opens no new connection per try.
+        let mut session: Option<PgConnection> = None;
         while !*shutdown.borrow() {
-            match self.campaign().await {
-                Ok(Some(mut lock)) => {
-                    tracing::info!("scheduler: this process is the leader");
-                    self.metrics.leader.set(1);
-                    if let Err(e) = self.lead(&mut lock, &mut shutdown).await {
-                        tracing::warn!(error = %e, "scheduler: lost leadership");
+            match self.campaign(&mut session).await {
+                Ok(true) => {
+                    if let Some(mut lock) = session.take() {
+                        tracing::info!("scheduler: this process is the leader");
+                        self.metrics.leader.set(1);
+                        if let Err(e) = self.lead(&mut lock, &mut shutdown).await {
+                            tracing::warn!(error = %e, "scheduler: lost leadership");
+                        }
+                        self.metrics.leader.set(0);
+                        // Closing the session releases the lock.
+                        drop(lock);
                     }
-                    self.metrics.leader.set(0);
-                    // Closing the session releases the lock.
-                    drop(lock);
                 }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "scheduler: cannot reach Postgres"),
+                Ok(false) => {}
+                Err(e) => {
+                    session = None;
+                    tracing::warn!(error = %e, "scheduler: cannot reach Postgres");
+                }
             }
             tokio::select! {
                 () = tokio::time::sleep(self.config.tick()) => {}
@@ -175,13 +183,18 @@ impl Scheduler {
         }
     }
 
-    async fn campaign(&self) -> Result<Option<PgConnection>, sqlx::Error> {
-        let mut conn = self.db.acquire().await?.detach();
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+    /// Tries to take the lease on `session` (opened when absent).
+    async fn campaign(&self, session: &mut Option<PgConnection>) -> Result<bool, sqlx::Error> {
+        if session.is_none() {
+            *session = Some(self.db.acquire().await?.detach());
+        }
+        let Some(conn) = session.as_mut() else {
+            return Ok(false);
+        };
+        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
             .bind(LEADER_LOCK_KEY)
-            .fetch_one(&mut conn)
-            .await?;
-        Ok(got.then_some(conn))
+            .fetch_one(conn)
+            .await
     }
 
     async fn lead(
@@ -254,11 +267,16 @@ impl Scheduler {
             if let Some(why) = plan.waiting.get(&job.id) {
                 let reason = format!("waiting: {why}");
                 if meta.state_reason != reason {
-                    sqlx::query("UPDATE jobs SET state_reason = $2, updated_at = clock_timestamp() WHERE id = $1 AND state_reason <> $2")
-                        .bind(job.id)
-                        .bind(&reason)
-                        .execute(&self.db)
-                        .await?;
+                    sqlx::query(
+                        "UPDATE jobs SET state_reason = $2, updated_at = clock_timestamp()
+                     WHERE id = $1 AND state_reason <> $2 AND generation = $3
+                       AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                    )
+                    .bind(job.id)
+                    .bind(&reason)
+                    .bind(meta.generation)
+                    .execute(&self.db)
+                    .await?;
                     let mut conn = self.db.acquire().await?;
                     lifecycle::notify(&mut conn, job.id).await?;
                 }
@@ -313,7 +331,7 @@ impl Scheduler {
         let strategy = new.map(|p| strategy_name(p.strategy));
         sqlx::query(
             "UPDATE jobs SET generation = $2, updated_at = clock_timestamp(),
-                    strategy = coalesce(strategy, $3), secret = coalesce(secret, $4)
+                    strategy = coalesce($3, strategy), secret = coalesce(secret, $4)
              WHERE id = $1",
         )
         .bind(job.id)
@@ -339,7 +357,12 @@ impl Scheduler {
                     .await
                     .map_err(db_err)?;
             }
-            (JobState::Running, _) => {
+            (JobState::Scheduling | JobState::Running | JobState::Recovering, false) => {
+                transition(&mut tx, job.id, JobState::Queued, &reason)
+                    .await
+                    .map_err(db_err)?;
+            }
+            (JobState::Running, true) => {
                 transition(&mut tx, job.id, JobState::Recovering, &reason)
                     .await
                     .map_err(db_err)?;
@@ -386,6 +409,16 @@ impl Scheduler {
             .fetch_optional(&self.db)
             .await?;
             let mut tx = self.db.begin().await?;
+            // Re-check under the row lock: a cancel may have come first.
+            let still: Option<String> = sqlx::query_scalar(
+                "SELECT state::text FROM jobs WHERE id = $1 AND params IS NULL FOR UPDATE",
+            )
+            .bind(job)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if still.as_deref() != Some(state.as_str()) {
+                continue;
+            }
             match pick {
                 None => {
                     sqlx::query(

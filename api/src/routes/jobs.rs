@@ -52,8 +52,9 @@ pub struct Job {
     pub state_reason: String,
     /// Membership generation (the data plane's fencing token).
     pub generation: i64,
-    /// The strategy the job runs with: the scheduler's decision once placed,
-    /// before that the memory estimate's (`auto` when the size is unknown).
+    /// The strategy the job runs with: the scheduler's decision once placed
+    /// (`auto` is decided then, by the memory arithmetic over the live
+    /// devices), before that the spec's.
     pub strategy: Strategy,
     /// Memory each role needs (built-in models only).
     pub estimate: Option<MemoryEstimate>,
@@ -150,7 +151,7 @@ fn job_from_row(row: &PgRow) -> ApiResult<Job> {
         strategy: match row.try_get::<Option<String>, _>("strategy")?.as_deref() {
             Some("allreduce") => Strategy::Allreduce,
             Some(_) => Strategy::ParameterServer,
-            None => spec.effective_strategy(),
+            None => spec.strategy,
         },
         estimate: spec.estimate(),
         spec,
@@ -245,8 +246,8 @@ pub async fn submit(
 
     let mut tx = st.db.begin().await?;
     let inserted = sqlx::query(&format!(
-        "INSERT INTO jobs (id, name, spec, idempotency_key, request_hash)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO jobs (id, name, spec, idempotency_key, request_hash, priority)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING {JOB_COLUMNS}"
     ))
@@ -255,6 +256,7 @@ pub async fn submit(
     .bind(&spec_json)
     .bind(&key)
     .bind(&hash)
+    .bind(spec.priority)
     .fetch_optional(&mut *tx)
     .await?;
 
@@ -315,7 +317,12 @@ fn decode_cursor(raw: &str) -> ApiResult<(DateTime<Utc>, Uuid)> {
     let text =
         String::from_utf8(URL_SAFE_NO_PAD.decode(raw).map_err(|_| bad())?).map_err(|_| bad())?;
     let (micros, id) = text.split_once(':').ok_or_else(bad)?;
-    let at = DateTime::from_timestamp_micros(micros.parse().map_err(|_| bad())?).ok_or_else(bad)?;
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    // Years 1–9999 only: Postgres refuses far wider ranges than chrono.
+    if !(-62_135_596_800_000_000..=253_402_300_799_999_999).contains(&micros) {
+        return Err(bad());
+    }
+    let at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
     Ok((at, Uuid::parse_str(id).map_err(|_| bad())?))
 }
 

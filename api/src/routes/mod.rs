@@ -63,6 +63,10 @@ pub fn router(state: AppState) -> Router {
             state.metrics.clone(),
             metrics::track,
         ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            timeout_as_problem,
+        ))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             Duration::from_secs(state.config.request_timeout_secs),
@@ -74,6 +78,20 @@ pub fn router(state: AppState) -> Router {
             ApiError::Internal(anyhow::anyhow!("handler panicked")).into_response()
         }))
         .with_state(state)
+}
+
+/// The timeout layer answers with a bare 408; give it our problem body.
+async fn timeout_as_problem(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if resp.status() == axum::http::StatusCode::REQUEST_TIMEOUT
+        && resp
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_none()
+    {
+        return ApiError::Timeout(st.config.request_timeout_secs).into_response();
+    }
+    resp
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -336,3 +336,47 @@ async fn a_job_that_cannot_be_placed_stays_queued_with_its_reason() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn higher_priority_is_placed_first() {
+    let app = spawn_app().await;
+    let mut spec = digits_spec("low");
+    spec["strategy"] = json!("allreduce");
+    spec.as_object_mut().unwrap().remove("parameter_servers");
+    spec.as_object_mut().unwrap().remove("consistency");
+    spec["workers"] = json!({"min": 1, "max": 1});
+    spec["resources"] = json!({"memory_mb": 3000});
+    let low = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    spec["name"] = json!("high");
+    spec["priority"] = json!(10);
+    let high = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    // One executor with room for one of them.
+    register(&app, "only").await;
+    let mut placed = None;
+    for _ in 0..50 {
+        let h: Value = app
+            .get(&format!("/v1/jobs/{high}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if h["generation"] == 1 {
+            placed = Some(h);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(placed.expect("high placed")["state"], "scheduling");
+    let l: Value = app
+        .get(&format!("/v1/jobs/{low}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(l["state"], "queued");
+    assert_eq!(l["generation"], 0);
+    assert!(
+        l["state_reason"].as_str().unwrap().starts_with("waiting:"),
+        "{l}"
+    );
+}

@@ -36,16 +36,27 @@ async fn submit_returns_201_with_location_and_the_job() {
         "defaults are filled in"
     );
     let got: Value = app.get(&location).await.json().await.unwrap();
-    assert_eq!(got, job);
+    // The scheduler may already have noted why it waits (no executors here).
+    for field in [
+        "id",
+        "name",
+        "spec",
+        "estimate",
+        "created_at",
+        "generation",
+        "strategy",
+    ] {
+        assert_eq!(got[field], job[field], "{field}");
+    }
 }
 
 #[tokio::test]
-async fn auto_strategy_is_resolved_by_memory() {
+async fn auto_strategy_stays_auto_until_the_scheduler_decides() {
     let app = spawn_app().await;
     let mut spec = digits_spec("auto");
     spec["strategy"] = json!("auto");
     let job = app.submit(&spec).await;
-    assert_eq!(job["strategy"], "allreduce");
+    assert_eq!(job["strategy"], "auto");
     assert_eq!(job["spec"]["strategy"], "auto");
 }
 

@@ -283,14 +283,15 @@ fn auto_decides_by_memory_and_says_why() {
         true,
     ));
     let big = job(2, 0, big);
-    let p = plan(std::slice::from_ref(&big), &execs);
-    let why = &p
-        .decisions
-        .get(&big.id)
-        .cloned()
-        .or_else(|| p.waiting.get(&big.id).cloned())
-        .unwrap();
-    assert!(why.contains("parameter_server"), "{why}");
+    // 6.4 GB per replica does not fit 80% of 7 GiB: PS, whose workers need
+    // 3.2 GB each and whose shards fit the remaining RAM.
+    let roomy: Vec<ExecutorView> = (1..=4).map(|n| cpu_exec(n, 7 * GIB, None)).collect();
+    let p = plan(std::slice::from_ref(&big), &roomy);
+    let why = &p.decisions[&big.id];
+    assert!(why.contains("auto chose parameter_server"), "{why}");
+    let placed = &p.placements[&big.id];
+    assert_eq!(placed.strategy, Strategy::ParameterServer);
+    check(std::slice::from_ref(&big), &roomy, &p);
 }
 
 #[test]

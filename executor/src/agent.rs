@@ -5,7 +5,8 @@
 //! gives, reporting the roles it runs. Each answer lists every role
 //! assigned to it; a role whose generation changed is stopped and started
 //! again, a role no longer listed is stopped. When the API is unreachable
-//! the executor keeps its roles running and retries with backoff; when the
+//! the executor keeps its roles running and retries at the heartbeat
+//! interval; when the
 //! API says it was declared lost (410) or forgotten (404), it registers
 //! again. On SIGTERM/SIGINT it drains (the scheduler moves its roles away),
 //! waits until nothing is assigned, leaves, and exits.
@@ -67,13 +68,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         s = register(&client, &api, &config, &sink) => s,
         () = &mut shutdown => return Ok(()),
     };
-    let mut backoff = Duration::from_millis(200);
     loop {
         let wait = match heartbeat(&client, &api, &session, &mut roles).await {
-            Ok(()) => {
-                backoff = Duration::from_millis(200);
-                session.interval
-            }
+            Ok(()) => session.interval,
             Err(Beat::Gone(why)) => {
                 tracing::warn!(%why, "the API no longer knows this executor; stopping its roles and registering again");
                 roles.apply(&[]);
@@ -84,10 +81,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 continue;
             }
             Err(Beat::Failed(e)) => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "heartbeat failed; roles keep running");
-                let b = backoff;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                b
+                // Heartbeats are retried at the heartbeat interval, not with
+                // a growing backoff: the first beat after the API comes back
+                // must arrive before the scheduler's lost timeout runs out.
+                // (Reports, which are larger, back off.)
+                tracing::warn!(error = %e, retry_in = ?session.interval, "heartbeat failed; roles keep running");
+                session.interval
             }
         };
         tokio::select! {

@@ -206,13 +206,18 @@ impl Scheduler {
         listener
             .listen_all([lifecycle::JOB_CHANNEL, EXECUTOR_CHANNEL])
             .await?;
+        let led_since = Instant::now();
         let mut tick = tokio::time::interval(self.config.tick());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // The lease is only as good as the session that holds it.
             sqlx::query("SELECT 1").execute(&mut *lock).await?;
             let start = Instant::now();
-            if let Err(e) = self.round().await {
+            // Silence from before this process led says nothing about the
+            // executors (the API may have been down while they trained on):
+            // nobody is declared lost until a full timeout has passed here.
+            let judge = led_since.elapsed() >= self.config.lost_after();
+            if let Err(e) = self.round(judge).await {
                 tracing::warn!(error = %e, "scheduler round failed; retrying");
             }
             self.metrics
@@ -227,16 +232,21 @@ impl Scheduler {
     }
 
     /// One reconciliation round (public for tests and benchmarks).
-    pub async fn round(&self) -> Result<(), SchedulerError> {
+    /// `detect_lost` enables marking silent executors lost.
+    pub async fn round(&self, detect_lost: bool) -> Result<(), SchedulerError> {
         let lost_after = self.config.lost_after().as_secs_f64();
-        let lost: Vec<(Uuid, String)> = sqlx::query_as(
-            "UPDATE executors SET state = 'lost', state_changed_at = clock_timestamp()
-             WHERE state IN ('live', 'draining') AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $1)
-             RETURNING id, name",
-        )
-        .bind(lost_after)
-        .fetch_all(&self.db)
-        .await?;
+        let lost: Vec<(Uuid, String)> = if detect_lost {
+            sqlx::query_as(
+                "UPDATE executors SET state = 'lost', state_changed_at = clock_timestamp()
+                 WHERE state IN ('live', 'draining') AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $1)
+                 RETURNING id, name",
+            )
+            .bind(lost_after)
+            .fetch_all(&self.db)
+            .await?
+        } else {
+            Vec::new()
+        };
         for (id, name) in &lost {
             tracing::warn!(executor = %id, %name, "executor lost: no heartbeat for {lost_after:.1}s");
         }
@@ -707,13 +717,9 @@ fn job_view(
     // TorchScript models are planned from what their inspection reported.
     let params = match parameters(&spec.model) {
         Some(p) => p,
-        None => match r
+        None => r
             .get::<Option<serde_json::Value>, _>("params")
-            .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())
-        {
-            Some(p) => p,
-            None => return None,
-        },
+            .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())?,
     };
     let count: u64 = params
         .iter()

@@ -12,10 +12,35 @@ use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wa
 const JOIN: &str = "e2e-train-token";
 
 struct Platform {
-    _api: Proc,
+    api: Proc,
     base: String,
     client: Client,
     data: std::path::PathBuf,
+    db: String,
+    port: u16,
+}
+
+fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
+    let mut cmd = Command::new(binary("trainyard").unwrap());
+    cmd.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--heartbeat-interval-ms",
+        "200",
+        "--data-dir",
+    ])
+    .arg(data)
+    .env("DATABASE_URL", db)
+    .env("TRAINYARD_JOIN_TOKEN", JOIN);
+    let mut api = Proc::spawn(cmd).unwrap();
+    wait_ready(
+        &format!("http://127.0.0.1:{port}/readyz"),
+        &mut api,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    api
 }
 
 impl Platform {
@@ -24,34 +49,26 @@ impl Platform {
         let port = free_port().unwrap();
         let data =
             std::env::temp_dir().join(format!("trainyard-train-{}-{port}", std::process::id()));
-        let mut cmd = Command::new(binary("trainyard").unwrap());
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--heartbeat-interval-ms",
-            "200",
-            "--data-dir",
-        ])
-        .arg(&data)
-        .env("DATABASE_URL", db)
-        .env("TRAINYARD_JOIN_TOKEN", JOIN);
-        let mut api = Proc::spawn(cmd).unwrap();
-        wait_ready(
-            &format!("http://127.0.0.1:{port}/readyz"),
-            &mut api,
-            Duration::from_secs(60),
-        )
-        .unwrap();
+        let api = start_api(&db, port, &data);
         Platform {
-            _api: api,
+            api,
             base: format!("http://127.0.0.1:{port}"),
             client: Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
             data,
+            db,
+            port,
         }
+    }
+
+    /// SIGKILLs the API, waits `down`, and starts it again on the same port.
+    fn crash_api(&mut self, down: Duration) {
+        trainyard_e2e::kill9(self.api.pid());
+        let _ = self.api.wait_exit(Duration::from_secs(10));
+        std::thread::sleep(down);
+        self.api = start_api(&self.db, self.port, &self.data);
     }
 
     fn executor(&self, name: &str) -> Proc {
@@ -418,4 +435,50 @@ fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
         "held-out loss {eval} nats ≥ unigram entropy {entropy} nats"
     );
     eprintln!("language model: held-out loss {eval:.3} nats vs unigram entropy {entropy:.3} nats");
+}
+
+#[test]
+fn training_goes_on_through_an_api_crash_and_loses_no_metric() {
+    let mut p = Platform::start();
+    let _exec = p.executor("steady");
+    let mut spec = digits("through-a-crash");
+    spec.as_object_mut().unwrap().remove("epochs");
+    spec["steps"] = json!(4000);
+    let id = p.submit(&spec);
+    eventually(Duration::from_secs(60), || {
+        (p.get(&format!("/v1/jobs/{id}/metrics"))["steps_recorded"]
+            .as_i64()
+            .unwrap()
+            > 0)
+        .then_some(())
+    })
+    .expect("training started");
+    let before = p.get(&format!("/v1/jobs/{id}"));
+    assert_eq!(
+        before["state"], "running",
+        "the crash must come mid-training: {before}"
+    );
+    // The API (and its scheduler) vanishes for 3 s — three times the lost
+    // timeout — while the executor trains on and buffers its reports.
+    p.crash_api(Duration::from_secs(3));
+    let job = p.wait_end(&id, Duration::from_secs(180));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
+    assert_eq!(m["steps_recorded"], 4000, "every step arrived exactly once");
+    let logs = p.get(&format!("/v1/jobs/{id}/logs"));
+    assert!(logs["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l["message"]
+            .as_str()
+            .unwrap()
+            .contains("done after 4000 steps")));
+    let executors = p.get("/v1/executors");
+    assert_eq!(
+        executors["executors"].as_array().unwrap().len(),
+        1,
+        "the executor was not declared lost: {executors}"
+    );
+    assert_eq!(executors["executors"][0]["state"], "live");
 }

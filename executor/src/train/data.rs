@@ -117,12 +117,6 @@ fn generated(spec: &JobSpecInput) -> Data {
     }
 }
 
-/// Test access to the text generator.
-#[cfg(test)]
-pub mod tests_support {
-    pub use super::generated_text;
-}
-
 /// Sentences from a small grammar: structured enough that a language model
 /// beats the unigram entropy, varied enough that it must learn to.
 pub fn generated_text(chars: usize, rng: &mut Rng) -> Vec<u8> {

@@ -212,7 +212,7 @@ impl Net for Transformer {
                 None,
                 false,
             );
-            h = h + blk
+            h += blk
                 .proj
                 .forward(&att.transpose(1, 2).reshape([b, t, self.width]));
             h = &h

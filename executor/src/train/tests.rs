@@ -56,7 +56,7 @@ fn transformer_beats_the_unigram_entropy_of_its_text() {
     }));
     // Unigram entropy (nats) of the same generated text.
     let mut rng = rng::Rng::new(s.seed, 0xDA7A);
-    let bytes = super::data::tests_support::generated_text(40000, &mut rng);
+    let bytes = super::data::generated_text(40000, &mut rng);
     let mut counts = [0f64; 256];
     for b in &bytes {
         counts[*b as usize] += 1.0;

@@ -136,3 +136,34 @@ fn warmup_cosine_schedule() {
     assert!((learning_rate(&s, 60, 110) - 0.5).abs() < 1e-9);
     assert!(learning_rate(&s, 110, 110).abs() < 1e-9);
 }
+
+#[test]
+fn safetensors_datasets_train_too() {
+    let dir = std::env::temp_dir().join(format!("ty-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("blobs.safetensors");
+    // Two separable blobs.
+    let x = Tensor::cat(
+        &[
+            Tensor::randn([100, 4], (Kind::Float, tch::Device::Cpu)) + 3.0,
+            Tensor::randn([100, 4], (Kind::Float, tch::Device::Cpu)) - 3.0,
+        ],
+        0,
+    );
+    let y = Tensor::cat(
+        &[
+            Tensor::zeros([100], (Kind::Int64, tch::Device::Cpu)),
+            Tensor::ones([100], (Kind::Int64, tch::Device::Cpu)),
+        ],
+        0,
+    );
+    Tensor::write_safetensors(&[("x", &x), ("y", &y)], &path).unwrap();
+    let s = spec(json!({
+        "name": "st", "model": {"kind": "mlp", "inputs": 4, "outputs": 2},
+        "dataset": {"kind": "file", "url": format!("file://{}", path.display())}, "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.1}, "batch_size": 16, "epochs": 5
+    }));
+    let (out, _) = train(&s).unwrap();
+    assert!(out.eval_accuracy.unwrap() > 0.95, "{:?}", out.eval_accuracy);
+    let _ = std::fs::remove_dir_all(&dir);
+}

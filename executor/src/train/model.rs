@@ -212,9 +212,11 @@ impl Net for Transformer {
                 None,
                 false,
             );
-            h += blk
+            // Out of place: autograd still needs the old `h` (layer norm input).
+            let attended = blk
                 .proj
                 .forward(&att.transpose(1, 2).reshape([b, t, self.width]));
+            h = &h + attended;
             h = &h
                 + blk
                     .out

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use trainyard_common::cluster::{
-    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, MetricPoint, RoleKey,
-    RoleKind, RoleOutcome,
+    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey, RoleKind,
+    RoleOutcome,
 };
 use trainyard_common::model::ParamInfo;
 use trainyard_common::spec::{Device, Strategy};
@@ -193,17 +193,7 @@ fn train_role(
     );
     let mut last_eval = std::time::Instant::now();
     let mut on_step = |s: &train::StepStats| {
-        let _ = tx.send(Item::Metric(MetricPoint {
-            step: s.step,
-            loss: s.loss,
-            lr: s.lr,
-            samples_per_sec: s.samples_per_sec,
-            data_seconds: s.data_seconds,
-            compute_seconds: s.compute_seconds,
-            comm_seconds: s.comm_seconds,
-            eval_loss: s.eval_loss,
-            eval_accuracy: s.eval_accuracy,
-        }));
+        let _ = tx.send(Item::Metric(*s));
         if s.eval_loss.is_some() || last_eval.elapsed().as_secs() >= 10 {
             last_eval = std::time::Instant::now();
             let acc = s.eval_accuracy.map_or(String::new(), |a| {

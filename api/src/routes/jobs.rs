@@ -295,7 +295,8 @@ pub async fn submit(
     Ok(created(&job_from_row(&row)?, true))
 }
 
-fn parse_limit(raw: Option<&str>, default: i64, max: i64) -> ApiResult<i64> {
+/// The `limit` query parameter: `default` when absent, else 1–`max`.
+pub(crate) fn parse_limit(raw: Option<&str>, default: i64, max: i64) -> ApiResult<i64> {
     match raw {
         None => Ok(default),
         Some(s) => match s.parse::<i64>() {
@@ -305,6 +306,19 @@ fn parse_limit(raw: Option<&str>, default: i64, max: i64) -> ApiResult<i64> {
                 format!("must be an integer between 1 and {max}, got {s:?}"),
             )),
         },
+    }
+}
+
+/// The `after` query parameter of an append-only log: 0 when absent.
+pub(crate) fn parse_after(raw: Option<&str>) -> ApiResult<i64> {
+    match raw {
+        None => Ok(0),
+        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::bad_field(
+                "after",
+                format!("must be a non-negative integer, got {s:?}"),
+            )
+        }),
     }
 }
 
@@ -442,15 +456,7 @@ pub async fn events(
     QueryParams(q): QueryParams<EventsQuery>,
 ) -> ApiResult<Json<EventPage>> {
     let limit = parse_limit(q.limit.as_deref(), DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)?;
-    let after = match q.after.as_deref() {
-        None => 0,
-        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-            ApiError::bad_field(
-                "after",
-                format!("must be a non-negative integer, got {s:?}"),
-            )
-        })?,
-    };
+    let after = parse_after(q.after.as_deref())?;
     let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
         .bind(id)
         .fetch_one(&st.db)

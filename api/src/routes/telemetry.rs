@@ -386,28 +386,8 @@ pub async fn logs(
     JobId(id): JobId,
     QueryParams(q): QueryParams<LogsQuery>,
 ) -> ApiResult<Json<LogPage>> {
-    let limit = match q.limit.as_deref() {
-        None => 500,
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=1000).contains(n))
-            .ok_or_else(|| {
-                ApiError::bad_field(
-                    "limit",
-                    format!("must be an integer between 1 and 1000, got {s:?}"),
-                )
-            })?,
-    };
-    let after = match q.after.as_deref() {
-        None => 0,
-        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-            ApiError::bad_field(
-                "after",
-                format!("must be a non-negative integer, got {s:?}"),
-            )
-        })?,
-    };
+    let limit = crate::routes::jobs::parse_limit(q.limit.as_deref(), 500, 1000)?;
+    let after = crate::routes::jobs::parse_after(q.after.as_deref())?;
     ensure_job(&st, id).await?;
     let rows = sqlx::query("SELECT id, at, executor_id, role, index, generation, level, message FROM job_logs WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3")
         .bind(id)

@@ -20,28 +20,9 @@ use tch::nn::{self, OptimizerConfig};
 use tch::{Kind, Tensor};
 use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec, OptimizerKind, Schedule};
 
-/// One step's figures.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepStats {
-    /// Step number (1-based).
-    pub step: u64,
-    /// Training loss of the step's batch.
-    pub loss: f64,
-    /// Learning rate used.
-    pub lr: f64,
-    /// Samples per second over the step.
-    pub samples_per_sec: f64,
-    /// Seconds spent waiting for the batch.
-    pub data_seconds: f64,
-    /// Seconds of forward, backward and optimizer step.
-    pub compute_seconds: f64,
-    /// Seconds of gradient exchange (0 for a single worker).
-    pub comm_seconds: f64,
-    /// Held-out accuracy, on evaluation steps of classification jobs.
-    pub eval_accuracy: Option<f64>,
-    /// Held-out loss, on evaluation steps.
-    pub eval_loss: Option<f64>,
-}
+/// One step's figures: the wire type of the reports, so what the loop
+/// measures is exactly what the API stores.
+pub use trainyard_common::cluster::MetricPoint as StepStats;
 
 /// What a finished training returns.
 pub struct Outcome {

@@ -20,7 +20,7 @@ fn api(db: &str, port: u16) -> Proc {
         "--heartbeat-interval-ms",
         "200",
         "--heartbeat-misses",
-        "5",
+        "10",
     ])
     .env("DATABASE_URL", db)
     .env("TRAINYARD_JOIN_TOKEN", JOIN)

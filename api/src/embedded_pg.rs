@@ -8,9 +8,9 @@
 //! listens on 127.0.0.1 and a socket inside its folder).
 //!
 //! PostgreSQL refuses to run as root. Under root the cluster therefore runs
-//! as the `postgres` user, and its folder lives under `/var/lib/trainyard`
-//! (named after the data folder), since a folder under root's home is not
-//! reachable by that user.
+//! as the `postgres` user, in `<data-dir>/postgres` when that user can reach
+//! it, else under `/var/lib/trainyard` (named after the data folder) — a
+//! folder under root's home is not reachable by that user.
 
 use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
@@ -51,10 +51,13 @@ impl EmbeddedPostgres {
             };
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating {}", data_dir.display()))?;
+        let abs = std::fs::canonicalize(data_dir)?;
         let dir = match run_as {
-            None => std::path::absolute(data_dir)?.join("postgres"),
+            // The postgres user can reach the data folder: keep the cluster
+            // there, so removing the folder resets everything.
+            Some(_) if reachable_by_others(&abs) => abs.join("postgres"),
+            None => abs.join("postgres"),
             Some(_) => {
-                let abs = std::fs::canonicalize(data_dir)?;
                 let tag = hex::encode(&Sha256::digest(abs.to_string_lossy().as_bytes())[..6]);
                 Path::new(ROOT_CLUSTERS).join(format!("postgres-{tag}"))
             }
@@ -246,6 +249,14 @@ fn find_bin_dir() -> anyhow::Result<PathBuf> {
         }
     }
     bail!("PostgreSQL's initdb/pg_ctl not found; install PostgreSQL (Debian: apt-get install postgresql) or set DATABASE_URL")
+}
+
+/// Whether every folder above `dir` (and `dir` itself) can be entered by
+/// other users, as the `postgres` user must.
+fn reachable_by_others(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    dir.ancestors()
+        .all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
 
 fn current_uid() -> anyhow::Result<u32> {

@@ -249,13 +249,7 @@ impl Dataset {
         std::thread::spawn(move || {
             let mut epoch = epoch;
             loop {
-                let perm = Rng::new(spec.seed, 0xE0C0 + epoch).permutation(ds.train.len());
-                let mine: Vec<i64> = perm
-                    .iter()
-                    .skip(rank as usize)
-                    .step_by(world.max(1) as usize)
-                    .map(|&i| ds.train[i as usize])
-                    .collect();
+                let mine = shard(&ds.train, spec.seed, epoch, rank, world);
                 if mine.is_empty() {
                     return;
                 }
@@ -269,6 +263,20 @@ impl Dataset {
         });
         rx
     }
+}
+
+/// The samples worker `rank` of `world` trains on in `epoch`, in order: the
+/// epoch's seeded permutation of the training set, every `world`-th entry
+/// from `rank`. Every worker computes the same permutation, so the shards
+/// are disjoint and together cover the epoch.
+pub fn shard(train: &[i64], seed: u64, epoch: u64, rank: u32, world: u32) -> Vec<i64> {
+    Rng::new(seed, 0xE0C0 + epoch)
+        .permutation(train.len())
+        .iter()
+        .skip(rank as usize)
+        .step_by(world.max(1) as usize)
+        .map(|&i| train[i as usize])
+        .collect()
 }
 
 fn context(spec: &JobSpecInput) -> usize {
@@ -363,5 +371,39 @@ fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
             };
             Ok(Data::Tensors { x, y })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard;
+
+    #[test]
+    fn shards_are_disjoint_cover_the_epoch_and_change_order_each_epoch() {
+        let train: Vec<i64> = (100..1100).collect();
+        for world in 1..=5u32 {
+            let mut all: Vec<i64> = (0..world)
+                .flat_map(|r| shard(&train, 9, 0, r, world))
+                .collect();
+            let sizes: Vec<usize> = (0..world)
+                .map(|r| shard(&train, 9, 0, r, world).len())
+                .collect();
+            assert!(
+                sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
+                "{sizes:?}"
+            );
+            all.sort_unstable();
+            assert_eq!(all, train, "world {world}");
+        }
+        assert_ne!(
+            shard(&train, 9, 0, 0, 2),
+            shard(&train, 9, 1, 0, 2),
+            "a new permutation each epoch"
+        );
+        assert_eq!(
+            shard(&train, 9, 3, 1, 2),
+            shard(&train, 9, 3, 1, 2),
+            "seeded"
+        );
     }
 }

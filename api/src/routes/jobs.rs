@@ -121,12 +121,12 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
-/// Query of `GET /v1/jobs/{id}/events`.
+/// Query of an append-only log (`…/events`, `…/logs`).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct EventsQuery {
-    /// Only events after this id (the `next_after` of the previous page).
+pub struct AfterQuery {
+    /// Only entries after this id (the `next_after` of the previous page).
     pub after: Option<String>,
     /// Page size (1–1000, default 500).
     pub limit: Option<String>,
@@ -443,7 +443,7 @@ pub async fn cancel(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<J
 /// A job's event log, oldest first.
 #[utoipa::path(
     get, path = "/v1/jobs/{id}/events", tag = "jobs",
-    params(("id" = Uuid, Path, description = "Job id"), EventsQuery),
+    params(("id" = Uuid, Path, description = "Job id"), AfterQuery),
     responses(
         (status = 200, description = "A page of events", body = EventPage),
         (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
@@ -453,7 +453,7 @@ pub async fn cancel(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<J
 pub async fn events(
     State(st): State<AppState>,
     JobId(id): JobId,
-    QueryParams(q): QueryParams<EventsQuery>,
+    QueryParams(q): QueryParams<AfterQuery>,
 ) -> ApiResult<Json<EventPage>> {
     let limit = parse_limit(q.limit.as_deref(), DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)?;
     let after = parse_after(q.after.as_deref())?;

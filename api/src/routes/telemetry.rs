@@ -360,21 +360,10 @@ pub struct LogPage {
     pub next_after: Option<i64>,
 }
 
-/// Query of `GET /v1/jobs/{id}/logs`.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct LogsQuery {
-    /// Only lines after this id.
-    pub after: Option<String>,
-    /// Page size (1–1000, default 500).
-    pub limit: Option<String>,
-}
-
 /// Every role's log lines, oldest first.
 #[utoipa::path(
     get, path = "/v1/jobs/{id}/logs", tag = "jobs",
-    params(("id" = Uuid, Path, description = "Job id"), LogsQuery),
+    params(("id" = Uuid, Path, description = "Job id"), crate::routes::jobs::AfterQuery),
     responses(
         (status = 200, description = "A page of log lines", body = LogPage),
         (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
@@ -384,7 +373,7 @@ pub struct LogsQuery {
 pub async fn logs(
     State(st): State<AppState>,
     JobId(id): JobId,
-    QueryParams(q): QueryParams<LogsQuery>,
+    QueryParams(q): QueryParams<crate::routes::jobs::AfterQuery>,
 ) -> ApiResult<Json<LogPage>> {
     let limit = crate::routes::jobs::parse_limit(q.limit.as_deref(), 500, 1000)?;
     let after = crate::routes::jobs::parse_after(q.after.as_deref())?;

@@ -46,17 +46,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             .init(),
     }
 
-    let embedded = match &config.database_url {
-        Some(_) => None,
-        None => Some(EmbeddedPostgres::start(&config.data_dir).await?),
-    };
-    let url = match (&config.database_url, &embedded) {
-        (Some(url), _) => url.clone(),
-        (None, Some(pg)) => {
+    let (url, embedded) = match &config.database_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let pg = EmbeddedPostgres::start(&config.data_dir).await?;
             tracing::info!(dir = %pg.dir().display(), url = pg.url(), "private Postgres cluster running");
-            pg.url().to_owned()
+            (pg.url().to_owned(), Some(pg))
         }
-        (None, None) => unreachable!("an embedded cluster is started when no URL is given"),
     };
 
     let result = async {

@@ -71,9 +71,9 @@ fn unreadable(url: &str, reason: impl ToString) -> DataError {
     }
 }
 
-fn generated(spec: &JobSpecInput) -> Data {
+fn generated(spec: &JobSpecInput) -> Result<Data, DataError> {
     let mut rng = Rng::new(spec.seed, 0xDA7A);
-    match &spec.dataset {
+    Ok(match &spec.dataset {
         DatasetSpec::Classification(c) => {
             let (n, f, k) = (c.samples as usize, c.features as usize, c.classes as usize);
             let centers: Vec<f32> = (0..k * f).map(|_| (rng.normal() * 1.5) as f32).collect();
@@ -113,8 +113,13 @@ fn generated(spec: &JobSpecInput) -> Data {
             t.characters as usize,
             &mut rng,
         ))),
-        DatasetSpec::File(_) => unreachable!("files are loaded by load()"),
-    }
+        DatasetSpec::File(f) => {
+            return Err(unreadable(
+                &f.url,
+                "a file dataset is loaded, not generated",
+            ))
+        }
+    })
 }
 
 /// Sentences from a small grammar: structured enough that a language model
@@ -196,7 +201,7 @@ impl Dataset {
                     .unwrap_or(FileFormat::Npz);
                 load_file(&f.url, fmt)?
             }
-            _ => generated(spec),
+            _ => generated(spec)?,
         };
         let data = check(spec, data)?;
         let n = match &data {

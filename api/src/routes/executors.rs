@@ -643,10 +643,21 @@ pub async fn inspection(
             trainyard_common::JobState::Failed,
             format!(
                 "model.url is not a loadable TorchScript module: {}",
-                e.chars().take(1000).collect::<String>()
+                crate::routes::telemetry::text(&e)
+                    .chars()
+                    .take(1000)
+                    .collect::<String>()
             ),
         ),
         InspectionResult::Parameters(params) => {
+            if let Some(i) = params.iter().position(|p| {
+                p.name.is_empty() || p.name.len() > 1024 || p.name.chars().any(char::is_control)
+            }) {
+                return Err(ApiError::invalid_field(
+                    &format!("result.parameters[{i}].name"),
+                    "must be 1–1024 characters without control characters",
+                ));
+            }
             if params.len() > 1_000_000 {
                 return Err(ApiError::invalid_field(
                     "result.parameters",

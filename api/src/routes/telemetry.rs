@@ -42,6 +42,15 @@ pub struct ReportAck {
     pub outcome_applied: bool,
 }
 
+/// Text from an executor as Postgres can store it: at most
+/// `MAX_LOG_CHARS` characters, without NUL (which `text` columns refuse).
+pub(crate) fn text(s: &str) -> String {
+    s.chars()
+        .filter(|&c| c != '\0')
+        .take(MAX_LOG_CHARS)
+        .collect()
+}
+
 fn finite(x: Option<f64>) -> Option<f64> {
     x.filter(|v| v.is_finite())
 }
@@ -125,7 +134,7 @@ pub async fn report(
     let mut logs_stored = 0;
     for l in &r.logs {
         let at = DateTime::from_timestamp_millis(l.at_ms).unwrap_or_else(Utc::now);
-        let message: String = l.message.chars().take(MAX_LOG_CHARS).collect();
+        let message = text(&l.message);
         let level = match l.level {
             LogLevel::Info => "info",
             LogLevel::Warn => "warn",
@@ -177,7 +186,7 @@ pub async fn report(
                 },
                 serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
             ),
-            RoleOutcome::Failed { reason } => (JobState::Failed, reason.chars().take(MAX_LOG_CHARS).collect(), serde_json::json!({})),
+            RoleOutcome::Failed { reason } => (JobState::Failed, text(reason), serde_json::json!({})),
         };
         sqlx::query(
             "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)",

@@ -380,3 +380,89 @@ async fn higher_priority_is_placed_first() {
         "{l}"
     );
 }
+
+#[tokio::test]
+async fn reports_are_idempotent_sanitized_and_outcomes_need_the_current_generation() {
+    let app = spawn_app().await;
+    let (id, token) = register(&app, "reporter").await;
+    let job = app.submit(&digits_spec("reported")).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let report = json!({
+        "key": {"job_id": job, "generation": 0, "role": "worker", "index": 0},
+        "metrics": [{"step": 1, "loss": 2.5, "lr": 0.1, "samples_per_sec": 100.0, "data_seconds": 0.01, "compute_seconds": 0.02, "comm_seconds": 0.0}],
+        "logs": [{"seq": 1, "at_ms": 0, "level": "info", "message": "a\u{0}b"}]
+    });
+    let url = app.url(&format!("/v1/executors/{id}/reports"));
+    for expected in [1, 0] {
+        let r = app
+            .client
+            .post(&url)
+            .bearer_auth(&token)
+            .json(&report)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let ack: Value = r.json().await.unwrap();
+        assert_eq!(
+            ack["metrics_stored"], expected,
+            "a retry stores nothing twice"
+        );
+        assert_eq!(ack["logs_stored"], expected);
+    }
+    let logs: Value = app
+        .get(&format!("/v1/jobs/{job}/logs"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(logs["lines"][0]["message"], "ab");
+    let m: Value = app
+        .get(&format!("/v1/jobs/{job}/metrics"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["steps_recorded"], 1);
+
+    let mut stale = report.clone();
+    stale["outcome"] = json!({"failed": {"reason": "x"}});
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&stale)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 409, None).await;
+    let j: Value = app
+        .get(&format!("/v1/jobs/{job}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(j["state"], "failed");
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth("wrong")
+        .json(&report)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 401, None).await;
+    let mut bad = report.clone();
+    bad["metrics"][0]["step"] = json!(0);
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 422, Some("metrics[0].step")).await;
+}

@@ -22,6 +22,9 @@ fn api(db: &str, port: u16) -> Proc {
         "--heartbeat-misses",
         "10",
     ])
+    // Objects (weights of jobs that train) go to a folder of this run.
+    .arg("--data-dir")
+    .arg(std::env::temp_dir().join(format!("trainyard-cluster-{}-{port}", std::process::id())))
     .env("DATABASE_URL", db)
     .env("TRAINYARD_JOIN_TOKEN", JOIN)
     .env("RUST_LOG", "info,sqlx=warn");

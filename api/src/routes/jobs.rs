@@ -297,15 +297,38 @@ pub async fn submit(
 
 /// The `limit` query parameter: `default` when absent, else 1–`max`.
 pub(crate) fn parse_limit(raw: Option<&str>, default: i64, max: i64) -> ApiResult<i64> {
+    parse_bounded("limit", raw, default, max)
+}
+
+/// A count query parameter named `field`: `default` when absent, else 1–`max`.
+pub(crate) fn parse_bounded(
+    field: &str,
+    raw: Option<&str>,
+    default: i64,
+    max: i64,
+) -> ApiResult<i64> {
     match raw {
         None => Ok(default),
         Some(s) => match s.parse::<i64>() {
             Ok(n) if (1..=max).contains(&n) => Ok(n),
             _ => Err(ApiError::bad_field(
-                "limit",
+                field,
                 format!("must be an integer between 1 and {max}, got {s:?}"),
             )),
         },
+    }
+}
+
+/// A 404 unless job `id` exists.
+pub(crate) async fn ensure_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<()> {
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
+        .bind(id)
+        .fetch_one(db)
+        .await?;
+    if exists {
+        Ok(())
+    } else {
+        Err(not_found(id))
     }
 }
 
@@ -457,13 +480,7 @@ pub async fn events(
 ) -> ApiResult<Json<EventPage>> {
     let limit = parse_limit(q.limit.as_deref(), DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)?;
     let after = parse_after(q.after.as_deref())?;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
-        .bind(id)
-        .fetch_one(&st.db)
-        .await?;
-    if !exists {
-        return Err(not_found(id));
-    }
+    ensure_job(&st.db, id).await?;
     let rows = sqlx::query(
         "SELECT id, at, kind, from_state::text AS from_state, to_state::text AS to_state, reason, data
          FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",

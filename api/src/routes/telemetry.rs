@@ -11,6 +11,7 @@
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
 use crate::routes::executors::{authorize_executor, parse_body};
+use crate::routes::jobs::{ensure_job, parse_bounded};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -94,13 +95,7 @@ pub async fn report(
         ));
     }
     let key = r.key;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
-        .bind(key.job_id)
-        .fetch_one(&st.db)
-        .await?;
-    if !exists {
-        return Err(ApiError::NotFound(format!("no job with id {}", key.job_id)));
-    }
+    ensure_job(&st.db, key.job_id).await?;
     let rank = if key.role == trainyard_common::cluster::RoleKind::Worker {
         key.index as i32
     } else {
@@ -256,18 +251,6 @@ pub struct MetricsQuery {
     pub max_points: Option<String>,
 }
 
-async fn ensure_job(st: &AppState, id: Uuid) -> ApiResult<()> {
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
-        .bind(id)
-        .fetch_one(&st.db)
-        .await?;
-    if exists {
-        Ok(())
-    } else {
-        Err(ApiError::NotFound(format!("no job with id {id}")))
-    }
-}
-
 /// A job's training curve (rank 0), downsampled for long runs.
 #[utoipa::path(
     get, path = "/v1/jobs/{id}/metrics", tag = "jobs",
@@ -283,20 +266,13 @@ pub async fn metrics(
     JobId(id): JobId,
     QueryParams(q): QueryParams<MetricsQuery>,
 ) -> ApiResult<Json<MetricSeries>> {
-    let max = match q.max_points.as_deref() {
-        None => DEFAULT_MAX_POINTS,
-        Some(s) => s
-            .parse::<i64>()
-            .ok()
-            .filter(|n| (1..=MAX_POINTS).contains(n))
-            .ok_or_else(|| {
-                ApiError::bad_field(
-                    "max_points",
-                    format!("must be an integer between 1 and {MAX_POINTS}, got {s:?}"),
-                )
-            })?,
-    };
-    ensure_job(&st, id).await?;
+    let max = parse_bounded(
+        "max_points",
+        q.max_points.as_deref(),
+        DEFAULT_MAX_POINTS,
+        MAX_POINTS,
+    )?;
+    ensure_job(&st.db, id).await?;
     let count: i64 =
         sqlx::query_scalar("SELECT count(*) FROM job_metrics WHERE job_id = $1 AND rank = 0")
             .bind(id)
@@ -386,7 +362,7 @@ pub async fn logs(
 ) -> ApiResult<Json<LogPage>> {
     let limit = crate::routes::jobs::parse_limit(q.limit.as_deref(), 500, 1000)?;
     let after = crate::routes::jobs::parse_after(q.after.as_deref())?;
-    ensure_job(&st, id).await?;
+    ensure_job(&st.db, id).await?;
     let rows = sqlx::query("SELECT id, at, executor_id, role, index, generation, level, message FROM job_logs WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3")
         .bind(id)
         .bind(after)

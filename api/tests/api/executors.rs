@@ -426,6 +426,14 @@ async fn reports_are_idempotent_sanitized_and_outcomes_need_the_current_generati
         .await
         .unwrap();
     assert_eq!(m["steps_recorded"], 1);
+    let r = app
+        .get(&format!("/v1/jobs/{job}/metrics?max_points=0"))
+        .await;
+    assert_problem(r, 400, Some("max_points")).await;
+    let r = app
+        .get("/v1/jobs/0190b2c4-0000-7000-8000-000000000000/logs")
+        .await;
+    assert_problem(r, 404, None).await;
 
     let mut stale = report.clone();
     stale["outcome"] = json!({"failed": {"reason": "x"}});

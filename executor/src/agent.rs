@@ -40,6 +40,8 @@ pub struct AgentConfig {
     pub join_token: String,
     /// What to register.
     pub registration: RegisterRequest,
+    /// The data-plane listener (its address is in the registration).
+    pub plane: Arc<trainyard_dataplane::DataPlane>,
 }
 
 struct Session {
@@ -60,7 +62,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         session: Arc::new(RwLock::new((Uuid::nil(), String::new()))),
         object_store: Arc::new(RwLock::new(String::new())),
     };
-    let mut roles = Roles::new(sink.clone());
+    let mut roles = Roles::new(sink.clone(), config.plane.clone());
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 

@@ -79,17 +79,12 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let plane = std::sync::Arc::new(
+        trainyard_dataplane::DataPlane::bind(cli.data_listen)
+            .context("binding the data-plane listener")?,
+    );
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(cli.data_listen)
-            .await
-            .context("binding the data-plane listener")?;
-        let address = listener.local_addr()?.to_string();
-        // Nothing speaks the data plane yet; connections are accepted and closed.
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                drop(stream);
-            }
-        });
+        let address = plane.local_addr().to_string();
         let registration = RegisterRequest {
             name: cli.name.clone().unwrap_or_else(|| {
                 format!(
@@ -106,6 +101,7 @@ fn main() -> anyhow::Result<()> {
             api,
             join_token,
             registration,
+            plane,
         })
         .await
     })

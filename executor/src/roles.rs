@@ -4,26 +4,39 @@
 //! was started for; a new generation restarts it (its peers may have
 //! changed), and a role no longer assigned is stopped.
 //!
-//! A worker of a single-worker job (allreduce with one rank: nothing to
-//! exchange) trains the whole job with [`crate::train::run`] on a thread of
-//! its own, reporting metrics, logs and the outcome through
-//! [`crate::report`], and writes the final weights as safetensors to the
-//! object store. Roles of multi-worker jobs need the PS or ring data plane,
-//! which is not built yet: such a role holds its assignment and says so in
-//! the job's logs.
+//! A worker of an allreduce job is a rank of a ring ([`trainyard_dataplane`];
+//! a ring of one for a single worker) and trains on a thread of its own:
+//! it connects to its neighbours through this executor's data plane, joins
+//! the ring's state ([`crate::train::join`]: a new member receives weights
+//! and optimizer state from the most advanced one) and trains
+//! ([`crate::train::train`]), reporting metrics (rank 0), logs and the
+//! outcome through [`crate::report`]. Rank 0 writes the final weights as
+//! safetensors to the object store; every rank logs the SHA-256 of its
+//! weights, which are bit-identical.
+//!
+//! Elasticity: the replica outlives its generation. When the ring breaks (a
+//! peer died) the rank keeps its replica at the last completed step and
+//! retries; when the scheduler sends the next generation, the old role's
+//! thread stops and hands its replica to the new role on the same device,
+//! which rebuilds the ring with the new membership and resumes. PS roles
+//! (the parameter-server data plane) are not built yet: they hold their
+//! assignment and say so in the job's logs.
 
 use crate::report::{self, Item, Sink};
-use crate::train;
-use std::collections::BTreeMap;
+use crate::train::{self, Replica, TrainError};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use trainyard_common::cluster::{
     Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey, RoleKind,
-    RoleOutcome,
+    RoleOutcome, WorkerPeer,
 };
 use trainyard_common::model::ParamInfo;
 use trainyard_common::spec::{Device, Strategy};
+use trainyard_dataplane::{DataPlane, Ring, RingConfig};
 use uuid::Uuid;
 
 struct Running {
@@ -31,21 +44,43 @@ struct Running {
     stop: Arc<AtomicBool>,
 }
 
+/// How long a rank waits for its neighbours to connect before it retries.
+pub const RING_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one collective waits for a silent peer (a dead peer's closed
+/// connection is noticed at once; this bounds a hung one).
+pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a worker's thread leaves for the next generation on its device.
+#[derive(Default)]
+struct Parked {
+    replica: Option<Replica>,
+    broke_at: Option<Instant>,
+}
+
+type Handover = JoinHandle<Parked>;
+
 /// The set of running roles.
 #[derive(Default)]
 pub struct Roles {
     running: BTreeMap<(Uuid, RoleKind, u32), Running>,
     sink: Option<Sink>,
     inspecting: std::collections::BTreeSet<Uuid>,
+    plane: Option<Arc<DataPlane>>,
+    /// The last worker thread of each (job, device): its replica goes to
+    /// the next generation's worker there.
+    handovers: Arc<Mutex<HashMap<(Uuid, u32), Handover>>>,
 }
 
 impl Roles {
-    /// Roles that report to `sink`.
-    pub fn new(sink: Sink) -> Roles {
+    /// Roles that report to `sink` and talk to peers through `plane`.
+    pub fn new(sink: Sink, plane: Arc<DataPlane>) -> Roles {
         Roles {
             running: BTreeMap::new(),
             sink: Some(sink),
             inspecting: Default::default(),
+            plane: Some(plane),
+            handovers: Default::default(),
         }
     }
 
@@ -125,6 +160,10 @@ impl Roles {
                 tracing::info!(job = %r.key.job_id, role = ?r.key.role, index = r.key.index, generation = r.key.generation, "role stopped");
             }
         }
+        // Replicas of jobs no longer assigned here are let go.
+        if let Ok(mut h) = self.handovers.lock() {
+            h.retain(|(job, _), _| wanted.keys().any(|(j, _, _)| j == job));
+        }
         for (k, a) in wanted {
             if self.running.contains_key(&k) {
                 continue;
@@ -140,13 +179,10 @@ impl Roles {
         if let Some(sink) = &self.sink {
             tokio::spawn(report::deliver(sink.clone(), a.key, rx));
         }
-        let trains = a.key.role == RoleKind::Worker
-            && a.strategy == Strategy::Allreduce
-            && a.workers.len() == 1;
-        if !trains {
+        if a.key.role != RoleKind::Worker || a.strategy != Strategy::Allreduce {
             let msg = format!(
-                "{:?} {} of generation {} started; training with {} worker(s) and {} PS shard(s) needs the data plane, which this executor does not have yet: holding the assignment",
-                a.key.role, a.key.index, a.key.generation, a.workers.len(), a.parameter_servers.len()
+                "{:?} {} of generation {} started; the parameter-server data plane is not built yet: holding the assignment",
+                a.key.role, a.key.index, a.key.generation
             );
             tracing::info!(job = %a.key.job_id, "{msg}");
             let _ = tx.send(Item::Log(LogLevel::Warn, msg));
@@ -157,103 +193,242 @@ impl Roles {
             .as_ref()
             .and_then(|s| s.object_store.read().ok().map(|o| o.clone()))
             .unwrap_or_default();
-        std::thread::spawn(move || train_role(a, stop, tx, object_store));
+        let slot = (a.key.job_id, a.device.unwrap_or(0));
+        let Ok(mut handovers) = self.handovers.lock() else {
+            return;
+        };
+        let previous = handovers.remove(&slot);
+        let plane = self.plane.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("worker-{}", a.key.index))
+            .spawn(move || {
+                let parked = previous.and_then(|h| h.join().ok()).unwrap_or_default();
+                worker(a, stop, tx, object_store, plane, parked)
+            });
+        if let Ok(h) = handle {
+            handovers.insert(slot, h);
+        }
     }
 }
 
-fn train_role(
+/// Sleeps up to `d`, returning early (true) once `stop` is set.
+fn pause(d: Duration, stop: &AtomicBool) -> bool {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.load(Ordering::Relaxed)
+}
+
+/// A rank's life in one generation; returns its replica for the next.
+fn worker(
     a: Assignment,
     stop: Arc<AtomicBool>,
     tx: UnboundedSender<Item>,
     object_store: String,
-) {
+    plane: Option<Arc<DataPlane>>,
+    parked: Parked,
+) -> Parked {
+    let Parked {
+        mut replica,
+        mut broke_at,
+    } = parked;
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
         let _ = tx.send(Item::Log(level, msg));
+    };
+    let fail = |reason: String| {
+        log(LogLevel::Error, reason.clone());
+        let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
+        Parked::default()
     };
     let device = match a.spec.resources.device {
         Device::Cuda if tch::Cuda::is_available() => {
             tch::Device::Cuda(a.device.unwrap_or(0) as usize)
         }
         Device::Cuda => {
-            let reason = "the job asks for cuda but libtorch sees no CUDA device on this executor"
-                .to_owned();
-            log(LogLevel::Error, reason.clone());
-            let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
-            return;
+            return fail(
+                "the job asks for cuda but libtorch sees no CUDA device on this executor".into(),
+            )
         }
         Device::Cpu => tch::Device::Cpu,
+    };
+    let mut peers: Vec<&WorkerPeer> = a.workers.iter().collect();
+    peers.sort_by_key(|p| p.rank);
+    let Some(rank) = peers.iter().position(|p| p.rank == a.key.index) else {
+        return fail(format!(
+            "worker {} is not among the job's workers in its own assignment",
+            a.key.index
+        ));
+    };
+    let (rank, world) = (rank as u32, peers.len() as u32);
+    let config = RingConfig {
+        job: a.key.job_id,
+        generation: a.key.generation,
+        rank,
+        peers: peers.iter().map(|p| p.address.clone()).collect(),
+        secret: a.secret.clone().into_bytes(),
+        connect_timeout: RING_CONNECT_TIMEOUT,
+        collective_timeout: COLLECTIVE_TIMEOUT,
     };
     log(
         LogLevel::Info,
         format!(
-            "worker 0 of 1 starts training on {device:?} (generation {})",
+            "rank {rank} of {world} starts on {device:?} (generation {})",
             a.key.generation
         ),
     );
-    let mut last_eval = std::time::Instant::now();
-    let mut on_step = |s: &train::StepStats| {
-        let _ = tx.send(Item::Metric(*s));
-        if s.eval_loss.is_some() || last_eval.elapsed().as_secs() >= 10 {
-            last_eval = std::time::Instant::now();
-            let acc = s.eval_accuracy.map_or(String::new(), |a| {
-                format!(", held-out accuracy {:.1}%", a * 100.0)
-            });
-            let _ = tx.send(Item::Log(
-                LogLevel::Info,
-                format!(
-                    "step {}: loss {:.4}, {:.0} samples/s{}",
-                    s.step, s.loss, s.samples_per_sec, acc
-                ),
-            ));
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Parked { replica, broke_at };
         }
-    };
-    // A bug or a libtorch assertion must fail the job, not kill the executor.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train::run(&a.spec, device, 0, 1, &stop, &mut on_step)
-    }))
-    .unwrap_or_else(|p| {
-        let what = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default();
-        Err(train::TrainError::Unsupported(format!(
-            "training failed inside libtorch: {}",
-            what.lines().next().unwrap_or("")
-        )))
-    });
-    let outcome = match result {
-        Ok(out) => match write_weights(&object_store, a.key.job_id, &out.weights) {
-            Ok(url) => {
-                log(
-                    LogLevel::Info,
-                    format!("done after {} steps; weights written to {url}", out.steps),
-                );
-                RoleOutcome::Succeeded {
-                    steps: out.steps,
-                    final_loss: out.final_loss,
-                    eval_loss: out.eval_loss,
-                    eval_accuracy: out.eval_accuracy,
-                    weights_url: url,
+        let mut ring = if world == 1 {
+            Ring::solo()
+        } else {
+            let Some(plane) = plane.as_deref() else {
+                return fail("this executor has no data plane to build a ring with".into());
+            };
+            match Ring::connect(plane, &config, &stop) {
+                Ok(r) => r,
+                Err(e) => {
+                    if !stop.load(Ordering::Relaxed) {
+                        log(LogLevel::Warn, format!("{e}; retrying"));
+                    }
+                    if pause(Duration::from_millis(500), &stop) {
+                        return Parked { replica, broke_at };
+                    }
+                    continue;
                 }
             }
-            Err(reason) => RoleOutcome::Failed { reason },
-        },
-        Err(train::TrainError::Stopped) => {
-            log(
-                LogLevel::Info,
-                "stopped: the role was moved or the job ended".into(),
-            );
-            return;
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let source = train::join(&mut ring, &mut replica, &a.spec, device, &stop)?;
+            let Some(r) = replica.as_mut() else {
+                return Err(TrainError::Unsupported("no replica after joining".into()));
+            };
+            match source {
+                Some(s) if s != rank => log(
+                    LogLevel::Info,
+                    format!("received weights and optimizer state of step {} from rank {s}", r.step),
+                ),
+                Some(_) => log(
+                    LogLevel::Info,
+                    format!("sent weights and optimizer state of step {} to the ring", r.step),
+                ),
+                None => {}
+            }
+            let mut last_log = Instant::now();
+            let mut on_step = |s: &train::StepStats| {
+                if let Some(t) = broke_at.take() {
+                    log(
+                        LogLevel::Info,
+                        format!(
+                            "ring of {world} rebuilt (generation {}): first step {} ran {:.2} s after the previous ring broke",
+                            a.key.generation,
+                            s.step,
+                            t.elapsed().as_secs_f64()
+                        ),
+                    );
+                }
+                if rank != 0 {
+                    return;
+                }
+                let _ = tx.send(Item::Metric(*s));
+                if s.eval_loss.is_some() || last_log.elapsed().as_secs() >= 10 {
+                    last_log = Instant::now();
+                    let acc = s.eval_accuracy.map_or(String::new(), |a| {
+                        format!(", held-out accuracy {:.1}%", a * 100.0)
+                    });
+                    let _ = tx.send(Item::Log(
+                        LogLevel::Info,
+                        format!(
+                            "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms{}",
+                            s.step,
+                            s.loss,
+                            s.samples_per_sec,
+                            s.comm_seconds * 1e3,
+                            acc
+                        ),
+                    ));
+                }
+            };
+            train::train(r, &mut ring, &stop, &mut on_step)
+        }))
+        .unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            Err(TrainError::Unsupported(format!(
+                "training failed inside libtorch: {}",
+                what.lines().next().unwrap_or("")
+            )))
+        });
+        match result {
+            Ok(out) => {
+                let bw = ring.stats().bytes_sent.load(Ordering::Relaxed);
+                log(
+                    LogLevel::Info,
+                    format!(
+                        "rank {rank} of {world} done at step {}: weights sha256 {} ({} MiB sent on the ring)",
+                        out.steps,
+                        out.weights_sha256,
+                        bw >> 20
+                    ),
+                );
+                if rank == 0 {
+                    finish(&a, &out, &object_store, &tx);
+                }
+                return Parked::default();
+            }
+            Err(TrainError::Stopped) => return Parked { replica, broke_at },
+            Err(TrainError::Ring(e)) => {
+                if stop.load(Ordering::Relaxed) {
+                    return Parked { replica, broke_at };
+                }
+                broke_at.get_or_insert_with(Instant::now);
+                log(
+                    LogLevel::Warn,
+                    format!(
+                        "{e} at step {}: keeping the replica and waiting for the ring to form again",
+                        replica.as_ref().map_or(0, |r| r.step)
+                    ),
+                );
+                drop(ring);
+                if pause(Duration::from_millis(500), &stop) {
+                    return Parked { replica, broke_at };
+                }
+            }
+            Err(e) => return fail(e.to_string()),
         }
-        Err(e) => RoleOutcome::Failed {
-            reason: e.to_string(),
-        },
-    };
-    if let RoleOutcome::Failed { reason } = &outcome {
-        log(LogLevel::Error, reason.clone());
     }
+}
+
+/// Rank 0's end: the weights to the object store and the job's outcome.
+fn finish(a: &Assignment, out: &train::Outcome, object_store: &str, tx: &UnboundedSender<Item>) {
+    let outcome = match write_weights(object_store, a.key.job_id, &out.weights) {
+        Ok(url) => {
+            let _ = tx.send(Item::Log(
+                LogLevel::Info,
+                format!("done after {} steps; weights written to {url}", out.steps),
+            ));
+            RoleOutcome::Succeeded {
+                steps: out.steps,
+                final_loss: out.final_loss,
+                eval_loss: out.eval_loss,
+                eval_accuracy: out.eval_accuracy,
+                weights_url: url,
+            }
+        }
+        Err(reason) => {
+            let _ = tx.send(Item::Log(LogLevel::Error, reason.clone()));
+            RoleOutcome::Failed { reason }
+        }
+    };
     let _ = tx.send(Item::Outcome(outcome));
 }
 

@@ -2,9 +2,10 @@
 //! evaluation sets, served in seeded, sharded batches by a background thread.
 //!
 //! Every worker computes the same seeded split and, each epoch, the same
-//! seeded permutation of the training indices; worker `rank` of `world`
-//! takes every `world`-th index of it, so the shards are disjoint and cover
-//! the epoch. Text is cut into windows of `context + 1` tokens (bytes) at
+//! seeded permutation of the training indices; a step consumes the next
+//! `world × batch` samples of it, worker `rank` taking the `rank`-th run
+//! (see [`slice`]), so the shards are disjoint, cover the epoch, and are
+//! re-split when the membership changes. Text is cut into windows of `context + 1` tokens (bytes) at
 //! seeded random offsets. Batches are gathered on a background thread into a
 //! bounded channel, so the training loop only waits when the data is slower
 //! than the model.
@@ -238,50 +239,127 @@ impl Dataset {
         Some(gather(&self.data, &idx, spec))
     }
 
-    /// Starts the background batcher for worker `rank` of `world` from
-    /// `epoch`; it stops when the receiver is dropped.
-    pub fn into_batches(
-        self,
+    /// Starts the background batcher of worker `rank` of `world` from
+    /// `cursor`; it stops when the receiver is dropped. See [`slice`].
+    pub fn stream(
+        &self,
         spec: &JobSpecInput,
         rank: u32,
         world: u32,
-        epoch: u64,
-    ) -> Receiver<(Tensor, Tensor)> {
+        cursor: Cursor,
+    ) -> Receiver<Batch> {
         let (tx, rx) = sync_channel(PREFETCH);
-        let ds = self;
         let spec = spec.clone();
         let batch = spec.batch_size as usize;
+        // Tensors are not `Sync`: the loader gets handles of its own that
+        // share the storage.
+        let data = match &self.data {
+            Data::Tensors { x, y } => Data::Tensors {
+                x: x.shallow_clone(),
+                y: y.shallow_clone(),
+            },
+            Data::Text(t) => Data::Text(t.shallow_clone()),
+        };
+        let train = self.train.clone();
         std::thread::spawn(move || {
-            let mut epoch = epoch;
+            let mut cursor = cursor;
+            let len = train.len();
+            let mut order = epoch_order(&train, spec.seed, cursor.epoch);
             loop {
-                let mine = shard(&ds.train, spec.seed, epoch, rank, world);
-                if mine.is_empty() {
+                let (range, next) = slice(len, batch, rank, world, cursor);
+                let mine = &order[range];
+                let (x, y) = if mine.is_empty() {
+                    (Tensor::new(), Tensor::new())
+                } else {
+                    gather(&data, mine, &spec)
+                };
+                let b = Batch {
+                    x,
+                    y,
+                    samples: mine.len(),
+                    next,
+                };
+                if tx.send(b).is_err() {
                     return;
                 }
-                for chunk in mine.chunks(batch) {
-                    if tx.send(gather(&ds.data, chunk, &spec)).is_err() {
-                        return;
-                    }
+                if next.epoch != cursor.epoch {
+                    order = epoch_order(&train, spec.seed, next.epoch);
                 }
-                epoch += 1;
+                cursor = next;
             }
         });
         rx
     }
 }
 
-/// The samples worker `rank` of `world` trains on in `epoch`, in order: the
-/// epoch's seeded permutation of the training set, every `world`-th entry
-/// from `rank`. Every worker computes the same permutation, so the shards
-/// are disjoint and together cover the epoch.
-pub fn shard(train: &[i64], seed: u64, epoch: u64, rank: u32, world: u32) -> Vec<i64> {
+/// Where training stands in the data: the epoch and how many samples of its
+/// permutation the steps so far have consumed (all workers together).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// Epoch, from 0.
+    pub epoch: u64,
+    /// Samples of the epoch consumed.
+    pub offset: u64,
+}
+
+/// One worker's share of one step.
+pub struct Batch {
+    /// Inputs (undefined when `samples` is 0).
+    pub x: Tensor,
+    /// Targets (undefined when `samples` is 0).
+    pub y: Tensor,
+    /// Samples in this batch (0 at the ragged end of an epoch).
+    pub samples: usize,
+    /// The cursor after this step.
+    pub next: Cursor,
+}
+
+/// The training indices of `epoch` in their seeded order; every worker
+/// computes the same.
+pub fn epoch_order(train: &[i64], seed: u64, epoch: u64) -> Vec<i64> {
     Rng::new(seed, 0xE0C0 + epoch)
         .permutation(train.len())
         .iter()
-        .skip(rank as usize)
-        .step_by(world.max(1) as usize)
         .map(|&i| train[i as usize])
         .collect()
+}
+
+/// The positions in the epoch's order that worker `rank` of `world` trains
+/// on at the step that starts at `cursor`, and the cursor after the step.
+///
+/// A step consumes `world × batch` consecutive samples of the epoch's order
+/// (fewer at its end); rank `r` takes the `r`-th run of `batch`. The cursor
+/// is global, so after a membership change the remaining samples of the
+/// epoch are split among the new workers and none is lost or repeated.
+pub fn slice(
+    len: usize,
+    batch: usize,
+    rank: u32,
+    world: u32,
+    cursor: Cursor,
+) -> (std::ops::Range<usize>, Cursor) {
+    let at = (cursor.offset as usize).min(len);
+    let start = (at + rank as usize * batch).min(len);
+    let end = (start + batch).min(len);
+    let after = at + world.max(1) as usize * batch;
+    let next = if after >= len {
+        Cursor {
+            epoch: cursor.epoch + 1,
+            offset: 0,
+        }
+    } else {
+        Cursor {
+            epoch: cursor.epoch,
+            offset: after as u64,
+        }
+    };
+    (start..end, next)
+}
+
+/// Global steps an epoch takes from `offset` with `world` workers.
+pub fn steps_left_in_epoch(len: usize, batch: usize, world: u32, offset: u64) -> u64 {
+    let left = len.saturating_sub(offset as usize);
+    left.div_ceil((world.max(1) as usize * batch).max(1)) as u64
 }
 
 fn context(spec: &JobSpecInput) -> usize {
@@ -381,34 +459,43 @@ fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
 
 #[cfg(test)]
 mod tests {
-    use super::shard;
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// However the membership changes between steps, every sample of an
+        /// epoch is trained on exactly once.
+        #[test]
+        fn each_sample_of_an_epoch_once_whatever_the_worlds(len in 1usize..500, batch in 1usize..40, worlds in proptest::collection::vec(1u32..7, 1..40)) {
+            let mut seen = vec![0u32; len];
+            let mut cursor = Cursor::default();
+            let mut i = 0;
+            while cursor.epoch == 0 {
+                let world = worlds[i % worlds.len()];
+                i += 1;
+                let mut next = None;
+                for rank in 0..world {
+                    let (r, n) = slice(len, batch, rank, world, cursor);
+                    prop_assert!(r.len() <= batch);
+                    for p in r { seen[p] += 1; }
+                    prop_assert!(next.is_none_or(|m| m == n));
+                    next = Some(n);
+                }
+                cursor = next.unwrap();
+            }
+            prop_assert!(seen.iter().all(|&c| c == 1), "{:?}", seen);
+        }
+    }
 
     #[test]
-    fn shards_are_disjoint_cover_the_epoch_and_change_order_each_epoch() {
+    fn a_new_seeded_order_each_epoch() {
         let train: Vec<i64> = (100..1100).collect();
-        for world in 1..=5u32 {
-            let mut all: Vec<i64> = (0..world)
-                .flat_map(|r| shard(&train, 9, 0, r, world))
-                .collect();
-            let sizes: Vec<usize> = (0..world)
-                .map(|r| shard(&train, 9, 0, r, world).len())
-                .collect();
-            assert!(
-                sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
-                "{sizes:?}"
-            );
-            all.sort_unstable();
-            assert_eq!(all, train, "world {world}");
-        }
-        assert_ne!(
-            shard(&train, 9, 0, 0, 2),
-            shard(&train, 9, 1, 0, 2),
-            "a new permutation each epoch"
-        );
-        assert_eq!(
-            shard(&train, 9, 3, 1, 2),
-            shard(&train, 9, 3, 1, 2),
-            "seeded"
-        );
+        let mut sorted = epoch_order(&train, 9, 0);
+        assert_ne!(sorted, epoch_order(&train, 9, 1));
+        assert_eq!(epoch_order(&train, 9, 3), epoch_order(&train, 9, 3));
+        sorted.sort_unstable();
+        assert_eq!(sorted, train);
+        assert_eq!(steps_left_in_epoch(1000, 10, 4, 0), 25);
+        assert_eq!(steps_left_in_epoch(1000, 10, 3, 990), 1);
     }
 }

@@ -1,24 +1,33 @@
-//! The training runtime: one worker's loop on libtorch.
+//! The training runtime: one data-parallel replica's loop on libtorch.
 //!
-//! [`run`] loads the data ([`data`]), builds the model ([`model`]) in a
-//! `VarStore` on the assigned device, and trains: seeded initialisation,
-//! the spec's optimizer with its learning-rate schedule and gradient
-//! clipping, cross-entropy or MSE. It reports each step's loss, throughput
-//! and the time split between waiting for data and computing, evaluates on
-//! the held-out split, and returns the final weights. A single worker
-//! (world size 1) trains the whole job; more workers need a data plane (PS
-//! or ring) to combine gradients, which plugs in between backward and step.
+//! A [`Replica`] holds what a worker trains: the data ([`data`]), the model
+//! ([`model`]) in a `VarStore` on its device, a flat copy of the weights
+//! and the optimizer state over it ([`optim`]), the global step and the
+//! data cursor. [`train`] runs its loop on a ring ([`trainyard_dataplane`];
+//! a ring of one for a single worker): forward and backward on this rank's
+//! share of the global batch, gradients flattened and summed over the ring
+//! together with the sample count and the loss, the mean gradient clipped
+//! and applied identically on every replica, so all replicas hold the same
+//! bits. A step changes the replica only after its all-reduce completed, so
+//! a broken ring leaves it at its last completed step; [`join`] brings the
+//! members of a new ring to the most advanced state (a broadcast from the
+//! member that has it) before training resumes. Each step reports its
+//! loss, throughput and the split between data, compute and communication.
 
 pub mod data;
 pub mod model;
+pub mod optim;
 pub mod rng;
 
-use data::{DataError, Dataset};
+use data::{Batch, Cursor, DataError, Dataset};
+use optim::FlatOptimizer;
+use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use tch::nn::{self, OptimizerConfig};
+use tch::nn;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec, OptimizerKind, Schedule};
+use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec, Schedule};
+use trainyard_dataplane::{Ring, RingError};
 
 /// One step's figures: the wire type of the reports, so what the loop
 /// measures is exactly what the API stores.
@@ -36,6 +45,8 @@ pub struct Outcome {
     pub eval_loss: Option<f64>,
     /// The trained tensors by name.
     pub weights: Vec<(String, Tensor)>,
+    /// SHA-256 of the weights (names and bytes): equal on every replica.
+    pub weights_sha256: String,
 }
 
 /// Why training stopped early.
@@ -58,6 +69,10 @@ pub enum TrainError {
     /// Stopped on request.
     #[error("stopped")]
     Stopped,
+    /// The ring lost a member or timed out: the replica is intact at its
+    /// last completed step and waits for a new ring.
+    #[error("{0}")]
+    Ring(#[from] RingError),
 }
 
 /// Evaluations during a run (plus one at the end).
@@ -77,18 +92,6 @@ pub fn learning_rate(spec: &JobSpecInput, step: u64, total: u64) -> f64 {
                 0.5 * lr * (1.0 + (std::f64::consts::PI * t.min(1.0)).cos())
             }
         }
-    }
-}
-
-/// Total steps of the job for one of `world` workers holding `train_len` samples in all.
-pub fn total_steps(spec: &JobSpecInput, train_len: usize, world: u32) -> u64 {
-    match (spec.steps, spec.epochs) {
-        (Some(s), _) => s,
-        (None, Some(e)) => {
-            let per_worker = train_len.div_ceil(world.max(1) as usize);
-            u64::from(e) * per_worker.div_ceil(spec.batch_size as usize).max(1) as u64
-        }
-        (None, None) => 1,
     }
 }
 
@@ -146,153 +149,432 @@ fn evaluate(
     })
 }
 
-/// Trains `spec` as worker `rank` of `world` on `device`, calling `on_step`
-/// after each step, until done or `stop` is set.
-pub fn run(
+/// A data-parallel replica: model, flat weights, optimizer state, progress.
+pub struct Replica {
+    spec: JobSpecInput,
+    device: tch::Device,
+    dataset: Dataset,
+    eval: Option<(Tensor, Tensor)>,
+    _vs: nn::VarStore,
+    net: Box<dyn model::Net>,
+    vars: Vec<(String, Tensor)>,
+    numel: usize,
+    weights: Tensor,
+    opt: FlatOptimizer,
+    buf: Vec<f32>,
+    /// Global steps completed.
+    pub step: u64,
+    /// Where the next step starts in the data.
+    pub cursor: Cursor,
+    last_loss: f64,
+    eval_loss: Option<f64>,
+    eval_accuracy: Option<f64>,
+}
+
+/// Words of metadata at the end of an exported state.
+const META_WORDS: usize = 8;
+
+fn u64_words(v: u64) -> [f32; 2] {
+    [f32::from_bits(v as u32), f32::from_bits((v >> 32) as u32)]
+}
+
+fn words_u64(w: &[f32]) -> u64 {
+    u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32)
+}
+
+impl Replica {
+    /// Loads the data and builds the model of `spec` on `device` with the
+    /// job's seeded initialisation.
+    pub fn new(spec: &JobSpecInput, device: tch::Device) -> Result<Replica, TrainError> {
+        let dataset = Dataset::load(spec)?;
+        let eval = dataset.eval_batch(spec);
+        tch::manual_seed(spec.seed as i64);
+        let vs = nn::VarStore::new(device);
+        let net: Box<dyn model::Net> = match &spec.model {
+            ModelSpec::Torchscript(t) => {
+                let path = data::local_path(&t.url).map_err(TrainError::Unsupported)?;
+                Box::new(model::Script::load(&vs.root(), &path).map_err(|e| {
+                    TrainError::Unsupported(format!(
+                        "model.url is not a loadable TorchScript module: {e}"
+                    ))
+                })?)
+            }
+            other => model::build(&vs.root(), other)
+                .ok_or_else(|| TrainError::Unsupported("unknown model kind".into()))?,
+        };
+        let mut vars: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        if vars.is_empty() {
+            return Err(TrainError::Unsupported(
+                "the model has no trainable parameters".into(),
+            ));
+        }
+        let numel: usize = vars.iter().map(|(_, t)| t.numel()).sum();
+        let weights = tch::no_grad(|| {
+            Tensor::cat(
+                &vars
+                    .iter()
+                    .map(|(_, t)| t.detach().reshape([-1]))
+                    .collect::<Vec<_>>(),
+                0,
+            )
+        });
+        Ok(Replica {
+            opt: FlatOptimizer::new(&spec.optimizer, numel as i64, device),
+            spec: spec.clone(),
+            device,
+            dataset,
+            eval,
+            _vs: vs,
+            net,
+            vars,
+            numel,
+            weights,
+            buf: Vec::new(),
+            step: 0,
+            cursor: Cursor::default(),
+            last_loss: f64::NAN,
+            eval_loss: None,
+            eval_accuracy: None,
+        })
+    }
+
+    /// Trainable parameters.
+    pub fn numel(&self) -> usize {
+        self.numel
+    }
+
+    /// Whether the job's steps or epochs are done.
+    pub fn finished(&self) -> bool {
+        match (self.spec.steps, self.spec.epochs) {
+            (Some(s), _) => self.step >= s,
+            (None, Some(e)) => self.cursor.epoch >= u64::from(e),
+            (None, None) => self.step >= 1,
+        }
+    }
+
+    /// Total global steps of the job if the remaining ones run on `world`
+    /// workers (the learning-rate schedule and progress follow it).
+    pub fn total_steps(&self, world: u32) -> u64 {
+        match (self.spec.steps, self.spec.epochs) {
+            (Some(s), _) => s,
+            (None, Some(e)) => {
+                let (len, b) = (self.dataset.train_len(), self.spec.batch_size as usize);
+                let e = u64::from(e);
+                if self.cursor.epoch >= e {
+                    return self.step;
+                }
+                self.step
+                    + data::steps_left_in_epoch(len, b, world, self.cursor.offset)
+                    + (e - self.cursor.epoch - 1) * data::steps_left_in_epoch(len, b, world, 0)
+            }
+            (None, None) => 1,
+        }
+    }
+
+    /// Length of [`Replica::export`].
+    pub fn state_len(&self) -> usize {
+        self.numel * (1 + self.opt.state().len()) + META_WORDS
+    }
+
+    /// Weights, optimizer state, step and cursor as one flat buffer.
+    pub fn export(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.state_len()];
+        let n = self.numel;
+        let cpu = |t: &Tensor, dst: &mut [f32]| t.to_device(tch::Device::Cpu).copy_data(dst, n);
+        cpu(&self.weights, &mut out[..n]);
+        for (i, t) in self.opt.state().iter().enumerate() {
+            cpu(t, &mut out[(i + 1) * n..(i + 2) * n]);
+        }
+        let meta = &mut out[self.state_len() - META_WORDS..];
+        for (i, v) in [self.step, self.opt.t, self.cursor.epoch, self.cursor.offset]
+            .into_iter()
+            .enumerate()
+        {
+            meta[i * 2..i * 2 + 2].copy_from_slice(&u64_words(v));
+        }
+        out
+    }
+
+    /// Takes over a state [`Replica::export`] produced.
+    pub fn import(&mut self, state: &[f32]) -> Result<(), TrainError> {
+        if state.len() != self.state_len() {
+            return Err(TrainError::Unsupported(format!(
+                "a peer sent a state of {} values, this replica has {}",
+                state.len(),
+                self.state_len()
+            )));
+        }
+        let n = self.numel;
+        let device = self.device;
+        let load = |t: &mut Tensor, src: &[f32]| {
+            tch::no_grad(|| t.copy_(&Tensor::from_slice(src).to_device(device)))
+        };
+        load(&mut self.weights, &state[..n]);
+        for (i, t) in self.opt.state_mut().iter_mut().enumerate() {
+            load(t, &state[(i + 1) * n..(i + 2) * n]);
+        }
+        let meta = &state[state.len() - META_WORDS..];
+        self.step = words_u64(&meta[0..2]);
+        self.opt.t = words_u64(&meta[2..4]);
+        self.cursor = Cursor {
+            epoch: words_u64(&meta[4..6]),
+            offset: words_u64(&meta[6..8]),
+        };
+        self.write_back();
+        Ok(())
+    }
+
+    /// Copies the flat weights into the model's tensors.
+    fn write_back(&mut self) {
+        tch::no_grad(|| {
+            let mut at = 0i64;
+            for (_, v) in &mut self.vars {
+                let n = v.numel() as i64;
+                v.copy_(&self.weights.narrow(0, at, n).view(v.size().as_slice()));
+                at += n;
+            }
+        });
+    }
+
+    /// The weights by name, on the CPU.
+    pub fn weights(&self) -> Vec<(String, Tensor)> {
+        self.vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.detach().to_device(tch::Device::Cpu)))
+            .collect()
+    }
+
+    /// SHA-256 over the names and the bytes of the weights.
+    pub fn weights_sha256(&self) -> String {
+        let mut h = Sha256::new();
+        let mut flat = vec![0f32; self.numel];
+        self.weights
+            .to_device(tch::Device::Cpu)
+            .copy_data(&mut flat, self.numel);
+        for (k, _) in &self.vars {
+            h.update(k.as_bytes());
+        }
+        for x in &flat {
+            h.update(x.to_le_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+
+    /// One step on this rank's share `b`, summed over `ring`.
+    fn step(
+        &mut self,
+        b: Batch,
+        ring: &mut Ring,
+        lr: f64,
+        stop: &AtomicBool,
+    ) -> Result<(f64, usize, f64, f64), TrainError> {
+        let computed = Instant::now();
+        let n = self.numel;
+        self.buf.resize(n + 2, 0.0);
+        let mut loss_sum = 0.0;
+        if b.samples > 0 {
+            let (x, y) = (b.x.to_device(self.device), b.y.to_device(self.device));
+            for (_, v) in &self.vars {
+                let mut g = v.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let out = self.net.try_forward(&x, true).map_err(|e| {
+                TrainError::Unsupported(format!(
+                    "the model cannot take a batch of shape {:?}: {e}",
+                    x.size()
+                ))
+            })?;
+            if out.size().first() != Some(&(b.samples as i64)) {
+                return Err(TrainError::Unsupported(format!(
+                    "the model returned shape {:?} for a batch of {}",
+                    out.size(),
+                    b.samples
+                )));
+            }
+            let loss = loss_of(&self.spec, &out, &y).map_err(|e| {
+                TrainError::Unsupported(format!(
+                    "the model's output {:?} does not fit the targets {:?}: {e}",
+                    out.size(),
+                    y.size()
+                ))
+            })?;
+            // Sums over ranks of (mean loss × samples) give the global mean.
+            (&loss * b.samples as f64).backward();
+            loss_sum = loss.double_value(&[]) * b.samples as f64;
+            let flat = Tensor::cat(
+                &self
+                    .vars
+                    .iter()
+                    .map(|(_, v)| {
+                        let g = v.grad();
+                        if g.defined() {
+                            g.reshape([-1])
+                        } else {
+                            Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
+                        }
+                    })
+                    .collect::<Vec<_>>(),
+                0,
+            );
+            flat.to_device(tch::Device::Cpu)
+                .copy_data(&mut self.buf[..n], n);
+        } else {
+            self.buf[..n].fill(0.0);
+        }
+        self.buf[n] = b.samples as f32;
+        self.buf[n + 1] = loss_sum as f32;
+        let compute = computed.elapsed().as_secs_f64();
+        let comm_started = Instant::now();
+        ring.allreduce(&mut self.buf, stop)?;
+        let comm = comm_started.elapsed().as_secs_f64();
+        let applied = Instant::now();
+        let total = self.buf[n];
+        let loss = f64::from(self.buf[n + 1]) / f64::from(total.max(1.0));
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged(self.step + 1));
+        }
+        if total > 0.0 {
+            let mut g =
+                Tensor::from_slice(&self.buf[..n]).to_device(self.device) / f64::from(total);
+            if let Some(c) = self.spec.optimizer.grad_clip {
+                optim::clip_norm(&mut g, c);
+            }
+            self.opt.step(&mut self.weights, &g, lr);
+            self.write_back();
+        }
+        self.step += 1;
+        self.cursor = b.next;
+        self.last_loss = loss;
+        let compute = compute + applied.elapsed().as_secs_f64();
+        Ok((loss, total as usize, compute, comm))
+    }
+}
+
+/// Brings the members of a (new) ring to one state: the members share
+/// whether they hold a replica and at which step, and the most advanced one
+/// (the lowest rank among equals; rank 0 if nobody has one) broadcasts its
+/// weights, optimizer state, step and cursor to all when any member lacks
+/// them or lags. The replica is created in `slot` if it is empty and
+/// stays there whatever happens; returns the rank that sent the state, if
+/// one did.
+pub fn join(
+    ring: &mut Ring,
+    slot: &mut Option<Replica>,
     spec: &JobSpecInput,
     device: tch::Device,
-    rank: u32,
-    world: u32,
+    stop: &AtomicBool,
+) -> Result<Option<u32>, TrainError> {
+    let have = slot.as_ref().map_or([0, 0], |r| [1, r.step]);
+    let all = ring.allgather_u64(&have, stop)?;
+    let source = (0..all.len())
+        .filter(|&i| all[i][0] == 1)
+        .max_by_key(|&i| (all[i][1], std::cmp::Reverse(i)))
+        .unwrap_or(0);
+    let best = all[source][1];
+    let needed = all.iter().any(|a| a[0] == 0 || a[1] != best);
+    if slot.is_none() {
+        *slot = Some(Replica::new(spec, device)?);
+    }
+    let Some(replica) = slot.as_mut() else {
+        return Err(TrainError::Unsupported("no replica".into()));
+    };
+    if !needed {
+        return Ok(None);
+    }
+    let source = source as u32;
+    let mut state = if ring.rank() == source {
+        replica.export()
+    } else {
+        vec![0f32; replica.state_len()]
+    };
+    ring.broadcast(&mut state, source, stop)?;
+    if ring.rank() != source {
+        replica.import(&state)?;
+    }
+    Ok(Some(source))
+}
+
+/// Trains `replica` on `ring` until the job's steps or epochs are done,
+/// calling `on_step` after each step (with the held-out figures on rank 0,
+/// which alone evaluates).
+pub fn train(
+    replica: &mut Replica,
+    ring: &mut Ring,
     stop: &AtomicBool,
     on_step: &mut dyn FnMut(&StepStats),
 ) -> Result<Outcome, TrainError> {
-    if world != 1 {
-        return Err(TrainError::Unsupported(format!(
-            "{world} workers need the PS or ring data plane, which this executor does not have yet; run with workers 1"
-        )));
-    }
-    let dataset = Dataset::load(spec)?;
-    let total = total_steps(spec, dataset.train_len(), world);
-    let eval = dataset.eval_batch(spec);
-    let batches = dataset.into_batches(spec, rank, world, 0);
-
-    tch::manual_seed(spec.seed as i64);
-    let vs = nn::VarStore::new(device);
-    let net: Box<dyn model::Net> = match &spec.model {
-        ModelSpec::Torchscript(t) => {
-            let path = data::local_path(&t.url).map_err(TrainError::Unsupported)?;
-            Box::new(model::Script::load(&vs.root(), &path).map_err(|e| {
-                TrainError::Unsupported(format!(
-                    "model.url is not a loadable TorchScript module: {e}"
-                ))
-            })?)
-        }
-        other => model::build(&vs.root(), other)
-            .ok_or_else(|| TrainError::Unsupported("unknown model kind".into()))?,
-    };
-    let o = &spec.optimizer;
-    let [b1, b2] = o.betas.unwrap_or([0.9, 0.999]);
-    let mut opt = match o.kind {
-        OptimizerKind::Sgd => nn::Sgd {
-            momentum: 0.0,
-            dampening: 0.0,
-            wd: o.weight_decay,
-            nesterov: false,
-        }
-        .build(&vs, o.lr)?,
-        OptimizerKind::Momentum => nn::Sgd {
-            momentum: o.momentum.unwrap_or(0.9),
-            dampening: 0.0,
-            wd: o.weight_decay,
-            nesterov: false,
-        }
-        .build(&vs, o.lr)?,
-        OptimizerKind::Adam => nn::Adam {
-            beta1: b1,
-            beta2: b2,
-            wd: o.weight_decay,
-            eps: 1e-8,
-            amsgrad: false,
-        }
-        .build(&vs, o.lr)?,
-        OptimizerKind::Adamw => nn::AdamW {
-            beta1: b1,
-            beta2: b2,
-            wd: o.weight_decay,
-            eps: 1e-8,
-            amsgrad: false,
-        }
-        .build(&vs, o.lr)?,
-    };
+    let (rank, world) = (ring.rank(), ring.world());
+    let spec = replica.spec.clone();
+    let total = replica.total_steps(world);
     let eval_every = (total / EVALUATIONS).max(1);
-    let mut last_loss = f64::NAN;
-    let (mut eval_loss, mut eval_acc) = (None, None);
-    for step in 1..=total {
+    let batches = replica.dataset.stream(&spec, rank, world, replica.cursor);
+    let mut evaluated_at = None;
+    while !replica.finished() {
         if stop.load(Ordering::Relaxed) {
             return Err(TrainError::Stopped);
         }
         let waited = Instant::now();
-        let Ok((x, y)) = batches.recv() else {
+        let Ok(b) = batches.recv() else {
             return Err(TrainError::Unsupported("the data loader stopped".into()));
         };
         let data_seconds = waited.elapsed().as_secs_f64();
-        let computed = Instant::now();
-        let n = x.size()[0];
-        let (x, y) = (x.to_device(device), y.to_device(device));
-        let lr = learning_rate(spec, step, total);
-        opt.set_lr(lr);
-        let out = net.try_forward(&x, true).map_err(|e| {
-            TrainError::Unsupported(format!(
-                "the model cannot take a batch of shape {:?}: {e}",
-                x.size()
-            ))
-        })?;
-        if out.size().first() != Some(&n) {
-            return Err(TrainError::Unsupported(format!(
-                "the model returned shape {:?} for a batch of {n}",
-                out.size()
-            )));
-        }
-        let loss = loss_of(spec, &out, &y).map_err(|e| {
-            TrainError::Unsupported(format!(
-                "the model's output {:?} does not fit the targets {:?}: {e}",
-                out.size(),
-                y.size()
-            ))
-        })?;
-        match o.grad_clip {
-            Some(c) => opt.backward_step_clip_norm(&loss, c),
-            None => opt.backward_step(&loss),
-        }
-        last_loss = loss.double_value(&[]);
-        if !last_loss.is_finite() {
-            return Err(TrainError::Diverged(step));
-        }
-        let compute_seconds = computed.elapsed().as_secs_f64();
+        let lr = learning_rate(&spec, replica.step + 1, total);
+        let (loss, samples, compute_seconds, comm_seconds) = replica.step(b, ring, lr, stop)?;
         let mut stats = StepStats {
-            step,
-            loss: last_loss,
+            step: replica.step,
+            loss,
             lr,
-            samples_per_sec: n as f64 / (data_seconds + compute_seconds).max(1e-9),
+            samples_per_sec: samples as f64
+                / (data_seconds + compute_seconds + comm_seconds).max(1e-9),
             data_seconds,
             compute_seconds,
-            comm_seconds: 0.0,
+            comm_seconds,
             eval_accuracy: None,
             eval_loss: None,
         };
-        if let Some(batch) = eval
-            .as_ref()
-            .filter(|_| step % eval_every == 0 || step == total)
-        {
-            let (l, a) = evaluate(spec, net.as_ref(), batch, device);
-            (eval_loss, eval_acc) = (Some(l), a);
-            (stats.eval_loss, stats.eval_accuracy) = (Some(l), a);
+        if rank == 0 && (replica.step % eval_every == 0 || replica.finished()) {
+            if let Some(batch) = replica.eval.as_ref() {
+                let (l, a) = evaluate(&spec, replica.net.as_ref(), batch, replica.device);
+                (replica.eval_loss, replica.eval_accuracy) = (Some(l), a);
+                (stats.eval_loss, stats.eval_accuracy) = (Some(l), a);
+                evaluated_at = Some(replica.step);
+            }
         }
         on_step(&stats);
     }
-    let mut weights: Vec<(String, Tensor)> = vs
-        .variables()
-        .into_iter()
-        .map(|(k, v)| (k, v.to_device(tch::Device::Cpu)))
-        .collect();
-    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    if rank == 0 && evaluated_at != Some(replica.step) {
+        if let Some(batch) = replica.eval.as_ref() {
+            let (l, a) = evaluate(&spec, replica.net.as_ref(), batch, replica.device);
+            (replica.eval_loss, replica.eval_accuracy) = (Some(l), a);
+        }
+    }
     Ok(Outcome {
-        steps: total,
-        final_loss: last_loss,
-        eval_accuracy: eval_acc,
-        eval_loss,
-        weights,
+        steps: replica.step,
+        final_loss: replica.last_loss,
+        eval_accuracy: replica.eval_accuracy,
+        eval_loss: replica.eval_loss,
+        weights: replica.weights(),
+        weights_sha256: replica.weights_sha256(),
     })
+}
+
+/// Trains `spec` alone (a ring of one) on `device`, calling `on_step` after
+/// each step, until done or `stop` is set.
+pub fn run(
+    spec: &JobSpecInput,
+    device: tch::Device,
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&StepStats),
+) -> Result<Outcome, TrainError> {
+    let mut replica = Replica::new(spec, device)?;
+    train(&mut replica, &mut Ring::solo(), stop, on_step)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use super::*;
 use serde_json::json;
 use std::sync::atomic::AtomicBool;
+use trainyard_dataplane::Ring;
 
 fn spec(v: serde_json::Value) -> JobSpecInput {
     let s: trainyard_common::JobSpec = serde_json::from_value(v).expect("valid spec");
@@ -16,14 +17,9 @@ fn digits_url() -> String {
 
 fn train(s: &JobSpecInput) -> Result<(Outcome, Vec<StepStats>), TrainError> {
     let mut steps = Vec::new();
-    let out = run(
-        s,
-        tch::Device::Cpu,
-        0,
-        1,
-        &AtomicBool::new(false),
-        &mut |st| steps.push(*st),
-    )?;
+    let out = run(s, tch::Device::Cpu, &AtomicBool::new(false), &mut |st| {
+        steps.push(*st)
+    })?;
     Ok((out, steps))
 }
 
@@ -166,4 +162,98 @@ fn safetensors_datasets_train_too() {
     let (out, _) = train(&s).unwrap();
     assert!(out.eval_accuracy.unwrap() > 0.95, "{:?}", out.eval_accuracy);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Trains `world` in-process replicas on a real ring over loopback, each
+/// created here in turn (libtorch's seed is global), and returns each one's
+/// outcome.
+fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
+    use trainyard_dataplane::{DataPlane, Ring, RingConfig};
+    let planes: Vec<DataPlane> = (0..world)
+        .map(|_| DataPlane::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let peers: Vec<String> = planes.iter().map(|p| p.local_addr().to_string()).collect();
+    let replicas: Vec<Replica> = (0..world)
+        .map(|_| Replica::new(s, tch::Device::Cpu).unwrap())
+        .collect();
+    let job = uuid::Uuid::new_v4();
+    std::thread::scope(|scope| {
+        let joins: Vec<_> = replicas
+            .into_iter()
+            .enumerate()
+            .map(|(rank, replica)| {
+                let (plane, peers) = (&planes[rank], peers.clone());
+                scope.spawn(move || {
+                    let stop = AtomicBool::new(false);
+                    let cfg = RingConfig {
+                        job,
+                        generation: 1,
+                        rank: rank as u32,
+                        peers,
+                        secret: b"k".to_vec(),
+                        connect_timeout: std::time::Duration::from_secs(10),
+                        collective_timeout: std::time::Duration::from_secs(30),
+                    };
+                    let mut ring = Ring::connect(plane, &cfg, &stop).unwrap();
+                    let mut slot = Some(replica);
+                    let source = join(&mut ring, &mut slot, s, tch::Device::Cpu, &stop).unwrap();
+                    assert_eq!(source, None, "equal fresh replicas need no broadcast");
+                    super::train(slot.as_mut().unwrap(), &mut ring, &stop, &mut |_| {}).unwrap()
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+fn sgd_digits(batch: u32, steps: u64) -> JobSpecInput {
+    spec(json!({
+        "name": "exact", "model": {"kind": "mlp", "inputs": 64, "hidden": [32], "outputs": 10},
+        "dataset": {"kind": "file", "url": digits_url()}, "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.1},
+        "batch_size": batch, "steps": steps, "eval_fraction": 0.2, "seed": 5
+    }))
+}
+
+/// Data parallelism changes nothing but speed: 3 ranks with batches of 16
+/// end with the weights of one process with batches of 48 (the
+/// concatenation of theirs), and all ranks hold the same bits.
+#[test]
+fn three_ring_ranks_equal_one_process_on_the_concatenated_batches() {
+    let ring = train_ring(&sgd_digits(16, 12), 3);
+    let (solo, _) = train(&sgd_digits(48, 12)).unwrap();
+    assert!(ring
+        .iter()
+        .all(|o| o.weights_sha256 == ring[0].weights_sha256));
+    for ((name, a), (_, b)) in ring[0].weights.iter().zip(&solo.weights) {
+        let rel =
+            (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-12);
+        assert!(rel < 1e-5, "{name}: relative difference {rel}");
+    }
+    assert_eq!(ring[0].steps, 12);
+}
+
+/// A replica exported at some step and imported into a fresh one continues
+/// exactly as the original would have.
+#[test]
+fn an_exported_state_resumes_bit_for_bit() {
+    let s = spec(json!({
+        "name": "resume", "model": {"kind": "mlp", "inputs": 64, "hidden": [16], "outputs": 10},
+        "dataset": {"kind": "file", "url": digits_url()}, "loss": "cross_entropy",
+        "optimizer": {"kind": "adam", "lr": 0.01}, "batch_size": 32, "steps": 20, "seed": 2
+    }));
+    let stop = AtomicBool::new(false);
+    let mut a = Replica::new(&s, tch::Device::Cpu).unwrap();
+    let mut half = s.clone();
+    half.steps = Some(7);
+    a.spec = half;
+    super::train(&mut a, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
+    a.spec = s.clone();
+    let mut b = Replica::new(&s, tch::Device::Cpu).unwrap();
+    b.import(&a.export()).unwrap();
+    assert_eq!((b.step, b.cursor), (7, a.cursor));
+    let oa = super::train(&mut a, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
+    let ob = super::train(&mut b, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
+    assert_eq!(oa.weights_sha256, ob.weights_sha256);
+    assert!(b.import(&[0.0; 3]).is_err());
 }

@@ -1,0 +1,211 @@
+//! Optimizers over one flat parameter tensor.
+//!
+//! Data-parallel training combines gradients as one flat buffer (the ring
+//! sums it; a parameter server owns ranges of it), so the update is applied
+//! to the flat weights too: SGD, momentum, Adam and AdamW with PyTorch's
+//! update rules (`torch.optim`), their state (momentum buffer, first and
+//! second moments, step count) kept as flat tensors that can be exported,
+//! sent to a new replica and imported bit for bit. Elementwise libtorch
+//! kernels do the arithmetic, on the CPU or the GPU where the weights live.
+
+use tch::Tensor;
+use trainyard_common::spec::{OptimizerKind, OptimizerSpec};
+
+/// An optimizer and its state for `numel` parameters.
+pub struct FlatOptimizer {
+    kind: OptimizerKind,
+    momentum: f64,
+    betas: [f64; 2],
+    weight_decay: f64,
+    eps: f64,
+    /// Updates applied so far (Adam's bias correction).
+    pub t: u64,
+    state: Vec<Tensor>,
+}
+
+impl FlatOptimizer {
+    /// The optimizer of `spec` for `numel` parameters on `device`.
+    pub fn new(spec: &OptimizerSpec, numel: i64, device: tch::Device) -> FlatOptimizer {
+        let zeros = || Tensor::zeros([numel], (tch::Kind::Float, device));
+        let state = match spec.kind {
+            OptimizerKind::Sgd => vec![],
+            OptimizerKind::Momentum => vec![zeros()],
+            OptimizerKind::Adam | OptimizerKind::Adamw => vec![zeros(), zeros()],
+        };
+        FlatOptimizer {
+            kind: spec.kind,
+            momentum: spec.momentum.unwrap_or(0.9),
+            betas: spec.betas.unwrap_or([0.9, 0.999]),
+            weight_decay: spec.weight_decay,
+            eps: 1e-8,
+            t: 0,
+            state,
+        }
+    }
+
+    /// The state tensors (momentum buffer; or first and second moments).
+    pub fn state(&self) -> &[Tensor] {
+        &self.state
+    }
+
+    /// The state tensors, to be overwritten by an import.
+    pub fn state_mut(&mut self) -> &mut [Tensor] {
+        &mut self.state
+    }
+
+    /// Applies one update with gradient `g` to the weights `w` in place.
+    pub fn step(&mut self, w: &mut Tensor, g: &Tensor, lr: f64) {
+        self.t += 1;
+        tch::no_grad(|| {
+            let wd = self.weight_decay;
+            match self.kind {
+                OptimizerKind::Sgd => {
+                    let g = if wd != 0.0 {
+                        g + &*w * wd
+                    } else {
+                        g.shallow_clone()
+                    };
+                    let _ = w.g_sub_(&(g * lr));
+                }
+                OptimizerKind::Momentum => {
+                    let g = if wd != 0.0 {
+                        g + &*w * wd
+                    } else {
+                        g.shallow_clone()
+                    };
+                    let buf = &mut self.state[0];
+                    if self.t == 1 {
+                        buf.copy_(&g);
+                    } else {
+                        let _ = buf.g_mul_scalar_(self.momentum);
+                        let _ = buf.g_add_(&g);
+                    }
+                    let _ = w.g_sub_(&(&*buf * lr));
+                }
+                OptimizerKind::Adam | OptimizerKind::Adamw => {
+                    let [b1, b2] = self.betas;
+                    let g = if self.kind == OptimizerKind::Adam && wd != 0.0 {
+                        g + &*w * wd
+                    } else {
+                        g.shallow_clone()
+                    };
+                    if self.kind == OptimizerKind::Adamw && wd != 0.0 {
+                        let _ = w.g_mul_scalar_(1.0 - lr * wd);
+                    }
+                    let (m, v) = self.state.split_at_mut(1);
+                    let (m, v) = (&mut m[0], &mut v[0]);
+                    let _ = m.g_mul_scalar_(b1);
+                    let _ = m.g_add_(&(&g * (1.0 - b1)));
+                    let _ = v.g_mul_scalar_(b2);
+                    let _ = v.g_add_(&(&g * &g * (1.0 - b2)));
+                    let t = self.t as i32;
+                    let bc1 = 1.0 - b1.powi(t);
+                    let bc2 = 1.0 - b2.powi(t);
+                    let denom = v.sqrt() / bc2.sqrt() + self.eps;
+                    let _ = w.g_sub_(&(&*m / denom * (lr / bc1)));
+                }
+            }
+        });
+    }
+}
+
+/// Scales `g` so that its L2 norm is at most `max` (PyTorch's
+/// `clip_grad_norm_`); returns the norm before clipping.
+pub fn clip_norm(g: &mut Tensor, max: f64) -> f64 {
+    let norm = g.norm().double_value(&[]);
+    let coef = max / (norm + 1e-6);
+    if coef < 1.0 {
+        let _ = g.g_mul_scalar_(coef);
+    }
+    norm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::nn::{self, OptimizerConfig};
+
+    fn objective(p: &Tensor) -> Tensor {
+        ((p - 0.5) * (p - 0.5) + p.sin() * 0.1).sum(tch::Kind::Float)
+    }
+
+    /// The flat optimizers follow libtorch's own on a small problem.
+    #[test]
+    fn flat_updates_match_libtorch_optimizers() {
+        for (kind, wd) in [
+            (OptimizerKind::Sgd, 0.01),
+            (OptimizerKind::Momentum, 0.0),
+            (OptimizerKind::Adam, 0.01),
+            (OptimizerKind::Adamw, 0.05),
+        ] {
+            let spec = OptimizerSpec {
+                kind,
+                lr: 0.05,
+                momentum: Some(0.9),
+                betas: Some([0.9, 0.99]),
+                weight_decay: wd,
+                schedule: trainyard_common::spec::Schedule::Constant,
+                grad_clip: None,
+            };
+            tch::manual_seed(1);
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let p = vs.root().randn("p", &[50], 0.0, 1.0);
+            let mut w = p.detach().copy();
+            let mut opt = match kind {
+                OptimizerKind::Sgd => nn::Sgd {
+                    momentum: 0.0,
+                    dampening: 0.0,
+                    wd,
+                    nesterov: false,
+                }
+                .build(&vs, 0.05),
+                OptimizerKind::Momentum => nn::Sgd {
+                    momentum: 0.9,
+                    dampening: 0.0,
+                    wd,
+                    nesterov: false,
+                }
+                .build(&vs, 0.05),
+                OptimizerKind::Adam => nn::Adam {
+                    beta1: 0.9,
+                    beta2: 0.99,
+                    wd,
+                    eps: 1e-8,
+                    amsgrad: false,
+                }
+                .build(&vs, 0.05),
+                OptimizerKind::Adamw => nn::AdamW {
+                    beta1: 0.9,
+                    beta2: 0.99,
+                    wd,
+                    eps: 1e-8,
+                    amsgrad: false,
+                }
+                .build(&vs, 0.05),
+            }
+            .unwrap();
+            let mut flat = FlatOptimizer::new(&spec, 50, tch::Device::Cpu);
+            for _ in 0..20 {
+                let loss = objective(&p);
+                opt.backward_step(&loss);
+                let wg = w.detach().set_requires_grad(true);
+                let l2 = objective(&wg);
+                l2.backward();
+                let g = wg.grad();
+                flat.step(&mut w, &g, 0.05);
+            }
+            let diff = (&w - &p.detach()).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "{kind:?}: max difference {diff}");
+        }
+    }
+
+    #[test]
+    fn clipping_bounds_the_norm() {
+        let mut g = Tensor::from_slice(&[3.0f32, 4.0]);
+        assert!((clip_norm(&mut g, 1.0) - 5.0).abs() < 1e-6);
+        assert!((g.norm().double_value(&[]) - 1.0).abs() < 1e-4);
+        let mut small = Tensor::from_slice(&[0.3f32, 0.4]);
+        clip_norm(&mut small, 1.0);
+        assert!((small.norm().double_value(&[]) - 0.5).abs() < 1e-6);
+    }
+}

@@ -46,6 +46,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The cluster join token executors register with.
     pub join_token: Arc<String>,
+    /// Fans Postgres notifications out to `/v1/events/stream`.
+    pub events: routes::stream::EventHub,
 }
 
 /// A built server: bound to its port and connected to its database.
@@ -81,6 +83,7 @@ impl Application {
             Some(Scheduler::new(db.clone(), scheduler_config(&config), sm))
         };
         let state = AppState {
+            events: routes::stream::EventHub::new(db.clone()),
             db,
             metrics,
             config: Arc::new(config),
@@ -116,6 +119,13 @@ impl Application {
         let db = self.state.db.clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stopped)));
+        // Event streams never end by themselves: close them when shutdown
+        // begins, or the graceful drain would wait for every open page.
+        let events = self.state.events.clone();
+        let shutdown = async move {
+            shutdown.await;
+            events.close();
+        };
         axum::serve(
             self.listener,
             self.router

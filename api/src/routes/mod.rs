@@ -6,9 +6,11 @@
 //! health, metrics, the OpenAPI document, the docs page and the web page do
 //! not. Unknown routes and wrong methods answer with problem details too.
 
+pub mod assignments;
 pub mod executors;
 pub mod health;
 pub mod jobs;
+pub mod stream;
 pub mod telemetry;
 
 use crate::error::ApiError;
@@ -33,6 +35,8 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}", get(jobs::get))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
+        .route("/jobs/{id}/assignments", get(assignments::assignments))
+        .route("/events/stream", get(stream::stream))
         .route("/jobs/{id}/metrics", get(telemetry::metrics))
         .route("/jobs/{id}/logs", get(telemetry::logs))
         .route("/executors", get(executors::list))

@@ -1,0 +1,141 @@
+//! `GET /v1/jobs/{id}/assignments`: who holds which role of a job now.
+//!
+//! The scheduler rewrites a job's rows in `assignments` as a whole, together
+//! with `jobs.generation`, in one transaction per membership change; this
+//! reads them back joined with their executors, so the web page can draw the
+//! cluster map (PS shards with the parameter ranges they own and the workers
+//! that pull from them, or the ring's ranks in order) and redraw it at each
+//! generation. A job that is not placed (queued, or ended) has none.
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::JobId;
+use crate::routes::jobs::fetch_job;
+use crate::AppState;
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use trainyard_common::cluster::{ExecutorState, Range};
+use trainyard_common::spec::Strategy;
+use trainyard_common::JobState;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A job's roles at its current generation.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobAssignments {
+    /// Job id.
+    pub job_id: Uuid,
+    /// The job's state.
+    pub state: JobState,
+    /// The job's current generation (0 before its first placement).
+    pub generation: i64,
+    /// The strategy the job runs with (the spec's until it is placed).
+    pub strategy: Strategy,
+    /// Parameter-server shards in shard order (empty for a ring).
+    pub parameter_servers: Vec<PsShard>,
+    /// Workers in rank order: for `allreduce`, the ring's order.
+    pub workers: Vec<WorkerRole>,
+}
+
+/// The executor a role runs on.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RoleHost {
+    /// Executor id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Its data-plane address.
+    pub address: String,
+    /// Its state (`live`, `draining`, `lost`, `left`).
+    pub state: ExecutorState,
+}
+
+/// One PS shard.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PsShard {
+    /// Shard number.
+    pub shard: u32,
+    /// Where it runs.
+    pub executor: RoleHost,
+    /// The tensor ranges it owns.
+    pub ranges: Vec<Range>,
+    /// Elements it owns in all (the sum of its ranges).
+    pub elements: u64,
+}
+
+/// One worker.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkerRole {
+    /// Rank.
+    pub rank: u32,
+    /// Where it runs.
+    pub executor: RoleHost,
+    /// Device index on that executor.
+    pub device: u32,
+}
+
+/// A job's current roles and where they run.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/assignments", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job's roles at its current generation", body = JobAssignments),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn assignments(
+    State(st): State<AppState>,
+    JobId(id): JobId,
+) -> ApiResult<Json<JobAssignments>> {
+    let job = fetch_job(&st.db, id).await?;
+    let rows = sqlx::query(
+        "SELECT a.role, a.index, a.device, a.ranges, e.id, e.name, e.address, e.state::text AS state
+         FROM assignments a JOIN executors e ON e.id = a.executor_id
+         WHERE a.job_id = $1 AND a.generation = $2
+         ORDER BY a.role, a.index",
+    )
+    .bind(id)
+    .bind(job.generation)
+    .fetch_all(&st.db)
+    .await?;
+    let mut parameter_servers = Vec::new();
+    let mut workers = Vec::new();
+    for r in &rows {
+        let executor = RoleHost {
+            id: r.try_get("id")?,
+            name: r.try_get("name")?,
+            address: r.try_get("address")?,
+            state: ExecutorState::parse(&r.try_get::<String, _>("state")?)
+                .unwrap_or(ExecutorState::Lost),
+        };
+        let index = u32::try_from(r.try_get::<i32, _>("index")?)
+            .map_err(|e| ApiError::Internal(e.into()))?;
+        if r.try_get::<String, _>("role")? == "ps" {
+            let ranges: Vec<Range> = serde_json::from_value(r.try_get("ranges")?)
+                .map_err(|e| ApiError::Internal(e.into()))?;
+            parameter_servers.push(PsShard {
+                shard: index,
+                elements: ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum(),
+                executor,
+                ranges,
+            });
+        } else {
+            let device = r.try_get::<Option<i32>, _>("device")?.unwrap_or(0);
+            workers.push(WorkerRole {
+                rank: index,
+                executor,
+                device: u32::try_from(device).map_err(|e| ApiError::Internal(e.into()))?,
+            });
+        }
+    }
+    Ok(Json(JobAssignments {
+        job_id: id,
+        state: job.state,
+        generation: job.generation,
+        strategy: job.strategy,
+        parameter_servers,
+        workers,
+    }))
+}

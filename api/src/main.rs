@@ -1,8 +1,13 @@
 //! `trainyard`: the API server (with the scheduler in-process) and tools
 //! around it. `trainyard serve` runs it; `trainyard openapi` prints the
-//! OpenAPI document. The wiring lives in the library (`Application`).
+//! OpenAPI document; `submit`, `jobs`, `job`, `cancel`, `executors` and
+//! `logs` are the command-line client of [`cli`]. The server's wiring lives
+//! in the library (`Application`).
+
+mod cli;
 
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 use trainyard_api::config::LogFormat;
 use trainyard_api::embedded_pg::EmbeddedPostgres;
@@ -22,16 +27,50 @@ enum Command {
     Serve(Box<Config>),
     /// Print the OpenAPI document (the content of openapi/openapi.json).
     Openapi,
+    /// Submit a job spec (JSON file, or - for stdin) and print its id.
+    Submit(cli::SubmitArgs),
+    /// List jobs, newest first.
+    Jobs(cli::JobsArgs),
+    /// Follow a job until it ends: exit 0 when it succeeded, 1 when it
+    /// failed, 3 when it was cancelled.
+    Job(cli::JobArgs),
+    /// Cancel a job.
+    Cancel(cli::JobArgs),
+    /// List executors: state, resources, roles, heartbeat freshness.
+    Executors(cli::ExecutorsArgs),
+    /// Print a job's log lines (every role's), oldest first.
+    Logs(cli::JobArgs),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+async fn main() -> ExitCode {
+    let client = match Cli::parse().command {
         Command::Openapi => {
             print!("{}", openapi::document());
-            Ok(())
+            return ExitCode::SUCCESS;
         }
-        Command::Serve(config) => serve(*config).await,
+        Command::Serve(config) => {
+            return match serve(*config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("Error: {e:?}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Submit(a) => cli::submit(a).await,
+        Command::Jobs(a) => cli::jobs(a).await,
+        Command::Job(a) => cli::job(a).await,
+        Command::Cancel(a) => cli::cancel(a).await,
+        Command::Executors(a) => cli::executors(a).await,
+        Command::Logs(a) => cli::logs(a).await,
+    };
+    match client {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            e.report();
+            ExitCode::from(cli::EXIT_ERROR)
+        }
     }
 }
 

@@ -1,0 +1,370 @@
+//! The command-line client (`trainyard submit|jobs|job|cancel|executors|logs`)
+//! as users run it: the real binary against a real server, Postgres and
+//! executor. It submits a spec file, follows the job to `succeeded` (exit
+//! 0) with a progress bar and the loss, cancels a running job (which a
+//! concurrent `trainyard job` reports with exit 3), and fails with one
+//! clear line and a non-zero exit for an unreachable API, a rejected spec
+//! (every field error printed), a missing token and an unknown job.
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wait_ready, Proc};
+
+const JOIN: &str = "e2e-cli-token";
+
+struct Server {
+    _api: Proc,
+    base: String,
+    data: PathBuf,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let db = fresh_database().unwrap();
+        let port = free_port().unwrap();
+        let data =
+            std::env::temp_dir().join(format!("trainyard-cli-{}-{port}", std::process::id()));
+        let mut cmd = Command::new(binary("trainyard").unwrap());
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--heartbeat-interval-ms",
+            "200",
+            "--heartbeat-misses",
+            "25",
+        ])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(&data)
+        .env("DATABASE_URL", &db)
+        .env("TRAINYARD_JOIN_TOKEN", JOIN);
+        let mut api = Proc::spawn(cmd).unwrap();
+        wait_ready(
+            &format!("http://127.0.0.1:{port}/readyz"),
+            &mut api,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        Server {
+            _api: api,
+            base: format!("http://127.0.0.1:{port}"),
+            data,
+        }
+    }
+
+    fn executor(&self, name: &str) -> Proc {
+        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
+        cmd.args([
+            "--api",
+            &self.base,
+            "--join-token",
+            JOIN,
+            "--name",
+            name,
+            "--ram-mb",
+            "2048",
+        ]);
+        Proc::spawn(cmd).unwrap()
+    }
+
+    /// `trainyard ARGS…` against this server (through `TRAINYARD_API`).
+    fn cli(&self, args: &[&str]) -> Output {
+        cli_at(&self.base, args, None)
+    }
+
+    fn spec_file(&self, name: &str, spec: &Value) -> PathBuf {
+        std::fs::create_dir_all(&self.data).unwrap();
+        let path = self.data.join(format!("{name}.json"));
+        std::fs::write(&path, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
+        path
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn cli_at(api: &str, args: &[&str], token: Option<&str>) -> Output {
+    let mut cmd = Command::new(binary("trainyard").unwrap());
+    cmd.args(args)
+        .env("TRAINYARD_API", api)
+        .env_remove("TRAINYARD_API_TOKEN");
+    if let Some(t) = token {
+        cmd.env("TRAINYARD_API_TOKEN", t);
+    }
+    cmd.output().unwrap()
+}
+
+fn text(o: &[u8]) -> String {
+    String::from_utf8_lossy(o).into_owned()
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+        o.status.code(),
+        text(&o.stdout),
+        text(&o.stderr)
+    )
+}
+
+/// The job id in `submit`'s answer ("submitted job ID (…)").
+fn submitted_id(o: &Output) -> String {
+    let out = text(&o.stdout);
+    out.split_whitespace()
+        .nth(2)
+        .filter(|id| id.len() == 36)
+        .unwrap_or_else(|| panic!("no job id in: {}", show(o)))
+        .to_owned()
+}
+
+fn digits(name: &str, steps: u64) -> Value {
+    let raw = std::fs::read_to_string(repo_root().join("examples/digits-mlp.json")).unwrap();
+    let url = format!("file://{}", repo_root().join("data/digits.npz").display());
+    let mut spec: Value = serde_json::from_str(&raw.replace("@DIGITS@", &url)).unwrap();
+    spec["name"] = json!(name);
+    spec["steps"] = json!(steps);
+    spec
+}
+
+fn state_of(server: &Server, id: &str) -> String {
+    let o = server.cli(&["jobs", "--limit", "500"]);
+    text(&o.stdout)
+        .lines()
+        .find(|l| l.starts_with(id))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn cli_submits_follows_to_success_lists_and_cancels() {
+    let started = Instant::now();
+    let server = Server::start(&[]);
+    let _exec = server.executor("cli-ex1");
+
+    // submit FILE, then follow it: exit 0 once it succeeded.
+    let file = server.spec_file("digits", &digits("cli-digits", 300));
+    let submit = server.cli(&["submit", file.to_str().unwrap()]);
+    assert!(submit.status.success(), "{}", show(&submit));
+    let id = submitted_id(&submit);
+    assert!(
+        text(&submit.stdout).contains("(cli-digits, allreduce, queued)"),
+        "{}",
+        show(&submit)
+    );
+    let follow = server.cli(&["job", &id]);
+    assert_eq!(follow.status.code(), Some(0), "{}", show(&follow));
+    let (out, err) = (text(&follow.stdout), text(&follow.stderr));
+    assert!(
+        err.contains(&format!("job {id}: succeeded")),
+        "{}",
+        show(&follow)
+    );
+    assert!(
+        err.contains(&format!("[{}] 100% 300/300", "#".repeat(30))),
+        "a full progress bar: {}",
+        show(&follow)
+    );
+    assert!(err.contains("loss "), "{}", show(&follow));
+    assert!(out.contains("weights: file://"), "{}", show(&follow));
+    assert!(
+        out.contains(&format!("job {id} succeeded: trained 300 steps")),
+        "{}",
+        show(&follow)
+    );
+
+    // jobs, executors, logs.
+    let jobs = server.cli(&["jobs"]);
+    assert!(jobs.status.success(), "{}", show(&jobs));
+    let row = text(&jobs.stdout)
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .map(str::to_owned);
+    let row = row.unwrap_or_else(|| panic!("{}", show(&jobs)));
+    assert!(
+        row.contains("cli-digits") && row.contains("succeeded"),
+        "{row}"
+    );
+    let only_running = server.cli(&["jobs", "--state", "running"]);
+    assert!(
+        !text(&only_running.stdout).contains(&id),
+        "{}",
+        show(&only_running)
+    );
+    let execs = server.cli(&["executors"]);
+    assert!(execs.status.success(), "{}", show(&execs));
+    assert!(
+        text(&execs.stdout)
+            .lines()
+            .any(|l| l.contains("cli-ex1") && l.contains("live")),
+        "{}",
+        show(&execs)
+    );
+    let logs = server.cli(&["logs", &id]);
+    assert!(logs.status.success(), "{}", show(&logs));
+    let api_lines = reqwest::blocking::get(format!("{}/v1/jobs/{id}/logs?limit=1000", server.base))
+        .unwrap()
+        .json::<Value>()
+        .unwrap()["lines"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(api_lines > 0);
+    assert!(
+        text(&logs.stdout).lines().count() == api_lines
+            && text(&logs.stdout)
+                .lines()
+                .all(|l| l.contains(" worker0 g1: ")),
+        "{}",
+        show(&logs)
+    );
+
+    // cancel ID while a follower watches: the follower exits 3.
+    let long = server.spec_file("long", &digits("cli-long", 1_000_000));
+    let submit = server.cli(&["submit", long.to_str().unwrap()]);
+    let long_id = submitted_id(&submit);
+    eventually(Duration::from_secs(60), || {
+        (state_of(&server, &long_id) == "running").then_some(())
+    })
+    .expect("the long job runs");
+    let mut follower = Command::new(binary("trainyard").unwrap());
+    follower
+        .args(["job", &long_id])
+        .env("TRAINYARD_API", &server.base);
+    let mut follower = Proc::spawn(follower).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let cancel = server.cli(&["cancel", &long_id]);
+    assert!(cancel.status.success(), "{}", show(&cancel));
+    assert!(
+        text(&cancel.stdout).contains(&format!("job {long_id} cancelled (cancelled by user)")),
+        "{}",
+        show(&cancel)
+    );
+    let code = follower.wait_exit(Duration::from_secs(30)).unwrap();
+    assert_eq!(code, Some(3), "{}", follower.output());
+    assert!(
+        follower
+            .output()
+            .contains(&format!("job {long_id} cancelled: cancelled by user")),
+        "{}",
+        follower.output()
+    );
+    // Cancelling again is idempotent; following a cancelled job says so at once.
+    assert!(server.cli(&["cancel", &long_id]).status.success());
+    assert_eq!(server.cli(&["job", &long_id]).status.code(), Some(3));
+    eprintln!(
+        "CLI success/cancel test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn cli_errors_are_one_clear_line_and_a_non_zero_exit() {
+    // Nothing listens on this port.
+    let dead = format!("http://127.0.0.1:{}", free_port().unwrap());
+    let o = cli_at(&dead, &["jobs"], None);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with(&format!(
+            "error: cannot reach the Trainyard API at {dead}: "
+        )),
+        "{err}"
+    );
+    assert!(err.contains("(set --api or TRAINYARD_API)"), "{err}");
+    // --api wins over the environment.
+    let o = cli_at("http://127.0.0.1:9", &["executors", "--api", &dead], None);
+    assert!(text(&o.stderr).contains(&dead), "{}", show(&o));
+
+    let server = Server::start(&["--api-token", "cli-secret"]);
+    // A missing token: the 401, and what to do about it.
+    let o = server.cli(&["jobs"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(
+        err.starts_with("error: 401 Unauthorized: missing or invalid bearer token"),
+        "{err}"
+    );
+    assert!(err.contains("TRAINYARD_API_TOKEN"), "{err}");
+    let ok = cli_at(&server.base, &["jobs"], Some("cli-secret"));
+    assert!(ok.status.success(), "{}", show(&ok));
+
+    // A rejected spec: the problem on the first line, then every field.
+    let mut bad = digits("bad", 100);
+    bad["optimizer"]["lr"] = json!(0);
+    bad["batch_size"] = json!(0);
+    let file = server.spec_file("bad", &bad);
+    let o = cli_at(
+        &server.base,
+        &["submit", file.to_str().unwrap(), "--token", "cli-secret"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = text(&o.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines[0], "error: 422 Invalid request: 2 invalid field(s)",
+        "{err}"
+    );
+    assert!(
+        lines.contains(&"  optimizer.lr: must be greater than 0 and at most 10, got 0"),
+        "{err}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("  batch_size: must be between 1 and 65536")),
+        "{err}"
+    );
+    assert!(
+        text(&o.stdout).is_empty(),
+        "nothing submitted: {}",
+        show(&o)
+    );
+    // Malformed JSON and a missing file are one line too.
+    std::fs::write(&file, "{\"name\": ").unwrap();
+    let o = cli_at(
+        &server.base,
+        &["submit", file.to_str().unwrap(), "--token", "cli-secret"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        text(&o.stderr).starts_with("error: 400 Malformed JSON"),
+        "{}",
+        show(&o)
+    );
+    let o = cli_at(
+        &server.base,
+        &["submit", "/no/such/spec.json"],
+        Some("cli-secret"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        text(&o.stderr).starts_with("error: cannot read /no/such/spec.json"),
+        "{}",
+        show(&o)
+    );
+
+    // Unknown and malformed job ids.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    for cmd in ["job", "cancel", "logs"] {
+        let o = cli_at(&server.base, &[cmd, &unknown], Some("cli-secret"));
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", show(&o));
+        assert!(
+            text(&o.stderr).starts_with("error: 404 Not found: no job with id"),
+            "{cmd}: {}",
+            show(&o)
+        );
+    }
+    let o = cli_at(&server.base, &["job", "../executors"], Some("cli-secret"));
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(text(&o.stderr).contains("is not a job id"), "{}", show(&o));
+}

@@ -115,3 +115,24 @@ drop_test_databases() {
     psql "$TRAINYARD_TEST_DATABASE_URL" -qc "drop database if exists \"$db\" with (force)" >/dev/null 2>&1 || true
   done
 }
+
+# ensure_browser_tests: what the web UI's browser tests need — Debian's
+# Chromium, Node, and playwright-core (pinned) in the cache, outside the
+# clone. Exports TRAINYARD_CHROMIUM and TRAINYARD_NODE_MODULES for them.
+# The pinned version still runs on Node 18 (Debian 12's nodejs).
+PLAYWRIGHT_VERSION="1.61.1"
+NODE_DIR="$CACHE/node"
+ensure_browser_tests() {
+  command -v chromium >/dev/null 2>&1 || apt_install chromium
+  command -v node >/dev/null 2>&1 || apt_install nodejs
+  command -v npm >/dev/null 2>&1 || apt_install npm
+  local pkg="$NODE_DIR/node_modules/playwright-core/package.json"
+  if ! grep -q "\"version\": \"$PLAYWRIGHT_VERSION\"" "$pkg" 2>/dev/null; then
+    log "installing playwright-core@$PLAYWRIGHT_VERSION into $NODE_DIR"
+    mkdir -p "$NODE_DIR"
+    (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent "playwright-core@$PLAYWRIGHT_VERSION")
+  fi
+  export TRAINYARD_CHROMIUM
+  TRAINYARD_CHROMIUM="$(command -v chromium)"
+  export TRAINYARD_NODE_MODULES="$NODE_DIR/node_modules"
+}

@@ -6,3 +6,4 @@ mod cluster;
 mod executor_probe;
 mod server_lifecycle;
 mod training;
+mod web;

@@ -1,0 +1,396 @@
+//! The web UI, end to end: a real `trainyard` server with real executor
+//! processes, driven by headless Chromium (Debian's `chromium`) through
+//! `playwright-core` running `tests/web/ui.cjs` under Node. The script
+//! submits through the form and watches a job train to `succeeded` without
+//! reloading, reads the loss curve, sees an invalid spec's field errors
+//! beside the fields, asks this driver to SIGKILL the executor under a
+//! running job and watches the timeline record the recovery, and takes a
+//! screenshot of every page (into `<target>/web-screenshots/`; with
+//! `TRAINYARD_UPDATE_SCREENSHOTS=1` the README's two also go to `docs/`).
+//!
+//! The browser and `playwright-core` must be installed (`scripts/test` does
+//! it through `ensure_browser_tests` in `scripts/common.sh`): when they are
+//! missing these tests fail, they never skip. The HTTP-level checks of the
+//! event stream and the assignments endpoint need no browser.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use trainyard_e2e::{
+    binary, eventually, free_port, fresh_database, kill9, repo_root, wait_ready, Proc,
+};
+
+const JOIN: &str = "e2e-web-token";
+
+/// `playwright-core`'s `node_modules` folder.
+fn node_modules() -> PathBuf {
+    let dir = std::env::var_os("TRAINYARD_NODE_MODULES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+                });
+            cache.join("trainyard/node/node_modules")
+        });
+    assert!(
+        dir.join("playwright-core/package.json").exists(),
+        "playwright-core is not installed in {}: run ./scripts/test, or `source scripts/common.sh && ensure_browser_tests`",
+        dir.display()
+    );
+    dir
+}
+
+/// The Chromium binary.
+fn chromium() -> PathBuf {
+    let path = std::env::var_os("TRAINYARD_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(
+        path.exists(),
+        "Chromium is not installed at {}: run ./scripts/test, or `source scripts/common.sh && ensure_browser_tests`",
+        path.display()
+    );
+    path
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+struct Platform {
+    api: Proc,
+    base: String,
+    data: PathBuf,
+    client: Client,
+}
+
+impl Platform {
+    fn start(extra: &[&str]) -> Platform {
+        let db = fresh_database().unwrap();
+        let port = free_port().unwrap();
+        let data =
+            std::env::temp_dir().join(format!("trainyard-web-{}-{port}", std::process::id()));
+        let mut cmd = Command::new(binary("trainyard").unwrap());
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--heartbeat-interval-ms",
+            "200",
+            // 3 s of silence: quick to see a SIGKILL, slow enough for a
+            // 2-core machine that also runs Chromium.
+            "--heartbeat-misses",
+            "15",
+        ])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(&data)
+        .env("DATABASE_URL", &db)
+        .env("TRAINYARD_JOIN_TOKEN", JOIN);
+        let mut api = Proc::spawn(cmd).unwrap();
+        wait_ready(
+            &format!("http://127.0.0.1:{port}/readyz"),
+            &mut api,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        Platform {
+            api,
+            base: format!("http://127.0.0.1:{port}"),
+            data,
+            client: Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn executor(&self, name: &str) -> Proc {
+        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
+        cmd.args([
+            "--api",
+            &self.base,
+            "--join-token",
+            JOIN,
+            "--name",
+            name,
+            "--ram-mb",
+            "2048",
+        ]);
+        Proc::spawn(cmd).unwrap()
+    }
+
+    fn get(&self, path: &str) -> Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn live_executors(&self) -> usize {
+        self.get("/v1/executors?state=live")["executors"]
+            .as_array()
+            .map_or(0, Vec::len)
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+#[test]
+fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
+    let (modules, browser) = (node_modules(), chromium());
+    let started = Instant::now();
+    let p = Platform::start(&[]);
+    let mut executors: BTreeMap<String, Proc> = (1..=4)
+        .map(|i| (format!("ex{i}"), p.executor(&format!("ex{i}"))))
+        .collect();
+    eventually(Duration::from_secs(60), || {
+        (p.live_executors() == 4).then_some(())
+    })
+    .expect("4 executors register");
+
+    let shots = target_dir().join("web-screenshots");
+    let docs = std::env::var_os("TRAINYARD_UPDATE_SCREENSHOTS").map(|_| repo_root().join("docs"));
+    let mut node = Command::new("node");
+    node.arg(repo_root().join("tests/web/ui.cjs"))
+        .env("NODE_PATH", &modules)
+        .env("TY_BASE", &p.base)
+        .env("TY_CHROMIUM", &browser)
+        .env(
+            "TY_DIGITS",
+            format!("file://{}", repo_root().join("data/digits.npz").display()),
+        )
+        .env("TY_EXAMPLES", repo_root().join("examples"))
+        .env("TY_SHOTS", &shots)
+        .env(
+            "TY_DOCS",
+            docs.map(|d| d.into_os_string()).unwrap_or_default(),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = node.spawn().expect("node runs (install nodejs)");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (err_tx, err_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let text: Vec<String> = BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect();
+        let _ = err_tx.send(text.join("\n"));
+    });
+
+    let mut transcript = String::new();
+    let mut next = 5;
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        eprintln!("ui: {line}");
+        transcript.push_str(&line);
+        transcript.push('\n');
+        let Some(job) = line.strip_prefix("@@kill-executor-of ") else {
+            continue;
+        };
+        // SIGKILL the executor holding the job's worker, and start a fresh
+        // one so the cluster keeps four executors for the later jobs.
+        let a = p.get(&format!("/v1/jobs/{job}/assignments"));
+        let victim = a["workers"][0]["executor"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("job {job} has no worker: {a}"))
+            .to_owned();
+        let proc = executors.remove(&victim).expect("an executor of ours");
+        kill9(proc.pid());
+        drop(proc);
+        let name = format!("ex{next}");
+        next += 1;
+        executors.insert(name.clone(), p.executor(&name));
+        writeln!(stdin, "killed {victim}; started {name}").unwrap();
+        stdin.flush().unwrap();
+    }
+    let status = child.wait().unwrap();
+    let errors = err_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_default();
+    let server = p.api.output();
+    let tail = last_lines(&server, 40);
+    let executor_logs: String = executors
+        .iter()
+        .map(|(name, e)| format!("--- {name} ---\n{}\n", last_lines(&e.output(), 15)))
+        .collect();
+    assert!(
+        status.success(),
+        "the browser test failed ({status}):\n{errors}\n--- transcript ---\n{transcript}\n--- server (last lines) ---\n{tail}\n{executor_logs}"
+    );
+    for page in [
+        "executors",
+        "submit-invalid",
+        "job-succeeded",
+        "jobs",
+        "job-recovered",
+        "job-ps-running",
+        "job-ring-running",
+    ] {
+        let f = shots.join(format!("{page}.png"));
+        let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 10_000, "screenshot {} missing or empty", f.display());
+    }
+    eprintln!(
+        "browser test passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Reads server-sent events from `resp` into a channel, as `(event, data)`.
+fn sse_events(resp: reqwest::blocking::Response) -> mpsc::Receiver<(String, Value)> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut kind = String::new();
+        for line in BufReader::new(resp).lines().map_while(Result::ok) {
+            if let Some(k) = line.strip_prefix("event:") {
+                kind = k.trim().to_owned();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                let data = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
+                if tx.send((std::mem::take(&mut kind), data)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+fn wait_event(
+    rx: &mpsc::Receiver<(String, Value)>,
+    want: impl Fn(&str, &Value) -> bool,
+) -> (String, Value) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (k, d) = rx
+            .recv_timeout(left)
+            .expect("the awaited event arrives within 20 s");
+        if want(&k, &d) {
+            return (k, d);
+        }
+    }
+}
+
+#[test]
+fn event_stream_announces_changes_needs_the_token_and_ends_at_shutdown() {
+    let mut p = Platform::start(&["--api-token", "ui-secret"]);
+    let stream = |token: Option<&str>| {
+        let mut req = Client::builder()
+            .timeout(None)
+            .build()
+            .unwrap()
+            .get(format!("{}/v1/events/stream", p.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send().unwrap()
+    };
+    let denied = stream(None);
+    assert_eq!(denied.status(), 401);
+    assert_eq!(denied.headers()["content-type"], "application/problem+json");
+    let ok = stream(Some("ui-secret"));
+    assert_eq!(ok.status(), 200);
+    assert!(ok.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let rx = sse_events(ok);
+    wait_event(&rx, |k, _| k == "ready");
+
+    // A submit is announced with the job's id.
+    let spec = json!({
+        "name": "streamed",
+        "model": {"kind": "mlp", "inputs": 8, "hidden": [8], "outputs": 2},
+        "dataset": {"kind": "classification", "samples": 100, "features": 8, "classes": 2},
+        "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
+        "batch_size": 10, "steps": 5, "strategy": "allreduce"
+    });
+    let job: Value = p
+        .client
+        .post(format!("{}/v1/jobs", p.base))
+        .bearer_auth("ui-secret")
+        .json(&spec)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = job["id"].as_str().unwrap().to_owned();
+    wait_event(&rx, |k, d| k == "job" && d["id"] == id.as_str());
+
+    // The assignments of a job nobody holds yet; bad ids name the field.
+    let get = |path: &str| {
+        p.client
+            .get(format!("{}{path}", p.base))
+            .bearer_auth("ui-secret")
+            .send()
+            .unwrap()
+    };
+    let a: Value = get(&format!("/v1/jobs/{id}/assignments")).json().unwrap();
+    assert_eq!(a["generation"], 0, "{a}");
+    assert_eq!(a["workers"], json!([]));
+    assert_eq!(a["parameter_servers"], json!([]));
+    assert_eq!(a["strategy"], "allreduce");
+    let bad = get("/v1/jobs/42/assignments");
+    assert_eq!(bad.status(), 400);
+    let problem: Value = bad.json().unwrap();
+    assert_eq!(problem["errors"][0]["field"], "id", "{problem}");
+    let unknown = get(&format!("/v1/jobs/{}/assignments", uuid::Uuid::new_v4()));
+    assert_eq!(unknown.status(), 404);
+
+    // A cancel is announced too, and the stream ends when the server stops
+    // (a graceful shutdown is not held open by the page).
+    p.client
+        .post(format!("{}/v1/jobs/{id}/cancel", p.base))
+        .bearer_auth("ui-secret")
+        .send()
+        .unwrap();
+    wait_event(&rx, |k, d| k == "job" && d["id"] == id.as_str());
+    p.api.terminate().unwrap();
+    let code = p.api.wait_exit(Duration::from_secs(10)).unwrap();
+    assert_eq!(code, Some(0), "{}", p.api.output());
+}
+
+#[test]
+fn the_page_and_its_assets_are_served_from_the_binary() {
+    let p = Platform::start(&[]);
+    for (path, kind, needle) in [
+        ("/", "text/html", "/assets/app.js"),
+        ("/assets/app.js", "text/javascript", "/v1/events/stream"),
+        ("/assets/app.css", "text/css", ".field-error"),
+    ] {
+        let r = p.client.get(format!("{}{path}", p.base)).send().unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind),
+            "{path}"
+        );
+        assert!(r.text().unwrap().contains(needle), "{path}");
+    }
+}

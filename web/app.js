@@ -1,0 +1,800 @@
+// Trainyard web UI: plain JavaScript over the REST API, no build step.
+//
+// Four views behind the URL hash (#/jobs, #/jobs/ID, #/executors,
+// #/submit). Live updates come from GET /v1/events/stream (server-sent
+// events read with fetch, so the bearer token can go in a header): each
+// event names what changed and the open view refetches just that. A 401
+// from any request opens the token prompt.
+"use strict";
+
+const STATES = ["queued", "inspecting", "scheduling", "running", "recovering", "succeeded", "failed", "cancelled"];
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const TOKEN_KEY = "trainyard-token";
+const $ = (sel, root = document) => root.querySelector(sel);
+
+// ---------- small helpers ----------
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c);
+  return e;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+function svg(tag, attrs = {}, ...children) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v !== undefined && v !== null) e.setAttribute(k, v);
+  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c);
+  return e;
+}
+
+function stateBadge(state) { return el("span", { class: "state " + state, text: state }); }
+
+function age(iso) {
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  if (s < 60) return Math.floor(s) + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m";
+  if (s < 86400) return Math.floor(s / 3600) + "h";
+  return Math.floor(s / 86400) + "d";
+}
+
+function bytes(b) {
+  if (b === undefined || b === null) return "?";
+  if (b >= 2 ** 30) return (b / 2 ** 30).toFixed(1) + " GiB";
+  return Math.round(b / 2 ** 20) + " MiB";
+}
+
+function fmt(x, digits = 4) { return x === null || x === undefined || !isFinite(x) ? "–" : Number(x).toFixed(digits); }
+function clock(iso) { return new Date(iso).toLocaleTimeString([], { hour12: false }); }
+function short(id) { return id ? id.slice(-8) : ""; }
+
+// Steps the job will run when the spec says (steps, or epochs over a
+// generated dataset); null when only the executor knows (epochs over a file).
+function expectedSteps(spec) {
+  if (spec.steps) return spec.steps;
+  const samples = spec.dataset && spec.dataset.samples;
+  if (!spec.epochs || !samples) return null;
+  const evalFraction = spec.eval_fraction ?? 0.1;
+  const train = samples - Math.round(samples * evalFraction);
+  const workers = Math.max(1, (spec.workers && spec.workers.max) || 1);
+  return spec.epochs * Math.max(1, Math.ceil(Math.ceil(train / workers) / spec.batch_size));
+}
+
+function progressBar(step, total, state, big) {
+  const bar = el("div", { class: "progress" + (big ? " big" : "") });
+  const fill = el("div", { class: "fill" });
+  bar.append(fill);
+  setProgress(bar, step, total, state);
+  return bar;
+}
+
+function setProgress(bar, step, total, state) {
+  const fill = bar.firstChild;
+  let frac = null;
+  if (state === "succeeded") frac = 1;
+  else if (total) frac = Math.min(1, step / total);
+  bar.classList.toggle("unknown", frac === null && !TERMINAL.has(state) && step > 0);
+  fill.style.width = frac === null ? (TERMINAL.has(state) ? "0" : "") : (frac * 100).toFixed(1) + "%";
+  bar.dataset.step = step;
+  bar.title = total ? `${step} / ${total} steps` : `${step} steps`;
+}
+
+// ---------- API access and the token prompt ----------
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+function authHeaders(extra = {}) {
+  const h = Object.assign({}, extra);
+  const t = token();
+  if (t) h.Authorization = "Bearer " + t;
+  return h;
+}
+
+let tokenPrompt = null;
+function askToken(why) {
+  if (tokenPrompt) return tokenPrompt;
+  const dialog = $("#token-dialog");
+  $("#token-why").textContent = why || "This server requires a token (--api-token). It is kept in this tab only.";
+  $("#token-input").value = token();
+  tokenPrompt = new Promise((resolve) => {
+    const done = (ok) => {
+      dialog.close();
+      tokenPrompt = null;
+      if (ok) sessionStorage.setItem(TOKEN_KEY, $("#token-input").value.trim());
+      resolve(ok);
+    };
+    $("#token-form").onsubmit = (e) => { e.preventDefault(); done(true); };
+    $("#token-cancel").onclick = () => done(false);
+    dialog.oncancel = (e) => { e.preventDefault(); done(false); };
+  });
+  dialog.showModal();
+  $("#token-input").focus();
+  return tokenPrompt;
+}
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || "HTTP " + status);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+async function api(path, opts = {}) {
+  for (;;) {
+    const r = await fetch(path, Object.assign({}, opts, { headers: authHeaders(opts.headers) }));
+    if (r.status === 401) {
+      const ok = await askToken(token() ? "The token was refused. Enter the server's API token." : undefined);
+      if (ok) continue;
+    }
+    const type = r.headers.get("content-type") || "";
+    const body = type.includes("json") ? await r.json() : await r.text();
+    if (!r.ok) throw new ApiError(r.status, typeof body === "object" ? body : { detail: body });
+    return body;
+  }
+}
+
+function showError(e) {
+  const box = $("#error");
+  if (!e) { box.hidden = true; return; }
+  box.textContent = e.message || String(e);
+  box.hidden = false;
+}
+
+// Runs fn at most once per `ms`, the last call winning; returns the trigger.
+function debounced(fn, ms = 150) {
+  let timer = null, running = false, again = false;
+  const run = async () => {
+    timer = null;
+    if (running) { again = true; return; }
+    running = true;
+    try { await fn(); showError(null); } catch (e) { if (!(e instanceof ApiError && e.status === 404)) showError(e); }
+    running = false;
+    if (again) { again = false; trigger(); }
+  };
+  const trigger = () => { if (!timer) timer = setTimeout(run, ms); };
+  return trigger;
+}
+
+// ---------- live updates ----------
+
+let current = null; // the mounted view: { onEvent(kind, data), dispose() }
+
+function setLive(on) {
+  const l = $("#live");
+  l.textContent = on ? "live" : "offline";
+  l.className = "live " + (on ? "on" : "off");
+  document.body.dataset.live = on ? "1" : "0";
+}
+
+async function streamEvents() {
+  for (;;) {
+    try {
+      const r = await fetch("/v1/events/stream", { headers: authHeaders({ Accept: "text/event-stream" }) });
+      if (r.status === 401) {
+        if (!(await askToken())) await new Promise((res) => setTimeout(res, 5000));
+        continue;
+      }
+      if (!r.ok || !r.body) throw new Error("stream: HTTP " + r.status);
+      setLive(true);
+      const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += value.replace(/\r\n/g, "\n");
+        let cut;
+        while ((cut = buf.indexOf("\n\n")) >= 0) {
+          const chunk = buf.slice(0, cut);
+          buf = buf.slice(cut + 2);
+          let kind = "message", data = "";
+          for (const line of chunk.split("\n")) {
+            if (line.startsWith("event:")) kind = line.slice(6).trim();
+            else if (line.startsWith("data:")) data += line.slice(5).trim();
+          }
+          if (chunk.startsWith(":")) continue; // keep-alive comment
+          let parsed = {};
+          try { parsed = data ? JSON.parse(data) : {}; } catch (_) { parsed = {}; }
+          if (current) current.onEvent(kind, parsed);
+        }
+      }
+    } catch (e) {
+      console.warn("event stream", e);
+    }
+    setLive(false);
+    await new Promise((res) => setTimeout(res, 1000));
+  }
+}
+
+// ---------- routing ----------
+
+function route() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean);
+  if (current) current.dispose();
+  showError(null);
+  const main = $("#view");
+  main.replaceChildren();
+  let name = parts[0] || "jobs";
+  if (name === "jobs" && parts[1]) { current = jobView(main, decodeURIComponent(parts[1])); name = "jobs"; }
+  else if (name === "executors") current = executorsView(main);
+  else if (name === "submit") current = submitView(main);
+  else { current = jobsView(main); name = "jobs"; }
+  for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === name);
+  document.body.dataset.view = parts[0] === "jobs" && parts[1] ? "job" : name;
+}
+
+function mount(main, id) {
+  main.append($("#" + id).content.cloneNode(true));
+}
+
+// ---------- jobs ----------
+
+function jobsView(main) {
+  mount(main, "tpl-jobs");
+  const filter = $("#state-filter");
+  for (const s of STATES) filter.add(new Option(s, s));
+  filter.value = sessionStorage.getItem("trainyard-filter") || "";
+  const metrics = new Map(); // job id → { key, series }
+  let jobs = [];
+
+  const render = () => {
+    const body = $("#jobs");
+    if (!body) return;
+    body.replaceChildren(...jobs.map((j) => {
+      const m = metrics.get(j.id);
+      const series = m && m.series;
+      const last = series && series.points.length ? series.points[series.points.length - 1] : null;
+      const step = series ? series.steps_recorded : 0;
+      const total = expectedSteps(j.spec);
+      const ps = j.strategy === "allreduce" ? "–" : String(j.spec.parameter_servers);
+      return el("tr", { "data-job": j.id, "data-state": j.state },
+        el("td", {}, el("a", { href: "#/jobs/" + j.id, text: j.name }), el("div", { class: "muted", text: short(j.id) })),
+        el("td", {}, stateBadge(j.state)),
+        el("td", { text: j.strategy }),
+        el("td", { class: "num", text: j.spec.workers.min === j.spec.workers.max ? String(j.spec.workers.min) : `${j.spec.workers.min}–${j.spec.workers.max}` }),
+        el("td", { class: "num", text: ps }),
+        el("td", {}, progressBar(step, total, j.state), el("span", { class: "muted", text: " " + (total ? `${step}/${total}` : step ? String(step) : "") })),
+        el("td", { class: "num", text: last ? fmt(last.loss) : "–" }),
+        el("td", { class: "num age", "data-at": j.created_at, text: age(j.created_at) }));
+    }));
+    $("#jobs-empty").hidden = jobs.length > 0;
+    $("#jobs-count").textContent = jobs.length ? `${jobs.length} shown, newest first` : "";
+  };
+
+  const refresh = debounced(async () => {
+    const q = filter.value ? "&state=" + encodeURIComponent(filter.value) : "";
+    const page = await api("/v1/jobs?limit=100" + q);
+    jobs = page.jobs;
+    render();
+    // Curves only for jobs that can have moved since we last looked.
+    await Promise.all(jobs.map(async (j) => {
+      const m = metrics.get(j.id);
+      if (m && TERMINAL.has(m.key) && m.key === j.state) return;
+      if (j.state === "queued" || j.state === "scheduling" || j.state === "inspecting") return;
+      const series = await api(`/v1/jobs/${j.id}/metrics?max_points=50`);
+      metrics.set(j.id, { key: j.state, series });
+    }));
+    render();
+  }, 200);
+
+  filter.addEventListener("change", () => { sessionStorage.setItem("trainyard-filter", filter.value); refresh(); });
+  const ticker = setInterval(() => { for (const td of document.querySelectorAll("td.age")) td.textContent = age(td.dataset.at); }, 1000);
+  refresh();
+  return {
+    onEvent(kind, data) {
+      if (kind === "progress" && data.job) { const m = metrics.get(data.job); if (m) m.key = "stale"; }
+      if (["ready", "resync", "job", "progress"].includes(kind)) refresh();
+    },
+    dispose() { clearInterval(ticker); },
+  };
+}
+
+// ---------- one job ----------
+
+function jobView(main, id) {
+  mount(main, "tpl-job");
+  let job = null, events = [], lastEvent = 0, lastLog = 0, logLines = [];
+  let confirmTimer = null;
+  const cancelButton = $("#cancel-button");
+
+  cancelButton.addEventListener("click", async () => {
+    if (cancelButton.dataset.confirm !== "1") {
+      cancelButton.dataset.confirm = "1";
+      cancelButton.textContent = "Really cancel?";
+      confirmTimer = setTimeout(() => { cancelButton.dataset.confirm = ""; cancelButton.textContent = "Cancel job"; }, 4000);
+      return;
+    }
+    clearTimeout(confirmTimer);
+    cancelButton.disabled = true;
+    try { job = await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); renderJob(); refreshAll(); }
+    catch (e) { showError(e); cancelButton.disabled = false; }
+  });
+
+  const renderJob = () => {
+    if (!job || !$("#job-name")) return;
+    $("#job-name").textContent = job.name;
+    const badge = $("#job-state");
+    badge.textContent = job.state;
+    badge.className = "state " + job.state;
+    badge.dataset.state = job.state;
+    $("#job-reason").textContent = job.state_reason;
+    cancelButton.hidden = TERMINAL.has(job.state);
+    const s = job.spec;
+    const facts = [
+      ["id", job.id], ["strategy", job.strategy], ["generation", job.generation],
+      ["workers", s.workers.min === s.workers.max ? s.workers.min : `${s.workers.min}–${s.workers.max}`],
+      job.strategy !== "allreduce" ? ["PS shards", s.parameter_servers] : null,
+      job.estimate ? ["parameters", job.estimate.parameters.toLocaleString()] : null,
+      ["submitted", new Date(job.created_at).toLocaleString()],
+      job.finished_at ? ["ended", new Date(job.finished_at).toLocaleString()] : null,
+    ].filter(Boolean);
+    $("#job-facts").replaceChildren(...facts.map(([k, v]) => el("span", {}, el("b", { text: k + " " }), String(v))));
+    $("#job-spec").textContent = JSON.stringify(job.spec, null, 2);
+  };
+
+  const renderMetrics = (series) => {
+    if (!job || !$("#loss-chart")) return;
+    const pts = series.points;
+    const step = series.steps_recorded;
+    const total = expectedSteps(job.spec);
+    const bar = $("#job-progress-fill").parentElement;
+    setProgress(bar, step, total, job.state);
+    const last = pts.length ? pts[pts.length - 1] : null;
+    let text = total ? `step ${step} of ${total}` : `step ${step}`;
+    if (last) text += ` · loss ${fmt(last.loss)}`;
+    const lastEval = [...pts].reverse().find((p) => p.eval_accuracy !== null && p.eval_accuracy !== undefined);
+    if (lastEval) text += ` · held-out accuracy ${(lastEval.eval_accuracy * 100).toFixed(1)}%`;
+    $("#job-progress-text").textContent = text;
+    $("#job-throughput").textContent = last
+      ? `${Math.round(last.samples_per_sec).toLocaleString()} samples/s · per step: data ${(last.data_seconds * 1000).toFixed(2)} ms, compute ${(last.compute_seconds * 1000).toFixed(2)} ms, communication ${(last.comm_seconds * 1000).toFixed(2)} ms`
+      : "no steps recorded yet";
+    lineChart($("#loss-chart"), [
+      { name: "training loss", color: "#2f6fde", points: pts.map((p) => [p.step, p.loss]) },
+      { name: "held-out loss", color: "#e07b00", points: pts.filter((p) => p.eval_loss !== null && p.eval_loss !== undefined).map((p) => [p.step, p.eval_loss]) },
+    ], {});
+    lineChart($("#acc-chart"), [
+      { name: "held-out accuracy", color: "#2e7d32", points: pts.filter((p) => p.eval_accuracy !== null && p.eval_accuracy !== undefined).map((p) => [p.step, p.eval_accuracy]) },
+    ], { yMin: 0, yMax: 1, percent: true });
+  };
+
+  const renderEvents = () => {
+    const list = $("#timeline");
+    if (!list) return;
+    list.replaceChildren(...events.map((e) => {
+      let what = e.reason;
+      if (e.kind === "transition") what = `${e.from_state} → ${e.to_state}: ${e.reason}`;
+      if (e.kind === "placement" && e.data && e.data.generation !== undefined) what = `generation ${e.data.generation}: ${e.reason}`;
+      const li = el("li", { "data-kind": e.kind, "data-to": e.to_state || "" },
+        el("span", { class: "muted", text: clock(e.at) }),
+        el("span", { class: "kind " + e.kind, text: e.kind }),
+        el("span", { text: what }));
+      return li;
+    }));
+    list.scrollTop = list.scrollHeight;
+    const result = [...events].reverse().find((e) => e.kind === "result");
+    const box = $("#checkpoints");
+    const every = job && job.spec.checkpoint;
+    const plan = every ? `The spec asks for a checkpoint ${every.every_steps ? "every " + every.every_steps + " steps" : every.every_seconds ? "every " + every.every_seconds + " s" : "at the end"}, keeping ${every.keep}.` : "";
+    const url = result && result.data && result.data.weights_url;
+    box.replaceChildren(
+      el("p", { class: "muted", text: "Checkpoints are not listed by the API yet. " + plan }),
+      url ? el("p", {}, "Final weights: ", el("a", { href: url, id: "weights-link", text: url, download: "" })) : el("p", { class: "muted", text: TERMINAL.has(job && job.state) ? "No weights were written." : "Final weights appear here when the job succeeds." }),
+    );
+  };
+
+  const renderLogs = () => {
+    const pre = $("#logs");
+    if (!pre) return;
+    const stick = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.replaceChildren(...logLines.map((l) => el("div", { class: l.level },
+      `${clock(l.at)} ${l.role}${l.index} g${l.generation} ${l.message}`)));
+    if (!logLines.length) pre.textContent = "(no log lines yet)";
+    if (stick) pre.scrollTop = pre.scrollHeight;
+  };
+
+  const refreshJob = debounced(async () => {
+    job = await api(`/v1/jobs/${id}`);
+    renderJob();
+    const page = await api(`/v1/jobs/${id}/events?after=${lastEvent}&limit=1000`);
+    if (page.events.length) {
+      events = events.concat(page.events);
+      lastEvent = events[events.length - 1].id;
+    }
+    renderEvents();
+  }, 100);
+  const refreshCluster = debounced(async () => {
+    const a = await api(`/v1/jobs/${id}/assignments`);
+    drawCluster($("#cluster"), a);
+    $("#cluster-generation").textContent = a.generation ? `generation ${a.generation}` : "";
+  }, 150);
+  const refreshMetrics = debounced(async () => {
+    const series = await api(`/v1/jobs/${id}/metrics?max_points=400`);
+    if (!job) job = await api(`/v1/jobs/${id}`);
+    renderMetrics(series);
+  }, 250);
+  const refreshLogs = debounced(async () => {
+    for (;;) {
+      const page = await api(`/v1/jobs/${id}/logs?after=${lastLog}&limit=1000`);
+      if (!page.lines.length) break;
+      logLines = logLines.concat(page.lines).slice(-2000);
+      lastLog = page.lines[page.lines.length - 1].id;
+      if (!page.next_after) break;
+    }
+    renderLogs();
+  }, 300);
+  const refreshAll = () => { refreshJob(); refreshCluster(); refreshMetrics(); refreshLogs(); };
+  refreshAll();
+  return {
+    onEvent(kind, data) {
+      if (kind === "ready" || kind === "resync") refreshAll();
+      else if (kind === "job" && data.id === id) refreshAll();
+      else if (kind === "progress" && data.job === id) { refreshMetrics(); refreshLogs(); }
+      else if (kind === "executor") refreshCluster();
+    },
+    dispose() { clearTimeout(confirmTimer); },
+  };
+}
+
+// An SVG line chart of `series` ([{name, color, points: [[x, y]]}]).
+function lineChart(root, series, opts) {
+  const W = 480, H = 220, L = 48, R = 12, T = 12, B = 40;
+  const all = series.flatMap((s) => s.points).filter((p) => isFinite(p[1]));
+  root.replaceChildren();
+  root.dataset.points = String(series.length ? series[0].points.length : 0);
+  if (!all.length) {
+    root.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no points yet"));
+    return;
+  }
+  let x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(...all.map((p) => p[0]));
+  let y0 = opts.yMin ?? Math.min(...all.map((p) => p[1])), y1 = opts.yMax ?? Math.max(...all.map((p) => p[1]));
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) { y1 = y0 + 1; }
+  if (opts.yMin === undefined) y0 = Math.min(0, y0);
+  const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  for (let i = 0; i <= 4; i++) {
+    const y = y0 + ((y1 - y0) * i) / 4;
+    root.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: sy(y), y2: sy(y) }));
+    root.append(svg("text", { x: L - 6, y: sy(y) + 4, "text-anchor": "end" }, opts.percent ? (y * 100).toFixed(0) + "%" : y.toPrecision(3)));
+  }
+  for (let i = 0; i <= 4; i++) {
+    const x = x0 + ((x1 - x0) * i) / 4;
+    root.append(svg("text", { x: sx(x), y: H - B + 16, "text-anchor": "middle" }, String(Math.round(x))));
+  }
+  root.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
+  root.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+  root.append(svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, "step"));
+  let lx = L + 4;
+  for (const s of series) {
+    const pts = s.points.filter((p) => isFinite(p[1]));
+    if (!pts.length) continue;
+    root.append(svg("polyline", { class: "series", stroke: s.color, "data-series": s.name, points: pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") }));
+    if (pts.length === 1) root.append(svg("circle", { cx: sx(pts[0][0]), cy: sy(pts[0][1]), r: 3, fill: s.color }));
+    root.append(svg("rect", { x: lx, y: H - 14, width: 10, height: 3, fill: s.color }));
+    root.append(svg("text", { class: "legend", x: lx + 14, y: H - 10 }, s.name));
+    lx += 24 + s.name.length * 6.5;
+  }
+}
+
+const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac"];
+
+// The cluster map: PS shards over workers, or the ring in rank order; each
+// role coloured and labelled by the executor it runs on.
+function drawCluster(root, a) {
+  root.replaceChildren();
+  root.dataset.generation = String(a.generation);
+  const roles = a.parameter_servers.length + a.workers.length;
+  if (!roles) {
+    root.append(el("p", { class: "muted", text: TERMINAL.has(a.state) ? `The job is ${a.state}; it holds no executors.` : "Not placed yet: waiting for executors that fit the job's minimum set of roles." }));
+    return;
+  }
+  const colors = new Map();
+  const color = (ex) => { if (!colors.has(ex.id)) colors.set(ex.id, PALETTE[colors.size % PALETTE.length]); return colors.get(ex.id); };
+  [...a.parameter_servers.map((s) => s.executor), ...a.workers.map((w) => w.executor)].forEach(color);
+  const box = (x, y, w, h, ex, title, lines, data) => {
+    const g = svg("g", Object.assign({ class: "node" }, data));
+    g.append(svg("title", {}, title));
+    g.append(svg("rect", { x, y, width: w, height: h, rx: 6, fill: "#fff", stroke: color(ex), "stroke-width": ex.state === "live" ? 2.5 : 2, "stroke-dasharray": ex.state === "live" ? null : "5 3" }));
+    g.append(svg("rect", { x, y, width: 6, height: h, rx: 2, fill: color(ex) }));
+    lines.forEach((t, i) => g.append(svg("text", { x: x + 14, y: y + 18 + i * 15, class: i ? "sub" : null }, t)));
+    return g;
+  };
+  const W = 960;
+  let s;
+  if (a.strategy !== "allreduce") {
+    const n = a.parameter_servers.length, m = a.workers.length;
+    const bw = Math.min(200, (W - 40) / Math.max(n, m, 1) - 16), bh = 58;
+    const H = 250;
+    s = svg("svg", { class: "cluster", viewBox: `0 0 ${W} ${H}`, "data-kind": "parameter_server" });
+    const px = (i, k) => (W - (k * (bw + 16) - 16)) / 2 + i * (bw + 16);
+    const psY = 16, wY = H - bh - 16;
+    for (const [i] of a.parameter_servers.entries()) for (const [j] of a.workers.entries())
+      s.append(svg("line", { class: "link", x1: px(i, n) + bw / 2, y1: psY + bh, x2: px(j, m) + bw / 2, y2: wY }));
+    a.parameter_servers.forEach((p, i) => {
+      const ranges = p.ranges.map((r) => `${r.param}[${r.start}:${r.end})`);
+      s.append(box(px(i, n), psY, bw, bh, p.executor, `PS shard ${p.shard} on ${p.executor.name} (${p.executor.state})\n${ranges.join("\n")}`,
+        [`PS shard ${p.shard}`, `on ${p.executor.name}`, `${p.elements.toLocaleString()} params · ${p.ranges.length} range${p.ranges.length === 1 ? "" : "s"}`],
+        { "data-role": "ps", "data-index": p.shard, "data-executor": p.executor.name }));
+    });
+    a.workers.forEach((w, j) => {
+      s.append(box(px(j, m), wY, bw, bh, w.executor, `worker ${w.rank} on ${w.executor.name} (${w.executor.state}), device ${w.device}`,
+        [`worker ${w.rank}`, `on ${w.executor.name}`, `device ${w.device} · pulls ${n} shard${n === 1 ? "" : "s"}`],
+        { "data-role": "worker", "data-index": w.rank, "data-executor": w.executor.name }));
+    });
+    root.append(s);
+    const table = el("table", { class: "grid ranges" }, el("thead", {}, el("tr", {}, el("th", { text: "shard" }), el("th", { text: "executor" }), el("th", { text: "parameter ranges (flattened tensor elements)" }))),
+      el("tbody", {}, a.parameter_servers.map((p) => el("tr", {}, el("td", { text: String(p.shard) }), el("td", { text: `${p.executor.name} (${p.executor.state})` }),
+        el("td", { text: p.ranges.map((r) => `${r.param} [${r.start}, ${r.end})`).join(", ") })))));
+    root.append(table);
+  } else {
+    const m = a.workers.length;
+    const H = m > 1 ? 330 : 140, cx = W / 2, cy = H / 2, r = m > 1 ? 115 : 0, bw = 170, bh = 52;
+    s = svg("svg", { class: "cluster", viewBox: `0 0 ${W} ${H}`, "data-kind": "allreduce" });
+    s.append(svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6f8fd0" }))));
+    const pos = (i) => { const t = -Math.PI / 2 + (2 * Math.PI * i) / m; return [cx + 2.1 * r * Math.cos(t), cy + r * Math.sin(t)]; };
+    if (m > 1) for (let i = 0; i < m; i++) {
+      const [x1, y1] = pos(i), [x2, y2] = pos((i + 1) % m);
+      const dx = x2 - x1, dy = y2 - y1, len = Math.hypot(dx, dy) || 1;
+      const shrinkX = (bw / 2 + 6) * Math.abs(dx / len), shrinkY = (bh / 2 + 6) * Math.abs(dy / len), sh = Math.min(Math.hypot(shrinkX, shrinkY), len / 2.5);
+      s.append(svg("line", { class: "ringlink", x1: x1 + (dx / len) * sh, y1: y1 + (dy / len) * sh, x2: x2 - (dx / len) * sh, y2: y2 - (dy / len) * sh }));
+    }
+    a.workers.forEach((w, i) => {
+      const [x, y] = pos(i);
+      s.append(box(x - bw / 2, y - bh / 2, bw, bh, w.executor, `rank ${w.rank} on ${w.executor.name} (${w.executor.state}), device ${w.device}`,
+        [`rank ${w.rank}`, `on ${w.executor.name}`, `device ${w.device}${m > 1 ? ` → rank ${(w.rank + 1) % m}` : " · single worker"}`],
+        { "data-role": "worker", "data-index": w.rank, "data-executor": w.executor.name }));
+    });
+    root.append(s);
+  }
+  const legend = el("div", { class: "cluster-legend" });
+  const seen = new Map();
+  for (const ex of [...a.parameter_servers.map((p) => p.executor), ...a.workers.map((w) => w.executor)]) seen.set(ex.id, ex);
+  for (const ex of seen.values()) legend.append(el("span", {}, el("i", { style: "background:" + color(ex) }), `${ex.name} (${ex.address}, ${ex.state})`));
+  root.append(legend);
+}
+
+// ---------- executors ----------
+
+function executorsView(main) {
+  mount(main, "tpl-executors");
+  let fetchedAt = Date.now();
+  const freshness = (td) => {
+    const s = Number(td.dataset.since) + (Date.now() - fetchedAt) / 1000;
+    td.textContent = s < 10 ? s.toFixed(1) + " s ago" : Math.round(s) + " s ago";
+    td.className = "num heartbeat " + (td.dataset.state === "live" || td.dataset.state === "draining" ? (s < 3 ? "fresh" : s < 10 ? "stale" : "dead") : "muted");
+  };
+  const refresh = debounced(async () => {
+    const list = await api("/v1/executors");
+    fetchedAt = Date.now();
+    const body = $("#executors");
+    if (!body) return;
+    body.replaceChildren(...list.executors.map((e) => {
+      const hb = el("td", { "data-since": e.seconds_since_heartbeat, "data-state": e.state });
+      freshness(hb);
+      const labels = Object.entries(e.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ");
+      return el("tr", { "data-executor": e.name, "data-state": e.state },
+        el("td", {}, el("b", { text: e.name }), el("div", { class: "muted", text: short(e.id) + (labels ? " · " + labels : "") })),
+        el("td", {}, stateBadge(e.state)),
+        el("td", { text: e.address }),
+        el("td", {}, e.resources.devices.map((d) => el("div", { text: `${d.kind}:${d.index} ${d.name} (${bytes(d.memory_bytes)})` }))),
+        el("td", { text: `${e.resources.cpu_cores} cores · ${bytes(e.resources.ram_bytes)}` }),
+        el("td", { class: "roles" }, e.roles.length ? e.roles.map((r) => el("a", { href: "#/jobs/" + r.job_id, title: r.job_id, text: `${r.role === "ps" ? "PS shard" : "worker"} ${r.index} · job ${short(r.job_id)} · g${r.generation}` })) : el("span", { class: "muted", text: "idle" })),
+        hb);
+    }));
+    $("#executors-empty").hidden = list.executors.length > 0;
+    const live = list.executors.filter((e) => e.state === "live").length;
+    $("#executors-count").textContent = `${live} live of ${list.executors.length}`;
+  }, 150);
+  const ticker = setInterval(() => document.querySelectorAll("td.heartbeat").forEach(freshness), 500);
+  // Heartbeats change nothing users are notified of; re-read now and then
+  // so that a silent executor's state is seen to move.
+  const slow = setInterval(refresh, 5000);
+  refresh();
+  return {
+    onEvent(kind) { if (["ready", "resync", "executor", "job"].includes(kind)) refresh(); },
+    dispose() { clearInterval(ticker); clearInterval(slow); },
+  };
+}
+
+// ---------- submit ----------
+
+const TEMPLATES = {
+  allreduce: {
+    name: "mlp-ring",
+    model: { kind: "mlp", inputs: 64, hidden: [128, 64], outputs: 10 },
+    dataset: { kind: "classification", samples: 4000, features: 64, classes: 10 },
+    loss: "cross_entropy",
+    optimizer: { kind: "adamw", lr: 0.003, weight_decay: 0.0001, schedule: { kind: "warmup_cosine", warmup_steps: 20 } },
+    batch_size: 64,
+    steps: 600,
+    strategy: "allreduce",
+    workers: { min: 2, max: 4 },
+    checkpoint: { every_steps: 200, keep: 2 },
+    eval_fraction: 0.2,
+    seed: 7,
+  },
+  parameter_server: {
+    name: "mlp-ps",
+    model: { kind: "mlp", inputs: 64, hidden: [128, 64], outputs: 10 },
+    dataset: { kind: "classification", samples: 4000, features: 64, classes: 10 },
+    loss: "cross_entropy",
+    optimizer: { kind: "adamw", lr: 0.002, weight_decay: 0.01, schedule: { kind: "warmup_cosine", warmup_steps: 20 } },
+    batch_size: 64,
+    steps: 600,
+    strategy: "parameter_server",
+    parameter_servers: 2,
+    consistency: "sync",
+    workers: { min: 2, max: 2 },
+    checkpoint: { every_steps: 200, keep: 2 },
+    eval_fraction: 0.2,
+    seed: 7,
+  },
+};
+
+// Line (0-based) of every field path in a JSON text: "optimizer.lr",
+// "model.hidden[0]", "" for the whole document. Tolerant: stops at the
+// first syntax error with what it found so far.
+function fieldLines(text) {
+  const lines = new Map([["", 0]]);
+  let i = 0, line = 0;
+  const n = text.length;
+  const ws = () => {
+    while (i < n) {
+      const c = text[i];
+      if (c === "\n") { line++; i++; } else if (c === " " || c === "\t" || c === "\r") i++; else break;
+    }
+  };
+  const str = () => {
+    i++;
+    let s = "";
+    while (i < n && text[i] !== '"') {
+      if (text[i] === "\\") { s += text[i + 1] || ""; i += 2; } else { if (text[i] === "\n") line++; s += text[i++]; }
+    }
+    i++;
+    return s;
+  };
+  const value = (path, depth) => {
+    ws();
+    if (i >= n || depth > 64) return false;
+    const c = text[i];
+    if (c === "{") {
+      i++; ws();
+      if (text[i] === "}") { i++; return true; }
+      for (;;) {
+        ws();
+        if (text[i] !== '"') return false;
+        const at = line, k = str(), p = path ? path + "." + k : k;
+        lines.set(p, at);
+        ws();
+        if (text[i] !== ":") return false;
+        i++;
+        if (!value(p, depth + 1)) return false;
+        ws();
+        if (text[i] === ",") { i++; continue; }
+        if (text[i] === "}") { i++; return true; }
+        return false;
+      }
+    }
+    if (c === "[") {
+      i++; ws();
+      if (text[i] === "]") { i++; return true; }
+      for (let k = 0; ; k++) {
+        ws();
+        const p = `${path}[${k}]`;
+        lines.set(p, line);
+        if (!value(p, depth + 1)) return false;
+        ws();
+        if (text[i] === ",") { i++; continue; }
+        if (text[i] === "]") { i++; return true; }
+        return false;
+      }
+    }
+    if (c === '"') { str(); return true; }
+    const start = i;
+    while (i < n && !",}]\n \t\r".includes(text[i])) i++;
+    return i > start;
+  };
+  value("", 0);
+  return lines;
+}
+
+// The line a violation's field path points at: the field itself, else its
+// closest parent that is in the text (a missing field is reported at the
+// object that lacks it).
+function lineOf(lines, field) {
+  let p = field || "";
+  for (;;) {
+    if (lines.has(p)) return lines.get(p);
+    const cut = Math.max(p.lastIndexOf("."), p.lastIndexOf("["));
+    if (cut <= 0) return lines.get(p.slice(0, Math.max(cut, 0))) ?? 0;
+    p = p.slice(0, cut);
+  }
+}
+
+function submitView(main) {
+  mount(main, "tpl-submit");
+  const editor = $("#spec-editor"), gutter = $("#gutter"), notes = $("#annotations");
+  const LINE = 18, PAD = 8;
+  let marks = []; // [{ line, field, message }]
+
+  const paint = () => {
+    const count = editor.value.split("\n").length;
+    const bad = new Set(marks.map((m) => m.line));
+    gutter.replaceChildren(...Array.from({ length: count }, (_, i) => el("div", { class: bad.has(i) ? "bad" : null, text: String(i + 1) })));
+    gutter.scrollTop = editor.scrollTop;
+    const used = new Map();
+    notes.replaceChildren(...marks.map((m) => {
+      const k = used.get(m.line) || 0;
+      used.set(m.line, k + 1);
+      const top = PAD + m.line * LINE - editor.scrollTop + k * 17;
+      return el("div", { class: "field-error", "data-field": m.field, "data-line": String(m.line + 1), style: `top:${top}px` },
+        m.field ? el("b", { text: m.field + ": " }) : null, m.message);
+    }));
+  };
+  const setMarks = (list) => {
+    marks = list;
+    // Bring the first field the API named into view.
+    if (list.length) {
+      const first = Math.min(...list.map((m) => m.line)) * LINE;
+      if (first < editor.scrollTop || first > editor.scrollTop + editor.clientHeight - 3 * LINE) editor.scrollTop = Math.max(0, first - 4 * LINE);
+    }
+    paint();
+    $("#submit-errors").replaceChildren(...list.map((m) => el("li", { "data-field": m.field }, m.field ? el("code", { text: m.field }) : "", m.field ? " — " : "", `line ${m.line + 1}: ${m.message}`)));
+  };
+  const load = (name) => {
+    editor.value = JSON.stringify(TEMPLATES[name], null, 2) + "\n";
+    sessionStorage.setItem("trainyard-draft", editor.value);
+    setMarks([]);
+    $("#submit-status").textContent = `template: ${name}`;
+  };
+  for (const b of main.querySelectorAll("[data-template]")) b.addEventListener("click", () => load(b.dataset.template));
+  editor.addEventListener("scroll", paint);
+  editor.addEventListener("input", () => { sessionStorage.setItem("trainyard-draft", editor.value); paint(); });
+  editor.addEventListener("keydown", (e) => {
+    if (e.key === "Tab") { e.preventDefault(); editor.setRangeText("  ", editor.selectionStart, editor.selectionEnd, "end"); }
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); }
+  });
+  const draft = sessionStorage.getItem("trainyard-draft");
+  if (draft) { editor.value = draft; paint(); } else load("allreduce");
+
+  const submit = async () => {
+    const button = $("#submit-button"), status = $("#submit-status");
+    button.disabled = true;
+    status.textContent = "submitting…";
+    try {
+      const job = await api("/v1/jobs", { method: "POST", headers: { "Content-Type": "application/json" }, body: editor.value });
+      sessionStorage.removeItem("trainyard-draft");
+      location.hash = "#/jobs/" + job.id;
+    } catch (e) {
+      if (!(e instanceof ApiError)) { status.textContent = ""; showError(e); return; }
+      const p = e.problem || {};
+      status.textContent = `${e.status} ${p.title || ""}: ${p.detail || ""}`;
+      const lines = fieldLines(editor.value);
+      let list = (p.errors || []).map((v) => ({ field: v.field, message: v.message, line: lineOf(lines, v.field) }));
+      if (!list.length) {
+        // Malformed JSON: serde says where ("… at line 5 column 3").
+        const m = /line (\d+)/.exec(p.detail || "");
+        list = [{ field: "", message: p.detail || e.message, line: m ? Number(m[1]) - 1 : 0 }];
+      }
+      setMarks(list);
+    } finally {
+      button.disabled = false;
+    }
+  };
+  $("#submit-button").addEventListener("click", submit);
+  return { onEvent() {}, dispose() {} };
+}
+
+// ---------- start ----------
+
+$("#token-button").addEventListener("click", async () => { if (await askToken("Enter the API token (empty for none).")) route(); });
+window.addEventListener("hashchange", route);
+setLive(false);
+route();
+streamEvents();

@@ -100,7 +100,9 @@ let tokenPrompt = null;
 function askToken(why) {
   if (tokenPrompt) return tokenPrompt;
   const dialog = $("#token-dialog");
-  $("#token-why").textContent = why || "This server requires a token (--api-token). It is kept in this tab only.";
+  $("#token-why").textContent = why || (token()
+    ? "The token was refused. Enter the server's API token (--api-token)."
+    : "This server requires a token (--api-token). It is kept in this tab only.");
   $("#token-input").value = token();
   tokenPrompt = new Promise((resolve) => {
     const done = (ok) => {
@@ -130,7 +132,7 @@ async function api(path, opts = {}) {
   for (;;) {
     const r = await fetch(path, Object.assign({}, opts, { headers: authHeaders(opts.headers) }));
     if (r.status === 401) {
-      const ok = await askToken(token() ? "The token was refused. Enter the server's API token." : undefined);
+      const ok = await askToken();
       if (ok) continue;
     }
     const type = r.headers.get("content-type") || "";
@@ -538,11 +540,24 @@ function drawCluster(root, a) {
     s = svg("svg", { class: "cluster", viewBox: `0 0 ${W} ${H}`, "data-kind": "allreduce" });
     s.append(svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6f8fd0" }))));
     const pos = (i) => { const t = -Math.PI / 2 + (2 * Math.PI * i) / m; return [cx + 2.1 * r * Math.cos(t), cy + r * Math.sin(t)]; };
+    // Each hop is an arc bowed away from the centre, so that the two hops
+    // of a two-rank ring do not lie on top of each other.
     if (m > 1) for (let i = 0; i < m; i++) {
       const [x1, y1] = pos(i), [x2, y2] = pos((i + 1) % m);
       const dx = x2 - x1, dy = y2 - y1, len = Math.hypot(dx, dy) || 1;
-      const shrinkX = (bw / 2 + 6) * Math.abs(dx / len), shrinkY = (bh / 2 + 6) * Math.abs(dy / len), sh = Math.min(Math.hypot(shrinkX, shrinkY), len / 2.5);
-      s.append(svg("line", { class: "ringlink", x1: x1 + (dx / len) * sh, y1: y1 + (dy / len) * sh, x2: x2 - (dx / len) * sh, y2: y2 - (dy / len) * sh }));
+      let nx = -dy / len, ny = dx / len;
+      const mx = (x1 + x2) / 2, my = (y1 + y2) / 2;
+      if ((mx + nx - cx) ** 2 + (my + ny - cy) ** 2 < (mx - cx) ** 2 + (my - cy) ** 2) { nx = -nx; ny = -ny; }
+      const bow = m === 2 ? 150 : 40;
+      const qx = mx + nx * bow, qy = my + ny * bow;
+      // Leave and enter the boxes at their edges, towards the control point.
+      const edge = (x, y) => {
+        const ex = qx - x, ey = qy - y;
+        const t = Math.min((bw / 2 + 4) / Math.abs(ex || 1e-9), (bh / 2 + 4) / Math.abs(ey || 1e-9));
+        return [x + ex * t, y + ey * t];
+      };
+      const [ax, ay] = edge(x1, y1), [bx, by] = edge(x2, y2);
+      s.append(svg("path", { class: "ringlink", d: `M ${ax.toFixed(1)} ${ay.toFixed(1)} Q ${qx.toFixed(1)} ${qy.toFixed(1)} ${bx.toFixed(1)} ${by.toFixed(1)}` }));
     }
     a.workers.forEach((w, i) => {
       const [x, y] = pos(i);

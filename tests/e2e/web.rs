@@ -260,6 +260,41 @@ fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+#[test]
+fn browser_asks_for_the_token_when_the_api_needs_one() {
+    let (modules, browser) = (node_modules(), chromium());
+    let p = Platform::start(&["--api-token", "page-secret"]);
+    let r = p
+        .client
+        .post(format!("{}/v1/jobs", p.base))
+        .bearer_auth("page-secret")
+        .json(&json!({
+            "name": "token-job",
+            "model": {"kind": "mlp", "inputs": 8, "hidden": [8], "outputs": 2},
+            "dataset": {"kind": "classification", "samples": 100, "features": 8, "classes": 2},
+            "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
+            "batch_size": 10, "steps": 5
+        }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let out = Command::new("node")
+        .arg(repo_root().join("tests/web/token.cjs"))
+        .env("NODE_PATH", &modules)
+        .env("TY_BASE", &p.base)
+        .env("TY_CHROMIUM", &browser)
+        .env("TY_SHOTS", target_dir().join("web-screenshots"))
+        .env("TY_TOKEN", "page-secret")
+        .output()
+        .expect("node runs (install nodejs)");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Reads server-sent events from `resp` into a channel, as `(event, data)`.
 fn sse_events(resp: reqwest::blocking::Response) -> mpsc::Receiver<(String, Value)> {
     let (tx, rx) = mpsc::channel();

@@ -48,8 +48,10 @@ async function shot(page, name, docsName) {
   await page.screenshot({ path: file, fullPage: true });
   log(`screenshot ${file}`);
   if (DOCS && docsName) {
+    // The README's picture: from the header down to the timeline.
     fs.mkdirSync(DOCS, { recursive: true });
-    await page.screenshot({ path: path.join(DOCS, docsName), fullPage: true });
+    const bottom = await page.evaluate(() => document.querySelector("#timeline").closest(".card").getBoundingClientRect().bottom + window.scrollY);
+    await page.screenshot({ path: path.join(DOCS, docsName), fullPage: true, clip: { x: 0, y: 0, width: 1360, height: Math.ceil(bottom + 12) } });
   }
 }
 
@@ -208,6 +210,8 @@ async function main() {
     await page.waitForFunction(() => document.querySelectorAll("#cluster svg[data-kind=allreduce] [data-role=worker]").length === 2
       && document.querySelectorAll("#cluster .ringlink").length === 2);
     await page.waitForFunction(() => document.querySelector("#logs")?.textContent.length > 20);
+    // For the picture only: a ring that trains shows its first steps.
+    await page.waitForFunction(() => Number(document.querySelector("#loss-chart")?.dataset.points) >= 5, null, { timeout: 20_000 }).catch(() => log("the ring has no steps to show yet"));
     await shot(page, "job-ring-running", "job-ring.png");
 
     await page.click("[data-nav=executors]");

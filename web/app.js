@@ -242,7 +242,8 @@ function jobsView(main) {
   const filter = $("#state-filter");
   for (const s of STATES) filter.add(new Option(s, s));
   filter.value = sessionStorage.getItem("trainyard-filter") || "";
-  const metrics = new Map(); // job id → { key, series }
+  const metrics = new Map(); // job id → { state, series }
+  const stale = new Set(); // jobs whose curve moved since it was read
   let jobs = [];
 
   const render = () => {
@@ -274,13 +275,15 @@ function jobsView(main) {
     const page = await api("/v1/jobs?limit=100" + q);
     jobs = page.jobs;
     render();
-    // Curves only for jobs that can have moved since we last looked.
+    // Curves only of jobs that moved since we last looked: new to the
+    // table, changed state, or named by a progress event.
     await Promise.all(jobs.map(async (j) => {
       const m = metrics.get(j.id);
-      if (m && TERMINAL.has(m.key) && m.key === j.state) return;
+      if (m && m.state === j.state && !stale.has(j.id)) return;
       if (j.state === "queued" || j.state === "scheduling" || j.state === "inspecting") return;
+      stale.delete(j.id);
       const series = await api(`/v1/jobs/${j.id}/metrics?max_points=50`);
-      metrics.set(j.id, { key: j.state, series });
+      metrics.set(j.id, { state: j.state, series });
     }));
     render();
   }, 200);
@@ -290,7 +293,8 @@ function jobsView(main) {
   refresh();
   return {
     onEvent(kind, data) {
-      if (kind === "progress" && data.job) { const m = metrics.get(data.job); if (m) m.key = "stale"; }
+      if (kind === "progress" && data.job) stale.add(data.job);
+      if (kind === "resync") for (const id of metrics.keys()) stale.add(id);
       if (["ready", "resync", "job", "progress"].includes(kind)) refresh();
     },
     dispose() { clearInterval(ticker); },

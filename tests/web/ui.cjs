@@ -214,6 +214,22 @@ async function main() {
     await page.waitForFunction(() => Number(document.querySelector("#loss-chart")?.dataset.points) >= 5, null, { timeout: 20_000 }).catch(() => log("the ring has no steps to show yet"));
     await shot(page, "job-ring-running", "job-ring.png");
 
+    // ---- the jobs table: newest first, filtered by state ----
+    await page.click("[data-nav=jobs]");
+    const names = () => page.evaluate(() => [...document.querySelectorAll("#jobs tr[data-job] td:first-child a")].map((a) => a.textContent));
+    await page.waitForFunction(() => document.querySelectorAll("#jobs tr[data-job]").length === 4);
+    assert.deepEqual(await names(), ["digits-ring", "digits-ps", "ui-recovery", "ui-digits"]);
+    await page.selectOption("#state-filter", "running");
+    await page.waitForFunction(() => [...document.querySelectorAll("#jobs tr[data-job]")].every((tr) => tr.dataset.state === "running") && document.querySelectorAll("#jobs tr[data-job]").length === 2);
+    assert.deepEqual(await names(), ["digits-ring", "digits-ps"]);
+    await shot(page, "jobs-running");
+    await page.selectOption("#state-filter", "succeeded");
+    await page.waitForFunction(() => document.querySelectorAll("#jobs tr[data-job]").length === 1);
+    assert.deepEqual(await names(), ["ui-digits"]);
+    await page.selectOption("#state-filter", "");
+    await page.waitForFunction(() => document.querySelectorAll("#jobs tr[data-job]").length === 4);
+    await shot(page, "jobs-all");
+
     await page.click("[data-nav=executors]");
     await page.waitForFunction(() => document.querySelectorAll("#executors td.roles a").length >= 6);
     await shot(page, "executors-busy");

@@ -50,6 +50,12 @@ struct Cli {
     #[arg(long, env = "TRAINYARD_CUDA_MEMORY_MB", default_value_t = 16_384)]
     cuda_memory_mb: u64,
 
+    /// Threads libtorch may use for one operation (default: libtorch's own
+    /// choice, all cores). Several executors on one machine should share
+    /// the cores: idle OpenMP threads spin and starve the other processes.
+    #[arg(long, env = "TRAINYARD_TORCH_THREADS", value_parser = clap::value_parser!(i32).range(1..=1024))]
+    torch_threads: Option<i32>,
+
     /// Labels, `key=value`, repeatable (`host=…` keeps ring ranks adjacent).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -71,6 +77,9 @@ fn main() -> anyhow::Result<()> {
     let (Some(api), Some(join_token)) = (cli.api.clone(), cli.join_token.clone()) else {
         anyhow::bail!("give --api URL and --join-token TOKEN to run as an agent, or --probe to check the libtorch link");
     };
+    if let Some(n) = cli.torch_threads {
+        tch::set_num_threads(n);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

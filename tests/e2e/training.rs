@@ -21,6 +21,10 @@ struct Platform {
 }
 
 fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
+    start_api_with(db, port, data, 25)
+}
+
+fn start_api_with(db: &str, port: u16, data: &std::path::Path, misses: u32) -> Proc {
     let mut cmd = Command::new(binary("trainyard").unwrap());
     cmd.args([
         "serve",
@@ -28,12 +32,13 @@ fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
         &format!("127.0.0.1:{port}"),
         "--heartbeat-interval-ms",
         "200",
-        // Generous: these tests are about training, and a loaded 2-core
-        // machine may delay a heartbeat; losing the executor would restart it.
+        // Generous by default: these tests are about training, and a loaded
+        // 2-core machine may delay a heartbeat; losing the executor would
+        // restart it. Fault tests pass fewer.
         "--heartbeat-misses",
-        "25",
-        "--data-dir",
     ])
+    .arg(misses.to_string())
+    .arg("--data-dir")
     .arg(data)
     .env("DATABASE_URL", db)
     .env("TRAINYARD_JOIN_TOKEN", JOIN);
@@ -49,11 +54,17 @@ fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
 
 impl Platform {
     fn start() -> Platform {
+        Platform::start_with(25)
+    }
+
+    /// A platform that declares an executor lost after `misses` silent
+    /// 200 ms heartbeat intervals.
+    fn start_with(misses: u32) -> Platform {
         let db = fresh_database().unwrap();
         let port = free_port().unwrap();
         let data =
             std::env::temp_dir().join(format!("trainyard-train-{}-{port}", std::process::id()));
-        let api = start_api(&db, port, &data);
+        let api = start_api_with(&db, port, &data, misses);
         Platform {
             api,
             base: format!("http://127.0.0.1:{port}"),
@@ -86,6 +97,9 @@ impl Platform {
             name,
             "--ram-mb",
             "2048",
+            // Several executors share this machine's cores.
+            "--torch-threads",
+            "1",
         ]);
         Proc::spawn(cmd).unwrap()
     }
@@ -214,7 +228,7 @@ fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
         .map(|l| l["message"].as_str().unwrap())
         .collect();
     assert!(
-        lines.iter().any(|l| l.contains("starts training")),
+        lines.iter().any(|l| l.contains("rank 0 of 1 starts")),
         "{lines:?}"
     );
     assert!(
@@ -485,4 +499,192 @@ fn training_goes_on_through_an_api_crash_and_loses_no_metric() {
         "the executor was not declared lost: {executors}"
     );
     assert_eq!(executors["executors"][0]["state"], "live");
+}
+
+impl Platform {
+    /// Every log line of job `id`, oldest first.
+    fn logs(&self, id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = 0i64;
+        loop {
+            let page = self.get(&format!("/v1/jobs/{id}/logs?after={after}&limit=1000"));
+            out.extend(page["lines"].as_array().unwrap().iter().cloned());
+            match page["next_after"].as_i64() {
+                Some(a) => after = a,
+                None => return out,
+            }
+        }
+    }
+
+    fn log_messages(&self, id: &str) -> Vec<String> {
+        self.logs(id)
+            .iter()
+            .map(|l| l["message"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+fn ring_digits(name: &str, workers: (u32, u32), epochs: u32) -> Value {
+    let mut spec = digits(name);
+    spec["workers"] = json!({"min": workers.0, "max": workers.1});
+    spec["batch_size"] = json!(32);
+    spec["epochs"] = json!(epochs);
+    spec["optimizer"]["lr"] = json!(0.005);
+    spec
+}
+
+/// The SHA-256 each rank logged for its final weights, by executor.
+fn final_hashes(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| l.split("weights sha256 ").nth(1))
+        .map(|h| h.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
+    let p = Platform::start();
+    let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("ring-{i}"))).collect();
+    let id = p.submit(&ring_digits("ring-4", (4, 4), 40));
+    let job = p.wait_end(&id, Duration::from_secs(300));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let events = p.get(&format!("/v1/jobs/{id}/events"));
+    let result = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .expect("a result event")
+        .clone();
+    let acc = result["data"]["eval_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.95, "held-out accuracy {acc}");
+    let lines = eventually(Duration::from_secs(20), || {
+        let l = p.log_messages(&id);
+        (final_hashes(&l).len() == 4).then_some(l)
+    })
+    .unwrap_or_else(|| panic!("four ranks report their weights: {:?}", p.log_messages(&id)));
+    let hashes = final_hashes(&lines);
+    println!(
+        "ring of 4: held-out accuracy {:.2}%, weight hashes {hashes:?}",
+        acc * 100.0
+    );
+    assert!(hashes.iter().all(|h| h == &hashes[0]), "{hashes:?}");
+    for r in 0..4 {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("rank {r} of 4 starts"))),
+            "{lines:?}"
+        );
+    }
+}
+
+/// Ranks of `generation`'s ring, from the "rank r of n starts" lines.
+fn ring_size_of_generation(p: &Platform, id: &str, generation: i64) -> Option<usize> {
+    let logs = p.logs(id);
+    let ranks: Vec<&Value> = logs
+        .iter()
+        .filter(|l| {
+            l["generation"] == generation && l["message"].as_str().unwrap().contains(" starts on ")
+        })
+        .collect();
+    ranks.first().map(|l| {
+        let m = l["message"].as_str().unwrap();
+        m.split(" of ")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
+    let p = Platform::start_with(10);
+    let mut execs: Vec<Proc> = (0..4)
+        .map(|i| p.executor(&format!("elastic-{i}")))
+        .collect();
+    let mut spec = ring_digits("ring-elastic", (2, 4), 300);
+    spec["model"]["hidden"] = json!([256, 256]);
+    let id = p.submit(&spec);
+    // Wait until the ring of 4 has trained a while.
+    let first = eventually(Duration::from_secs(120), || {
+        let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
+        (m["steps_recorded"].as_i64().unwrap_or(0) >= 30).then_some(())
+    });
+    assert!(
+        first.is_some(),
+        "the ring trains: {:?}",
+        p.log_messages(&id)
+    );
+    let generation = p.get(&format!("/v1/jobs/{id}"))["generation"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(ring_size_of_generation(&p, &id, generation), Some(4));
+
+    let victim = execs.remove(2);
+    trainyard_e2e::kill9(victim.pid());
+    let rebuilt = eventually(Duration::from_secs(60), || {
+        p.log_messages(&id)
+            .into_iter()
+            .find(|l| l.contains("ring of 3 rebuilt"))
+    })
+    .unwrap_or_else(|| panic!("the ring rebuilds with 3: {:?}", p.log_messages(&id)));
+    let seconds: f64 = rebuilt
+        .split(" ran ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    println!("SIGKILL of a rank → first step of the rebuilt ring of 3: {seconds:.2} s");
+    let state = p.get(&format!("/v1/jobs/{id}"));
+    assert_eq!(state["state"], "running", "{state}");
+
+    // A new executor joins the ring at the next generation.
+    execs.push(p.executor("elastic-new"));
+    let grown = eventually(Duration::from_secs(60), || {
+        let g = p.get(&format!("/v1/jobs/{id}"))["generation"]
+            .as_i64()
+            .unwrap();
+        (g > generation + 1 && ring_size_of_generation(&p, &id, g) == Some(4)).then_some(g)
+    });
+    assert!(
+        grown.is_some(),
+        "the ring grows back to 4: {:?}",
+        p.log_messages(&id)
+    );
+    let job = p.wait_end(&id, Duration::from_secs(600));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let events = p.get(&format!("/v1/jobs/{id}/events"));
+    let acc = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .and_then(|e| e["data"]["eval_accuracy"].as_f64())
+        .unwrap();
+    println!(
+        "elastic ring (4 → 3 → 4): held-out accuracy {:.2}%",
+        acc * 100.0
+    );
+    assert!(acc >= 0.95, "held-out accuracy {acc}");
+    let lines = p.log_messages(&id);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("received weights and optimizer state")),
+        "the new member got the state: {lines:?}"
+    );
+    let hashes = final_hashes(&lines);
+    assert!(
+        hashes.len() >= 4 && hashes.iter().all(|h| h == &hashes[0]),
+        "{hashes:?}"
+    );
 }

@@ -394,6 +394,9 @@ pub struct MetricPoint {
     pub compute_seconds: f64,
     /// Seconds exchanging gradients.
     pub comm_seconds: f64,
+    /// Bytes this rank sent on the data plane in the step.
+    #[serde(default)]
+    pub comm_bytes: u64,
     /// Held-out loss, on evaluation steps.
     #[serde(default)]
     pub eval_loss: Option<f64>,

@@ -147,6 +147,10 @@ pub struct JobSpecInput {
     /// `parameter_server` and `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Consistency>,
+    /// Gradients on the wire: `none` (fp32, the default) or `bf16` (half
+    /// the bytes; sums still accumulate in fp32).
+    #[serde(default)]
+    pub compression: Compression,
     /// When checkpoints are written and how many are kept.
     #[serde(default)]
     pub checkpoint: CheckpointPolicy,
@@ -410,6 +414,17 @@ impl Default for WorkerRange {
     fn default() -> Self {
         WorkerRange { min: 1, max: 1 }
     }
+}
+
+/// How gradients travel between workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// fp32, exact.
+    #[default]
+    None,
+    /// bfloat16 (round to nearest even) on the wire, fp32 accumulation.
+    Bf16,
 }
 
 /// Update consistency of the parameter-server pattern.

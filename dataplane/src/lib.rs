@@ -24,4 +24,4 @@ pub mod plane;
 pub mod ring;
 
 pub use plane::{DataPlane, Endpoint, EndpointKey, RoleKind};
-pub use ring::{Ring, RingConfig, RingError};
+pub use ring::{Ring, RingConfig, RingError, Wire};

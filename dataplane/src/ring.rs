@@ -106,7 +106,43 @@ pub struct Ring {
     broken: Option<String>,
     segment: usize,
     stats: Arc<RingStats>,
+    packed: Vec<u16>,
     _endpoint: Option<Endpoint>,
+}
+
+/// How values travel in an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wire {
+    /// fp32: exact.
+    #[default]
+    F32,
+    /// bfloat16, rounded to nearest even: half the bytes.
+    Bf16,
+}
+
+impl Wire {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Wire::F32 => 4,
+            Wire::Bf16 => 2,
+        }
+    }
+}
+
+/// `v` rounded to the nearest bfloat16 (ties to even); NaN stays NaN.
+pub fn f32_to_bf16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return ((bits >> 16) | 0x0040) as u16;
+    }
+    let bias = 0x7FFF + ((bits >> 16) & 1);
+    (bits.wrapping_add(bias) >> 16) as u16
+}
+
+/// The f32 of a bfloat16.
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
 }
 
 impl Ring {
@@ -131,6 +167,7 @@ impl Ring {
             broken: None,
             segment: SEGMENT_ELEMS,
             stats: Arc::default(),
+            packed: Vec::new(),
             _endpoint: None,
         };
         if world == 1 {
@@ -223,6 +260,7 @@ impl Ring {
             broken: None,
             segment: SEGMENT_ELEMS,
             stats: Arc::default(),
+            packed: Vec::new(),
             _endpoint: None,
         }
     }
@@ -250,15 +288,33 @@ impl Ring {
 
     /// Sums `data` element-wise over all ranks, in place, on every rank.
     pub fn allreduce(&mut self, data: &mut [f32], stop: &AtomicBool) -> Result<(), RingError> {
+        self.allreduce_wire(data, Wire::F32, stop)
+    }
+
+    /// [`Ring::allreduce`] with the values on the wire as `wire`. With
+    /// [`Wire::Bf16`] partial sums still accumulate in fp32; each reduced
+    /// chunk is rounded to bf16 once, by its owner, before it is passed on,
+    /// so every rank ends with the same bits.
+    pub fn allreduce_wire(
+        &mut self,
+        data: &mut [f32],
+        wire: Wire,
+        stop: &AtomicBool,
+    ) -> Result<(), RingError> {
         if self.world == 1 {
             return Ok(());
         }
         self.usable()?;
-        let result = self.allreduce_inner(data, stop);
+        let result = self.allreduce_inner(data, wire, stop);
         self.note(result)
     }
 
-    fn allreduce_inner(&mut self, data: &mut [f32], stop: &AtomicBool) -> Result<(), RingError> {
+    fn allreduce_inner(
+        &mut self,
+        data: &mut [f32],
+        wire: Wire,
+        stop: &AtomicBool,
+    ) -> Result<(), RingError> {
         let n = self.world as usize;
         let r = self.rank as usize;
         self.collective = self.collective.wrapping_add(1);
@@ -279,30 +335,74 @@ impl Ring {
         while recvd < total {
             while sent < total && (sent < per || sent - per < recvd) && sent < recvd + WINDOW {
                 let seg = range(send_chunk(sent / per), sent % per);
-                self.send(Tag::Reduce, coll, sent, bytemuck::cast_slice(&data[seg]))?;
+                self.send_values(coll, sent, &data[seg], wire)?;
                 sent += 1;
             }
             let (h, buf) = self.receive(deadline, stop)?;
             let step = recvd / per;
             let seg = range(recv_chunk(step), recvd % per);
-            expect(&h, Tag::Reduce, coll, recvd, seg.len() * 4)?;
-            let src = &buf[..seg.len()];
-            if step < n - 1 {
-                for (d, s) in data[seg].iter_mut().zip(src) {
-                    *d += *s;
+            expect(&h, Tag::Reduce, coll, recvd, seg.len() * wire.bytes())?;
+            let dst = &mut data[seg];
+            match wire {
+                Wire::F32 => {
+                    let src = &buf[..dst.len()];
+                    if step < n - 1 {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += *s;
+                        }
+                    } else {
+                        dst.copy_from_slice(src);
+                    }
                 }
-            } else {
-                data[seg].copy_from_slice(src);
+                Wire::Bf16 => {
+                    let src: &[u16] = &bytemuck::cast_slice(&buf[..])[..dst.len()];
+                    if step < n - 1 {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += bf16_to_f32(*s);
+                        }
+                        if step == n - 2 {
+                            // This chunk is now fully reduced here: round it
+                            // once, as every other rank will receive it.
+                            for d in dst.iter_mut() {
+                                *d = bf16_to_f32(f32_to_bf16(*d));
+                            }
+                        }
+                    } else {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = bf16_to_f32(*s);
+                        }
+                    }
+                }
             }
             self.recycle(buf);
             recvd += 1;
         }
         while sent < total {
             let seg = range(send_chunk(sent / per), sent % per);
-            self.send(Tag::Reduce, coll, sent, bytemuck::cast_slice(&data[seg]))?;
+            self.send_values(coll, sent, &data[seg], wire)?;
             sent += 1;
         }
         Ok(())
+    }
+
+    fn send_values(
+        &mut self,
+        coll: u32,
+        op: usize,
+        values: &[f32],
+        wire: Wire,
+    ) -> Result<(), RingError> {
+        match wire {
+            Wire::F32 => self.send(Tag::Reduce, coll, op, bytemuck::cast_slice(values)),
+            Wire::Bf16 => {
+                let mut packed = std::mem::take(&mut self.packed);
+                packed.clear();
+                packed.extend(values.iter().map(|&v| f32_to_bf16(v)));
+                let r = self.send(Tag::Reduce, coll, op, bytemuck::cast_slice(&packed));
+                self.packed = packed;
+                r
+            }
+        }
     }
 
     /// Copies `data` of rank `root` into `data` of every rank.
@@ -637,6 +737,52 @@ mod tests {
                 });
                 for o in outs {
                     assert_eq!(o, want, "n={n} len={len}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn bf16_rounding_is_nearest(v in -1e30f32..1e30) {
+            let r = bf16_to_f32(f32_to_bf16(v));
+            prop_assert!((r - v).abs() <= v.abs() / 256.0, "{} -> {}", v, r);
+        }
+    }
+
+    #[test]
+    fn bf16_rings_sum_closely_and_agree_bit_for_bit() {
+        for n in [2usize, 3, 5] {
+            let (_planes, mut rings) = rings(n, 7);
+            let len = 1000;
+            let inputs: Vec<Vec<f32>> = (0..n)
+                .map(|r| {
+                    (0..len)
+                        .map(|i| ((r * 31 + i * 17) % 101) as f32 / 101.0 - 0.5)
+                        .collect()
+                })
+                .collect();
+            let want: Vec<f32> = (0..len)
+                .map(|i| inputs.iter().map(|v| v[i]).sum())
+                .collect();
+            let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+                let joins: Vec<_> = rings
+                    .iter_mut()
+                    .zip(inputs)
+                    .map(|(ring, mut v)| {
+                        s.spawn(move || {
+                            ring.allreduce_wire(&mut v, Wire::Bf16, &AtomicBool::new(false))
+                                .unwrap();
+                            v
+                        })
+                    })
+                    .collect();
+                joins.into_iter().map(|j| j.join().unwrap()).collect()
+            });
+            for o in &outs {
+                assert_eq!(o, &outs[0], "n={n}: ranks agree");
+                for (g, w) in o.iter().zip(&want) {
+                    assert!((g - w).abs() <= 0.02 * n as f32, "n={n}: {g} vs {w}");
                 }
             }
         }

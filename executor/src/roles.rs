@@ -345,11 +345,12 @@ fn worker(
                     let _ = tx.send(Item::Log(
                         LogLevel::Info,
                         format!(
-                            "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms{}",
+                            "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms ({:.2} GB/s bus){}",
                             s.step,
                             s.loss,
                             s.samples_per_sec,
                             s.comm_seconds * 1e3,
+                            s.comm_bytes as f64 / s.comm_seconds.max(1e-9) / 1e9,
                             acc
                         ),
                     ));

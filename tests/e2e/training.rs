@@ -564,6 +564,17 @@ fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
         (final_hashes(&l).len() == 4).then_some(l)
     })
     .unwrap_or_else(|| panic!("four ranks report their weights: {:?}", p.log_messages(&id)));
+    // All-reduce time and bus bandwidth per step, through the metrics API.
+    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=20"));
+    let last = m["points"].as_array().unwrap().last().unwrap().clone();
+    assert!(last["comm_seconds"].as_f64().unwrap() > 0.0, "{last}");
+    assert!(last["comm_bytes"].as_f64().unwrap() > 0.0, "{last}");
+    let bus = last["bus_gbps"].as_f64().unwrap();
+    assert!(bus > 0.0, "{last}");
+    println!(
+        "ring of 4: all-reduce {:.2} ms per step, bus bandwidth {bus:.3} GB/s",
+        last["comm_seconds"].as_f64().unwrap() * 1e3
+    );
     let hashes = final_hashes(&lines);
     println!(
         "ring of 4: held-out accuracy {:.2}%, weight hashes {hashes:?}",

@@ -107,8 +107,8 @@ pub async fn report(
         for m in &r.metrics {
             let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
             metrics_stored += sqlx::query(
-                "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+                "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
             )
             .bind(key.job_id)
             .bind(rank)
@@ -121,6 +121,7 @@ pub async fn report(
             .bind(clean(m.comm_seconds))
             .bind(finite(m.eval_loss))
             .bind(finite(m.eval_accuracy))
+            .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -225,6 +226,11 @@ pub struct MetricSample {
     pub compute_seconds: f64,
     /// Mean seconds exchanging gradients per step.
     pub comm_seconds: f64,
+    /// Mean bytes rank 0 sent on the data plane per step.
+    pub comm_bytes: f64,
+    /// Bus bandwidth in GB/s: bytes sent over seconds communicating (for a
+    /// ring, nccl-tests' busbw); absent without communication.
+    pub bus_gbps: Option<f64>,
     /// Latest held-out loss in the bucket.
     pub eval_loss: Option<f64>,
     /// Latest held-out accuracy in the bucket.
@@ -283,6 +289,8 @@ pub async fn metrics(
     let rows = sqlx::query(
         "SELECT max(step) AS step, avg(loss) AS loss, avg(lr) AS lr, avg(samples_per_sec) AS sps,
                 avg(data_seconds) AS data, avg(compute_seconds) AS compute, avg(comm_seconds) AS comm,
+                avg(comm_bytes)::float8 AS comm_bytes,
+                CASE WHEN sum(comm_seconds) > 0 AND sum(comm_bytes) > 0 THEN sum(comm_bytes)::float8 / sum(comm_seconds) / 1e9 END AS bus_gbps,
                 (array_agg(eval_loss ORDER BY step DESC) FILTER (WHERE eval_loss IS NOT NULL))[1] AS eval_loss,
                 (array_agg(eval_accuracy ORDER BY step DESC) FILTER (WHERE eval_accuracy IS NOT NULL))[1] AS eval_accuracy
          FROM (SELECT *, row_number() OVER (ORDER BY step) - 1 AS i FROM job_metrics WHERE job_id = $1 AND rank = 0) m
@@ -303,6 +311,8 @@ pub async fn metrics(
                 data_seconds: r.try_get("data")?,
                 compute_seconds: r.try_get("compute")?,
                 comm_seconds: r.try_get("comm")?,
+                comm_bytes: r.try_get("comm_bytes")?,
+                bus_gbps: r.try_get("bus_gbps")?,
                 eval_loss: r.try_get("eval_loss")?,
                 eval_accuracy: r.try_get("eval_accuracy")?,
             })

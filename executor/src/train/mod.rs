@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use tch::nn;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec, Schedule};
-use trainyard_dataplane::{Ring, RingError};
+use trainyard_common::spec::{Compression, JobSpecInput, Loss, ModelSpec, Schedule};
+use trainyard_dataplane::{Ring, RingError, Wire};
 
 /// One step's figures: the wire type of the reports, so what the loop
 /// measures is exactly what the API stores.
@@ -372,7 +372,7 @@ impl Replica {
         ring: &mut Ring,
         lr: f64,
         stop: &AtomicBool,
-    ) -> Result<(f64, usize, f64, f64), TrainError> {
+    ) -> Result<StepFigures, TrainError> {
         let computed = Instant::now();
         let n = self.numel;
         self.buf.resize(n + 2, 0.0);
@@ -432,8 +432,18 @@ impl Replica {
         self.buf[n + 1] = loss_sum as f32;
         let compute = computed.elapsed().as_secs_f64();
         let comm_started = Instant::now();
-        ring.allreduce(&mut self.buf, stop)?;
+        let sent_before = ring.stats().bytes_sent.load(Ordering::Relaxed);
+        match self.spec.compression {
+            Compression::None => ring.allreduce(&mut self.buf, stop)?,
+            Compression::Bf16 => {
+                // The gradient in bf16; the sample count and loss stay exact.
+                let (grad, counts) = self.buf.split_at_mut(n);
+                ring.allreduce_wire(grad, Wire::Bf16, stop)?;
+                ring.allreduce(counts, stop)?;
+            }
+        }
         let comm = comm_started.elapsed().as_secs_f64();
+        let comm_bytes = ring.stats().bytes_sent.load(Ordering::Relaxed) - sent_before;
         let applied = Instant::now();
         let total = self.buf[n];
         let loss = f64::from(self.buf[n + 1]) / f64::from(total.max(1.0));
@@ -453,8 +463,23 @@ impl Replica {
         self.cursor = b.next;
         self.last_loss = loss;
         let compute = compute + applied.elapsed().as_secs_f64();
-        Ok((loss, total as usize, compute, comm))
+        Ok(StepFigures {
+            loss,
+            samples: total as usize,
+            compute,
+            comm,
+            comm_bytes,
+        })
     }
+}
+
+/// What one step measured.
+struct StepFigures {
+    loss: f64,
+    samples: usize,
+    compute: f64,
+    comm: f64,
+    comm_bytes: u64,
 }
 
 /// Brings the members of a (new) ring to one state: the members share
@@ -526,16 +551,16 @@ pub fn train(
         };
         let data_seconds = waited.elapsed().as_secs_f64();
         let lr = learning_rate(&spec, replica.step + 1, total);
-        let (loss, samples, compute_seconds, comm_seconds) = replica.step(b, ring, lr, stop)?;
+        let f = replica.step(b, ring, lr, stop)?;
         let mut stats = StepStats {
             step: replica.step,
-            loss,
+            loss: f.loss,
             lr,
-            samples_per_sec: samples as f64
-                / (data_seconds + compute_seconds + comm_seconds).max(1e-9),
+            samples_per_sec: f.samples as f64 / (data_seconds + f.compute + f.comm).max(1e-9),
             data_seconds,
-            compute_seconds,
-            comm_seconds,
+            compute_seconds: f.compute,
+            comm_seconds: f.comm,
+            comm_bytes: f.comm_bytes,
             eval_accuracy: None,
             eval_loss: None,
         };

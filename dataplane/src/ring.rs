@@ -35,6 +35,15 @@ use uuid::Uuid;
 /// Elements per segment: 1 MiB of `f32`.
 pub const SEGMENT_ELEMS: usize = 256 * 1024;
 
+/// The segment size: `TRAINYARD_RING_SEGMENT_KIB` (every rank must agree)
+/// or [`SEGMENT_ELEMS`].
+fn segment_from_env() -> usize {
+    std::env::var("TRAINYARD_RING_SEGMENT_KIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(SEGMENT_ELEMS, |kib| (kib * 256).clamp(1, MAX_PAYLOAD / 4))
+}
+
 /// Segments a rank may send beyond what it has received.
 pub const WINDOW: usize = 8;
 
@@ -165,7 +174,7 @@ impl Ring {
             collective: 0,
             timeout: cfg.collective_timeout,
             broken: None,
-            segment: SEGMENT_ELEMS,
+            segment: segment_from_env(),
             stats: Arc::default(),
             packed: Vec::new(),
             _endpoint: None,

@@ -1,4 +1,6 @@
-//! Training-step benchmark: the executor's models and optimizer (tch) against
+//! Training-step benchmark: the executor's own training step (its models,
+//! gradients flattened into one buffer, its flat Adam, the weights written
+//! back — `Replica::step_on`, what a worker runs minus the network) against
 //! the same models, batch, optimizer and thread count in Python PyTorch eager
 //! on the same libtorch, run side by side in one invocation.
 //!
@@ -9,10 +11,9 @@
 
 use std::process::Command;
 use std::time::Instant;
-use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
-use trainyard_common::spec::{CnnSpec, MlpSpec, ModelSpec};
-use trainyard_executor::train::model;
+use trainyard_common::spec::{CnnSpec, JobSpecInput, MlpSpec, ModelSpec};
+use trainyard_executor::train::Replica;
 
 fn bench(
     spec: &ModelSpec,
@@ -22,10 +23,18 @@ fn bench(
     warmup: usize,
     steps: usize,
 ) -> f64 {
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let net = model::build(&vs.root(), spec).expect("a built-in model");
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).expect("optimizer");
+    let job: JobSpecInput = serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
+        "name": "bench",
+        "model": spec,
+        "dataset": {"kind": "classification", "samples": 256, "features": features, "classes": classes},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adam", "lr": 1e-3},
+        "batch_size": batch,
+        "steps": 1
+    }))
+    .expect("a valid spec")
+    .into();
+    let mut replica = Replica::new(&job, Device::Cpu).expect("a replica");
     let x = Tensor::randn([batch, features], (Kind::Float, Device::Cpu));
     let y = Tensor::randint(classes, [batch], (Kind::Int64, Device::Cpu));
     let mut start = Instant::now();
@@ -33,9 +42,7 @@ fn bench(
         if i == warmup {
             start = Instant::now();
         }
-        let loss = net.forward(&x, true).cross_entropy_for_logits(&y);
-        opt.backward_step(&loss);
-        let _ = loss.double_value(&[]);
+        replica.step_on(&x, &y, 1e-3).expect("a step");
     }
     start.elapsed().as_secs_f64() * 1000.0 / steps as f64
 }

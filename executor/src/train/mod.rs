@@ -162,6 +162,7 @@ pub struct Replica {
     weights: Tensor,
     opt: FlatOptimizer,
     buf: Vec<f32>,
+    grad: Tensor,
     /// Global steps completed.
     pub step: u64,
     /// Where the next step starts in the data.
@@ -223,7 +224,7 @@ impl Replica {
                 0,
             )
         });
-        Ok(Replica {
+        let mut replica = Replica {
             opt: FlatOptimizer::new(&spec.optimizer, numel as i64, device),
             spec: spec.clone(),
             device,
@@ -235,12 +236,15 @@ impl Replica {
             numel,
             weights,
             buf: Vec::new(),
+            grad: Tensor::new(),
             step: 0,
             cursor: Cursor::default(),
             last_loss: f64::NAN,
             eval_loss: None,
             eval_accuracy: None,
-        })
+        };
+        replica.bind();
+        Ok(replica)
     }
 
     /// Trainable parameters.
@@ -325,20 +329,19 @@ impl Replica {
             epoch: words_u64(&meta[4..6]),
             offset: words_u64(&meta[6..8]),
         };
-        self.write_back();
         Ok(())
     }
 
-    /// Copies the flat weights into the model's tensors.
-    fn write_back(&mut self) {
-        tch::no_grad(|| {
-            let mut at = 0i64;
-            for (_, v) in &mut self.vars {
-                let n = v.numel() as i64;
-                v.copy_(&self.weights.narrow(0, at, n).view(v.size().as_slice()));
-                at += n;
-            }
-        });
+    /// Makes the model's tensors views of the flat weights, so that an
+    /// update of the weights is an update of the model, with no copy.
+    fn bind(&mut self) {
+        let mut at = 0i64;
+        for (_, v) in &mut self.vars {
+            let n = v.numel() as i64;
+            let view = self.weights.narrow(0, at, n).view(v.size().as_slice());
+            v.set_data(&view);
+            at += n;
+        }
     }
 
     /// The weights by name, on the CPU.
@@ -365,6 +368,20 @@ impl Replica {
         hex::encode(h.finalize())
     }
 
+    /// One step of a ring of one on the batch `(x, y)` (the benchmark's
+    /// entry): forward, backward, gradients flattened, the optimizer on the
+    /// flat weights, the model's tensors updated. Returns the loss.
+    pub fn step_on(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Result<f64, TrainError> {
+        let b = Batch {
+            x: x.shallow_clone(),
+            y: y.shallow_clone(),
+            samples: x.size().first().copied().unwrap_or(0).max(0) as usize,
+            next: self.cursor,
+        };
+        let f = self.step(b, &mut Ring::solo(), lr, &AtomicBool::new(false))?;
+        Ok(f.loss)
+    }
+
     /// One step on this rank's share `b`, summed over `ring`.
     fn step(
         &mut self,
@@ -375,8 +392,8 @@ impl Replica {
     ) -> Result<StepFigures, TrainError> {
         let computed = Instant::now();
         let n = self.numel;
-        self.buf.resize(n + 2, 0.0);
         let mut loss_sum = 0.0;
+        let mut flat = None;
         if b.samples > 0 {
             let (x, y) = (b.x.to_device(self.device), b.y.to_device(self.device));
             for (_, v) in &self.vars {
@@ -408,56 +425,66 @@ impl Replica {
             // Sums over ranks of (mean loss × samples) give the global mean.
             (&loss * b.samples as f64).backward();
             loss_sum = loss.double_value(&[]) * b.samples as f64;
-            let flat = Tensor::cat(
-                &self
-                    .vars
-                    .iter()
-                    .map(|(_, v)| {
-                        let g = v.grad();
-                        if g.defined() {
-                            g.reshape([-1])
-                        } else {
-                            Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
-                        }
-                    })
-                    .collect::<Vec<_>>(),
-                0,
-            );
-            flat.to_device(tch::Device::Cpu)
-                .copy_data(&mut self.buf[..n], n);
-        } else {
-            self.buf[..n].fill(0.0);
+            let grads: Vec<Tensor> = self
+                .vars
+                .iter()
+                .map(|(_, v)| {
+                    let g = v.grad();
+                    if g.defined() {
+                        g.reshape([-1])
+                    } else {
+                        Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
+                    }
+                })
+                .collect();
+            // Into a buffer kept across steps.
+            if !self.grad.defined() || self.grad.numel() != n {
+                self.grad = Tensor::empty([n as i64], (Kind::Float, self.device));
+            }
+            flat = Some(Tensor::cat_out(&self.grad, &grads, 0));
         }
-        self.buf[n] = b.samples as f32;
-        self.buf[n + 1] = loss_sum as f32;
         let compute = computed.elapsed().as_secs_f64();
         let comm_started = Instant::now();
         let sent_before = ring.stats().bytes_sent.load(Ordering::Relaxed);
-        match self.spec.compression {
-            Compression::None => ring.allreduce(&mut self.buf, stop)?,
-            Compression::Bf16 => {
-                // The gradient in bf16; the sample count and loss stay exact.
-                let (grad, counts) = self.buf.split_at_mut(n);
-                ring.allreduce_wire(grad, Wire::Bf16, stop)?;
-                ring.allreduce(counts, stop)?;
+        let (total, loss_sum, flat) = if ring.world() == 1 {
+            // Alone: the gradient stays where it is, on its device.
+            (b.samples as f32, loss_sum, flat)
+        } else {
+            self.buf.resize(n + 2, 0.0);
+            match &flat {
+                Some(f) => f
+                    .to_device(tch::Device::Cpu)
+                    .copy_data(&mut self.buf[..n], n),
+                None => self.buf[..n].fill(0.0),
             }
-        }
+            self.buf[n] = b.samples as f32;
+            self.buf[n + 1] = loss_sum as f32;
+            match self.spec.compression {
+                Compression::None => ring.allreduce(&mut self.buf, stop)?,
+                Compression::Bf16 => {
+                    // The gradient in bf16; the sample count and loss stay exact.
+                    let (grad, counts) = self.buf.split_at_mut(n);
+                    ring.allreduce_wire(grad, Wire::Bf16, stop)?;
+                    ring.allreduce(counts, stop)?;
+                }
+            }
+            let summed = Tensor::from_slice(&self.buf[..n]).to_device(self.device);
+            (self.buf[n], f64::from(self.buf[n + 1]), Some(summed))
+        };
         let comm = comm_started.elapsed().as_secs_f64();
         let comm_bytes = ring.stats().bytes_sent.load(Ordering::Relaxed) - sent_before;
         let applied = Instant::now();
-        let total = self.buf[n];
-        let loss = f64::from(self.buf[n + 1]) / f64::from(total.max(1.0));
+        let loss = loss_sum / f64::from(total.max(1.0));
         if !loss.is_finite() {
             return Err(TrainError::Diverged(self.step + 1));
         }
-        if total > 0.0 {
-            let mut g =
-                Tensor::from_slice(&self.buf[..n]).to_device(self.device) / f64::from(total);
+        if let Some(mut g) = flat.filter(|_| total > 0.0) {
+            let _ = g.g_div_scalar_(f64::from(total));
             if let Some(c) = self.spec.optimizer.grad_clip {
                 optim::clip_norm(&mut g, c);
             }
+            // The model's tensors are views of `weights`: updated in place.
             self.opt.step(&mut self.weights, &g, lr);
-            self.write_back();
         }
         self.step += 1;
         self.cursor = b.next;

@@ -21,6 +21,8 @@ pub struct FlatOptimizer {
     /// Updates applied so far (Adam's bias correction).
     pub t: u64,
     state: Vec<Tensor>,
+    /// Work buffers reused across steps (no allocation per step).
+    scratch: Vec<Tensor>,
 }
 
 impl FlatOptimizer {
@@ -40,6 +42,7 @@ impl FlatOptimizer {
             eps: 1e-8,
             t: 0,
             state,
+            scratch: Vec::new(),
         }
     }
 
@@ -92,17 +95,25 @@ impl FlatOptimizer {
                     if self.kind == OptimizerKind::Adamw && wd != 0.0 {
                         let _ = w.g_mul_scalar_(1.0 - lr * wd);
                     }
+                    if self.scratch.len() != 2 || self.scratch[0].size() != g.size() {
+                        self.scratch = vec![g.empty_like(), g.empty_like()];
+                    }
                     let (m, v) = self.state.split_at_mut(1);
                     let (m, v) = (&mut m[0], &mut v[0]);
-                    let _ = m.g_mul_scalar_(b1);
-                    let _ = m.g_add_(&(&g * (1.0 - b1)));
-                    let _ = v.g_mul_scalar_(b2);
-                    let _ = v.g_add_(&(&g * &g * (1.0 - b2)));
+                    // m ← β₁m + (1−β₁)g and v ← β₂v + (1−β₂)g², in place.
+                    let _ = m.lerp_(&g, 1.0 - b1);
+                    let _ = g.mul_out(&self.scratch[0], &g);
+                    let _ = v.lerp_(&self.scratch[0], 1.0 - b2);
                     let t = self.t as i32;
                     let bc1 = 1.0 - b1.powi(t);
                     let bc2 = 1.0 - b2.powi(t);
-                    let denom = v.sqrt() / bc2.sqrt() + self.eps;
-                    let _ = w.g_sub_(&(&*m / denom * (lr / bc1)));
+                    // w ← w − lr/bc₁ · m / (√v/√bc₂ + ε), folded into one
+                    // addcdiv by scaling the denominator.
+                    let mut denom = v.sqrt_out(&self.scratch[1]);
+                    let _ = denom.g_div_scalar_(bc2.sqrt());
+                    let _ = denom.g_add_scalar_(self.eps);
+                    let _ = denom.g_mul_scalar_(-bc1 / lr);
+                    let _ = w.addcdiv_(m, &denom);
                 }
             }
         });

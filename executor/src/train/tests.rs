@@ -274,7 +274,9 @@ fn bf16_gradients_cost_at_most_a_point_of_accuracy() {
     bf16.compression = trainyard_common::spec::Compression::Bf16;
     let exact = train_ring(&base, 4);
     let packed = train_ring(&bf16, 4);
-    assert!(packed.iter().all(|o| o.weights_sha256 == packed[0].weights_sha256));
+    assert!(packed
+        .iter()
+        .all(|o| o.weights_sha256 == packed[0].weights_sha256));
     let (a, b) = (
         exact[0].eval_accuracy.unwrap(),
         packed[0].eval_accuracy.unwrap(),

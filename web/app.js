@@ -156,7 +156,7 @@ function debounced(fn, ms = 150) {
     timer = null;
     if (running) { again = true; return; }
     running = true;
-    try { await fn(); showError(null); } catch (e) { if (!(e instanceof ApiError && e.status === 404)) showError(e); }
+    try { await fn(); showError(null); } catch (e) { showError(e); }
     running = false;
     if (again) { again = false; trigger(); }
   };
@@ -180,7 +180,10 @@ async function streamEvents() {
     try {
       const r = await fetch("/v1/events/stream", { headers: authHeaders({ Accept: "text/event-stream" }) });
       if (r.status === 401) {
-        if (!(await askToken())) await new Promise((res) => setTimeout(res, 5000));
+        // Dismissed: wait for a token (the header's "token" button) rather
+        // than asking again and again.
+        const before = token();
+        if (!(await askToken())) while (token() === before) await new Promise((res) => setTimeout(res, 1000));
         continue;
       }
       if (!r.ok || !r.body) throw new Error("stream: HTTP " + r.status);
@@ -390,7 +393,7 @@ function jobView(main, id) {
     const url = result && result.data && result.data.weights_url;
     box.replaceChildren(
       el("p", { class: "muted", text: "Checkpoints are not listed by the API yet. " + plan }),
-      url ? el("p", {}, "Final weights: ", el("a", { href: url, id: "weights-link", text: url, download: "" })) : el("p", { class: "muted", text: TERMINAL.has(job && job.state) ? "No weights were written." : "Final weights appear here when the job succeeds." }),
+      url ? el("p", {}, "Final weights: ", /^(https?|file|s3|gs|az):/i.test(url) ? el("a", { href: url, id: "weights-link", text: url, download: "" }) : el("code", { id: "weights-link", text: url })) : el("p", { class: "muted", text: TERMINAL.has(job && job.state) ? "No weights were written." : "Final weights appear here when the job succeeds." }),
     );
   };
 

@@ -312,7 +312,11 @@ pub async fn jobs(args: JobsArgs) -> Result<u8, CliError> {
             j["name"].as_str().unwrap_or("").to_owned(),
             j["state"].as_str().unwrap_or("").to_owned(),
             j["strategy"].as_str().unwrap_or("").to_owned(),
-            format!("{}-{}", spec["workers"]["min"], spec["workers"]["max"]),
+            if spec["workers"]["min"] == spec["workers"]["max"] {
+                spec["workers"]["min"].to_string()
+            } else {
+                format!("{}-{}", spec["workers"]["min"], spec["workers"]["max"])
+            },
             ps,
             age(j["created_at"].as_str()),
             j["state_reason"].as_str().unwrap_or("").to_owned(),

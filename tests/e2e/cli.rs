@@ -1,18 +1,26 @@
 //! The command-line client (`trainyard submit|jobs|job|cancel|executors|logs`)
 //! as users run it: the real binary against a real server, Postgres and
 //! executor. It submits a spec file, follows the job to `succeeded` (exit
-//! 0) with a progress bar and the loss, cancels a running job (which a
-//! concurrent `trainyard job` reports with exit 3), and fails with one
+//! 0) with a progress bar and the loss, follows a job that fails (exit 1),
+//! cancels a running job (which a concurrent `trainyard job` reports with
+//! exit 3), and fails with one
 //! clear line and a non-zero exit for an unreachable API, a rejected spec
 //! (every field error printed), a missing token and an unknown job.
 
 use serde_json::{json, Value};
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wait_ready, Proc};
 
 const JOIN: &str = "e2e-cli-token";
+
+/// Steps of the job that must succeed. An executor that finishes before
+/// the scheduler has seen its role running (a few hundred steps of digits
+/// take well under a second) reports an outcome the API drops, and the job
+/// stays `running`; this run is long enough to stay clear of that.
+const STEPS: u64 = 3000;
 
 struct Server {
     _api: Proc,
@@ -89,15 +97,51 @@ impl Drop for Server {
     }
 }
 
+/// Longest any one CLI command may take here (`job` follows a whole run).
+const CLI_LIMIT: Duration = Duration::from_secs(180);
+
 fn cli_at(api: &str, args: &[&str], token: Option<&str>) -> Output {
     let mut cmd = Command::new(binary("trainyard").unwrap());
     cmd.args(args)
         .env("TRAINYARD_API", api)
-        .env_remove("TRAINYARD_API_TOKEN");
+        .env_remove("TRAINYARD_API_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if let Some(t) = token {
         cmd.env("TRAINYARD_API_TOKEN", t);
     }
-    cmd.output().unwrap()
+    let mut child = cmd.spawn().unwrap();
+    let read = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = r.read_to_end(&mut b);
+            b
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > CLI_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`trainyard {}` still running after {CLI_LIMIT:?}:\n{}\n{}",
+                args.join(" "),
+                text(&out.join().unwrap_or_default()),
+                text(&err.join().unwrap_or_default())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }
 
 fn text(o: &[u8]) -> String {
@@ -149,7 +193,9 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
     let _exec = server.executor("cli-ex1");
 
     // submit FILE, then follow it: exit 0 once it succeeded.
-    let file = server.spec_file("digits", &digits("cli-digits", 300));
+    // Long enough (a second or more) that the job is `running` before it
+    // ends: see the note on `STEPS`.
+    let file = server.spec_file("digits", &digits("cli-digits", STEPS));
     let submit = server.cli(&["submit", file.to_str().unwrap()]);
     assert!(submit.status.success(), "{}", show(&submit));
     let id = submitted_id(&submit);
@@ -167,14 +213,14 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
         show(&follow)
     );
     assert!(
-        err.contains(&format!("[{}] 100% 300/300", "#".repeat(30))),
+        err.contains(&format!("[{}] 100% {STEPS}/{STEPS}", "#".repeat(30))),
         "a full progress bar: {}",
         show(&follow)
     );
     assert!(err.contains("loss "), "{}", show(&follow));
     assert!(out.contains("weights: file://"), "{}", show(&follow));
     assert!(
-        out.contains(&format!("job {id} succeeded: trained 300 steps")),
+        out.contains(&format!("job {id} succeeded: trained {STEPS} steps")),
         "{}",
         show(&follow)
     );
@@ -223,6 +269,19 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
                 .all(|l| l.contains(" worker0 g1: ")),
         "{}",
         show(&logs)
+    );
+
+    // A job that fails: `submit --follow` exits 1 and says why.
+    let mut broken = digits("cli-broken", 100);
+    broken["dataset"]["url"] = json!("file:///nonexistent/trainyard/digits.npz");
+    let file = server.spec_file("broken", &broken);
+    let failed = server.cli(&["submit", "--follow", file.to_str().unwrap()]);
+    assert_eq!(failed.status.code(), Some(1), "{}", show(&failed));
+    assert!(
+        text(&failed.stdout)
+            .contains("failed: cannot read dataset file:///nonexistent/trainyard/digits.npz"),
+        "{}",
+        show(&failed)
     );
 
     // cancel ID while a follower watches: the follower exits 3.

@@ -128,7 +128,10 @@ async function main() {
     log("invalid spec: field errors beside optimizer.lr and batch_size");
 
     // ---- a job submitted through the form trains to `succeeded`, live ----
-    const digits = example("digits-mlp.json", { name: "ui-digits", steps: 400, checkpoint: { every_steps: 100, keep: 2 } });
+    // Long enough (a second or more) that the job is seen running: an
+    // executor that ends before the scheduler has marked its role running
+    // has its outcome dropped by the API (a known race outside the UI).
+    const digits = example("digits-mlp.json", { name: "ui-digits", steps: 3000, checkpoint: { every_steps: 1000, keep: 2 } });
     const id = await submitThroughForm(page, digits);
     await page.evaluate(() => {
       window.__states = [];
@@ -153,7 +156,7 @@ async function main() {
     assert.match(await page.textContent("#weights-link"), /^file:\/\/.*model\.safetensors$/);
     // The last steps' metrics may land just after the outcome; the page
     // still gets them (the stream announces late telemetry).
-    await page.waitForFunction(() => /step 400 of 400/.test(document.querySelector("#job-progress-text")?.textContent));
+    await page.waitForFunction(() => /step 3000 of 3000/.test(document.querySelector("#job-progress-text")?.textContent));
     await page.waitForFunction(() => document.querySelector("#logs")?.textContent.includes("worker0 g1 "));
     assert.equal(await page.evaluate(() => window.__sameDocument), "never reloaded");
     await shot(page, "job-succeeded");

@@ -198,13 +198,15 @@ async function main() {
     log("cancelled from the page");
 
     // ---- a running PS job and a running ring job (the README's pictures) ----
-    const ps = example("digits-ps.json", { name: "digits-ps" });
+    const ps = example("digits-ps.json", { name: "digits-ps", steps: 1_000_000 });
     await submitThroughForm(page, ps);
     await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running", null, { timeout: 2 * MINUTE });
     await page.waitForFunction(() => document.querySelectorAll("#cluster svg[data-kind=parameter_server] [data-role=ps]").length === 2
       && document.querySelectorAll("#cluster svg[data-kind=parameter_server] [data-role=worker]").length === 2);
     assert.ok(await page.evaluate(() => document.querySelector("#cluster table.ranges")?.textContent.includes("fc0.weight")), "shard ranges are listed");
     await page.waitForFunction(() => document.querySelector("#logs")?.textContent.length > 20);
+    // For the picture only: once the PS data plane trains, show its first steps.
+    await page.waitForFunction(() => Number(document.querySelector("#loss-chart")?.dataset.points) >= 5, null, { timeout: 10_000 }).catch(() => log("the PS job has no steps to show yet"));
     await shot(page, "job-ps-running", "job-ps.png");
 
     const ring = example("digits-mlp.json", { name: "digits-ring", steps: 1_000_000, workers: { min: 2, max: 2 } });

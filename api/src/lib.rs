@@ -4,11 +4,12 @@
 //! a Postgres pool (migrations from `migrations/` applied on start-up), the
 //! routes of [`routes`] (jobs, executors, health, metrics), the scheduler
 //! loop (unless `--no-scheduler`; see `trainyard-scheduler`), the OpenAPI document of
-//! [`openapi`] with an interactive page at `/docs`, and the small web page
-//! of [`web`]. Every error leaves as `application/problem+json` through
-//! [`error::ApiError`]. `main.rs` is a thin shell over this, and the
-//! integration tests build the same [`Application`] on port 0 against a
-//! fresh database, so they exercise the production wiring.
+//! [`openapi`] with an interactive page at `/docs`, and the web UI of
+//! [`web`] (kept live by [`routes::stream`]). Every error leaves as
+//! `application/problem+json` through [`error::ApiError`]. `main.rs` is a
+//! thin shell over this, and the integration tests build the same
+//! [`Application`] on port 0 against a fresh database, so they exercise the
+//! production wiring.
 //!
 //! When no `DATABASE_URL` is given, [`embedded_pg`] runs a private Postgres
 //! cluster in the data folder with the machine's PostgreSQL binaries.

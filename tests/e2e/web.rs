@@ -86,10 +86,10 @@ impl Platform {
             &format!("127.0.0.1:{port}"),
             "--heartbeat-interval-ms",
             "200",
-            // 3 s of silence: quick to see a SIGKILL, slow enough for a
-            // 2-core machine that also runs Chromium.
+            // 5 s of silence: quick enough to see a SIGKILL, slow enough
+            // for a loaded 2-core machine that also runs Chromium.
             "--heartbeat-misses",
-            "15",
+            "25",
         ])
         .args(extra)
         .arg("--data-dir")

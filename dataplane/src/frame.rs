@@ -95,6 +95,40 @@ pub fn read_full(
     Ok(())
 }
 
+/// A stream whose reads wait out short read timeouts until `stop` is set
+/// (then `ConnectionAborted`) or, if given, until `deadline` (then `TimedOut`),
+/// so `read_exact` on it is interruptible. Set a short read timeout first.
+pub struct Patient<'a> {
+    /// The stream.
+    pub stream: &'a mut TcpStream,
+    /// Gives up once set.
+    pub stop: &'a AtomicBool,
+    /// Gives up after it.
+    pub deadline: Option<std::time::Instant>,
+}
+
+impl Read for Patient<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            match self.stream.read(buf) {
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        // Not `Interrupted`: `read_exact` would retry that.
+                        return Err(std::io::Error::new(ErrorKind::ConnectionAborted, "stopped"));
+                    }
+                    if self.deadline.is_some_and(|d| std::time::Instant::now() > d) {
+                        return Err(std::io::Error::new(
+                            ErrorKind::TimedOut,
+                            "the peer did not answer in time",
+                        ));
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

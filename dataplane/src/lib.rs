@@ -8,7 +8,8 @@
 //! refuses strangers and stale generations. On top of these connections
 //! [`ring`] runs the bandwidth-optimal ring all-reduce (reduce-scatter then
 //! all-gather, pipelined in segments) and the broadcasts a ring uses to
-//! bring a new member up to date.
+//! bring a new member up to date; [`ps`] is the parameter-server protocol
+//! (init, pull, push of one shard's values).
 //!
 //! The crate has no libtorch dependency: it moves `f32` buffers, so the
 //! benchmarks and the multi-process correctness tests run without `tch`.
@@ -21,6 +22,7 @@ compile_error!("the data plane sends native f32 bytes and needs a little-endian 
 pub mod frame;
 pub mod handshake;
 pub mod plane;
+pub mod ps;
 pub mod ring;
 
 pub use plane::{DataPlane, Endpoint, EndpointKey, RoleKind};

@@ -4,11 +4,13 @@
 //! * [`roles`] — the roles assigned to this executor, started and stopped
 //!   as generations change;
 //! * [`train`] — the training runtime on libtorch (models, data, loop);
+//! * [`ps`] — parameter-server shard servers and the workers that use them;
 //! * [`report`] — delivery of metrics, logs and outcomes to the API;
 //! * [`probe`] — proof of the libtorch link (`--probe`).
 
 pub mod agent;
 pub mod probe;
+pub mod ps;
 pub mod report;
 pub mod roles;
 pub mod train;

@@ -56,7 +56,11 @@ pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(60);
 struct Parked {
     replica: Option<Replica>,
     broke_at: Option<Instant>,
+    shard: Option<crate::ps::Shard>,
 }
+
+/// Whose state a hand-over carries: a worker's (by device) or a PS shard's.
+type Slot = (Uuid, RoleKind, u32);
 
 type Handover = JoinHandle<Parked>;
 
@@ -69,7 +73,7 @@ pub struct Roles {
     plane: Option<Arc<DataPlane>>,
     /// The last worker thread of each (job, device): its replica goes to
     /// the next generation's worker there.
-    handovers: Arc<Mutex<HashMap<(Uuid, u32), Handover>>>,
+    handovers: Arc<Mutex<HashMap<Slot, Handover>>>,
 }
 
 impl Roles {
@@ -162,7 +166,7 @@ impl Roles {
         }
         // Replicas of jobs no longer assigned here are let go.
         if let Ok(mut h) = self.handovers.lock() {
-            h.retain(|(job, _), _| wanted.keys().any(|(j, _, _)| j == job));
+            h.retain(|(job, _, _), _| wanted.keys().any(|(j, _, _)| j == job));
         }
         for (k, a) in wanted {
             if self.running.contains_key(&k) {
@@ -179,21 +183,15 @@ impl Roles {
         if let Some(sink) = &self.sink {
             tokio::spawn(report::deliver(sink.clone(), a.key, rx));
         }
-        if a.key.role != RoleKind::Worker || a.strategy != Strategy::Allreduce {
-            let msg = format!(
-                "{:?} {} of generation {} started; the parameter-server data plane is not built yet: holding the assignment",
-                a.key.role, a.key.index, a.key.generation
-            );
-            tracing::info!(job = %a.key.job_id, "{msg}");
-            let _ = tx.send(Item::Log(LogLevel::Warn, msg));
-            return;
-        }
         let object_store = self
             .sink
             .as_ref()
             .and_then(|s| s.object_store.read().ok().map(|o| o.clone()))
             .unwrap_or_default();
-        let slot = (a.key.job_id, a.device.unwrap_or(0));
+        let slot = match a.key.role {
+            RoleKind::Worker => (a.key.job_id, RoleKind::Worker, a.device.unwrap_or(0)),
+            other => (a.key.job_id, other, a.key.index),
+        };
         let Ok(mut handovers) = self.handovers.lock() else {
             return;
         };
@@ -203,7 +201,17 @@ impl Roles {
             .name(format!("worker-{}", a.key.index))
             .spawn(move || {
                 let parked = previous.and_then(|h| h.join().ok()).unwrap_or_default();
-                worker(a, stop, tx, object_store, plane, parked)
+                if a.key.role == RoleKind::Worker {
+                    return worker(a, stop, tx, object_store, plane, parked);
+                }
+                let Some(plane) = plane else {
+                    return Parked::default();
+                };
+                let shard = crate::ps::serve_shard(&a, &stop, &tx, &plane, parked.shard);
+                Parked {
+                    shard,
+                    ..Parked::default()
+                }
             });
         if let Ok(h) = handle {
             handovers.insert(slot, h);
@@ -235,6 +243,7 @@ fn worker(
     let Parked {
         mut replica,
         mut broke_at,
+        ..
     } = parked;
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
@@ -281,9 +290,16 @@ fn worker(
             a.key.generation
         ),
     );
+    if a.strategy == Strategy::ParameterServer {
+        return ps_worker(&a, rank, device, replica, &stop, &tx, &object_store);
+    }
     loop {
         if stop.load(Ordering::Relaxed) {
-            return Parked { replica, broke_at };
+            return Parked {
+                replica,
+                broke_at,
+                shard: None,
+            };
         }
         let mut ring = if world == 1 {
             Ring::solo()
@@ -298,7 +314,11 @@ fn worker(
                         log(LogLevel::Warn, format!("{e}; retrying"));
                     }
                     if pause(Duration::from_millis(500), &stop) {
-                        return Parked { replica, broke_at };
+                        return Parked {
+                            replica,
+                            broke_at,
+                            shard: None,
+                        };
                     }
                     continue;
                 }
@@ -386,10 +406,20 @@ fn worker(
                 }
                 return Parked::default();
             }
-            Err(TrainError::Stopped) => return Parked { replica, broke_at },
+            Err(TrainError::Stopped) => {
+                return Parked {
+                    replica,
+                    broke_at,
+                    shard: None,
+                }
+            }
             Err(TrainError::Ring(e)) => {
                 if stop.load(Ordering::Relaxed) {
-                    return Parked { replica, broke_at };
+                    return Parked {
+                        replica,
+                        broke_at,
+                        shard: None,
+                    };
                 }
                 broke_at.get_or_insert_with(Instant::now);
                 log(
@@ -401,10 +431,80 @@ fn worker(
                 );
                 drop(ring);
                 if pause(Duration::from_millis(500), &stop) {
-                    return Parked { replica, broke_at };
+                    return Parked {
+                        replica,
+                        broke_at,
+                        shard: None,
+                    };
                 }
             }
             Err(e) => return fail(e.to_string()),
+        }
+    }
+}
+
+/// A PS worker's life in one generation: trains until done, retrying when a
+/// shard is unreachable (until the scheduler's next generation).
+fn ps_worker(
+    a: &Assignment,
+    rank: u32,
+    device: tch::Device,
+    mut replica: Option<Replica>,
+    stop: &AtomicBool,
+    tx: &UnboundedSender<Item>,
+    object_store: &str,
+) -> Parked {
+    let log = |level, msg: String| {
+        tracing::info!(job = %a.key.job_id, "{msg}");
+        let _ = tx.send(Item::Log(level, msg));
+    };
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Parked {
+                replica,
+                ..Parked::default()
+            };
+        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::ps::work(a, rank, device, &mut replica, stop, tx)
+        }))
+        .unwrap_or_else(|_| {
+            Err(TrainError::Unsupported(
+                "training failed inside libtorch".into(),
+            ))
+        });
+        match result {
+            Ok(Some(out)) => {
+                finish(a, &out, object_store, tx);
+                return Parked::default();
+            }
+            Ok(None) => return Parked::default(),
+            Err(TrainError::Stopped) => {
+                return Parked {
+                    replica,
+                    ..Parked::default()
+                }
+            }
+            Err(TrainError::Ring(e)) => {
+                if !stop.load(Ordering::Relaxed) {
+                    log(
+                        LogLevel::Warn,
+                        format!("{e}: keeping the model and retrying until the next generation"),
+                    );
+                }
+                if pause(Duration::from_millis(500), stop) {
+                    return Parked {
+                        replica,
+                        ..Parked::default()
+                    };
+                }
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                log(LogLevel::Error, reason.clone());
+                let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
+                return Parked::default();
+            }
         }
     }
 }
@@ -419,7 +519,13 @@ fn finish(a: &Assignment, out: &train::Outcome, object_store: &str, tx: &Unbound
             ));
             RoleOutcome::Succeeded {
                 steps: out.steps,
-                final_loss: out.final_loss,
+                // JSON has no NaN: a report carrying one would be refused
+                // (and retried) forever.
+                final_loss: if out.final_loss.is_finite() {
+                    out.final_loss
+                } else {
+                    f64::MAX
+                },
                 eval_loss: out.eval_loss,
                 eval_accuracy: out.eval_accuracy,
                 weights_url: url,

@@ -699,3 +699,84 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
         "{hashes:?}"
     );
 }
+
+fn ps_digits(name: &str, consistency: Value) -> Value {
+    let mut spec = ring_digits(name, (3, 3), 40);
+    spec["strategy"] = json!("parameter_server");
+    spec["parameter_servers"] = json!(2);
+    spec["consistency"] = consistency;
+    spec
+}
+
+fn result_accuracy(p: &Platform, id: &str) -> f64 {
+    let events = p.get(&format!("/v1/jobs/{id}/events"));
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .and_then(|e| e["data"]["eval_accuracy"].as_f64())
+        .unwrap_or_else(|| panic!("a result with an accuracy: {events}"))
+}
+
+/// The shards' closing statistics: (rejected, staleness histogram) each.
+fn shard_stats(lines: &[String]) -> Vec<(u64, Vec<u64>)> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with("PS shard") && l.contains("staleness histogram"))
+        .map(|l| {
+            let rejected = l
+                .split(" applied, ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let hist = l
+                .split("histogram [")
+                .nth(1)
+                .unwrap()
+                .split(']')
+                .next()
+                .unwrap();
+            (
+                rejected,
+                hist.split(", ").map(|v| v.parse().unwrap()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes() {
+    let p = Platform::start();
+    let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("ps-{i}"))).collect();
+    let sync = p.submit(&ps_digits("ps-sync", json!("sync")));
+    let job = p.wait_end(&sync, Duration::from_secs(300));
+    assert_eq!(
+        job["state"],
+        "succeeded",
+        "{job} {:?}",
+        p.log_messages(&sync)
+    );
+    let acc = result_accuracy(&p, &sync);
+    println!(
+        "PS sync, 2 shards × 3 workers: held-out accuracy {:.2}%",
+        acc * 100.0
+    );
+    assert!(acc >= 0.95, "sync accuracy {acc}");
+
+    for (name, consistency) in [
+        ("ps-async", json!("async")),
+        ("ps-bounded", json!({"bounded": {"staleness": 2}})),
+    ] {
+        let id = p.submit(&ps_digits(name, consistency));
+        let job = p.wait_end(&id, Duration::from_secs(300));
+        assert_eq!(job["state"], "succeeded", "{job} {:?}", p.log_messages(&id));
+        let acc = result_accuracy(&p, &id);
+        println!("PS {name}: held-out accuracy {:.2}%", acc * 100.0);
+        assert!(acc >= 0.93, "{name} accuracy {acc}");
+    }
+}

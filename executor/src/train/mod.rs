@@ -160,7 +160,8 @@ pub struct Replica {
     vars: Vec<(String, Tensor)>,
     numel: usize,
     weights: Tensor,
-    opt: FlatOptimizer,
+    /// Created on the first update (a PS worker never needs one).
+    opt: Option<FlatOptimizer>,
     buf: Vec<f32>,
     grad: Tensor,
     /// Global steps completed.
@@ -225,7 +226,7 @@ impl Replica {
             )
         });
         let mut replica = Replica {
-            opt: FlatOptimizer::new(&spec.optimizer, numel as i64, device),
+            opt: None,
             spec: spec.clone(),
             device,
             dataset,
@@ -282,7 +283,13 @@ impl Replica {
 
     /// Length of [`Replica::export`].
     pub fn state_len(&self) -> usize {
-        self.numel * (1 + self.opt.state().len()) + META_WORDS
+        self.numel * (1 + FlatOptimizer::state_tensors(self.spec.optimizer.kind)) + META_WORDS
+    }
+
+    fn optimizer(&mut self) -> &mut FlatOptimizer {
+        let (spec, n, device) = (&self.spec.optimizer, self.numel as i64, self.device);
+        self.opt
+            .get_or_insert_with(|| FlatOptimizer::new(spec, n, device))
     }
 
     /// Weights, optimizer state, step and cursor as one flat buffer.
@@ -291,11 +298,14 @@ impl Replica {
         let n = self.numel;
         let cpu = |t: &Tensor, dst: &mut [f32]| t.to_device(tch::Device::Cpu).copy_data(dst, n);
         cpu(&self.weights, &mut out[..n]);
-        for (i, t) in self.opt.state().iter().enumerate() {
-            cpu(t, &mut out[(i + 1) * n..(i + 2) * n]);
+        if let Some(opt) = &self.opt {
+            for (i, t) in opt.state().iter().enumerate() {
+                cpu(t, &mut out[(i + 1) * n..(i + 2) * n]);
+            }
         }
         let meta = &mut out[self.state_len() - META_WORDS..];
-        for (i, v) in [self.step, self.opt.t, self.cursor.epoch, self.cursor.offset]
+        let t = self.opt.as_ref().map_or(0, |o| o.t);
+        for (i, v) in [self.step, t, self.cursor.epoch, self.cursor.offset]
             .into_iter()
             .enumerate()
         {
@@ -319,12 +329,13 @@ impl Replica {
             tch::no_grad(|| t.copy_(&Tensor::from_slice(src).to_device(device)))
         };
         load(&mut self.weights, &state[..n]);
-        for (i, t) in self.opt.state_mut().iter_mut().enumerate() {
+        let opt = self.optimizer();
+        for (i, t) in opt.state_mut().iter_mut().enumerate() {
             load(t, &state[(i + 1) * n..(i + 2) * n]);
         }
         let meta = &state[state.len() - META_WORDS..];
+        opt.t = words_u64(&meta[2..4]);
         self.step = words_u64(&meta[0..2]);
-        self.opt.t = words_u64(&meta[2..4]);
         self.cursor = Cursor {
             epoch: words_u64(&meta[4..6]),
             offset: words_u64(&meta[6..8]),
@@ -382,15 +393,89 @@ impl Replica {
         Ok(f.loss)
     }
 
-    /// One step on this rank's share `b`, summed over `ring`.
-    fn step(
-        &mut self,
-        b: Batch,
-        ring: &mut Ring,
-        lr: f64,
-        stop: &AtomicBool,
-    ) -> Result<StepFigures, TrainError> {
-        let computed = Instant::now();
+    /// The spec this replica trains.
+    pub fn spec(&self) -> &JobSpecInput {
+        &self.spec
+    }
+
+    /// Each trainable tensor's name, offset in the flat weights and length.
+    pub fn layout(&self) -> Vec<(String, usize, usize)> {
+        let mut at = 0;
+        self.vars
+            .iter()
+            .map(|(k, v)| {
+                let n = v.numel();
+                at += n;
+                (k.clone(), at - n, n)
+            })
+            .collect()
+    }
+
+    /// Overwrites the flat weights from `offset` with `values`.
+    pub fn load_range(&mut self, offset: usize, values: &[f32]) {
+        let src = Tensor::from_slice(values).to_device(self.device);
+        tch::no_grad(|| {
+            self.weights
+                .narrow(0, offset as i64, values.len() as i64)
+                .copy_(&src)
+        });
+    }
+
+    /// The flat weights from `offset`, `len` of them, on the CPU.
+    pub fn read_range(&self, offset: usize, len: usize) -> Vec<f32> {
+        let mut out = vec![0f32; len];
+        self.weights
+            .narrow(0, offset as i64, len as i64)
+            .to_device(tch::Device::Cpu)
+            .copy_data(&mut out, len);
+        out
+    }
+
+    /// A background loader of this rank's batches from `cursor`.
+    pub fn batches(
+        &self,
+        rank: u32,
+        world: u32,
+        cursor: Cursor,
+    ) -> std::sync::mpsc::Receiver<Batch> {
+        self.dataset.stream(&self.spec, rank, world, cursor)
+    }
+
+    /// Forward and backward on `b`: the loss summed over its samples and
+    /// the gradient summed over them, flat, on the CPU (zeros for an empty
+    /// batch).
+    pub fn gradient(&mut self, b: &Batch) -> Result<(f64, Vec<f32>), TrainError> {
+        let (loss_sum, flat) = self.forward_backward(b)?;
+        let mut out = vec![0f32; self.numel];
+        if let Some(f) = flat {
+            f.to_device(tch::Device::Cpu)
+                .copy_data(&mut out, self.numel);
+        }
+        Ok((loss_sum, out))
+    }
+
+    /// Held-out loss and accuracy of the current weights; kept for the outcome.
+    pub fn evaluate_now(&mut self) -> (Option<f64>, Option<f64>) {
+        if let Some(batch) = self.eval.as_ref() {
+            let (l, a) = evaluate(&self.spec, self.net.as_ref(), batch, self.device);
+            (self.eval_loss, self.eval_accuracy) = (Some(l), a);
+        }
+        (self.eval_loss, self.eval_accuracy)
+    }
+
+    /// The loss of the last step.
+    pub fn last_loss(&self) -> f64 {
+        self.last_loss
+    }
+
+    /// Records the loss of the last step (for the outcome).
+    pub fn set_last_loss(&mut self, loss: f64) {
+        self.last_loss = loss;
+    }
+
+    /// Forward and backward on `b`: loss × samples and the flat gradient
+    /// summed over the samples (in a buffer reused across steps).
+    fn forward_backward(&mut self, b: &Batch) -> Result<(f64, Option<Tensor>), TrainError> {
         let n = self.numel;
         let mut loss_sum = 0.0;
         let mut flat = None;
@@ -443,6 +528,20 @@ impl Replica {
             }
             flat = Some(Tensor::cat_out(&self.grad, &grads, 0));
         }
+        Ok((loss_sum, flat))
+    }
+
+    /// One step on this rank's share `b`, summed over `ring`.
+    fn step(
+        &mut self,
+        b: Batch,
+        ring: &mut Ring,
+        lr: f64,
+        stop: &AtomicBool,
+    ) -> Result<StepFigures, TrainError> {
+        let computed = Instant::now();
+        let n = self.numel;
+        let (loss_sum, flat) = self.forward_backward(&b)?;
         let compute = computed.elapsed().as_secs_f64();
         let comm_started = Instant::now();
         let sent_before = ring.stats().bytes_sent.load(Ordering::Relaxed);
@@ -484,7 +583,8 @@ impl Replica {
                 optim::clip_norm(&mut g, c);
             }
             // The model's tensors are views of `weights`: updated in place.
-            self.opt.step(&mut self.weights, &g, lr);
+            let mut w = self.weights.shallow_clone();
+            self.optimizer().step(&mut w, &g, lr);
         }
         self.step += 1;
         self.cursor = b.next;

@@ -46,6 +46,15 @@ impl FlatOptimizer {
         }
     }
 
+    /// How many state tensors `kind` keeps.
+    pub fn state_tensors(kind: OptimizerKind) -> usize {
+        match kind {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Momentum => 1,
+            OptimizerKind::Adam | OptimizerKind::Adamw => 2,
+        }
+    }
+
     /// The state tensors (momentum buffer; or first and second moments).
     pub fn state(&self) -> &[Tensor] {
         &self.state

@@ -1,0 +1,819 @@
+//! The parameter-server pattern: shard servers and the workers that use them.
+//!
+//! A **shard server** holds its ranges of the model's flat parameters in
+//! fp32 with their optimizer state ([`FlatOptimizer`], the same update rules
+//! as a ring replica's) and a version, and serves workers over the data
+//! plane ([`trainyard_dataplane::ps`]): one thread per worker connection.
+//! The job's consistency decides when a pushed gradient is applied:
+//!
+//! * `sync`: the shard sums one gradient per current-generation worker for
+//!   its current version, then applies their mean and publishes the next
+//!   version; pulls for that version wait until it exists.
+//! * `async`: every gradient is applied on arrival.
+//! * `bounded{staleness: τ}`: a gradient computed at version `v` is applied
+//!   iff `current − v ≤ τ`, else rejected (the worker re-pulls and
+//!   recomputes).
+//!
+//! Applied staleness (a histogram), rejections and bytes moved are counted
+//! and logged. The shard's state outlives its generation on the executor
+//! (as a ring replica does): when the membership changes, the next
+//! generation's server takes it over, drops the half-summed version of the
+//! old membership and waits for the new worker count. A shard that starts
+//! empty (a new PS executor) is initialised by rank 0 with the newest
+//! weights it pulled.
+//!
+//! A **worker** pulls every shard concurrently, computes its gradient on its
+//! share of the global batch (the data cursor travels with the shard
+//! versions in sync mode, so a membership change re-splits the rest of the
+//! epoch), and pushes each shard its slice concurrently. In async and
+//! bounded modes each worker walks its own share of the data. Rank 0
+//! reports metrics, evaluates, and at the end writes the final weights.
+
+use crate::report::Item;
+use crate::train::data::{self, Cursor};
+use crate::train::optim::{self, FlatOptimizer};
+use crate::train::{self, Replica, TrainError};
+use std::collections::BTreeSet;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tch::Tensor;
+use tokio::sync::mpsc::UnboundedSender;
+use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range};
+use trainyard_common::spec::Consistency;
+use trainyard_dataplane::frame::Patient;
+use trainyard_dataplane::handshake::Hello;
+use trainyard_dataplane::ps::{self, Header, Kind, WireError};
+use trainyard_dataplane::{plane, DataPlane, EndpointKey, RoleKind};
+
+/// How long a worker waits for a shard's answer (a sync pull waits for the
+/// slowest worker's push).
+pub const PS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Staleness buckets of the histogram (the last one is "this or more").
+pub const STALENESS_BUCKETS: usize = 9;
+
+/// One shard's state; it outlives generations on its executor.
+pub struct Shard {
+    len: usize,
+    weights: Option<Tensor>,
+    opt: FlatOptimizer,
+    version: u64,
+    cursor: Cursor,
+    generation: i64,
+    expected: u32,
+    acc: Option<Tensor>,
+    acc_samples: u64,
+    contributors: BTreeSet<u32>,
+    next_cursor: Cursor,
+    lr: f64,
+    /// Updates applied.
+    pub applied: u64,
+    /// Gradients rejected as too stale.
+    pub rejected: u64,
+    /// Applied gradients by staleness.
+    pub staleness: [u64; STALENESS_BUCKETS],
+}
+
+impl Shard {
+    fn new(a: &Assignment, len: usize) -> Shard {
+        Shard {
+            len,
+            weights: None,
+            opt: FlatOptimizer::new(&a.spec.optimizer, len as i64, tch::Device::Cpu),
+            version: 0,
+            cursor: Cursor::default(),
+            generation: a.key.generation,
+            expected: a.workers.len() as u32,
+            acc: None,
+            acc_samples: 0,
+            contributors: BTreeSet::new(),
+            next_cursor: Cursor::default(),
+            lr: 0.0,
+            applied: 0,
+            rejected: 0,
+            staleness: [0; STALENESS_BUCKETS],
+        }
+    }
+
+    fn apply(&mut self, g: &mut Tensor, samples: u64, lr: f64, clip: Option<f64>) {
+        let Some(w) = self.weights.as_mut() else {
+            return;
+        };
+        let _ = g.g_div_scalar_(samples.max(1) as f64);
+        if let Some(c) = clip {
+            // Per shard: the global norm is not known to any one shard.
+            optim::clip_norm(g, c);
+        }
+        self.opt.step(w, g, lr);
+        self.version += 1;
+        self.applied += 1;
+    }
+}
+
+struct Served {
+    shard: Mutex<Shard>,
+    changed: Condvar,
+    consistency: Consistency,
+    clip: Option<f64>,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+/// Elements of a shard's ranges.
+pub fn shard_len(ranges: &[Range]) -> usize {
+    ranges.iter().map(|r| (r.end - r.start) as usize).sum()
+}
+
+/// Runs shard `a.key.index` of a job for one generation; returns its state
+/// for the next one.
+pub fn serve_shard(
+    a: &Assignment,
+    stop: &AtomicBool,
+    tx: &UnboundedSender<Item>,
+    plane: &DataPlane,
+    parked: Option<Shard>,
+) -> Option<Shard> {
+    let log = |level, msg: String| {
+        tracing::info!(job = %a.key.job_id, "{msg}");
+        let _ = tx.send(Item::Log(level, msg));
+    };
+    let Some(me) = a.parameter_servers.iter().find(|p| p.shard == a.key.index) else {
+        log(
+            LogLevel::Error,
+            format!("shard {} is not in its own assignment", a.key.index),
+        );
+        return parked;
+    };
+    let len = shard_len(&me.ranges);
+    let mut shard = match parked {
+        Some(s) if s.len == len => s,
+        _ => Shard::new(a, len),
+    };
+    // A new membership: the half-summed version of the old one is dropped.
+    shard.generation = a.key.generation;
+    shard.expected = a.workers.len() as u32;
+    shard.acc = None;
+    shard.acc_samples = 0;
+    shard.contributors.clear();
+    log(
+        LogLevel::Info,
+        format!(
+            "PS shard {} serves {len} values ({} ranges) for {} worker(s), {:?}, at version {}{} (generation {})",
+            a.key.index,
+            me.ranges.len(),
+            shard.expected,
+            a.spec.consistency_mode(),
+            shard.version,
+            if shard.weights.is_some() { "" } else { ", waiting for initial values" },
+            a.key.generation
+        ),
+    );
+    let served = Arc::new(Served {
+        shard: Mutex::new(shard),
+        changed: Condvar::new(),
+        consistency: a.spec.consistency_mode(),
+        clip: a.spec.optimizer.grad_clip,
+        bytes_in: AtomicU64::new(0),
+        bytes_out: AtomicU64::new(0),
+    });
+    let endpoint = plane.register(
+        EndpointKey {
+            job: a.key.job_id,
+            kind: RoleKind::ParameterServer,
+            rank: a.key.index,
+        },
+        a.key.generation,
+        a.secret.as_bytes(),
+    );
+    let generation = a.key.generation;
+    let mut last_log = Instant::now();
+    std::thread::scope(|scope| {
+        while !stop.load(Ordering::Relaxed) {
+            if let Some((from, stream)) =
+                endpoint.accept(Instant::now() + Duration::from_millis(200), stop)
+            {
+                let served = served.clone();
+                scope.spawn(move || {
+                    if let Err(e) = connection(stream, from, generation, &served, stop) {
+                        tracing::debug!(error = %e, "PS connection ended");
+                    }
+                });
+            }
+            if last_log.elapsed() >= Duration::from_secs(10) {
+                last_log = Instant::now();
+                let s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+                log(
+                    LogLevel::Info,
+                    stats_line(
+                        a.key.index,
+                        &s,
+                        served.bytes_in.load(Ordering::Relaxed),
+                        served.bytes_out.load(Ordering::Relaxed),
+                    ),
+                );
+            }
+        }
+        served.changed.notify_all();
+    });
+    drop(endpoint);
+    let served = Arc::try_unwrap(served).ok()?;
+    let (bytes_in, bytes_out) = (
+        served.bytes_in.load(Ordering::Relaxed),
+        served.bytes_out.load(Ordering::Relaxed),
+    );
+    let shard = served.shard.into_inner().unwrap_or_else(|p| p.into_inner());
+    log(
+        LogLevel::Info,
+        stats_line(a.key.index, &shard, bytes_in, bytes_out),
+    );
+    Some(shard)
+}
+
+fn stats_line(index: u32, s: &Shard, bytes_in: u64, bytes_out: u64) -> String {
+    format!(
+        "PS shard {index}: version {}, {} updates applied, {} rejected as stale, staleness histogram {:?}{}",
+        s.version,
+        s.applied,
+        s.rejected,
+        s.staleness,
+        if bytes_in + bytes_out > 0 {
+            format!(", {} MiB pushed in, {} MiB pulled out", bytes_in >> 20, bytes_out >> 20)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Serves one worker's connection until it closes or `stop`.
+fn connection(
+    mut stream: TcpStream,
+    from: u32,
+    generation: i64,
+    served: &Served,
+    stop: &AtomicBool,
+) -> Result<(), WireError> {
+    stream.set_read_timeout(Some(Duration::from_millis(50)))?;
+    stream.set_nodelay(true)?;
+    let mut writer = stream.try_clone()?;
+    let mut buf = Vec::new();
+    let len = served.shard.lock().map(|s| s.len).unwrap_or(0);
+    loop {
+        let mut r = Patient {
+            stream: &mut stream,
+            stop,
+            deadline: None,
+        };
+        let h = ps::read_header(&mut r)?;
+        if h.generation != generation {
+            ps::write(&mut writer, Header::new(Kind::Stale, generation), &[])?;
+            return Ok(());
+        }
+        match h.kind {
+            Kind::Init => {
+                ps::read_payload(&mut r, &h, len, &mut buf)?;
+                let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+                if s.weights.is_none() {
+                    s.weights = Some(Tensor::from_slice(&buf));
+                    s.version = h.version;
+                    s.cursor = Cursor {
+                        epoch: h.epoch,
+                        offset: h.offset,
+                    };
+                    served.changed.notify_all();
+                }
+                let mut ack = Header::new(Kind::Ack, generation);
+                ack.version = s.version;
+                drop(s);
+                ps::write(&mut writer, ack, &[])?;
+            }
+            Kind::Pull => {
+                let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+                while (s.weights.is_none() || s.version < h.version)
+                    && !stop.load(Ordering::Relaxed)
+                {
+                    s = served
+                        .changed
+                        .wait_timeout(s, Duration::from_millis(100))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                let Some(w) = s.weights.as_ref() else {
+                    return Ok(());
+                };
+                buf.resize(len, 0.0);
+                w.copy_data(&mut buf, len);
+                let mut out = Header::new(Kind::Weights, generation);
+                out.version = s.version;
+                (out.epoch, out.offset) = (s.cursor.epoch, s.cursor.offset);
+                drop(s);
+                ps::write(&mut writer, out, &buf)?;
+                served
+                    .bytes_out
+                    .fetch_add(len as u64 * 4, Ordering::Relaxed);
+            }
+            Kind::Push => {
+                ps::read_payload(&mut r, &h, len, &mut buf)?;
+                served.bytes_in.fetch_add(len as u64 * 4, Ordering::Relaxed);
+                let accepted = push(served, from, &h, &buf);
+                let s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+                let mut out =
+                    Header::new(if accepted { Kind::Ack } else { Kind::Reject }, generation);
+                out.version = s.version;
+                drop(s);
+                ps::write(&mut writer, out, &[])?;
+            }
+            other => {
+                return Err(WireError::Protocol(format!(
+                    "a worker sent {other:?}, which only shards send"
+                )))
+            }
+        }
+    }
+}
+
+/// Takes a pushed gradient; whether it was accepted.
+fn push(served: &Served, from: u32, h: &Header, grad: &[f32]) -> bool {
+    let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+    if s.weights.is_none() {
+        return false;
+    }
+    let staleness = s.version.saturating_sub(h.version);
+    match served.consistency {
+        Consistency::Sync => {
+            if h.version != s.version || s.contributors.contains(&from) {
+                s.rejected += u64::from(h.version != s.version);
+                return h.version == s.version;
+            }
+            let g = Tensor::from_slice(grad);
+            match s.acc.as_mut() {
+                Some(acc) => {
+                    let _ = acc.g_add_(&g);
+                }
+                None => s.acc = Some(g),
+            }
+            s.acc_samples += h.samples;
+            s.contributors.insert(from);
+            s.next_cursor = Cursor {
+                epoch: h.epoch,
+                offset: h.offset,
+            };
+            s.lr = h.lr;
+            if s.contributors.len() as u32 >= s.expected {
+                let (samples, lr) = (s.acc_samples, s.lr);
+                if let Some(mut acc) = s.acc.take() {
+                    s.apply(&mut acc, samples, lr, served.clip);
+                }
+                s.staleness[0] += 1;
+                s.cursor = s.next_cursor;
+                s.acc_samples = 0;
+                s.contributors.clear();
+                served.changed.notify_all();
+            }
+            true
+        }
+        Consistency::Async | Consistency::Bounded { .. } => {
+            if let Consistency::Bounded { staleness: tau } = served.consistency {
+                if staleness > u64::from(tau) {
+                    s.rejected += 1;
+                    return false;
+                }
+            }
+            let mut g = Tensor::from_slice(grad);
+            s.apply(&mut g, h.samples, h.lr, served.clip);
+            s.staleness[(staleness as usize).min(STALENESS_BUCKETS - 1)] += 1;
+            served.changed.notify_all();
+            true
+        }
+    }
+}
+
+/// Where each shard's values live in a worker's flat weights.
+struct ShardMap {
+    peers: Vec<PsPeer>,
+    /// Per shard: (flat offset, length) of each range, in order.
+    pieces: Vec<Vec<(usize, usize)>>,
+    lens: Vec<usize>,
+}
+
+impl ShardMap {
+    fn new(a: &Assignment, replica: &Replica) -> Result<ShardMap, String> {
+        let layout = replica.layout();
+        let mut peers = a.parameter_servers.clone();
+        peers.sort_by_key(|p| p.shard);
+        let mut pieces = Vec::new();
+        let mut covered = 0;
+        for p in &peers {
+            let mut mine = Vec::new();
+            for r in &p.ranges {
+                let Some((_, off, n)) = layout.iter().find(|(k, _, _)| *k == r.param) else {
+                    return Err(format!(
+                        "shard {} holds a range of {:?}, which this model does not have",
+                        p.shard, r.param
+                    ));
+                };
+                if r.end as usize > *n || r.start >= r.end {
+                    return Err(format!(
+                        "shard {} holds {}[{}..{}] but the tensor has {n} values",
+                        p.shard, r.param, r.start, r.end
+                    ));
+                }
+                mine.push((off + r.start as usize, (r.end - r.start) as usize));
+                covered += (r.end - r.start) as usize;
+            }
+            pieces.push(mine);
+        }
+        if covered != replica.numel() {
+            return Err(format!(
+                "the shards hold {covered} values but the model has {}",
+                replica.numel()
+            ));
+        }
+        let lens = pieces
+            .iter()
+            .map(|p| p.iter().map(|(_, n)| n).sum())
+            .collect();
+        Ok(ShardMap {
+            peers,
+            pieces,
+            lens,
+        })
+    }
+
+    fn gather(&self, s: usize, flat: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.lens[s]);
+        for &(off, n) in &self.pieces[s] {
+            out.extend_from_slice(&flat[off..off + n]);
+        }
+        out
+    }
+}
+
+/// A worker's connection to one shard.
+struct Link {
+    stream: TcpStream,
+    buf: Vec<f32>,
+}
+
+impl Link {
+    fn call(
+        &mut self,
+        h: Header,
+        payload: &[f32],
+        expect_len: usize,
+        stop: &AtomicBool,
+    ) -> Result<Header, TrainError> {
+        let broken = |e: WireError| {
+            TrainError::Ring(trainyard_dataplane::RingError::Broken(format!(
+                "parameter server: {e}"
+            )))
+        };
+        ps::write(&mut self.stream, h, payload).map_err(broken)?;
+        let mut r = Patient {
+            stream: &mut self.stream,
+            stop,
+            deadline: Some(Instant::now() + PS_TIMEOUT),
+        };
+        let reply = ps::read_header(&mut r).map_err(broken)?;
+        match reply.kind {
+            Kind::Weights => {
+                ps::read_payload(&mut r, &reply, expect_len, &mut self.buf).map_err(broken)?
+            }
+            Kind::Stale => {
+                return Err(broken(WireError::Protocol(
+                    "the shard serves another generation".into(),
+                )))
+            }
+            _ => {}
+        }
+        Ok(reply)
+    }
+}
+
+/// What a PS worker's step measured.
+struct Exchange {
+    versions: Vec<u64>,
+    cursor: Cursor,
+    bytes: u64,
+}
+
+/// Runs a PS worker for one generation. `replica` carries the model (and
+/// the newest pulled weights) to the next generation.
+pub fn work(
+    a: &Assignment,
+    rank: u32,
+    device: tch::Device,
+    replica: &mut Option<Replica>,
+    stop: &AtomicBool,
+    tx: &UnboundedSender<Item>,
+) -> Result<Option<train::Outcome>, TrainError> {
+    let log = |level, msg: String| {
+        tracing::info!(job = %a.key.job_id, "{msg}");
+        let _ = tx.send(Item::Log(level, msg));
+    };
+    let world = a.workers.len() as u32;
+    let consistency = a.spec.consistency_mode();
+    if replica.is_none() {
+        *replica = Some(Replica::new(&a.spec, device)?);
+    }
+    let Some(rep) = replica.as_mut() else {
+        return Err(TrainError::Unsupported("no replica".into()));
+    };
+    let map = ShardMap::new(a, rep).map_err(TrainError::Unsupported)?;
+    let deadline = Instant::now() + PS_TIMEOUT;
+    let mut links = Vec::new();
+    for (s, p) in map.peers.iter().enumerate() {
+        let hello = Hello {
+            job: a.key.job_id,
+            generation: a.key.generation,
+            kind: RoleKind::ParameterServer as u8,
+            from: rank,
+            to: p.shard,
+        };
+        let stream = plane::connect(&p.address, &hello, a.secret.as_bytes(), deadline, stop)
+            .map_err(|e| {
+                TrainError::Ring(trainyard_dataplane::RingError::Connect(format!(
+                    "PS shard {} at {}: {e}",
+                    p.shard, p.address
+                )))
+            })?;
+        let io = |e: std::io::Error| {
+            TrainError::Ring(trainyard_dataplane::RingError::Connect(e.to_string()))
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        links.push(Link {
+            stream,
+            buf: Vec::with_capacity(map.lens[s]),
+        });
+    }
+    let generation = a.key.generation;
+    // Rank 0 seeds empty shards: at the start with the seeded
+    // initialisation, after a PS executor was lost with the newest weights
+    // it pulled.
+    if rank == 0 {
+        let flat = rep.read_range(0, rep.numel());
+        for (s, link) in links.iter_mut().enumerate() {
+            let mut h = Header::new(Kind::Init, generation);
+            h.version = rep.step;
+            (h.epoch, h.offset) = (rep.cursor.epoch, rep.cursor.offset);
+            let reply = link.call(h, &map.gather(s, &flat), 0, stop)?;
+            if reply.version == rep.step && rep.step > 0 {
+                log(
+                    LogLevel::Info,
+                    format!("PS shard {s} had no values: restored from this worker's newest pull (version {})", rep.step),
+                );
+            }
+        }
+    }
+    let mut expect = vec![0u64; links.len()];
+    let mut local = rep.cursor;
+    let mut stream_at = rep.cursor;
+    let mut batches = rep.batches(rank, world, stream_at);
+    let mut rejected = 0u64;
+    let mut last_log = Instant::now();
+    log(
+        LogLevel::Info,
+        format!(
+            "worker {rank} of {world} starts with {} PS shard(s), {consistency:?} (generation {generation})",
+            links.len()
+        ),
+    );
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(TrainError::Stopped);
+        }
+        // Pull every shard at once.
+        let pulled = Instant::now();
+        let ex = exchange_pull(&mut links, &expect, generation, &map, rep, stop)?;
+        let mut comm = pulled.elapsed().as_secs_f64();
+        let mut comm_bytes = ex.bytes;
+        let version = ex.versions[0];
+        if consistency == Consistency::Sync {
+            rep.step = version;
+            rep.cursor = ex.cursor;
+        } else {
+            rep.cursor = local;
+        }
+        let total = rep.total_steps(world);
+        if rep.finished() {
+            break;
+        }
+        if rep.cursor != stream_at {
+            stream_at = rep.cursor;
+            batches = rep.batches(rank, world, stream_at);
+        }
+        let waited = Instant::now();
+        let Ok(b) = batches.recv() else {
+            return Err(TrainError::Unsupported("the data loader stopped".into()));
+        };
+        stream_at = b.next;
+        let data_seconds = waited.elapsed().as_secs_f64();
+        let computed = Instant::now();
+        let (loss_sum, grad) = rep.gradient(&b)?;
+        let compute = computed.elapsed().as_secs_f64();
+        let loss = loss_sum / b.samples.max(1) as f64;
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged(rep.step + 1));
+        }
+        let lr = train::learning_rate(&a.spec, rep.step + 1, total);
+        let pushed = Instant::now();
+        let acks = exchange_push(
+            &mut links,
+            &ex.versions,
+            generation,
+            &map,
+            &grad,
+            &b,
+            lr,
+            stop,
+        )?;
+        comm += pushed.elapsed().as_secs_f64();
+        comm_bytes += grad.len() as u64 * 4;
+        let all_ok = acks.iter().all(|k| *k == Kind::Ack);
+        rejected += acks.iter().filter(|k| **k == Kind::Reject).count() as u64;
+        match consistency {
+            Consistency::Sync => {
+                for (e, v) in expect.iter_mut().zip(&ex.versions) {
+                    *e = v + 1;
+                }
+            }
+            _ => {
+                if !all_ok {
+                    // Too stale somewhere: re-pull and recompute this share.
+                    continue;
+                }
+                rep.step += 1;
+                local = b.next;
+            }
+        }
+        rep.set_last_loss(loss);
+        if rank == 0 {
+            let mut stats = train::StepStats {
+                step: if consistency == Consistency::Sync {
+                    version + 1
+                } else {
+                    rep.step
+                },
+                loss,
+                lr,
+                samples_per_sec: b.samples as f64 / (data_seconds + compute + comm).max(1e-9),
+                data_seconds,
+                compute_seconds: compute,
+                comm_seconds: comm,
+                comm_bytes,
+                eval_loss: None,
+                eval_accuracy: None,
+            };
+            if stats.step % (total / train::EVALUATIONS).max(1) == 0 {
+                let (l, acc) = rep.evaluate_now();
+                (stats.eval_loss, stats.eval_accuracy) = (l, acc);
+            }
+            let _ = tx.send(Item::Metric(stats));
+            if last_log.elapsed() >= Duration::from_secs(10) || stats.eval_loss.is_some() {
+                last_log = Instant::now();
+                log(
+                    LogLevel::Info,
+                    format!(
+                        "step {}: loss {loss:.4}, pull+push {:.1} ms of {:.1} ms, {rejected} push(es) rejected so far{}",
+                        stats.step,
+                        comm * 1e3,
+                        (data_seconds + compute + comm) * 1e3,
+                        stats.eval_accuracy.map_or(String::new(), |a| format!(", held-out accuracy {:.1}%", a * 100.0))
+                    ),
+                );
+            }
+        }
+        if let Some(ms) = slow_ms(rank) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+    log(
+        LogLevel::Info,
+        format!(
+            "worker {rank} done at step {}; {rejected} push(es) were rejected as stale",
+            rep.step
+        ),
+    );
+    if rank != 0 {
+        return Ok(None);
+    }
+    let (eval_loss, eval_accuracy) = rep.evaluate_now();
+    let out = train::Outcome {
+        steps: rep.step,
+        final_loss: rep.last_loss(),
+        eval_accuracy,
+        eval_loss,
+        weights: rep.weights(),
+        weights_sha256: rep.weights_sha256(),
+    };
+    Ok(Some(out))
+}
+
+/// Test hook: `TRAINYARD_SLOW_WORKER=rank:ms` makes that rank sleep after
+/// each step (to exercise bounded staleness).
+fn slow_ms(rank: u32) -> Option<u64> {
+    let v = std::env::var("TRAINYARD_SLOW_WORKER").ok()?;
+    let (r, ms) = v.split_once(':')?;
+    (r.parse::<u32>().ok()? == rank).then(|| ms.parse().ok())?
+}
+
+fn exchange_pull(
+    links: &mut [Link],
+    expect: &[u64],
+    generation: i64,
+    map: &ShardMap,
+    rep: &mut Replica,
+    stop: &AtomicBool,
+) -> Result<Exchange, TrainError> {
+    let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
+        let joins: Vec<_> = links
+            .iter_mut()
+            .enumerate()
+            .map(|(s, link)| {
+                let mut h = Header::new(Kind::Pull, generation);
+                h.version = expect[s];
+                let len = map.lens[s];
+                scope.spawn(move || link.call(h, &[], len, stop))
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join().unwrap_or_else(|_| {
+                    Err(TrainError::Unsupported("a pull thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    let mut versions = Vec::new();
+    let mut cursor = Cursor::default();
+    let mut bytes = 0;
+    for (s, r) in results.into_iter().enumerate() {
+        let h = r?;
+        if h.kind != Kind::Weights {
+            return Err(TrainError::Unsupported(format!(
+                "shard {s} answered a pull with {:?}",
+                h.kind
+            )));
+        }
+        let mut at = 0;
+        for &(off, n) in &map.pieces[s] {
+            rep.load_range(off, &links[s].buf[at..at + n]);
+            at += n;
+        }
+        bytes += map.lens[s] as u64 * 4;
+        if s == 0 {
+            cursor = Cursor {
+                epoch: h.epoch,
+                offset: h.offset,
+            };
+        }
+        versions.push(h.version);
+    }
+    Ok(Exchange {
+        versions,
+        cursor,
+        bytes,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn exchange_push(
+    links: &mut [Link],
+    versions: &[u64],
+    generation: i64,
+    map: &ShardMap,
+    grad: &[f32],
+    b: &data::Batch,
+    lr: f64,
+    stop: &AtomicBool,
+) -> Result<Vec<Kind>, TrainError> {
+    let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
+        let joins: Vec<_> = links
+            .iter_mut()
+            .enumerate()
+            .map(|(s, link)| {
+                let mut h = Header::new(Kind::Push, generation);
+                h.version = versions[s];
+                h.samples = b.samples as u64;
+                h.lr = lr;
+                (h.epoch, h.offset) = (b.next.epoch, b.next.offset);
+                let payload = map.gather(s, grad);
+                scope.spawn(move || link.call(h, &payload, 0, stop))
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join().unwrap_or_else(|_| {
+                    Err(TrainError::Unsupported("a push thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    results.into_iter().map(|r| r.map(|h| h.kind)).collect()
+}

@@ -140,7 +140,9 @@ async function main() {
         if (s && window.__states[window.__states.length - 1] !== s) window.__states.push(s);
       }, 25);
     });
-    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "succeeded", null, { timeout: 2 * MINUTE });
+    // Generous: the test suite runs other training tests beside this one on
+    // a 2-core machine, and then 3000 steps take minutes.
+    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "succeeded", null, { timeout: 8 * MINUTE });
     await page.waitForFunction(() => window.__states[window.__states.length - 1] === "succeeded");
     const seen = await page.evaluate(() => window.__states);
     log(`job ${id}: states seen on the page: ${seen.join(" → ")}`);
@@ -168,7 +170,7 @@ async function main() {
     // ---- an executor dies under a running job: the timeline shows the recovery ----
     const long = example("digits-mlp.json", { name: "ui-recovery", steps: 1_000_000 });
     const rid = await submitThroughForm(page, long);
-    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running" && Number(document.querySelector("#loss-chart")?.dataset.points) > 0, null, { timeout: 2 * MINUTE });
+    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running" && Number(document.querySelector("#loss-chart")?.dataset.points) > 0, null, { timeout: 4 * MINUTE });
     const before = await page.getAttribute("#cluster [data-role=worker]", "data-executor");
     const reply = await ask(`kill-executor-of ${rid}`);
     log(`driver: ${reply}`);
@@ -177,7 +179,7 @@ async function main() {
       const to = [...document.querySelectorAll("#timeline li[data-kind=transition]")].map((li) => li.dataset.to);
       const r = to.indexOf("recovering");
       return r > 0 && to.slice(r + 1).includes("running");
-    }, null, { timeout: 2 * MINUTE });
+    }, null, { timeout: 4 * MINUTE });
     const moved = await page.evaluate(() => [...document.querySelectorAll("#timeline li[data-kind=placement]")].map((li) => li.textContent));
     assert.ok(moved.length >= 2, "a second placement");
     assert.match(moved[moved.length - 1], /lost/, `the placement says why: ${moved[moved.length - 1]}`);
@@ -200,7 +202,7 @@ async function main() {
     // ---- a running PS job and a running ring job (the README's pictures) ----
     const ps = example("digits-ps.json", { name: "digits-ps", steps: 1_000_000 });
     await submitThroughForm(page, ps);
-    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running", null, { timeout: 2 * MINUTE });
+    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running", null, { timeout: 4 * MINUTE });
     await page.waitForFunction(() => document.querySelectorAll("#cluster svg[data-kind=parameter_server] [data-role=ps]").length === 2
       && document.querySelectorAll("#cluster svg[data-kind=parameter_server] [data-role=worker]").length === 2);
     assert.ok(await page.evaluate(() => document.querySelector("#cluster table.ranges")?.textContent.includes("fc0.weight")), "shard ranges are listed");
@@ -211,7 +213,7 @@ async function main() {
 
     const ring = example("digits-mlp.json", { name: "digits-ring", steps: 1_000_000, workers: { min: 2, max: 2 } });
     await submitThroughForm(page, ring);
-    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running", null, { timeout: 2 * MINUTE });
+    await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running", null, { timeout: 4 * MINUTE });
     await page.waitForFunction(() => document.querySelectorAll("#cluster svg[data-kind=allreduce] [data-role=worker]").length === 2
       && document.querySelectorAll("#cluster .ringlink").length === 2);
     await page.waitForFunction(() => document.querySelector("#logs")?.textContent.length > 20);
@@ -258,7 +260,7 @@ async function main() {
   }
 }
 
-const deadline = setTimeout(() => { console.error("browser test: over 10 minutes"); process.exit(1); }, 10 * MINUTE);
+const deadline = setTimeout(() => { console.error("browser test: over 20 minutes"); process.exit(1); }, 20 * MINUTE);
 main().then(() => { clearTimeout(deadline); process.exit(0); }, (e) => {
   console.error(`browser test failed after ${((Date.now() - T0) / 1000).toFixed(1)} s:`, e && e.stack || e);
   process.exit(1);

@@ -74,6 +74,9 @@ impl Server {
             name,
             "--ram-mb",
             "2048",
+            // Other tests' executors share the 2 cores: idle OpenMP threads spin.
+            "--torch-threads",
+            "1",
         ]);
         Proc::spawn(cmd).unwrap()
     }

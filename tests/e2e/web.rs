@@ -125,6 +125,9 @@ impl Platform {
             name,
             "--ram-mb",
             "2048",
+            // Several executors share 2 cores: idle OpenMP threads spin.
+            "--torch-threads",
+            "1",
         ]);
         Proc::spawn(cmd).unwrap()
     }

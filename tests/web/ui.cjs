@@ -127,6 +127,20 @@ async function main() {
     await shot(page, "submit-invalid");
     log("invalid spec: field errors beside optimizer.lr and batch_size");
 
+    // Field paths map to editor lines; a missing field points at its parent.
+    const lines = await page.evaluate(() => {
+      const l = fieldLines('{\n  "a": {\n    "b": [1,\n      2]\n  },\n  "c": "x"\n}');
+      return [lineOf(l, "a.b[1]"), lineOf(l, "a.missing"), lineOf(l, "c"), lineOf(l, "nope"), lineOf(l, "")];
+    });
+    assert.deepEqual(lines, [3, 1, 5, 0, 0]);
+    // Malformed JSON: the parser's complaint at the line it names.
+    await page.fill("#spec-editor", '{\n  "name": "x",\n  "steps": \n}');
+    await page.click("#submit-button");
+    const syntax = page.locator('.field-error[data-field=""]');
+    await syntax.waitFor();
+    assert.equal(await syntax.getAttribute("data-line"), "4");
+    assert.match(await page.textContent("#submit-status"), /^400 Malformed JSON/);
+
     // ---- a job submitted through the form trains to `succeeded`, live ----
     // Long enough (a second or more) that the job is seen running: an
     // executor that ends before the scheduler has marked its role running

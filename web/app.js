@@ -500,7 +500,7 @@ function drawCluster(root, a) {
   root.dataset.generation = String(a.generation);
   const roles = a.parameter_servers.length + a.workers.length;
   if (!roles) {
-    root.append(el("p", { class: "muted", text: TERMINAL.has(a.state) ? `The job is ${a.state}; it holds no executors.` : "Not placed yet: waiting for executors that fit the job's minimum set of roles." }));
+    root.append(el("p", { class: "muted", text: TERMINAL.has(a.state) ? `The job has ended (${a.state}); it holds no executors.` : "Not placed yet: waiting for executors that fit the job's minimum set of roles." }));
     return;
   }
   const colors = new Map();

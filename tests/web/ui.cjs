@@ -173,12 +173,14 @@ async function main() {
     // The last steps' metrics may land just after the outcome; the page
     // still gets them (the stream announces late telemetry).
     await page.waitForFunction(() => /step 3000 of 3000/.test(document.querySelector("#job-progress-text")?.textContent));
+    assert.equal(await page.evaluate(() => document.querySelector("#job-progress-fill").style.width), "100%");
     await page.waitForFunction(() => document.querySelector("#logs")?.textContent.includes("worker0 g1 "));
     assert.equal(await page.evaluate(() => window.__sameDocument), "never reloaded");
     await shot(page, "job-succeeded");
 
     await page.click("[data-nav=jobs]");
     await page.waitForSelector(`#jobs tr[data-job="${id}"][data-state=succeeded]`);
+    await page.waitForFunction((job) => document.querySelector(`#jobs tr[data-job="${job}"] .progress .fill`)?.style.width === "100%", id);
     await shot(page, "jobs");
 
     // ---- an executor dies under a running job: the timeline shows the recovery ----

@@ -780,3 +780,218 @@ fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes(
         assert!(acc >= 0.93, "{name} accuracy {acc}");
     }
 }
+
+impl Platform {
+    fn executor_env(&self, name: &str, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
+        cmd.args([
+            "--api",
+            &self.base,
+            "--join-token",
+            JOIN,
+            "--name",
+            name,
+            "--ram-mb",
+            "2048",
+            "--torch-threads",
+            "1",
+        ]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Proc::spawn(cmd).unwrap()
+    }
+}
+
+#[test]
+fn bounded_staleness_rejects_a_slow_workers_stale_pushes_and_applies_none_older_than_tau() {
+    let p = Platform::start();
+    // Rank 2 sleeps 30 ms after each accepted step; the others do not.
+    let _execs: Vec<Proc> = (0..4)
+        .map(|i| p.executor_env(&format!("slow-{i}"), &[("TRAINYARD_SLOW_WORKER", "2:30")]))
+        .collect();
+    let id = p.submit(&ps_digits(
+        "ps-bounded-slow",
+        json!({"bounded": {"staleness": 2}}),
+    ));
+    let job = p.wait_end(&id, Duration::from_secs(300));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let stats = eventually(Duration::from_secs(30), || {
+        let s = shard_stats(&p.log_messages(&id));
+        (s.len() >= 2).then_some(s)
+    })
+    .expect("both shards log their statistics");
+    let rejected: u64 = stats.iter().map(|s| s.0).sum();
+    println!("bounded(2) with a slow worker: {rejected} pushes rejected; histograms {stats:?}");
+    assert!(rejected > 0, "{stats:?}");
+    for (_, hist) in &stats {
+        assert!(
+            hist[3..].iter().all(|&c| c == 0),
+            "an applied gradient older than τ: {hist:?}"
+        );
+        assert!(
+            hist[1..3].iter().sum::<u64>() > 0,
+            "stale-but-accepted gradients happen: {hist:?}"
+        );
+    }
+}
+
+/// Reads a safetensors file's float32 tensors.
+fn safetensors(url: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(url.strip_prefix("file://").unwrap()).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let off = v["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            let vals = data[a..b]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (k.clone(), vals)
+        })
+        .collect()
+}
+
+fn weights_url(p: &Platform, id: &str) -> String {
+    let events = p.get(&format!("/v1/jobs/{id}/events"));
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .and_then(|e| e["data"]["weights_url"].as_str())
+        .unwrap()
+        .to_owned()
+}
+
+/// Sync SGD through 2 PS shards with 3 workers of batch 16 ends with the
+/// weights of one worker with batch 48 (the concatenation of theirs).
+#[test]
+fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches() {
+    let p = Platform::start();
+    let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("exact-{i}"))).collect();
+    let sgd = |mut spec: Value, batch: u32| {
+        spec["optimizer"] = json!({"kind": "sgd", "lr": 0.1});
+        spec["batch_size"] = json!(batch);
+        spec.as_object_mut().unwrap().remove("epochs");
+        spec["steps"] = json!(12);
+        spec
+    };
+    let ps = p.submit(&sgd(ps_digits("exact-ps", json!("sync")), 16));
+    assert_eq!(
+        p.wait_end(&ps, Duration::from_secs(120))["state"],
+        "succeeded"
+    );
+    let mut single = sgd(digits("exact-single"), 48);
+    single["seed"] = json!(3);
+    let one = p.submit(&single);
+    assert_eq!(
+        p.wait_end(&one, Duration::from_secs(120))["state"],
+        "succeeded"
+    );
+    let (a, b) = (
+        safetensors(&weights_url(&p, &ps)),
+        safetensors(&weights_url(&p, &one)),
+    );
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let mut worst = 0f64;
+    for (k, va) in &a {
+        let vb = &b[k];
+        let scale = vb.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+        let diff = va
+            .iter()
+            .zip(vb)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        worst = worst.max(f64::from(diff / scale));
+    }
+    println!("PS sync SGD vs one process: largest relative difference {worst:.2e}");
+    assert!(worst < 1e-5, "relative difference {worst}");
+}
+
+#[test]
+fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_executor() {
+    let p = Platform::start_with(10);
+    let mut execs: Vec<(String, Proc)> = (0..3)
+        .map(|i| (format!("psf-{i}"), p.executor(&format!("psf-{i}"))))
+        .collect();
+    let mut spec = ps_digits("ps-faults", json!("sync"));
+    spec["workers"] = json!({"min": 2, "max": 4});
+    spec["epochs"] = json!(250);
+    spec["model"]["hidden"] = json!([256, 256]);
+    let id = p.submit(&spec);
+    let steps = |n: i64| {
+        eventually(Duration::from_secs(120), || {
+            let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
+            (m["steps_recorded"].as_i64().unwrap_or(0) >= n).then_some(())
+        })
+        .unwrap_or_else(|| panic!("the job trains: {:?}", p.log_messages(&id)))
+    };
+    steps(30);
+    let hosts = p.get(&format!("/v1/jobs/{id}/assignments"));
+    let ps_hosts: Vec<String> = hosts["parameter_servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["executor"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    // A worker-only executor dies.
+    let victim = execs
+        .iter()
+        .position(|(n, _)| !ps_hosts.contains(n))
+        .expect("an executor with a worker and no shard");
+    let (name, proc_) = execs.remove(victim);
+    trainyard_e2e::kill9(proc_.pid());
+    let g0 = p.get(&format!("/v1/jobs/{id}"))["generation"]
+        .as_i64()
+        .unwrap();
+    eventually(Duration::from_secs(30), || {
+        (p.get(&format!("/v1/jobs/{id}"))["generation"]
+            .as_i64()
+            .unwrap()
+            > g0)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("{name} is replaced: {:?}", p.log_messages(&id)));
+    // Two executors join: the job grows to 4 workers.
+    execs.push(("psf-new-0".into(), p.executor("psf-new-0")));
+    execs.push(("psf-new-1".into(), p.executor("psf-new-1")));
+    eventually(Duration::from_secs(60), || {
+        let a = p.get(&format!("/v1/jobs/{id}/assignments"));
+        (a["workers"].as_array().map_or(0, Vec::len) == 4).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the job grows to 4 workers: {:?}", p.log_messages(&id)));
+    // The executor of shard 1 dies while spares exist.
+    let hosts = p.get(&format!("/v1/jobs/{id}/assignments"));
+    let shard1 = hosts["parameter_servers"][1]["executor"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let at = execs.iter().position(|(n, _)| *n == shard1).unwrap();
+    let (_, ps_proc) = execs.remove(at);
+    trainyard_e2e::kill9(ps_proc.pid());
+    let job = p.wait_end(&id, Duration::from_secs(600));
+    assert_eq!(job["state"], "succeeded", "{job} {:?}", p.log_messages(&id));
+    let acc = result_accuracy(&p, &id);
+    let lines = p.log_messages(&id);
+    println!(
+        "PS job through a killed worker, growth to 4 and a killed PS: held-out accuracy {:.2}%",
+        acc * 100.0
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("restored from this worker's newest pull")),
+        "{lines:?}"
+    );
+    assert!(acc >= 0.95, "accuracy {acc}");
+}

@@ -192,6 +192,28 @@ pub async fn report(
         .bind(data)
         .execute(&mut *tx)
         .await?;
+        // A short job can finish before its roles' heartbeats moved it to
+        // `running`: it ran, so it passes through `running` first.
+        if to == JobState::Succeeded {
+            let state: String =
+                sqlx::query_scalar("SELECT state::text FROM jobs WHERE id = $1 FOR UPDATE")
+                    .bind(key.job_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if state == JobState::Scheduling.as_str() {
+                lifecycle::transition(
+                    &mut tx,
+                    key.job_id,
+                    JobState::Running,
+                    "its roles ran (the outcome arrived before their heartbeats)",
+                )
+                .await
+                .map_err(|e| match e {
+                    TransitionError::Database(e) => ApiError::from(e),
+                    other => ApiError::Conflict(other.to_string()),
+                })?;
+            }
+        }
         match lifecycle::transition(&mut tx, key.job_id, to, &reason).await {
             Ok(_) => outcome_applied = true,
             Err(TransitionError::Illegal { .. }) => {} // Cancelled meanwhile: the user's word stands.

@@ -397,6 +397,12 @@ pub struct MetricPoint {
     /// Bytes this rank sent on the data plane in the step.
     #[serde(default)]
     pub comm_bytes: u64,
+    /// PS workers: the largest staleness among the step's accepted pushes.
+    #[serde(default)]
+    pub staleness: Option<u32>,
+    /// PS workers: pushes rejected as too stale since the previous step.
+    #[serde(default)]
+    pub rejected: u32,
     /// Held-out loss, on evaluation steps.
     #[serde(default)]
     pub eval_loss: Option<f64>,

@@ -316,12 +316,10 @@ fn connection(
             Kind::Push => {
                 ps::read_payload(&mut r, &h, len, &mut buf)?;
                 served.bytes_in.fetch_add(len as u64 * 4, Ordering::Relaxed);
-                let accepted = push(served, from, &h, &buf);
-                let s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+                let (accepted, version) = push(served, from, &h, &buf);
                 let mut out =
                     Header::new(if accepted { Kind::Ack } else { Kind::Reject }, generation);
-                out.version = s.version;
-                drop(s);
+                out.version = version;
                 ps::write(&mut writer, out, &[])?;
             }
             other => {
@@ -333,9 +331,15 @@ fn connection(
     }
 }
 
-/// Takes a pushed gradient; whether it was accepted.
-fn push(served: &Served, from: u32, h: &Header, grad: &[f32]) -> bool {
+/// Takes a pushed gradient: whether it was accepted, and the shard's
+/// version right after (for an applied push, the version it produced).
+fn push(served: &Served, from: u32, h: &Header, grad: &[f32]) -> (bool, u64) {
     let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+    let accepted = take(&mut s, served, from, h, grad);
+    (accepted, s.version)
+}
+
+fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> bool {
     if s.weights.is_none() {
         return false;
     }
@@ -574,6 +578,7 @@ pub fn work(
     let mut stream_at = rep.cursor;
     let mut batches = rep.batches(rank, world, stream_at);
     let mut rejected = 0u64;
+    let mut rejected_since = 0u32;
     let mut last_log = Instant::now();
     log(
         LogLevel::Info,
@@ -633,8 +638,21 @@ pub fn work(
         )?;
         comm += pushed.elapsed().as_secs_f64();
         comm_bytes += grad.len() as u64 * 4;
-        let all_ok = acks.iter().all(|k| *k == Kind::Ack);
-        rejected += acks.iter().filter(|k| **k == Kind::Reject).count() as u64;
+        let all_ok = acks.iter().all(|h| h.kind == Kind::Ack);
+        let rejects = acks.iter().filter(|h| h.kind == Kind::Reject).count() as u32;
+        rejected += u64::from(rejects);
+        rejected_since += rejects;
+        // How many versions the shard had moved on since the pull (an
+        // applied push bumps the version by one; sync pushes wait, so 0).
+        let staleness = if consistency == Consistency::Sync {
+            0
+        } else {
+            acks.iter()
+                .zip(&ex.versions)
+                .map(|(h, v)| h.version.saturating_sub(1).saturating_sub(*v))
+                .max()
+                .unwrap_or(0)
+        };
         match consistency {
             Consistency::Sync => {
                 for (e, v) in expect.iter_mut().zip(&ex.versions) {
@@ -651,7 +669,7 @@ pub fn work(
             }
         }
         rep.set_last_loss(loss);
-        if rank == 0 {
+        {
             let mut stats = train::StepStats {
                 step: if consistency == Consistency::Sync {
                     version + 1
@@ -665,15 +683,20 @@ pub fn work(
                 compute_seconds: compute,
                 comm_seconds: comm,
                 comm_bytes,
+                staleness: Some(u32::try_from(staleness).unwrap_or(u32::MAX)),
+                rejected: std::mem::take(&mut rejected_since),
                 eval_loss: None,
                 eval_accuracy: None,
             };
-            if stats.step % (total / train::EVALUATIONS).max(1) == 0 {
+            if rank == 0 && stats.step % (total / train::EVALUATIONS).max(1) == 0 {
                 let (l, acc) = rep.evaluate_now();
                 (stats.eval_loss, stats.eval_accuracy) = (l, acc);
             }
+            // Every worker reports (its rank keys the row); the curve is rank 0's.
             let _ = tx.send(Item::Metric(stats));
-            if last_log.elapsed() >= Duration::from_secs(10) || stats.eval_loss.is_some() {
+            if rank == 0
+                && (last_log.elapsed() >= Duration::from_secs(10) || stats.eval_loss.is_some())
+            {
                 last_log = Instant::now();
                 log(
                     LogLevel::Info,
@@ -791,7 +814,7 @@ fn exchange_push(
     b: &data::Batch,
     lr: f64,
     stop: &AtomicBool,
-) -> Result<Vec<Kind>, TrainError> {
+) -> Result<Vec<Header>, TrainError> {
     let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
         let joins: Vec<_> = links
             .iter_mut()
@@ -815,5 +838,5 @@ fn exchange_push(
             })
             .collect()
     });
-    results.into_iter().map(|r| r.map(|h| h.kind)).collect()
+    results.into_iter().collect()
 }

@@ -824,6 +824,20 @@ fn bounded_staleness_rejects_a_slow_workers_stale_pushes_and_applies_none_older_
     let rejected: u64 = stats.iter().map(|s| s.0).sum();
     println!("bounded(2) with a slow worker: {rejected} pushes rejected; histograms {stats:?}");
     assert!(rejected > 0, "{stats:?}");
+    // The same through the metrics API, as the workers saw it.
+    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
+    let hist: Vec<i64> = m["staleness_histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    println!(
+        "metrics API: staleness histogram {hist:?}, {} rejected",
+        m["rejected_pushes"]
+    );
+    assert!(m["rejected_pushes"].as_i64().unwrap() > 0, "{m}");
+    assert!(hist[3..].iter().all(|&c| c == 0) && hist[0] > 0, "{hist:?}");
     for (_, hist) in &stats {
         assert!(
             hist[3..].iter().all(|&c| c == 0),

@@ -107,8 +107,8 @@ pub async fn report(
         for m in &r.metrics {
             let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
             metrics_stored += sqlx::query(
-                "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
+                "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
             )
             .bind(key.job_id)
             .bind(rank)
@@ -122,6 +122,8 @@ pub async fn report(
             .bind(finite(m.eval_loss))
             .bind(finite(m.eval_accuracy))
             .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
+            .bind(m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
+            .bind(i32::try_from(m.rejected).unwrap_or(i32::MAX))
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -268,7 +270,15 @@ pub struct MetricSeries {
     pub downsampled: bool,
     /// The points, by step.
     pub points: Vec<MetricSample>,
+    /// Parameter-server jobs: accepted pushes by staleness (index = versions
+    /// behind; the last entry counts that many or more), over all workers.
+    pub staleness_histogram: Vec<i64>,
+    /// Parameter-server jobs: pushes rejected as too stale, over all workers.
+    pub rejected_pushes: i64,
 }
+
+/// Buckets of [`MetricSeries::staleness_histogram`].
+pub const STALENESS_BUCKETS: i32 = 9;
 
 /// Query of `GET /v1/jobs/{id}/metrics`.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -340,10 +350,33 @@ pub async fn metrics(
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
+    let mut staleness_histogram = vec![0i64; STALENESS_BUCKETS as usize];
+    let buckets = sqlx::query(
+        "SELECT least(staleness, $2 - 1) AS s, count(*) AS n FROM job_metrics
+         WHERE job_id = $1 AND staleness IS NOT NULL GROUP BY 1",
+    )
+    .bind(id)
+    .bind(STALENESS_BUCKETS)
+    .fetch_all(&st.db)
+    .await?;
+    for b in &buckets {
+        let (s, n): (i32, i64) = (b.try_get("s")?, b.try_get("n")?);
+        if let Some(slot) = staleness_histogram.get_mut(s.max(0) as usize) {
+            *slot = n;
+        }
+    }
+    let rejected_pushes: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(rejected), 0)::int8 FROM job_metrics WHERE job_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&st.db)
+    .await?;
     Ok(Json(MetricSeries {
         steps_recorded: count,
         downsampled: width > 1,
         points,
+        staleness_histogram,
+        rejected_pushes,
     }))
 }
 

@@ -688,6 +688,8 @@ pub fn train(
             compute_seconds: f.compute,
             comm_seconds: f.comm,
             comm_bytes: f.comm_bytes,
+            staleness: None,
+            rejected: 0,
             eval_accuracy: None,
             eval_loss: None,
         };

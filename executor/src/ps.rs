@@ -579,6 +579,7 @@ pub fn work(
     let mut batches = rep.batches(rank, world, stream_at);
     let mut rejected = 0u64;
     let mut rejected_since = 0u32;
+    let mut prefetched: Option<Vec<Result<Header, TrainError>>> = None;
     let mut last_log = Instant::now();
     log(
         LogLevel::Info,
@@ -593,7 +594,10 @@ pub fn work(
         }
         // Pull every shard at once.
         let pulled = Instant::now();
-        let ex = exchange_pull(&mut links, &expect, generation, &map, rep, stop)?;
+        let ex = match prefetched.take() {
+            Some(results) => apply_pull(&links, results, &map, rep)?,
+            None => exchange_pull(&mut links, &expect, generation, &map, rep, stop)?,
+        };
         let mut comm = pulled.elapsed().as_secs_f64();
         let mut comm_bytes = ex.bytes;
         let version = ex.versions[0];
@@ -618,7 +622,22 @@ pub fn work(
         stream_at = b.next;
         let data_seconds = waited.elapsed().as_secs_f64();
         let computed = Instant::now();
-        let (loss_sum, grad) = rep.gradient(&b)?;
+        // Async and bounded: the next pull travels while this step computes
+        // (its values then miss this step's own push: one more version of
+        // staleness, traded for hiding the pull).
+        let (computed_grad, next) = if consistency == Consistency::Sync {
+            (rep.gradient(&b), None)
+        } else {
+            let links = &mut links;
+            let (expect, map) = (&expect, &map);
+            std::thread::scope(|scope| {
+                let pull = scope.spawn(move || pull_all(links, expect, generation, map, stop));
+                let g = rep.gradient(&b);
+                (g, pull.join().ok())
+            })
+        };
+        prefetched = next;
+        let (loss_sum, grad) = computed_grad?;
         let compute = computed.elapsed().as_secs_f64();
         let loss = loss_sum / b.samples.max(1) as f64;
         if !loss.is_finite() {
@@ -724,6 +743,12 @@ pub fn work(
     if rank != 0 {
         return Ok(None);
     }
+    if consistency != Consistency::Sync {
+        // The prefetched values miss the last pushes: the final weights are
+        // pulled afresh.
+        let zero = vec![0u64; links.len()];
+        exchange_pull(&mut links, &zero, generation, &map, rep, stop)?;
+    }
     let (eval_loss, eval_accuracy) = rep.evaluate_now();
     let out = train::Outcome {
         steps: rep.step,
@@ -752,7 +777,19 @@ fn exchange_pull(
     rep: &mut Replica,
     stop: &AtomicBool,
 ) -> Result<Exchange, TrainError> {
-    let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
+    let results = pull_all(links, expect, generation, map, stop);
+    apply_pull(links, results, map, rep)
+}
+
+/// Pulls every shard at once into the links' buffers.
+fn pull_all(
+    links: &mut [Link],
+    expect: &[u64],
+    generation: i64,
+    map: &ShardMap,
+    stop: &AtomicBool,
+) -> Vec<Result<Header, TrainError>> {
+    std::thread::scope(|scope| {
         let joins: Vec<_> = links
             .iter_mut()
             .enumerate()
@@ -771,7 +808,16 @@ fn exchange_pull(
                 })
             })
             .collect()
-    });
+    })
+}
+
+/// Loads pulled values into the replica's weights.
+fn apply_pull(
+    links: &[Link],
+    results: Vec<Result<Header, TrainError>>,
+    map: &ShardMap,
+    rep: &mut Replica,
+) -> Result<Exchange, TrainError> {
     let mut versions = Vec::new();
     let mut cursor = Cursor::default();
     let mut bytes = 0;

@@ -65,36 +65,6 @@ impl Header {
     }
 }
 
-/// Fills `buf` from `stream`, whose read timeout is short: on each timeout
-/// it checks `shutdown` and gives up (`Interrupted`) once it is set. A clean
-/// end of stream is `UnexpectedEof`.
-pub fn read_full(
-    stream: &mut TcpStream,
-    buf: &mut [u8],
-    shutdown: &AtomicBool,
-) -> std::io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        match stream.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(std::io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "the peer closed the connection",
-                ))
-            }
-            Ok(n) => got += n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if shutdown.load(Ordering::Relaxed) {
-                    return Err(std::io::Error::new(ErrorKind::Interrupted, "shut down"));
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// A stream whose reads wait out short read timeouts until `stop` is set
 /// (then `ConnectionAborted`) or, if given, until `deadline` (then `TimedOut`),
 /// so `read_exact` on it is interruptible. Set a short read timeout first.

@@ -8,9 +8,14 @@
 //! same bits. Each chunk is split into segments: the segment received (and
 //! added) at one step is the segment sent at the next, so sends start as
 //! soon as their own data is final and up to [`WINDOW`] segments are in
-//! flight; a reader thread receives into reused buffers while the caller's
-//! thread sends and adds, so network, copy and add overlap. Per rank the
-//! traffic is `2(N−1)/N` of the buffer, the bandwidth optimum.
+//! flight. The caller's thread receives — straight into place in the
+//! all-gather half, into a reused buffer and then added in the
+//! reduce-scatter half — while a sending thread scoped to the collective
+//! writes; each segment is a disjoint `&mut` slice owned by one thread at a
+//! time and handed back and forth, so network, copy and add overlap without
+//! a lock or a copy. Buffers up to [`INLINE_BYTES`] skip the sending thread
+//! (their latency is the hand-off's). Per rank the traffic is `2(N−1)/N`
+//! of the buffer, the bandwidth optimum.
 //!
 //! [`Ring::broadcast`] pipelines a buffer from one rank around the ring (a
 //! new member receives weights and optimizer state this way), and
@@ -21,13 +26,13 @@
 //! [`RingError`]; the ring is then unusable and the caller builds a new one
 //! (normally for the scheduler's next generation).
 
-use crate::frame::{self, Header, Tag, HEADER_LEN, MAX_PAYLOAD};
+use crate::frame::{Header, Patient, Tag, HEADER_LEN, MAX_PAYLOAD};
 use crate::handshake::{HandshakeError, Hello};
 use crate::plane::{self, DataPlane, Endpoint, EndpointKey, RoleKind};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -43,6 +48,10 @@ fn segment_from_env() -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .map_or(SEGMENT_ELEMS, |kib| (kib * 256).clamp(1, MAX_PAYLOAD / 4))
 }
+
+/// All-reduces of at most this many bytes run on the caller's thread alone
+/// (a chunk in flight per rank fits any socket buffer).
+pub const INLINE_BYTES: usize = 64 * 1024;
 
 /// Segments a rank may send beyond what it has received.
 pub const WINDOW: usize = 8;
@@ -95,14 +104,9 @@ pub struct RingStats {
     pub bytes_received: AtomicU64,
 }
 
-type Incoming = std::io::Result<(Header, Vec<f32>)>;
-
 struct Links {
     right: TcpStream,
     left: TcpStream,
-    incoming: Receiver<Incoming>,
-    pool: Sender<Vec<f32>>,
-    shutdown: Arc<AtomicBool>,
 }
 
 /// A connected ring.
@@ -115,7 +119,8 @@ pub struct Ring {
     broken: Option<String>,
     segment: usize,
     stats: Arc<RingStats>,
-    packed: Vec<u16>,
+    scratch: Vec<f32>,
+    inline_bytes: usize,
     _endpoint: Option<Endpoint>,
 }
 
@@ -176,7 +181,8 @@ impl Ring {
             broken: None,
             segment: segment_from_env(),
             stats: Arc::default(),
-            packed: Vec::new(),
+            scratch: Vec::new(),
+            inline_bytes: INLINE_BYTES,
             _endpoint: None,
         };
         if world == 1 {
@@ -237,23 +243,7 @@ impl Ring {
             .set_write_timeout(Some(cfg.collective_timeout))
             .map_err(io)?;
         right.set_nodelay(true).map_err(io)?;
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let (tx, incoming) = channel();
-        let (pool, pool_rx) = channel::<Vec<f32>>();
-        let mut reader = left.try_clone().map_err(io)?;
-        let flag = shutdown.clone();
-        let stats = ring.stats.clone();
-        std::thread::Builder::new()
-            .name(format!("ring-rx-{}", cfg.rank))
-            .spawn(move || read_loop(&mut reader, &tx, &pool_rx, &flag, &stats))
-            .map_err(io)?;
-        ring.links = Some(Links {
-            right,
-            left,
-            incoming,
-            pool,
-            shutdown,
-        });
+        ring.links = Some(Links { right, left });
         ring._endpoint = Some(endpoint);
         Ok(ring)
     }
@@ -269,7 +259,8 @@ impl Ring {
             broken: None,
             segment: SEGMENT_ELEMS,
             stats: Arc::default(),
-            packed: Vec::new(),
+            scratch: Vec::new(),
+            inline_bytes: INLINE_BYTES,
             _endpoint: None,
         }
     }
@@ -293,6 +284,13 @@ impl Ring {
     /// exercise the pipeline on small buffers); every rank must agree.
     pub fn set_segment(&mut self, elems: usize) {
         self.segment = elems.clamp(1, MAX_PAYLOAD / 4);
+    }
+
+    /// Sets the size up to which all-reduces run on the caller's thread
+    /// alone (tests use 0 to exercise the pipelined path on small buffers);
+    /// every rank must agree.
+    pub fn set_inline_bytes(&mut self, bytes: usize) {
+        self.inline_bytes = bytes.min(INLINE_BYTES);
     }
 
     /// Sums `data` element-wise over all ranks, in place, on every rank.
@@ -324,6 +322,9 @@ impl Ring {
         wire: Wire,
         stop: &AtomicBool,
     ) -> Result<(), RingError> {
+        if data.len() * wire.bytes() <= self.inline_bytes {
+            return self.allreduce_inline(data, wire, stop);
+        }
         let n = self.world as usize;
         let r = self.rank as usize;
         self.collective = self.collective.wrapping_add(1);
@@ -334,84 +335,254 @@ impl Ring {
         // The chunk this rank sends and receives at step `s`.
         let send_chunk = |s: usize| (r + n * 2 - s % n) % n;
         let recv_chunk = |s: usize| (r + n * 2 - 1 - s % n) % n;
-        let range = |chunk: usize, k: usize| {
-            let (start, len) = chunks.part(chunk);
-            let (o, l) = Split::new(len, per).part(k);
-            start + o..start + o + l
-        };
-        let deadline = Instant::now() + self.timeout;
-        let (mut sent, mut recvd) = (0usize, 0usize);
-        while recvd < total {
-            while sent < total && (sent < per || sent - per < recvd) && sent < recvd + WINDOW {
-                let seg = range(send_chunk(sent / per), sent % per);
-                self.send_values(coll, sent, &data[seg], wire)?;
-                sent += 1;
+        // Every segment as a slice of its own, owned by this thread or, while
+        // it is being sent, by the writer (which hands it back).
+        let mut table: Vec<Option<&mut [f32]>> = Vec::with_capacity(n * per);
+        let mut rest = data;
+        for c in 0..n {
+            let (_, clen) = chunks.part(c);
+            let (mut chunk, tail) = rest.split_at_mut(clen);
+            rest = tail;
+            let parts = Split::new(clen, per);
+            for k in 0..per {
+                let (_, l) = parts.part(k);
+                let (seg, after) = chunk.split_at_mut(l);
+                chunk = after;
+                table.push(Some(seg));
             }
-            let (h, buf) = self.receive(deadline, stop)?;
-            let step = recvd / per;
-            let seg = range(recv_chunk(step), recvd % per);
-            expect(&h, Tag::Reduce, coll, recvd, seg.len() * wire.bytes())?;
-            let dst = &mut data[seg];
-            match wire {
-                Wire::F32 => {
-                    let src = &buf[..dst.len()];
-                    if step < n - 1 {
-                        for (d, s) in dst.iter_mut().zip(src) {
-                            *d += *s;
+        }
+        let deadline = Instant::now() + self.timeout;
+        let timeout = self.timeout;
+        let stats = self.stats.clone();
+        let scratch = &mut self.scratch;
+        let links = self
+            .links
+            .as_mut()
+            .ok_or_else(|| RingError::Broken("not connected".into()))?;
+        let (right, left) = (&mut links.right, &mut links.left);
+        std::thread::scope(|scope| {
+            let (to_writer, jobs) = channel::<(usize, usize, &mut [f32])>();
+            let (returns, back) = channel::<Result<(usize, &mut [f32]), RingError>>();
+            let writer_stats = stats.clone();
+            let writer = scope.spawn(move || {
+                let mut packed: Vec<u16> = Vec::new();
+                for (op, idx, seg) in jobs {
+                    let sent = match wire {
+                        Wire::F32 => {
+                            write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(seg))
                         }
-                    } else {
-                        dst.copy_from_slice(src);
+                        Wire::Bf16 => {
+                            packed.clear();
+                            packed.extend(seg.iter().map(|&v| f32_to_bf16(v)));
+                            write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(&packed))
+                        }
+                    };
+                    match sent {
+                        Ok(bytes) => {
+                            writer_stats.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+                            if returns.send(Ok((idx, seg))).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = returns.send(Err(e));
+                            return;
+                        }
                     }
                 }
+            });
+            let result = (|| {
+                let (mut sent, mut recvd) = (0usize, 0usize);
+                let wait = Wait {
+                    back: &back,
+                    stop,
+                    deadline,
+                    timeout,
+                };
+                while recvd < total {
+                    while sent < total
+                        && (sent < per || sent - per < recvd)
+                        && sent < recvd + WINDOW
+                    {
+                        let idx = send_chunk(sent / per) * per + sent % per;
+                        let seg = wait.take(&mut table, idx)?;
+                        to_writer
+                            .send((sent, idx, seg))
+                            .map_err(|_| RingError::Broken("the sending thread ended".into()))?;
+                        sent += 1;
+                    }
+                    let step = recvd / per;
+                    let idx = recv_chunk(step) * per + recvd % per;
+                    let seg = wait.take(&mut table, idx)?;
+                    let mut reader = Patient {
+                        stream: left,
+                        stop,
+                        deadline: Some(deadline),
+                    };
+                    let h = read_header(&mut reader, timeout)?;
+                    expect(&h, Tag::Reduce, coll, recvd, seg.len() * wire.bytes())?;
+                    let reducing = step < n - 1;
+                    match wire {
+                        Wire::F32 if !reducing => {
+                            // All-gather: straight into place.
+                            read_payload(&mut reader, bytemuck::cast_slice_mut(seg), timeout)?;
+                        }
+                        Wire::F32 => {
+                            scratch.resize(seg.len(), 0.0);
+                            read_payload(
+                                &mut reader,
+                                bytemuck::cast_slice_mut(&mut scratch[..]),
+                                timeout,
+                            )?;
+                            for (d, s) in seg.iter_mut().zip(scratch.iter()) {
+                                *d += *s;
+                            }
+                        }
+                        Wire::Bf16 => {
+                            scratch.resize(seg.len().div_ceil(2), 0.0);
+                            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
+                            read_payload(&mut reader, &mut bytes[..seg.len() * 2], timeout)?;
+                            let src: &[u16] = &bytemuck::cast_slice(&scratch[..])[..seg.len()];
+                            if reducing {
+                                for (d, s) in seg.iter_mut().zip(src) {
+                                    *d += bf16_to_f32(*s);
+                                }
+                                if step == n - 2 {
+                                    // Fully reduced here: rounded once, as
+                                    // every other rank will receive it.
+                                    for d in seg.iter_mut() {
+                                        *d = bf16_to_f32(f32_to_bf16(*d));
+                                    }
+                                }
+                            } else {
+                                for (d, s) in seg.iter_mut().zip(src) {
+                                    *d = bf16_to_f32(*s);
+                                }
+                            }
+                        }
+                    }
+                    stats
+                        .bytes_received
+                        .fetch_add((seg.len() * wire.bytes()) as u64, Ordering::Relaxed);
+                    table[idx] = Some(seg);
+                    recvd += 1;
+                }
+                while sent < total {
+                    let idx = send_chunk(sent / per) * per + sent % per;
+                    let seg = wait.take(&mut table, idx)?;
+                    to_writer
+                        .send((sent, idx, seg))
+                        .map_err(|_| RingError::Broken("the sending thread ended".into()))?;
+                    sent += 1;
+                }
+                Ok(())
+            })();
+            drop(to_writer);
+            // Every segment comes back before the scope ends.
+            let mut writer_error = None;
+            while let Ok(item) = back.recv() {
+                if let Err(e) = item {
+                    writer_error = Some(e);
+                }
+            }
+            let _ = writer.join();
+            match (result, writer_error) {
+                (Err(e), _) => Err(e),
+                (Ok(()), Some(e)) => Err(e),
+                (Ok(()), None) => Ok(()),
+            }
+        })
+    }
+
+    /// The all-reduce of a small buffer on the caller's thread alone: all
+    /// that is in flight fits the sockets' buffers, so writing before
+    /// reading cannot deadlock, and no thread hand-off adds latency.
+    fn allreduce_inline(
+        &mut self,
+        data: &mut [f32],
+        wire: Wire,
+        stop: &AtomicBool,
+    ) -> Result<(), RingError> {
+        let n = self.world as usize;
+        let r = self.rank as usize;
+        self.collective = self.collective.wrapping_add(1);
+        let coll = self.collective;
+        let chunks = Split::new(data.len(), n);
+        let deadline = Instant::now() + self.timeout;
+        let timeout = self.timeout;
+        let (stats, scratch) = (self.stats.clone(), &mut self.scratch);
+        let links = self
+            .links
+            .as_mut()
+            .ok_or_else(|| RingError::Broken("not connected".into()))?;
+        let mut packed: Vec<u16> = Vec::new();
+        for step in 0..2 * (n - 1) {
+            let (so, sl) = chunks.part((r + n * 2 - step % n) % n);
+            let seg = &data[so..so + sl];
+            let bytes = match wire {
+                Wire::F32 => write_frame(
+                    &mut links.right,
+                    Tag::Reduce,
+                    coll,
+                    step,
+                    bytemuck::cast_slice(seg),
+                )?,
                 Wire::Bf16 => {
-                    let src: &[u16] = &bytemuck::cast_slice(&buf[..])[..dst.len()];
-                    if step < n - 1 {
-                        for (d, s) in dst.iter_mut().zip(src) {
+                    packed.clear();
+                    packed.extend(seg.iter().map(|&v| f32_to_bf16(v)));
+                    write_frame(
+                        &mut links.right,
+                        Tag::Reduce,
+                        coll,
+                        step,
+                        bytemuck::cast_slice(&packed),
+                    )?
+                }
+            };
+            stats.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+            let (ro, rl) = chunks.part((r + n * 2 - 1 - step % n) % n);
+            let seg = &mut data[ro..ro + rl];
+            let mut reader = Patient {
+                stream: &mut links.left,
+                stop,
+                deadline: Some(deadline),
+            };
+            let h = read_header(&mut reader, timeout)?;
+            expect(&h, Tag::Reduce, coll, step, rl * wire.bytes())?;
+            scratch.resize(rl, 0.0);
+            let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
+            read_payload(&mut reader, &mut buf[..rl * wire.bytes()], timeout)?;
+            stats
+                .bytes_received
+                .fetch_add((rl * wire.bytes()) as u64, Ordering::Relaxed);
+            let reducing = step < n - 1;
+            match wire {
+                Wire::F32 if reducing => {
+                    for (d, s) in seg.iter_mut().zip(scratch.iter()) {
+                        *d += *s;
+                    }
+                }
+                Wire::F32 => seg.copy_from_slice(&scratch[..rl]),
+                Wire::Bf16 => {
+                    let src: &[u16] = &bytemuck::cast_slice(&scratch[..])[..rl];
+                    if reducing {
+                        for (d, s) in seg.iter_mut().zip(src) {
                             *d += bf16_to_f32(*s);
                         }
                         if step == n - 2 {
-                            // This chunk is now fully reduced here: round it
-                            // once, as every other rank will receive it.
-                            for d in dst.iter_mut() {
+                            for d in seg.iter_mut() {
                                 *d = bf16_to_f32(f32_to_bf16(*d));
                             }
                         }
                     } else {
-                        for (d, s) in dst.iter_mut().zip(src) {
+                        for (d, s) in seg.iter_mut().zip(src) {
                             *d = bf16_to_f32(*s);
                         }
                     }
                 }
             }
-            self.recycle(buf);
-            recvd += 1;
-        }
-        while sent < total {
-            let seg = range(send_chunk(sent / per), sent % per);
-            self.send_values(coll, sent, &data[seg], wire)?;
-            sent += 1;
         }
         Ok(())
-    }
-
-    fn send_values(
-        &mut self,
-        coll: u32,
-        op: usize,
-        values: &[f32],
-        wire: Wire,
-    ) -> Result<(), RingError> {
-        match wire {
-            Wire::F32 => self.send(Tag::Reduce, coll, op, bytemuck::cast_slice(values)),
-            Wire::Bf16 => {
-                let mut packed = std::mem::take(&mut self.packed);
-                packed.clear();
-                packed.extend(values.iter().map(|&v| f32_to_bf16(v)));
-                let r = self.send(Tag::Reduce, coll, op, bytemuck::cast_slice(&packed));
-                self.packed = packed;
-                r
-            }
-        }
     }
 
     /// Copies `data` of rank `root` into `data` of every rank.
@@ -441,27 +612,44 @@ impl Ring {
         let parts = Split::new(data.len(), ops);
         let forwards = (self.rank + 1) % self.world != root;
         let deadline = Instant::now() + self.timeout;
+        let (rank, timeout, stats) = (self.rank, self.timeout, self.stats.clone());
+        let links = self
+            .links
+            .as_mut()
+            .ok_or_else(|| RingError::Broken("not connected".into()))?;
+        // A chain from the root: nobody writes before it has read, so plain
+        // blocking writes cannot deadlock.
         for op in 0..ops {
             let (o, l) = parts.part(op);
-            if self.rank != root {
-                let (h, buf) = self.receive(deadline, stop)?;
+            if rank != root {
+                let mut reader = Patient {
+                    stream: &mut links.left,
+                    stop,
+                    deadline: Some(deadline),
+                };
+                let h = read_header(&mut reader, timeout)?;
                 expect(&h, Tag::Broadcast, coll, op, l * 4)?;
-                data[o..o + l].copy_from_slice(&buf[..l]);
-                self.recycle(buf);
+                read_payload(
+                    &mut reader,
+                    bytemuck::cast_slice_mut(&mut data[o..o + l]),
+                    timeout,
+                )?;
             }
-            if self.rank == root || forwards {
-                self.send(
+            if rank == root || forwards {
+                let bytes = write_frame(
+                    &mut links.right,
                     Tag::Broadcast,
                     coll,
                     op,
                     bytemuck::cast_slice(&data[o..o + l]),
                 )?;
+                stats.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
             }
         }
         Ok(())
     }
 
-    /// Every rank's `mine` (all of the same length), by rank.
+    /// Every rank's `mine` (all of the same length, a few values), by rank.
     pub fn allgather_u64(
         &mut self,
         mine: &[u64],
@@ -474,29 +662,49 @@ impl Ring {
             return Ok(all);
         }
         self.usable()?;
-        let result = (|| {
-            self.collective = self.collective.wrapping_add(1);
-            let coll = self.collective;
-            let r = self.rank as usize;
-            let deadline = Instant::now() + self.timeout;
-            for s in 0..n - 1 {
-                let out: Vec<u8> = all[(r + n - s) % n]
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect();
-                self.send(Tag::Gather, coll, s, &out)?;
-                let (h, buf) = self.receive(deadline, stop)?;
-                expect(&h, Tag::Gather, coll, s, mine.len() * 8)?;
-                let bytes: &[u8] = bytemuck::cast_slice(&buf);
-                all[(r + n - s - 1) % n] = bytes[..mine.len() * 8]
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect();
-                self.recycle(buf);
-            }
-            Ok(all)
-        })();
-        self.note(result)
+        let result = self.allgather_inner(&mut all, mine.len(), stop);
+        self.note(result).map(|()| all)
+    }
+
+    fn allgather_inner(
+        &mut self,
+        all: &mut [Vec<u64>],
+        len: usize,
+        stop: &AtomicBool,
+    ) -> Result<(), RingError> {
+        let n = self.world as usize;
+        let r = self.rank as usize;
+        self.collective = self.collective.wrapping_add(1);
+        let coll = self.collective;
+        let deadline = Instant::now() + self.timeout;
+        let timeout = self.timeout;
+        let links = self
+            .links
+            .as_mut()
+            .ok_or_else(|| RingError::Broken("not connected".into()))?;
+        for s in 0..n - 1 {
+            // A few bytes: they fit the socket's buffer, so writing before
+            // reading cannot deadlock.
+            let out: Vec<u8> = all[(r + n - s) % n]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            write_frame(&mut links.right, Tag::Gather, coll, s, &out)?;
+            let mut reader = Patient {
+                stream: &mut links.left,
+                stop,
+                deadline: Some(deadline),
+            };
+            let h = read_header(&mut reader, timeout)?;
+            expect(&h, Tag::Gather, coll, s, len * 8)?;
+            let mut bytes = vec![0u8; len * 8];
+            read_payload(&mut reader, &mut bytes, timeout)?;
+            all[(r + n - s - 1) % n] = bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+        }
+        Ok(())
     }
 
     fn usable(&self) -> Result<(), RingError> {
@@ -514,75 +722,97 @@ impl Ring {
         }
         r
     }
-
-    fn send(&mut self, tag: Tag, coll: u32, op: usize, payload: &[u8]) -> Result<(), RingError> {
-        let links = self
-            .links
-            .as_mut()
-            .ok_or_else(|| RingError::Broken("not connected".into()))?;
-        let h = Header {
-            tag: tag as u32,
-            collective: coll,
-            op: op as u32,
-            len: payload.len() as u32,
-        };
-        let broken =
-            |e: std::io::Error| RingError::Broken(format!("sending to the right neighbour: {e}"));
-        links.right.write_all(&h.encode()).map_err(broken)?;
-        links.right.write_all(payload).map_err(broken)?;
-        self.stats
-            .bytes_sent
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn receive(
-        &mut self,
-        deadline: Instant,
-        stop: &AtomicBool,
-    ) -> Result<(Header, Vec<f32>), RingError> {
-        let links = self
-            .links
-            .as_ref()
-            .ok_or_else(|| RingError::Broken("not connected".into()))?;
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return Err(RingError::Stopped);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(RingError::Timeout(self.timeout));
-            }
-            match links.incoming.recv_timeout(left.min(POLL)) {
-                Ok(Ok(x)) => return Ok(x),
-                Ok(Err(e)) => {
-                    return Err(RingError::Broken(format!(
-                        "receiving from the left neighbour: {e}"
-                    )))
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(RingError::Broken("the receiving thread ended".into()))
-                }
-            }
-        }
-    }
-
-    fn recycle(&self, buf: Vec<f32>) {
-        if let Some(l) = &self.links {
-            let _ = l.pool.send(buf);
-        }
-    }
 }
 
 impl Drop for Ring {
     fn drop(&mut self) {
         if let Some(l) = &self.links {
-            l.shutdown.store(true, Ordering::Relaxed);
             let _ = l.right.shutdown(Shutdown::Both);
             let _ = l.left.shutdown(Shutdown::Both);
         }
     }
+}
+
+type Returned<'a> = Result<(usize, &'a mut [f32]), RingError>;
+
+/// Where the writer hands segments back, and how long to wait for them.
+struct Wait<'w, 'a> {
+    back: &'w std::sync::mpsc::Receiver<Returned<'a>>,
+    stop: &'w AtomicBool,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl<'a> Wait<'_, 'a> {
+    /// Takes segment `idx` out of `table`, first waiting for the writer to
+    /// hand it back if it is being sent.
+    fn take(
+        &self,
+        table: &mut [Option<&'a mut [f32]>],
+        idx: usize,
+    ) -> Result<&'a mut [f32], RingError> {
+        loop {
+            if let Some(seg) = table[idx].take() {
+                return Ok(seg);
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(RingError::Stopped);
+            }
+            if Instant::now() > self.deadline {
+                return Err(RingError::Timeout(self.timeout));
+            }
+            match self.back.recv_timeout(POLL) {
+                Ok(Ok((i, seg))) => table[i] = Some(seg),
+                Ok(Err(e)) => return Err(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(RingError::Broken("the sending thread ended".into()))
+                }
+            }
+        }
+    }
+}
+
+/// Writes a frame; returns the payload bytes.
+fn write_frame(
+    w: &mut TcpStream,
+    tag: Tag,
+    coll: u32,
+    op: usize,
+    payload: &[u8],
+) -> Result<u64, RingError> {
+    let h = Header {
+        tag: tag as u32,
+        collective: coll,
+        op: op as u32,
+        len: payload.len() as u32,
+    };
+    let broken =
+        |e: std::io::Error| RingError::Broken(format!("sending to the right neighbour: {e}"));
+    w.write_all(&h.encode()).map_err(broken)?;
+    w.write_all(payload).map_err(broken)?;
+    Ok(payload.len() as u64)
+}
+
+fn receive_error(e: std::io::Error, timeout: Duration) -> RingError {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionAborted => RingError::Stopped,
+        std::io::ErrorKind::TimedOut => RingError::Timeout(timeout),
+        _ => RingError::Broken(format!("receiving from the left neighbour: {e}")),
+    }
+}
+
+fn read_header(r: &mut Patient<'_>, timeout: Duration) -> Result<Header, RingError> {
+    let mut hb = [0u8; HEADER_LEN];
+    r.read_exact(&mut hb)
+        .map_err(|e| receive_error(e, timeout))?;
+    Header::decode(&hb).ok_or_else(|| {
+        RingError::Broken("malformed frame header (unknown tag or oversized length)".into())
+    })
+}
+
+fn read_payload(r: &mut Patient<'_>, buf: &mut [u8], timeout: Duration) -> Result<(), RingError> {
+    r.read_exact(buf).map_err(|e| receive_error(e, timeout))
 }
 
 fn expect(h: &Header, tag: Tag, coll: u32, op: usize, bytes: usize) -> Result<(), RingError> {
@@ -594,43 +824,6 @@ fn expect(h: &Header, tag: Tag, coll: u32, op: usize, bytes: usize) -> Result<()
         )));
     }
     Ok(())
-}
-
-fn read_loop(
-    stream: &mut TcpStream,
-    tx: &Sender<Incoming>,
-    pool: &Receiver<Vec<f32>>,
-    shutdown: &AtomicBool,
-    stats: &RingStats,
-) {
-    loop {
-        let mut hb = [0u8; HEADER_LEN];
-        if let Err(e) = frame::read_full(stream, &mut hb, shutdown) {
-            let _ = tx.send(Err(e));
-            return;
-        }
-        let Some(h) = Header::decode(&hb) else {
-            let _ = tx.send(Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "malformed frame header (unknown tag or oversized length)",
-            )));
-            return;
-        };
-        let len = h.len as usize;
-        let mut buf = pool.try_recv().unwrap_or_default();
-        buf.resize(len.div_ceil(4), 0.0);
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf[..]);
-        if let Err(e) = frame::read_full(stream, &mut bytes[..len], shutdown) {
-            let _ = tx.send(Err(e));
-            return;
-        }
-        stats
-            .bytes_received
-            .fetch_add(len as u64, Ordering::Relaxed);
-        if tx.send(Ok((h, buf))).is_err() {
-            return;
-        }
-    }
 }
 
 /// `len` elements cut into `parts` contiguous parts whose lengths differ by
@@ -722,8 +915,11 @@ mod tests {
 
     #[test]
     fn in_process_rings_sum_exactly_for_awkward_lengths() {
-        for n in 1..=4 {
+        for (n, inline) in (1..=4).flat_map(|n| [(n, 0), (n, INLINE_BYTES)]) {
             let (_planes, mut rings) = rings(n, 3);
+            for r in &mut rings {
+                r.set_inline_bytes(inline);
+            }
             for len in [0usize, 1, 2, 5, 7, 64, 1001] {
                 let inputs: Vec<Vec<f32>> = (0..n)
                     .map(|r| (0..len).map(|i| (r * 1000 + i) as f32).collect())
@@ -761,8 +957,14 @@ mod tests {
 
     #[test]
     fn bf16_rings_sum_closely_and_agree_bit_for_bit() {
-        for n in [2usize, 3, 5] {
+        for (n, inline) in [2usize, 3, 5]
+            .into_iter()
+            .flat_map(|n| [(n, 0), (n, INLINE_BYTES)])
+        {
             let (_planes, mut rings) = rings(n, 7);
+            for r in &mut rings {
+                r.set_inline_bytes(inline);
+            }
             let len = 1000;
             let inputs: Vec<Vec<f32>> = (0..n)
                 .map(|r| {

@@ -1,7 +1,8 @@
 //! The ring all-reduce across real processes: every rank of N = 1…6 ends
 //! with the exact sum of all ranks' seeded random inputs (within float
 //! tolerance) and with the same bits as every other rank, for lengths that
-//! are empty, shorter than N, not divisible by N, and longer than a segment.
+//! are empty, shorter than N, not divisible by N, and longer than a segment,
+//! through both the inline path (small buffers) and the pipelined one.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -70,7 +71,14 @@ fn every_rank_gets_the_exact_sum_for_1_to_6_processes_and_awkward_lengths() {
                 (world as u64 * 7919 + len as u64).to_string(),
             ];
             if let Some(s) = segment {
-                args.extend(["--segment".into(), s.to_string()]);
+                // Tiny segments through the pipelined path (not the inline
+                // one small buffers take otherwise).
+                args.extend([
+                    "--segment".into(),
+                    s.to_string(),
+                    "--inline-bytes".into(),
+                    "0".into(),
+                ]);
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let out = run(world, &args);

@@ -48,6 +48,10 @@ enum What {
         /// Repetitions (buffers are reused).
         #[arg(long, default_value_t = 2)]
         repeat: u32,
+        /// All-reduces up to this many bytes run without the sending thread
+        /// (0: always pipelined).
+        #[arg(long)]
+        inline_bytes: Option<usize>,
     },
     /// Time all-reduces of the given sizes.
     Bench {
@@ -101,9 +105,13 @@ fn main() -> anyhow::Result<()> {
             seed,
             segment,
             repeat,
+            inline_bytes,
         } => {
             if let Some(s) = segment {
                 ring.set_segment(s);
+            }
+            if let Some(b) = inline_bytes {
+                ring.set_inline_bytes(b);
             }
             let want: Vec<f64> = (0..len)
                 .map(|i| (0..world).map(|r| f64::from(input(seed, r, i))).sum())

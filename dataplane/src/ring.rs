@@ -443,22 +443,7 @@ impl Ring {
                             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
                             read_payload(&mut reader, &mut bytes[..seg.len() * 2], timeout)?;
                             let src: &[u16] = &bytemuck::cast_slice(&scratch[..])[..seg.len()];
-                            if reducing {
-                                for (d, s) in seg.iter_mut().zip(src) {
-                                    *d += bf16_to_f32(*s);
-                                }
-                                if step == n - 2 {
-                                    // Fully reduced here: rounded once, as
-                                    // every other rank will receive it.
-                                    for d in seg.iter_mut() {
-                                        *d = bf16_to_f32(f32_to_bf16(*d));
-                                    }
-                                }
-                            } else {
-                                for (d, s) in seg.iter_mut().zip(src) {
-                                    *d = bf16_to_f32(*s);
-                                }
-                            }
+                            combine_bf16(seg, src, reducing, step == n - 2);
                         }
                     }
                     stats
@@ -565,20 +550,7 @@ impl Ring {
                 Wire::F32 => seg.copy_from_slice(&scratch[..rl]),
                 Wire::Bf16 => {
                     let src: &[u16] = &bytemuck::cast_slice(&scratch[..])[..rl];
-                    if reducing {
-                        for (d, s) in seg.iter_mut().zip(src) {
-                            *d += bf16_to_f32(*s);
-                        }
-                        if step == n - 2 {
-                            for d in seg.iter_mut() {
-                                *d = bf16_to_f32(f32_to_bf16(*d));
-                            }
-                        }
-                    } else {
-                        for (d, s) in seg.iter_mut().zip(src) {
-                            *d = bf16_to_f32(*s);
-                        }
-                    }
+                    combine_bf16(seg, src, reducing, step == n - 2);
                 }
             }
         }
@@ -729,6 +701,26 @@ impl Drop for Ring {
         if let Some(l) = &self.links {
             let _ = l.right.shutdown(Shutdown::Both);
             let _ = l.left.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Folds received bf16 values into `seg`: added while reducing (and, at the
+/// last reduce step, where the chunk is complete, rounded once to bf16 as
+/// every other rank will receive it), copied while gathering.
+fn combine_bf16(seg: &mut [f32], src: &[u16], reducing: bool, complete: bool) {
+    if reducing {
+        for (d, s) in seg.iter_mut().zip(src) {
+            *d += bf16_to_f32(*s);
+        }
+        if complete {
+            for d in seg.iter_mut() {
+                *d = bf16_to_f32(f32_to_bf16(*d));
+            }
+        }
+    } else {
+        for (d, s) in seg.iter_mut().zip(src) {
+            *d = bf16_to_f32(*s);
         }
     }
 }

@@ -87,21 +87,7 @@ impl Platform {
     }
 
     fn executor(&self, name: &str) -> Proc {
-        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
-        cmd.args([
-            "--api",
-            &self.base,
-            "--join-token",
-            JOIN,
-            "--name",
-            name,
-            "--ram-mb",
-            "2048",
-            // Several executors share this machine's cores.
-            "--torch-threads",
-            "1",
-        ]);
-        Proc::spawn(cmd).unwrap()
+        self.executor_env(name, &[])
     }
 
     fn get(&self, path: &str) -> Value {
@@ -549,15 +535,7 @@ fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
     let id = p.submit(&ring_digits("ring-4", (4, 4), 40));
     let job = p.wait_end(&id, Duration::from_secs(300));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    let result = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "result")
-        .expect("a result event")
-        .clone();
-    let acc = result["data"]["eval_accuracy"].as_f64().unwrap();
+    let acc = result_accuracy(&p, &id);
     assert!(acc >= 0.95, "held-out accuracy {acc}");
     let lines = eventually(Duration::from_secs(20), || {
         let l = p.log_messages(&id);
@@ -673,14 +651,7 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     );
     let job = p.wait_end(&id, Duration::from_secs(600));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    let acc = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "result")
-        .and_then(|e| e["data"]["eval_accuracy"].as_f64())
-        .unwrap();
+    let acc = result_accuracy(&p, &id);
     println!(
         "elastic ring (4 → 3 → 4): held-out accuracy {:.2}%",
         acc * 100.0
@@ -708,15 +679,20 @@ fn ps_digits(name: &str, consistency: Value) -> Value {
     spec
 }
 
-fn result_accuracy(p: &Platform, id: &str) -> f64 {
+/// The data of job `id`'s result event.
+fn result(p: &Platform, id: &str) -> Value {
     let events = p.get(&format!("/v1/jobs/{id}/events"));
     events["events"]
         .as_array()
         .unwrap()
         .iter()
         .find(|e| e["kind"] == "result")
-        .and_then(|e| e["data"]["eval_accuracy"].as_f64())
-        .unwrap_or_else(|| panic!("a result with an accuracy: {events}"))
+        .map(|e| e["data"].clone())
+        .unwrap_or_else(|| panic!("a result event: {events}"))
+}
+
+fn result_accuracy(p: &Platform, id: &str) -> f64 {
+    result(p, id)["eval_accuracy"].as_f64().unwrap()
 }
 
 /// The shards' closing statistics: (rejected, staleness histogram) each.
@@ -793,6 +769,7 @@ impl Platform {
             name,
             "--ram-mb",
             "2048",
+            // Several executors share this machine's cores.
             "--torch-threads",
             "1",
         ]);
@@ -877,15 +854,7 @@ fn safetensors(url: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
 }
 
 fn weights_url(p: &Platform, id: &str) -> String {
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "result")
-        .and_then(|e| e["data"]["weights_url"].as_str())
-        .unwrap()
-        .to_owned()
+    result(p, id)["weights_url"].as_str().unwrap().to_owned()
 }
 
 /// Sync SGD through 2 PS shards with 3 workers of batch 16 ends with the

@@ -16,10 +16,9 @@ use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wa
 
 const JOIN: &str = "e2e-cli-token";
 
-/// Steps of the job that must succeed. An executor that finishes before
-/// the scheduler has seen its role running (a few hundred steps of digits
-/// take well under a second) reports an outcome the API drops, and the job
-/// stays `running`; this run is long enough to stay clear of that.
+/// Steps of the job that must succeed: a second or more of training, so
+/// that the follower shows it `running` with a moving bar before it ends (a
+/// few hundred steps of digits take well under a second).
 const STEPS: u64 = 3000;
 
 struct Server {
@@ -197,8 +196,6 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
     let _exec = server.executor("cli-ex1");
 
     // submit FILE, then follow it: exit 0 once it succeeded.
-    // Long enough (a second or more) that the job is `running` before it
-    // ends: see the note on `STEPS`.
     let file = server.spec_file("digits", &digits("cli-digits", STEPS));
     let submit = server.cli(&["submit", file.to_str().unwrap()]);
     assert!(submit.status.success(), "{}", show(&submit));

@@ -142,9 +142,8 @@ async function main() {
     assert.match(await page.textContent("#submit-status"), /^400 Malformed JSON/);
 
     // ---- a job submitted through the form trains to `succeeded`, live ----
-    // Long enough (a second or more) that the job is seen running: an
-    // executor that ends before the scheduler has marked its role running
-    // has its outcome dropped by the API (a known race outside the UI).
+    // Long enough (a second or more) that the page sees the job running
+    // and its curve grow before it ends.
     const digits = example("digits-mlp.json", { name: "ui-digits", steps: 3000, checkpoint: { every_steps: 1000, keep: 2 } });
     const id = await submitThroughForm(page, digits);
     await page.evaluate(() => {

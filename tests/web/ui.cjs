@@ -254,6 +254,9 @@ async function main() {
 
     await page.click("[data-nav=executors]");
     await page.waitForFunction(() => document.querySelectorAll("#executors td.roles a").length >= 6);
+    // The executor killed earlier is listed as lost, its heartbeat stale.
+    await page.waitForSelector(`#executors tr[data-executor="${before}"][data-state=lost]`);
+    assert.match(await page.textContent(`#executors tr[data-executor="${before}"] td.heartbeat`), /\d+ s ago/);
     await shot(page, "executors-busy");
 
     assert.equal(await page.evaluate(() => window.__sameDocument), "never reloaded");

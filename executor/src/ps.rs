@@ -761,12 +761,13 @@ pub fn work(
     Ok(Some(out))
 }
 
-/// Test hook: `TRAINYARD_SLOW_WORKER=rank:ms` makes that rank sleep after
-/// each step (to exercise bounded staleness).
-fn slow_ms(rank: u32) -> Option<u64> {
+/// Test hook: `TRAINYARD_SLOW_WORKER=rank:ms` (`*` for every rank) makes
+/// that worker sleep after each step — to exercise bounded staleness, or to
+/// keep jobs running, lightly, through scheduling tests.
+pub fn slow_ms(rank: u32) -> Option<u64> {
     let v = std::env::var("TRAINYARD_SLOW_WORKER").ok()?;
     let (r, ms) = v.split_once(':')?;
-    (r.parse::<u32>().ok()? == rank).then(|| ms.parse().ok())?
+    (r == "*" || r.parse::<u32>().ok()? == rank).then(|| ms.parse().ok())?
 }
 
 fn exchange_pull(

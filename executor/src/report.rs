@@ -15,6 +15,13 @@ use uuid::Uuid;
 /// How often buffered items are sent.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
 
+/// Metrics per report: what piles up during an API outage goes in slices
+/// that stay far below the API's body limit (a metric is ~300 bytes).
+pub const METRICS_PER_REPORT: usize = 500;
+
+/// Log lines per report (each at most 4 KiB).
+pub const LOGS_PER_REPORT: usize = 100;
+
 /// Where reports go; the credentials change when the executor registers again.
 #[derive(Clone)]
 pub struct Sink {
@@ -77,12 +84,24 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             }
             continue;
         }
+        // The oldest slice; the outcome goes with the last one.
+        let (nm, nl) = (
+            pending.metrics.len().min(METRICS_PER_REPORT),
+            pending.logs.len().min(LOGS_PER_REPORT),
+        );
+        let last = nm == pending.metrics.len() && nl == pending.logs.len();
+        let slice = RoleReport {
+            key,
+            metrics: pending.metrics[..nm].to_vec(),
+            logs: pending.logs[..nl].to_vec(),
+            outcome: if last { pending.outcome.clone() } else { None },
+        };
         let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
         let res = sink
             .client
             .post(format!("{}/v1/executors/{id}/reports", sink.api))
             .bearer_auth(token)
-            .json(&pending)
+            .json(&slice)
             .send()
             .await;
         match res {
@@ -90,19 +109,30 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 if r.status() == reqwest::StatusCode::CONFLICT {
                     tracing::warn!(job = %key.job_id, "outcome from a stale generation was refused");
                 }
-                pending.metrics.clear();
-                pending.logs.clear();
-                pending.outcome = None;
-                backoff = FLUSH_EVERY;
+                pending.metrics.drain(..nm);
+                pending.logs.drain(..nl);
+                if last {
+                    pending.outcome = None;
+                }
+                // More piled up: send the next slice at once.
+                backoff = if last { FLUSH_EVERY } else { Duration::ZERO };
             }
             Ok(r) => {
                 tracing::warn!(status = %r.status(), "report refused; retrying");
-                backoff = (backoff * 2).min(crate::agent::MAX_BACKOFF);
+                backoff = (backoff * 2).clamp(FLUSH_EVERY, crate::agent::MAX_BACKOFF);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "report failed; retrying");
-                backoff = (backoff * 2).min(crate::agent::MAX_BACKOFF);
+                backoff = (backoff * 2).clamp(FLUSH_EVERY, crate::agent::MAX_BACKOFF);
             }
+        }
+        if !open
+            && !backoff.is_zero()
+            && !pending.metrics.is_empty() | !pending.logs.is_empty() | pending.outcome.is_some()
+        {
+            // The role has ended: nothing new to wait for, but a failed send
+            // still waits its backoff instead of spinning.
+            tokio::time::sleep(backoff).await;
         }
     }
 }

@@ -329,7 +329,7 @@ fn worker(
             let Some(r) = replica.as_mut() else {
                 return Err(TrainError::Unsupported("no replica after joining".into()));
             };
-            match source {
+            match source.filter(|_| world > 1) {
                 Some(s) if s != rank => log(
                     LogLevel::Info,
                     format!("received weights and optimizer state of step {} from rank {s}", r.step),
@@ -341,7 +341,11 @@ fn worker(
                 None => {}
             }
             let mut last_log = Instant::now();
+            let slow = crate::ps::slow_ms(rank).map(Duration::from_millis);
             let mut on_step = |s: &train::StepStats| {
+                if let Some(d) = slow {
+                    std::thread::sleep(d);
+                }
                 if let Some(t) = broke_at.take() {
                     log(
                         LogLevel::Info,

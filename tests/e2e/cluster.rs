@@ -49,7 +49,12 @@ fn executor(api_port: u16, name: &str) -> Proc {
         name,
         "--ram-mb",
         "1024",
-    ]);
+        "--torch-threads",
+        "1",
+    ])
+    // The jobs here train for real; a step every 100 ms keeps them running,
+    // lightly, for as long as the scheduling scenario takes.
+    .env("TRAINYARD_SLOW_WORKER", "*:100");
     Proc::spawn(cmd).unwrap()
 }
 
@@ -126,7 +131,7 @@ fn ps_spec(name: &str) -> Value {
         "loss": "cross_entropy",
         "optimizer": {"kind": "adam", "lr": 0.001},
         "batch_size": 32,
-        "epochs": 1,
+        "steps": 1_000_000,
         "strategy": "parameter_server",
         "parameter_servers": 2,
         "workers": {"min": 2, "max": 3},

@@ -18,9 +18,12 @@
 //! peer died) the rank keeps its replica at the last completed step and
 //! retries; when the scheduler sends the next generation, the old role's
 //! thread stops and hands its replica to the new role on the same device,
-//! which rebuilds the ring with the new membership and resumes. PS roles
-//! (the parameter-server data plane) are not built yet: they hold their
-//! assignment and say so in the job's logs.
+//! which rebuilds the ring with the new membership and resumes.
+//!
+//! Parameter-server jobs: a PS role serves its shard ([`crate::ps`]) and a
+//! worker pulls and pushes through the shards; both hand their state (the
+//! shard's values and optimizer state, the worker's model and newest pulled
+//! weights) to the next generation's role on this executor the same way.
 
 use crate::report::{self, Item, Sink};
 use crate::train::{self, Replica, TrainError};

@@ -474,3 +474,51 @@ async fn reports_are_idempotent_sanitized_and_outcomes_need_the_current_generati
         .unwrap();
     assert_problem(r, 422, Some("metrics[0].step")).await;
 }
+
+#[tokio::test]
+async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
+    let app = spawn_app().await;
+    let (id, token) = register(&app, "ps-reporter").await;
+    let job = app.submit(&digits_spec("ps-metrics")).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = app.url(&format!("/v1/executors/{id}/reports"));
+    // Rank 0 and rank 1 each report two steps with their staleness and
+    // rejections; 2 MB in 0.01 s per step is 0.2 GB/s.
+    for (index, staleness, rejected) in [(0, [0, 1], [0, 2]), (1, [2, 12], [1, 0])] {
+        let metrics: Vec<Value> = (0..2)
+            .map(|i| {
+                json!({"step": i + 1, "loss": 1.0, "lr": 0.1, "samples_per_sec": 10.0, "data_seconds": 0.0,
+                       "compute_seconds": 0.01, "comm_seconds": 0.01, "comm_bytes": 2_000_000,
+                       "staleness": staleness[i], "rejected": rejected[i]})
+            })
+            .collect();
+        let r = app
+            .client
+            .post(&url)
+            .bearer_auth(&token)
+            .json(&json!({"key": {"job_id": job, "generation": 0, "role": "worker", "index": index}, "metrics": metrics}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+    let m: Value = app
+        .get(&format!("/v1/jobs/{job}/metrics"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["steps_recorded"], 2, "the curve is rank 0's: {m}");
+    let bus = m["points"][0]["bus_gbps"].as_f64().unwrap();
+    assert!((bus - 0.2).abs() < 1e-9, "{m}");
+    assert_eq!(m["points"][0]["comm_bytes"], 2_000_000.0);
+    // Staleness 12 lands in the last bucket ("8 or more").
+    assert_eq!(
+        m["staleness_histogram"],
+        json!([1, 1, 1, 0, 0, 0, 0, 0, 1]),
+        "{m}"
+    );
+    assert_eq!(m["rejected_pushes"], 3);
+}

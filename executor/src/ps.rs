@@ -255,6 +255,9 @@ fn connection(
     stop: &AtomicBool,
 ) -> Result<(), WireError> {
     stream.set_read_timeout(Some(Duration::from_millis(50)))?;
+    // A worker that stops reading (its host vanished) must not hold this
+    // thread, and with it the hand-over to the next generation, forever.
+    stream.set_write_timeout(Some(PS_TIMEOUT))?;
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
     let mut buf = Vec::new();
@@ -548,6 +551,7 @@ pub fn work(
         stream
             .set_read_timeout(Some(Duration::from_millis(50)))
             .map_err(io)?;
+        stream.set_write_timeout(Some(PS_TIMEOUT)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         links.push(Link {
             stream,

@@ -18,8 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// How long a peer may take to complete the handshake.
+/// How long a peer may take to complete the handshake (in all, not per read).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Handshakes served at once.
+pub const MAX_HANDSHAKES: usize = 64;
 
 /// The kind of endpoint a connection is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,6 +68,7 @@ struct Inner {
     next_id: AtomicU64,
     shutdown: AtomicBool,
     refused: AtomicU64,
+    handshaking: std::sync::atomic::AtomicUsize,
 }
 
 /// The listener.
@@ -95,11 +99,25 @@ impl DataPlane {
                     if accept_inner.shutdown.load(Ordering::Relaxed) {
                         return;
                     }
-                    let Ok(stream) = conn else { continue };
+                    let Ok(stream) = conn else {
+                        // Out of descriptors, say: do not spin.
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    // Strangers cannot take every thread: beyond this many
+                    // handshakes in flight, new connections are dropped.
+                    if accept_inner.handshaking.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+                        accept_inner.handshaking.fetch_sub(1, Ordering::AcqRel);
+                        accept_inner.refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let inner = accept_inner.clone();
                     let _ = std::thread::Builder::new()
                         .name("dataplane-handshake".into())
-                        .spawn(move || serve(stream, &inner));
+                        .spawn(move || {
+                            serve(stream, &inner);
+                            inner.handshaking.fetch_sub(1, Ordering::AcqRel);
+                        });
                 }
             })?;
         Ok(DataPlane { addr, inner })
@@ -190,7 +208,7 @@ impl Drop for Endpoint {
 }
 
 fn serve(mut stream: TcpStream, inner: &Inner) {
-    let _ = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
     let _ = stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
     let _ = stream.set_nodelay(true);
     let challenge = handshake::challenge();
@@ -198,7 +216,13 @@ fn serve(mut stream: TcpStream, inner: &Inner) {
         return;
     }
     let mut msg = [0u8; HELLO_LEN + MAC_LEN];
-    if stream.read_exact(&mut msg).is_err() {
+    let never = AtomicBool::new(false);
+    let mut patient = crate::frame::Patient {
+        stream: &mut stream,
+        stop: &never,
+        deadline: Some(Instant::now() + HANDSHAKE_TIMEOUT),
+    };
+    if patient.read_exact(&mut msg).is_err() {
         inner.refused.fetch_add(1, Ordering::Relaxed);
         return;
     }

@@ -21,6 +21,10 @@
 //! new member receives weights and optimizer state this way), and
 //! [`Ring::allgather_u64`] shares a few numbers per rank (steps, flags).
 //!
+//! Fencing: a ring's connections are made for one generation (checked in
+//! the handshake), so frames carry the collective and operation they belong
+//! to but not the generation.
+//!
 //! Failures: a closed connection, a frame that does not match the schedule,
 //! the collective timeout or the caller's stop flag end the collective with a
 //! [`RingError`]; the ring is then unusable and the caller builds a new one
@@ -299,9 +303,10 @@ impl Ring {
     }
 
     /// [`Ring::allreduce`] with the values on the wire as `wire`. With
-    /// [`Wire::Bf16`] partial sums still accumulate in fp32; each reduced
-    /// chunk is rounded to bf16 once, by its owner, before it is passed on,
-    /// so every rank ends with the same bits.
+    /// [`Wire::Bf16`] each rank adds in fp32, but the partial sums travel as
+    /// bf16, so rounding compounds over the `N−1` reduce hops; each reduced
+    /// chunk is rounded once more by its owner before it is passed on, so
+    /// every rank ends with the same bits.
     pub fn allreduce_wire(
         &mut self,
         data: &mut [f32],
@@ -359,6 +364,11 @@ impl Ring {
             .links
             .as_mut()
             .ok_or_else(|| RingError::Broken("not connected".into()))?;
+        // To unblock the sending thread when the collective fails.
+        let right_handle = links
+            .right
+            .try_clone()
+            .map_err(|e| RingError::Broken(format!("cloning the socket: {e}")))?;
         let (right, left) = (&mut links.right, &mut links.left);
         std::thread::scope(|scope| {
             let (to_writer, jobs) = channel::<(usize, usize, &mut [f32])>();
@@ -367,6 +377,10 @@ impl Ring {
             let writer = scope.spawn(move || {
                 let mut packed: Vec<u16> = Vec::new();
                 for (op, idx, seg) in jobs {
+                    if stop.load(Ordering::Relaxed) {
+                        let _ = returns.send(Err(RingError::Stopped));
+                        return;
+                    }
                     let sent = match wire {
                         Wire::F32 => {
                             write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(seg))
@@ -463,6 +477,12 @@ impl Ring {
                 Ok(())
             })();
             drop(to_writer);
+            if result.is_err() {
+                // The ring is done for: a writer blocked on a full socket
+                // must not hold this rank (and its hand-over) until the
+                // write timeout.
+                let _ = right_handle.shutdown(Shutdown::Write);
+            }
             // Every segment comes back before the scope ends.
             let mut writer_error = None;
             while let Ok(item) = back.recv() {

@@ -56,6 +56,7 @@ pub const STALENESS_BUCKETS: usize = 9;
 
 /// One shard's state; it outlives generations on its executor.
 pub struct Shard {
+    ranges: Vec<Range>,
     len: usize,
     weights: Option<Tensor>,
     opt: FlatOptimizer,
@@ -77,8 +78,10 @@ pub struct Shard {
 }
 
 impl Shard {
-    fn new(a: &Assignment, len: usize) -> Shard {
+    fn new(a: &Assignment, ranges: Vec<Range>) -> Shard {
+        let len = shard_len(&ranges);
         Shard {
+            ranges,
             len,
             weights: None,
             opt: FlatOptimizer::new(&a.spec.optimizer, len as i64, tch::Device::Cpu),
@@ -147,9 +150,11 @@ pub fn serve_shard(
         return parked;
     };
     let len = shard_len(&me.ranges);
+    // Only the same ranges carry over (values of other parameters would
+    // otherwise be served under these names).
     let mut shard = match parked {
-        Some(s) if s.len == len => s,
-        _ => Shard::new(a, len),
+        Some(s) if s.ranges == me.ranges => s,
+        _ => Shard::new(a, me.ranges.clone()),
     };
     // A new membership: the half-summed version of the old one is dropped.
     shard.generation = a.key.generation;
@@ -292,6 +297,9 @@ fn connection(
                 ps::write(&mut writer, ack, &[])?;
             }
             Kind::Pull => {
+                if h.len != 0 {
+                    return Err(WireError::Protocol("a pull carries no payload".into()));
+                }
                 let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
                 while (s.weights.is_none() || s.version < h.version)
                     && !stop.load(Ordering::Relaxed)
@@ -483,6 +491,18 @@ impl Link {
             deadline: Some(Instant::now() + PS_TIMEOUT),
         };
         let reply = ps::read_header(&mut r).map_err(broken)?;
+        if reply.generation != h.generation {
+            return Err(broken(WireError::Protocol(format!(
+                "the shard answered for generation {}",
+                reply.generation
+            ))));
+        }
+        if reply.kind != Kind::Weights && reply.len != 0 {
+            return Err(broken(WireError::Protocol(format!(
+                "{:?} with a payload",
+                reply.kind
+            ))));
+        }
         match reply.kind {
             Kind::Weights => {
                 ps::read_payload(&mut r, &reply, expect_len, &mut self.buf).map_err(broken)?
@@ -584,6 +604,17 @@ pub fn work(
     let mut rejected = 0u64;
     let mut rejected_since = 0u32;
     let mut prefetched: Option<Vec<Result<Header, TrainError>>> = None;
+    // Prefetching makes every push at least one version stale: only where
+    // that cannot turn into rejections (async, or a bound that leaves room
+    // for every other worker's push and this one).
+    let prefetch = match consistency {
+        Consistency::Sync => false,
+        Consistency::Async => true,
+        Consistency::Bounded { staleness } => staleness >= world,
+    };
+    // Shards that took the current batch's gradient (a partly rejected push
+    // is recomputed for the others only, never applied twice).
+    let mut accepted = vec![false; links.len()];
     let mut last_log = Instant::now();
     log(
         LogLevel::Info,
@@ -629,7 +660,7 @@ pub fn work(
         // Async and bounded: the next pull travels while this step computes
         // (its values then miss this step's own push: one more version of
         // staleness, traded for hiding the pull).
-        let (computed_grad, next) = if consistency == Consistency::Sync {
+        let (computed_grad, next) = if !prefetch {
             (rep.gradient(&b), None)
         } else {
             let links = &mut links;
@@ -652,6 +683,7 @@ pub fn work(
         let acks = exchange_push(
             &mut links,
             &ex.versions,
+            &accepted,
             generation,
             &map,
             &grad,
@@ -661,8 +693,11 @@ pub fn work(
         )?;
         comm += pushed.elapsed().as_secs_f64();
         comm_bytes += grad.len() as u64 * 4;
-        let all_ok = acks.iter().all(|h| h.kind == Kind::Ack);
         let rejects = acks.iter().filter(|h| h.kind == Kind::Reject).count() as u32;
+        for (a, h) in accepted.iter_mut().zip(&acks) {
+            *a |= h.kind == Kind::Ack;
+        }
+        let all_ok = accepted.iter().all(|a| *a);
         rejected += u64::from(rejects);
         rejected_since += rejects;
         // How many versions the shard had moved on since the pull (an
@@ -678,15 +713,20 @@ pub fn work(
         };
         match consistency {
             Consistency::Sync => {
+                // A sync shard never applies a push twice (it counts one per
+                // worker and version): every step pushes to all of them.
+                accepted.fill(false);
                 for (e, v) in expect.iter_mut().zip(&ex.versions) {
                     *e = v + 1;
                 }
             }
             _ => {
                 if !all_ok {
-                    // Too stale somewhere: re-pull and recompute this share.
+                    // Too stale somewhere: re-pull and recompute this share
+                    // for the shards that refused it.
                     continue;
                 }
+                accepted.fill(false);
                 rep.step += 1;
                 local = b.next;
             }
@@ -859,6 +899,7 @@ fn apply_pull(
 fn exchange_push(
     links: &mut [Link],
     versions: &[u64],
+    skip: &[bool],
     generation: i64,
     map: &ShardMap,
     grad: &[f32],
@@ -876,8 +917,22 @@ fn exchange_push(
                 h.samples = b.samples as u64;
                 h.lr = lr;
                 (h.epoch, h.offset) = (b.next.epoch, b.next.offset);
-                let payload = map.gather(s, grad);
-                scope.spawn(move || link.call(h, &payload, 0, stop))
+                let skipped = skip[s];
+                let payload = if skipped {
+                    Vec::new()
+                } else {
+                    map.gather(s, grad)
+                };
+                scope.spawn(move || {
+                    if skipped {
+                        // Took this batch already: nothing to send, and no
+                        // staleness to count again.
+                        let mut ack = Header::new(Kind::Ack, generation);
+                        ack.version = h.version + 1;
+                        return Ok(ack);
+                    }
+                    link.call(h, &payload, 0, stop)
+                })
             })
             .collect();
         joins

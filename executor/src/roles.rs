@@ -169,7 +169,13 @@ impl Roles {
         }
         // Replicas of jobs no longer assigned here are let go.
         if let Ok(mut h) = self.handovers.lock() {
-            h.retain(|(job, _, _), _| wanted.keys().any(|(j, _, _)| j == job));
+            // A worker's state follows the job on this executor's devices; a
+            // shard's only its own index.
+            h.retain(|(job, kind, index), _| {
+                wanted.keys().any(|(j, k, i)| {
+                    j == job && k == kind && (*kind == RoleKind::Worker || i == index)
+                })
+            });
         }
         for (k, a) in wanted {
             if self.running.contains_key(&k) {
@@ -296,6 +302,8 @@ fn worker(
     if a.strategy == Strategy::ParameterServer {
         return ps_worker(&a, rank, device, replica, &stop, &tx, &object_store);
     }
+    // Trained to the end (and stays around to be joined).
+    let mut done = false;
     loop {
         if stop.load(Ordering::Relaxed) {
             return Parked {
@@ -313,7 +321,7 @@ fn worker(
             match Ring::connect(plane, &config, &stop) {
                 Ok(r) => r,
                 Err(e) => {
-                    if !stop.load(Ordering::Relaxed) {
+                    if !stop.load(Ordering::Relaxed) && !done {
                         log(LogLevel::Warn, format!("{e}; retrying"));
                     }
                     if pause(Duration::from_millis(500), &stop) {
@@ -398,20 +406,43 @@ fn worker(
         });
         match result {
             Ok(out) => {
-                let bw = ring.stats().bytes_sent.load(Ordering::Relaxed);
-                log(
-                    LogLevel::Info,
-                    format!(
-                        "rank {rank} of {world} done at step {}: weights sha256 {} ({} MiB sent on the ring)",
-                        out.steps,
-                        out.weights_sha256,
-                        bw >> 20
-                    ),
-                );
-                if rank == 0 {
-                    finish(&a, &out, &object_store, &tx);
+                if !done {
+                    let bw = ring.stats().bytes_sent.load(Ordering::Relaxed);
+                    log(
+                        LogLevel::Info,
+                        format!(
+                            "rank {rank} of {world} done at step {}: weights sha256 {} ({} MiB sent on the ring)",
+                            out.steps,
+                            out.weights_sha256,
+                            bw >> 20
+                        ),
+                    );
+                    if rank == 0 {
+                        finish(&a, &out, &object_store, &tx);
+                    }
                 }
-                return Parked::default();
+                done = true;
+                // The finished replica is kept: a generation that arrives
+                // before the outcome was applied resumes from it (zero steps
+                // to go) instead of from scratch.
+                if rank == 0 {
+                    return Parked {
+                        replica,
+                        broke_at,
+                        shard: None,
+                    };
+                }
+                // The other ranks stay joinable until the job ends: if rank
+                // 0's last collective failed where theirs succeeded, it
+                // rebuilds the ring with them and receives the final state.
+                drop(ring);
+                if pause(Duration::from_millis(500), &stop) {
+                    return Parked {
+                        replica,
+                        broke_at,
+                        shard: None,
+                    };
+                }
             }
             Err(TrainError::Stopped) => {
                 return Parked {
@@ -481,11 +512,20 @@ fn ps_worker(
             ))
         });
         match result {
+            // The finished model is kept for a generation that may still come.
             Ok(Some(out)) => {
                 finish(a, &out, object_store, tx);
-                return Parked::default();
+                return Parked {
+                    replica,
+                    ..Parked::default()
+                };
             }
-            Ok(None) => return Parked::default(),
+            Ok(None) => {
+                return Parked {
+                    replica,
+                    ..Parked::default()
+                }
+            }
             Err(TrainError::Stopped) => {
                 return Parked {
                     replica,

@@ -198,3 +198,67 @@ pub fn eventually<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> O
     }
     None
 }
+
+/// Starts `trainyard serve` on `port` against `db`, with its data in `data`,
+/// the test heartbeat (200 ms, lost after `misses` silent beats), the join
+/// token `join` and `extra` flags, and waits until it is ready.
+pub fn start_server(
+    db: &str,
+    port: u16,
+    data: &std::path::Path,
+    join: &str,
+    misses: u32,
+    extra: &[&str],
+) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(binary("trainyard")?);
+    cmd.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--heartbeat-interval-ms",
+        "200",
+        "--heartbeat-misses",
+        &misses.to_string(),
+    ])
+    .args(extra)
+    .arg("--data-dir")
+    .arg(data)
+    .env("DATABASE_URL", db)
+    .env("TRAINYARD_JOIN_TOKEN", join);
+    let mut api = Proc::spawn(cmd)?;
+    wait_ready(
+        &format!("http://127.0.0.1:{port}/readyz"),
+        &mut api,
+        Duration::from_secs(60),
+    )?;
+    Ok(api)
+}
+
+/// Starts `trainyard-executor` against the API at `api` with `ram_mb` of
+/// RAM, one libtorch thread (several executors share this machine's cores,
+/// and idle OpenMP threads spin) and the environment `env`.
+pub fn start_executor(
+    api: &str,
+    join: &str,
+    name: &str,
+    ram_mb: u32,
+    env: &[(&str, &str)],
+) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(binary("trainyard-executor")?);
+    cmd.args([
+        "--api",
+        api,
+        "--join-token",
+        join,
+        "--name",
+        name,
+        "--ram-mb",
+        &ram_mb.to_string(),
+        "--torch-threads",
+        "1",
+    ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Proc::spawn(cmd)
+}

@@ -12,7 +12,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wait_ready, Proc};
+use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, Proc};
 
 const JOIN: &str = "e2e-cli-token";
 
@@ -33,28 +33,7 @@ impl Server {
         let port = free_port().unwrap();
         let data =
             std::env::temp_dir().join(format!("trainyard-cli-{}-{port}", std::process::id()));
-        let mut cmd = Command::new(binary("trainyard").unwrap());
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--heartbeat-interval-ms",
-            "200",
-            "--heartbeat-misses",
-            "25",
-        ])
-        .args(extra)
-        .arg("--data-dir")
-        .arg(&data)
-        .env("DATABASE_URL", &db)
-        .env("TRAINYARD_JOIN_TOKEN", JOIN);
-        let mut api = Proc::spawn(cmd).unwrap();
-        wait_ready(
-            &format!("http://127.0.0.1:{port}/readyz"),
-            &mut api,
-            Duration::from_secs(60),
-        )
-        .unwrap();
+        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 25, extra).unwrap();
         Server {
             _api: api,
             base: format!("http://127.0.0.1:{port}"),
@@ -63,21 +42,7 @@ impl Server {
     }
 
     fn executor(&self, name: &str) -> Proc {
-        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
-        cmd.args([
-            "--api",
-            &self.base,
-            "--join-token",
-            JOIN,
-            "--name",
-            name,
-            "--ram-mb",
-            "2048",
-            // Other tests' executors share the 2 cores: idle OpenMP threads spin.
-            "--torch-threads",
-            "1",
-        ]);
-        Proc::spawn(cmd).unwrap()
+        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, &[]).unwrap()
     }
 
     /// `trainyard ARGS…` against this server (through `TRAINYARD_API`).

@@ -39,23 +39,16 @@ fn api(db: &str, port: u16) -> Proc {
 }
 
 fn executor(api_port: u16, name: &str) -> Proc {
-    let mut cmd = Command::new(binary("trainyard-executor").unwrap());
-    cmd.args([
-        "--api",
-        &format!("http://127.0.0.1:{api_port}"),
-        "--join-token",
-        JOIN,
-        "--name",
-        name,
-        "--ram-mb",
-        "1024",
-        "--torch-threads",
-        "1",
-    ])
     // The jobs here train for real; a step every 100 ms keeps them running,
     // lightly, for as long as the scheduling scenario takes.
-    .env("TRAINYARD_SLOW_WORKER", "*:100");
-    Proc::spawn(cmd).unwrap()
+    trainyard_e2e::start_executor(
+        &format!("http://127.0.0.1:{api_port}"),
+        JOIN,
+        name,
+        1024,
+        &[("TRAINYARD_SLOW_WORKER", "*:100")],
+    )
+    .unwrap()
 }
 
 struct Api {

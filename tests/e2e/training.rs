@@ -7,7 +7,7 @@ use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::Duration;
-use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, wait_ready, Proc};
+use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, Proc};
 
 const JOIN: &str = "e2e-train-token";
 
@@ -25,31 +25,7 @@ fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
 }
 
 fn start_api_with(db: &str, port: u16, data: &std::path::Path, misses: u32) -> Proc {
-    let mut cmd = Command::new(binary("trainyard").unwrap());
-    cmd.args([
-        "serve",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--heartbeat-interval-ms",
-        "200",
-        // Generous by default: these tests are about training, and a loaded
-        // 2-core machine may delay a heartbeat; losing the executor would
-        // restart it. Fault tests pass fewer.
-        "--heartbeat-misses",
-    ])
-    .arg(misses.to_string())
-    .arg("--data-dir")
-    .arg(data)
-    .env("DATABASE_URL", db)
-    .env("TRAINYARD_JOIN_TOKEN", JOIN);
-    let mut api = Proc::spawn(cmd).unwrap();
-    wait_ready(
-        &format!("http://127.0.0.1:{port}/readyz"),
-        &mut api,
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    api
+    trainyard_e2e::start_server(db, port, data, JOIN, misses, &[]).unwrap()
 }
 
 impl Platform {
@@ -765,24 +741,7 @@ fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes(
 
 impl Platform {
     fn executor_env(&self, name: &str, env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
-        cmd.args([
-            "--api",
-            &self.base,
-            "--join-token",
-            JOIN,
-            "--name",
-            name,
-            "--ram-mb",
-            "2048",
-            // Several executors share this machine's cores.
-            "--torch-threads",
-            "1",
-        ]);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Proc::spawn(cmd).unwrap()
+        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, env).unwrap()
     }
 }
 

@@ -21,9 +21,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use trainyard_e2e::{
-    binary, eventually, free_port, fresh_database, kill9, repo_root, wait_ready, Proc,
-};
+use trainyard_e2e::{eventually, free_port, fresh_database, kill9, repo_root, Proc};
 
 const JOIN: &str = "e2e-web-token";
 
@@ -79,30 +77,9 @@ impl Platform {
         let port = free_port().unwrap();
         let data =
             std::env::temp_dir().join(format!("trainyard-web-{}-{port}", std::process::id()));
-        let mut cmd = Command::new(binary("trainyard").unwrap());
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--heartbeat-interval-ms",
-            "200",
-            // 5 s of silence: quick enough to see a SIGKILL, slow enough
-            // for a loaded 2-core machine that also runs Chromium.
-            "--heartbeat-misses",
-            "25",
-        ])
-        .args(extra)
-        .arg("--data-dir")
-        .arg(&data)
-        .env("DATABASE_URL", &db)
-        .env("TRAINYARD_JOIN_TOKEN", JOIN);
-        let mut api = Proc::spawn(cmd).unwrap();
-        wait_ready(
-            &format!("http://127.0.0.1:{port}/readyz"),
-            &mut api,
-            Duration::from_secs(60),
-        )
-        .unwrap();
+        // 5 s of silence: quick enough to see a SIGKILL, slow enough for a
+        // loaded 2-core machine that also runs Chromium.
+        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 25, extra).unwrap();
         Platform {
             api,
             base: format!("http://127.0.0.1:{port}"),
@@ -115,21 +92,7 @@ impl Platform {
     }
 
     fn executor(&self, name: &str) -> Proc {
-        let mut cmd = Command::new(binary("trainyard-executor").unwrap());
-        cmd.args([
-            "--api",
-            &self.base,
-            "--join-token",
-            JOIN,
-            "--name",
-            name,
-            "--ram-mb",
-            "2048",
-            // Several executors share 2 cores: idle OpenMP threads spin.
-            "--torch-threads",
-            "1",
-        ]);
-        Proc::spawn(cmd).unwrap()
+        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, &[]).unwrap()
     }
 
     fn get(&self, path: &str) -> Value {

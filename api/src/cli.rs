@@ -31,6 +31,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `trainyard job` waits, after a job succeeded, for the metrics
 /// of its last steps.
 const SETTLE: Duration = Duration::from_secs(5);
+
+/// How long `job ID` keeps following through an unreachable or failing API
+/// (a restart, a loaded machine) before it gives up.
+pub const FOLLOW_PATIENCE: Duration = Duration::from_secs(60);
 /// Width of the progress bar in characters.
 const BAR_WIDTH: usize = 30;
 /// Without a terminal, a progress line at most this often.
@@ -493,12 +497,22 @@ async fn follow(client: &Client, id: &str) -> Result<u8, CliError> {
     let mut last_print = Instant::now() - PLAIN_EVERY;
     let mut settle_until: Option<Instant> = None;
     loop {
-        let job = client.get(&format!("/v1/jobs/{id}")).await?;
+        // Once the API answered, a later outage is waited out (an API that
+        // was never reachable is an error at once).
+        let patience = if last_state.is_empty() {
+            Duration::ZERO
+        } else {
+            FOLLOW_PATIENCE
+        };
+        let job = patiently(client, &format!("/v1/jobs/{id}"), patience).await?;
         let state = job["state"].as_str().unwrap_or("?").to_owned();
         let terminal = matches!(state.as_str(), "succeeded" | "failed" | "cancelled");
-        let metrics = client
-            .get(&format!("/v1/jobs/{id}/metrics?max_points=200"))
-            .await?;
+        let metrics = patiently(
+            client,
+            &format!("/v1/jobs/{id}/metrics?max_points=200"),
+            patience,
+        )
+        .await?;
         let step = metrics["steps_recorded"].as_u64().unwrap_or(0);
         let latest = metrics["points"].as_array().and_then(|p| p.last());
         let total = expected_steps(&job["spec"]);
@@ -550,6 +564,22 @@ async fn follow(client: &Client, id: &str) -> Result<u8, CliError> {
         }
         drop(err);
         tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// A GET that rides out an unreachable API or a 5xx answer for up to
+/// `patience`; anything else (a 404, a bad token) fails at once.
+async fn patiently(client: &Client, path: &str, patience: Duration) -> Result<Value, CliError> {
+    let give_up = Instant::now() + patience;
+    loop {
+        match client.get(path).await {
+            Err(CliError::Unreachable { .. }) | Err(CliError::Problem { status: 500.., .. })
+                if Instant::now() < give_up =>
+            {
+                tokio::time::sleep(POLL_INTERVAL * 2).await
+            }
+            other => return other,
+        }
     }
 }
 

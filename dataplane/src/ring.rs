@@ -313,12 +313,7 @@ impl Ring {
         wire: Wire,
         stop: &AtomicBool,
     ) -> Result<(), RingError> {
-        if self.world == 1 {
-            return Ok(());
-        }
-        self.usable()?;
-        let result = self.allreduce_inner(data, wire, stop);
-        self.note(result)
+        self.collective(|ring| ring.allreduce_inner(data, wire, stop))
     }
 
     fn allreduce_inner(
@@ -584,12 +579,8 @@ impl Ring {
         root: u32,
         stop: &AtomicBool,
     ) -> Result<(), RingError> {
-        if self.world == 1 {
-            return Ok(());
-        }
-        self.usable()?;
-        let result = self.broadcast_inner(data, root % self.world, stop);
-        self.note(result)
+        let root = root % self.world;
+        self.collective(|ring| ring.broadcast_inner(data, root, stop))
     }
 
     fn broadcast_inner(
@@ -650,12 +641,8 @@ impl Ring {
         let n = self.world as usize;
         let mut all = vec![Vec::new(); n];
         all[self.rank as usize] = mine.to_vec();
-        if n == 1 {
-            return Ok(all);
-        }
-        self.usable()?;
-        let result = self.allgather_inner(&mut all, mine.len(), stop);
-        self.note(result).map(|()| all)
+        self.collective(|ring| ring.allgather_inner(&mut all, mine.len(), stop))?;
+        Ok(all)
     }
 
     fn allgather_inner(
@@ -699,20 +686,25 @@ impl Ring {
         Ok(())
     }
 
-    fn usable(&self) -> Result<(), RingError> {
-        match &self.broken {
-            Some(why) => Err(RingError::Broken(format!(
-                "an earlier collective failed: {why}"
-            ))),
-            None => Ok(()),
+    /// Runs one collective: nothing to do alone; refused once an earlier
+    /// one failed; a failure marks the ring broken.
+    fn collective(
+        &mut self,
+        f: impl FnOnce(&mut Ring) -> Result<(), RingError>,
+    ) -> Result<(), RingError> {
+        if self.world == 1 {
+            return Ok(());
         }
-    }
-
-    fn note<T>(&mut self, r: Result<T, RingError>) -> Result<T, RingError> {
-        if let Err(e) = &r {
+        if let Some(why) = &self.broken {
+            return Err(RingError::Broken(format!(
+                "an earlier collective failed: {why}"
+            )));
+        }
+        let result = f(self);
+        if let Err(e) = &result {
             self.broken = Some(e.to_string());
         }
-        r
+        result
     }
 }
 

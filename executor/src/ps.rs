@@ -57,7 +57,6 @@ pub const STALENESS_BUCKETS: usize = 9;
 /// One shard's state; it outlives generations on its executor.
 pub struct Shard {
     ranges: Vec<Range>,
-    len: usize,
     weights: Option<Tensor>,
     opt: FlatOptimizer,
     version: u64,
@@ -82,7 +81,6 @@ impl Shard {
         let len = shard_len(&ranges);
         Shard {
             ranges,
-            len,
             weights: None,
             opt: FlatOptimizer::new(&a.spec.optimizer, len as i64, tch::Device::Cpu),
             version: 0,
@@ -266,7 +264,11 @@ fn connection(
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
     let mut buf = Vec::new();
-    let len = served.shard.lock().map(|s| s.len).unwrap_or(0);
+    let len = served
+        .shard
+        .lock()
+        .map(|s| shard_len(&s.ranges))
+        .unwrap_or(0);
     loop {
         let mut r = Patient {
             stream: &mut stream,
@@ -680,6 +682,7 @@ pub fn work(
         }
         let lr = train::learning_rate(&a.spec, rep.step + 1, total);
         let pushed = Instant::now();
+        let skipped_before = accepted.clone();
         let acks = exchange_push(
             &mut links,
             &ex.versions,
@@ -692,7 +695,14 @@ pub fn work(
             stop,
         )?;
         comm += pushed.elapsed().as_secs_f64();
-        comm_bytes += grad.len() as u64 * 4;
+        // Only what went out: shards that took this batch already got none.
+        comm_bytes += acks
+            .iter()
+            .zip(&map.lens)
+            .zip(&skipped_before)
+            .filter(|(_, skipped)| !**skipped)
+            .map(|((_, n), _)| *n as u64 * 4)
+            .sum::<u64>();
         let rejects = acks.iter().filter(|h| h.kind == Kind::Reject).count() as u32;
         for (a, h) in accepted.iter_mut().zip(&acks) {
             *a |= h.kind == Kind::Ack;

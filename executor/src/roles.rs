@@ -228,6 +228,22 @@ impl Roles {
     }
 }
 
+/// Runs `f`, turning a panic (a bug, or an assertion inside libtorch) into a
+/// training error that fails the job instead of killing the executor.
+fn guarded<T>(f: impl FnOnce() -> Result<T, TrainError>) -> Result<T, TrainError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        Err(TrainError::Unsupported(format!(
+            "training failed inside libtorch: {}",
+            what.lines().next().unwrap_or("")
+        )))
+    })
+}
+
 /// Sleeps up to `d`, returning early (true) once `stop` is set.
 fn pause(d: Duration, stop: &AtomicBool) -> bool {
     let until = Instant::now() + d;
@@ -335,7 +351,7 @@ fn worker(
                 }
             }
         };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let result = guarded(|| {
             let source = train::join(&mut ring, &mut replica, &a.spec, device, &stop)?;
             let Some(r) = replica.as_mut() else {
                 return Err(TrainError::Unsupported("no replica after joining".into()));
@@ -343,11 +359,17 @@ fn worker(
             match source.filter(|_| world > 1) {
                 Some(s) if s != rank => log(
                     LogLevel::Info,
-                    format!("received weights and optimizer state of step {} from rank {s}", r.step),
+                    format!(
+                        "received weights and optimizer state of step {} from rank {s}",
+                        r.step
+                    ),
                 ),
                 Some(_) => log(
                     LogLevel::Info,
-                    format!("sent weights and optimizer state of step {} to the ring", r.step),
+                    format!(
+                        "sent weights and optimizer state of step {} to the ring",
+                        r.step
+                    ),
                 ),
                 None => {}
             }
@@ -392,17 +414,6 @@ fn worker(
                 }
             };
             train::train(r, &mut ring, &stop, &mut on_step)
-        }))
-        .unwrap_or_else(|p| {
-            let what = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_default();
-            Err(TrainError::Unsupported(format!(
-                "training failed inside libtorch: {}",
-                what.lines().next().unwrap_or("")
-            )))
         });
         match result {
             Ok(out) => {
@@ -503,14 +514,7 @@ fn ps_worker(
                 ..Parked::default()
             };
         }
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::ps::work(a, rank, device, &mut replica, stop, tx)
-        }))
-        .unwrap_or_else(|_| {
-            Err(TrainError::Unsupported(
-                "training failed inside libtorch".into(),
-            ))
-        });
+        let result = guarded(|| crate::ps::work(a, rank, device, &mut replica, stop, tx));
         match result {
             // The finished model is kept for a generation that may still come.
             Ok(Some(out)) => {

@@ -5,37 +5,16 @@
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
-use trainyard_e2e::{binary, eventually, free_port, fresh_database, kill9, wait_ready, Proc};
+use trainyard_e2e::{eventually, free_port, fresh_database, kill9, Proc};
 
 const JOIN: &str = "e2e-join-token";
 
 fn api(db: &str, port: u16) -> Proc {
-    let mut cmd = Command::new(binary("trainyard").unwrap());
-    cmd.args([
-        "serve",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--heartbeat-interval-ms",
-        "200",
-        "--heartbeat-misses",
-        "10",
-    ])
     // Objects (weights of jobs that train) go to a folder of this run.
-    .arg("--data-dir")
-    .arg(std::env::temp_dir().join(format!("trainyard-cluster-{}-{port}", std::process::id())))
-    .env("DATABASE_URL", db)
-    .env("TRAINYARD_JOIN_TOKEN", JOIN)
-    .env("RUST_LOG", "info,sqlx=warn");
-    let mut p = Proc::spawn(cmd).unwrap();
-    wait_ready(
-        &format!("http://127.0.0.1:{port}/readyz"),
-        &mut p,
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    p
+    let data =
+        std::env::temp_dir().join(format!("trainyard-cluster-{}-{port}", std::process::id()));
+    trainyard_e2e::start_server(db, port, &data, JOIN, 10, &[]).unwrap()
 }
 
 fn executor(api_port: u16, name: &str) -> Proc {

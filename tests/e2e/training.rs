@@ -554,17 +554,9 @@ fn ring_size_of_generation(p: &Platform, id: &str, generation: i64) -> Option<us
             l["generation"] == generation && l["message"].as_str().unwrap().contains(" starts on ")
         })
         .collect();
-    ranks.first().map(|l| {
-        let m = l["message"].as_str().unwrap();
-        m.split(" of ")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    })
+    ranks
+        .first()
+        .map(|l| after(l["message"].as_str().unwrap(), " of "))
 }
 
 #[test]
@@ -599,15 +591,7 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
             .find(|l| l.contains("ring of 3 rebuilt"))
     })
     .unwrap_or_else(|| panic!("the ring rebuilds with 3: {:?}", p.log_messages(&id)));
-    let seconds: f64 = rebuilt
-        .split(" ran ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let seconds: f64 = after(&rebuilt, " ran ");
     println!("SIGKILL of a rank → first step of the rebuilt ring of 3: {seconds:.2} s");
     let state = p.get(&format!("/v1/jobs/{id}"));
     assert!(
@@ -653,6 +637,18 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     assert!(hashes.iter().all(|h| h == &hashes[0]), "{hashes:?}");
 }
 
+/// The number that follows `marker` in a log line.
+fn after<T: std::str::FromStr>(line: &str, marker: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    let rest = line
+        .split(marker)
+        .nth(1)
+        .unwrap_or_else(|| panic!("{marker:?} in {line:?}"));
+    rest.split([' ', ',']).next().unwrap().parse().unwrap()
+}
+
 fn ps_digits(name: &str, consistency: Value) -> Value {
     let mut spec = ring_digits(name, (3, 3), 40);
     spec["strategy"] = json!("parameter_server");
@@ -683,15 +679,7 @@ fn shard_stats(lines: &[String]) -> Vec<(u64, Vec<u64>)> {
         .iter()
         .filter(|l| l.starts_with("PS shard") && l.contains("staleness histogram"))
         .map(|l| {
-            let rejected = l
-                .split(" applied, ")
-                .nth(1)
-                .unwrap()
-                .split(' ')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
+            let rejected = after(l, " applied, ");
             let hist = l
                 .split("histogram [")
                 .nth(1)

@@ -694,20 +694,13 @@ pub fn train(
             eval_loss: None,
         };
         if rank == 0 && (replica.step % eval_every == 0 || replica.finished()) {
-            if let Some(batch) = replica.eval.as_ref() {
-                let (l, a) = evaluate(&spec, replica.net.as_ref(), batch, replica.device);
-                (replica.eval_loss, replica.eval_accuracy) = (Some(l), a);
-                (stats.eval_loss, stats.eval_accuracy) = (Some(l), a);
-                evaluated_at = Some(replica.step);
-            }
+            (stats.eval_loss, stats.eval_accuracy) = replica.evaluate_now();
+            evaluated_at = Some(replica.step);
         }
         on_step(&stats);
     }
     if rank == 0 && evaluated_at != Some(replica.step) {
-        if let Some(batch) = replica.eval.as_ref() {
-            let (l, a) = evaluate(&spec, replica.net.as_ref(), batch, replica.device);
-            (replica.eval_loss, replica.eval_accuracy) = (Some(l), a);
-        }
+        replica.evaluate_now();
     }
     Ok(Outcome {
         steps: replica.step,

@@ -326,6 +326,10 @@ pub struct Assignment {
     pub workers: Vec<WorkerPeer>,
     /// All PS shards of the job in shard order.
     pub parameter_servers: Vec<PsPeer>,
+    /// The committed checkpoint a role without state starts from: the
+    /// job's newest, or the one its spec resumes from.
+    #[serde(default)]
+    pub resume: Option<crate::checkpoint::CheckpointRef>,
 }
 
 /// A TorchScript model file to inspect.
@@ -477,4 +481,7 @@ pub struct RoleReport {
     /// Set once, when the role ends.
     #[serde(default)]
     pub outcome: Option<RoleOutcome>,
+    /// Checkpoint shards this role has finished uploading.
+    #[serde(default)]
+    pub checkpoints: Vec<crate::checkpoint::ShardUploaded>,
 }

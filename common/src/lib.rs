@@ -8,11 +8,13 @@
 //!   so a spec that exists in memory is a valid one;
 //! * [`state`] — the job lifecycle states and which transitions are legal;
 //! * [`cluster`] — executor registration, heartbeats and assignments;
+//! * [`checkpoint`] — the checkpoint layout, manifests and re-sharding;
 //! * [`model`] — parameter counts of the built-in models and the per-role
 //!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
 //!
 //! This crate has no I/O and no async code; it builds in seconds.
 
+pub mod checkpoint;
 pub mod cluster;
 pub mod model;
 pub mod spec;

@@ -154,6 +154,10 @@ pub struct JobSpecInput {
     /// When checkpoints are written and how many are kept.
     #[serde(default)]
     pub checkpoint: CheckpointPolicy,
+    /// Start from another job's committed checkpoint (the same model; any
+    /// number of workers or PS shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<ResumeFrom>,
     /// What each worker needs.
     #[serde(default)]
     pub resources: Resources,
@@ -440,6 +444,17 @@ pub enum Consistency {
         /// Largest accepted version lag (0–10000).
         staleness: u32,
     },
+}
+
+/// Which checkpoint a new job starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeFrom {
+    /// The job whose checkpoint it is.
+    pub job_id: uuid::Uuid,
+    /// Its step (default: that job's newest committed checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
 }
 
 /// Checkpoint policy.

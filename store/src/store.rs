@@ -1,0 +1,295 @@
+//! An object store opened from a URL, addressed by keys under the URL's
+//! prefix.
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::buffered::BufWriter;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+
+/// Objects larger than this go up as multipart uploads, in parts of this size.
+pub const MULTIPART_PART: usize = 8 << 20;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL or an option is not usable.
+    #[error("object store {url}: {reason}")]
+    Config {
+        /// The store's URL.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The key does not exist.
+    #[error("{0}: no such object")]
+    NotFound(String),
+    /// The store refused or failed.
+    #[error("{key}: {source}")]
+    Io {
+        /// The object's URL.
+        key: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+}
+
+/// An object store under a URL's prefix.
+#[derive(Clone, Debug)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    prefix: Path,
+    url: String,
+}
+
+impl Store {
+    /// Opens the store at `url`; `options` are `object_store` settings
+    /// (`aws_endpoint`, `aws_region`, `aws_access_key_id`, …) that win over
+    /// the environment's `AWS_*` variables.
+    pub fn open(url: &str, options: &[(String, String)]) -> Result<Store, StoreError> {
+        let config = |reason: String| StoreError::Config {
+            url: url.to_owned(),
+            reason,
+        };
+        let url = url.trim_end_matches('/').to_owned();
+        let parsed = url::Url::parse(&url).map_err(|e| config(e.to_string()))?;
+        let (inner, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
+            "file" => {
+                let dir = parsed
+                    .to_file_path()
+                    .map_err(|_| config("not an absolute file path".into()))?;
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| config(format!("cannot create {}: {e}", dir.display())))?;
+                let fs = LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| config(e.to_string()))?
+                    .with_automatic_cleanup(true);
+                (Arc::new(fs), Path::default())
+            }
+            "s3" | "s3a" => {
+                let mut b = AmazonS3Builder::from_env().with_url(url.clone());
+                for (k, v) in options {
+                    let key: AmazonS3ConfigKey = k
+                        .parse()
+                        .map_err(|_| config(format!("unknown S3 option {k}")))?;
+                    b = b.with_config(key, v.clone());
+                }
+                // Endpoints given without a scheme's TLS (a local S3 server)
+                // need plain HTTP allowed.
+                let http = std::env::var("AWS_ENDPOINT_URL")
+                    .or_else(|_| std::env::var("AWS_ENDPOINT"))
+                    .ok()
+                    .into_iter()
+                    .chain(
+                        options
+                            .iter()
+                            .filter(|(k, _)| k.contains("endpoint"))
+                            .map(|(_, v)| v.clone()),
+                    )
+                    .any(|e| e.starts_with("http://"));
+                if http {
+                    b = b.with_allow_http(true);
+                }
+                let s3 = b.build().map_err(|e| config(e.to_string()))?;
+                let prefix = Path::parse(parsed.path().trim_start_matches('/'))
+                    .map_err(|e| config(e.to_string()))?;
+                (Arc::new(s3), prefix)
+            }
+            _ => {
+                let (s, p) = object_store::parse_url_opts(&parsed, options.iter().cloned())
+                    .map_err(|e| config(e.to_string()))?;
+                (Arc::from(s), p)
+            }
+        };
+        Ok(Store { inner, prefix, url })
+    }
+
+    /// The store's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL of `key`.
+    pub fn url_of(&self, key: &str) -> String {
+        format!("{}/{}", self.url, key.trim_start_matches('/'))
+    }
+
+    /// The key of a URL inside this store, if it is one.
+    pub fn key_of<'a>(&self, url: &'a str) -> Option<&'a str> {
+        url.strip_prefix(&self.url)?.strip_prefix('/')
+    }
+
+    fn path(&self, key: &str) -> Path {
+        let mut p = self.prefix.clone();
+        for part in key.split('/').filter(|s| !s.is_empty()) {
+            p = p.clone().join(part);
+        }
+        p
+    }
+
+    fn io(&self, key: &str) -> impl Fn(object_store::Error) -> StoreError + '_ {
+        let key = self.url_of(key);
+        move |source| match source {
+            object_store::Error::NotFound { .. } => StoreError::NotFound(key.clone()),
+            source => StoreError::Io {
+                key: key.clone(),
+                source,
+            },
+        }
+    }
+
+    /// Writes `bytes` at `key`: one request up to [`MULTIPART_PART`],
+    /// a multipart upload above it.
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        let path = self.path(key);
+        if bytes.len() <= MULTIPART_PART {
+            self.inner
+                .put(&path, bytes.into())
+                .await
+                .map_err(self.io(key))?;
+            return Ok(());
+        }
+        let mut w = BufWriter::with_capacity(self.inner.clone(), path, MULTIPART_PART);
+        for chunk in bytes.chunks(MULTIPART_PART) {
+            if let Err(e) = w.write_all(chunk).await {
+                let _ = w.abort().await;
+                return Err(self.io(key)(object_store::Error::Generic {
+                    store: "multipart",
+                    source: Box::new(e),
+                }));
+            }
+        }
+        w.shutdown().await.map_err(|e| {
+            self.io(key)(object_store::Error::Generic {
+                store: "multipart",
+                source: Box::new(e),
+            })
+        })?;
+        Ok(())
+    }
+
+    /// Reads the object at `key`.
+    pub async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        let r = self.inner.get(&self.path(key)).await.map_err(self.io(key))?;
+        r.bytes().await.map_err(self.io(key))
+    }
+
+    /// The object at `key` as a stream of chunks, with its size.
+    pub async fn stream(
+        &self,
+        key: &str,
+    ) -> Result<
+        (
+            u64,
+            futures::stream::BoxStream<'static, Result<Bytes, object_store::Error>>,
+        ),
+        StoreError,
+    > {
+        let r = self.inner.get(&self.path(key)).await.map_err(self.io(key))?;
+        Ok((r.meta.size, r.into_stream()))
+    }
+
+    /// Keys and sizes of the objects under `prefix` (relative keys).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        let p = self.path(prefix);
+        let metas: Vec<_> = self
+            .inner
+            .list(Some(&p))
+            .try_collect()
+            .await
+            .map_err(self.io(prefix))?;
+        let strip = self.prefix.as_ref().len();
+        let mut out: Vec<(String, u64)> = metas
+            .into_iter()
+            .map(|m| {
+                let full = m.location.as_ref();
+                let key = if strip == 0 {
+                    full
+                } else {
+                    full.get(strip + 1..).unwrap_or(full)
+                };
+                (key.to_owned(), m.size)
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Deletes every object under `prefix`.
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
+        let keys = self.list(prefix).await?;
+        for (k, _) in &keys {
+            match self.inner.delete(&self.path(k)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.io(k)(e)),
+            }
+        }
+        Ok(keys.len())
+    }
+
+    /// Whether `key` exists.
+    pub async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        match self.inner.head(&self.path(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.io(key)(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("ty-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[tokio::test]
+    async fn local_files_round_trip_and_list() {
+        let dir = tmp("rt");
+        let s = Store::open(&format!("file://{}", dir.display()), &[]).unwrap();
+        s.put("j/step-1/a", Bytes::from_static(b"abc")).await.unwrap();
+        // Above the part size: a multipart upload.
+        let big: Vec<u8> = (0..MULTIPART_PART * 2 + 5).map(|i| i as u8).collect();
+        s.put("j/step-1/big", Bytes::from(big.clone())).await.unwrap();
+        assert_eq!(s.get("j/step-1/big").await.unwrap(), big);
+        assert_eq!(
+            s.list("j").await.unwrap(),
+            vec![
+                ("j/step-1/a".to_owned(), 3),
+                ("j/step-1/big".to_owned(), big.len() as u64)
+            ]
+        );
+        assert!(s.exists("j/step-1/a").await.unwrap());
+        assert!(matches!(
+            s.get("j/nope").await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(s.delete_prefix("j/step-1").await.unwrap(), 2);
+        assert!(s.list("j").await.unwrap().is_empty());
+        assert_eq!(
+            s.url_of("x/y"),
+            format!("file://{}/x/y", dir.display())
+        );
+        assert_eq!(s.key_of(&s.url_of("x/y")), Some("x/y"));
+    }
+
+    #[test]
+    fn bad_urls_are_named() {
+        let e = Store::open("nonsense", &[]).unwrap_err().to_string();
+        assert!(e.contains("nonsense"), "{e}");
+        let e = Store::open(
+            "s3://b/p",
+            &[("aws_colour".to_owned(), "blue".to_owned())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("aws_colour"), "{e}");
+    }
+}

@@ -38,12 +38,16 @@ ensure_python() {
 # ensure_torch: a virtualenv with PyTorch (the libtorch that tch links) in the cache.
 ensure_torch() {
   ensure_python
-  if [ -f "$VENV/.complete" ]; then return 0; fi
+  if [ -f "$VENV/.complete" ]; then
+    # Added later: safetensors, for the tests that read weights in Python.
+    "$VENV/bin/python" -c 'import safetensors' 2>/dev/null || "$VENV/bin/pip" install -q safetensors
+    return 0
+  fi
   log "installing torch==$TORCH_VERSION into $VENV (one time, ~5 GB)"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
+  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy safetensors
   touch "$VENV/.complete"
 }
 

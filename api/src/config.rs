@@ -30,6 +30,18 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_OBJECT_STORE")]
     pub object_store: Option<String>,
 
+    /// Object-store settings as `KEY=VALUE` (repeatable, or comma-separated
+    /// in the variable): `aws_endpoint`, `aws_region`, `aws_access_key_id`,
+    /// … of the `object_store` crate. The standard `AWS_*` variables are
+    /// read too; these win.
+    #[arg(
+        long = "object-store-option",
+        env = "TRAINYARD_OBJECT_STORE_OPTIONS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub object_store_options: Vec<String>,
+
     /// When set, every `/v1` request must carry `Authorization: Bearer <token>`.
     #[arg(long, env = "TRAINYARD_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
@@ -89,6 +101,7 @@ impl Config {
             database_url: None,
             data_dir: PathBuf::from(".trainyard"),
             object_store: None,
+            object_store_options: Vec::new(),
             api_token: None,
             join_token: Some("test-join-token".into()),
             heartbeat_interval_ms: 1000,
@@ -129,6 +142,11 @@ impl Config {
         Ok(token)
     }
 
+    /// The object-store options as pairs; a malformed one is named.
+    pub fn object_store_pairs(&self) -> Result<Vec<(String, String)>, String> {
+        parse_store_options(&self.object_store_options)
+    }
+
     /// The object-store URL in force.
     pub fn object_store_url(&self) -> String {
         match &self.object_store {
@@ -140,4 +158,15 @@ impl Config {
             }
         }
     }
+}
+
+/// Parses `KEY=VALUE` object-store options.
+pub fn parse_store_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
+    raw.iter()
+        .filter(|o| !o.trim().is_empty())
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+            _ => Err(format!("object-store option {o:?} is not KEY=VALUE")),
+        })
+        .collect()
 }

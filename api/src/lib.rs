@@ -49,6 +49,8 @@ pub struct AppState {
     pub join_token: Arc<String>,
     /// Fans Postgres notifications out to `/v1/events/stream`.
     pub events: routes::stream::EventHub,
+    /// The object store of checkpoints and models.
+    pub store: Arc<trainyard_store::Store>,
 }
 
 /// A built server: bound to its port and connected to its database.
@@ -76,6 +78,13 @@ impl Application {
         let join_token = config
             .resolve_join_token()
             .context("reading or making the join token")?;
+        let store = trainyard_store::Store::open(
+            &config.object_store_url(),
+            &config
+                .object_store_pairs()
+                .map_err(|e| anyhow::anyhow!(e))?,
+        )
+        .context("opening the object store")?;
         let metrics = Arc::new(metrics::Metrics::new()?);
         let scheduler = if config.no_scheduler {
             None
@@ -89,6 +98,7 @@ impl Application {
             metrics,
             config: Arc::new(config),
             join_token: Arc::new(join_token),
+            store: Arc::new(store),
         };
         let router = routes::router(state.clone());
         Ok(Application {

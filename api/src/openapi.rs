@@ -6,7 +6,7 @@
 //! regenerates it).
 
 use crate::error::Problem;
-use crate::routes::{assignments, executors, health, jobs, stream, telemetry};
+use crate::routes::{assignments, checkpoints, executors, health, jobs, stream, telemetry};
 use crate::AppState;
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -23,7 +23,7 @@ use utoipa_swagger_ui::SwaggerUi;
     ),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
-        assignments::assignments, stream::stream,
+        assignments::assignments, checkpoints::list, checkpoints::model, stream::stream,
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         health::healthz, health::readyz, health::metrics,

@@ -3,8 +3,9 @@
 //! ([`crate::plane`], role kind [`crate::RoleKind::ParameterServer`], the
 //! connection's "rank" being the shard index).
 //!
-//! Every message is a 56-byte header — kind, payload length, generation,
-//! version, samples, learning rate (f64 bits), data cursor (epoch, offset) —
+//! Every message is a 64-byte header — kind, payload length, generation,
+//! version, samples, learning rate (f64 bits), data cursor (epoch, offset),
+//! checkpoint —
 //! and then the payload: the shard's values as raw little-endian `f32`, in
 //! the order of its ranges. The generation is checked on every message and
 //! a payload must have exactly the shard's length, so a peer can never make
@@ -14,12 +15,15 @@
 //! shard has none), `Pull` (answered with `Weights` once the shard's version
 //! is at least the one asked for) and `Push` (a gradient summed over
 //! `samples` samples, computed at `version`; answered `Ack` or `Reject` when
-//! it is too stale).
+//! it is too stale). A push whose `checkpoint` is a step asks the shard to
+//! checkpoint the values that push produces under that step (rank 0 sets
+//! it, so every shard checkpoints the same step); a shard's `Ack` with a
+//! non-zero `checkpoint` asks rank 0 for one (a draining shard server).
 
 use std::io::{Read, Write};
 
 /// Bytes of a PS message header.
-pub const HEADER_LEN: usize = 56;
+pub const HEADER_LEN: usize = 64;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +79,8 @@ pub struct Header {
     pub epoch: u64,
     /// Data cursor: samples of the epoch consumed.
     pub offset: u64,
+    /// Push: checkpoint under this step (0: no). Ack: a checkpoint is asked for.
+    pub checkpoint: u64,
 }
 
 impl Header {
@@ -89,6 +95,7 @@ impl Header {
             lr: 0.0,
             epoch: 0,
             offset: 0,
+            checkpoint: 0,
         }
     }
 
@@ -103,6 +110,7 @@ impl Header {
         b[32..40].copy_from_slice(&self.lr.to_bits().to_le_bytes());
         b[40..48].copy_from_slice(&self.epoch.to_le_bytes());
         b[48..56].copy_from_slice(&self.offset.to_le_bytes());
+        b[56..64].copy_from_slice(&self.checkpoint.to_le_bytes());
         b
     }
 
@@ -122,6 +130,7 @@ impl Header {
             lr: f64::from_bits(u64_at(32)),
             epoch: u64_at(40),
             offset: u64_at(48),
+            checkpoint: u64_at(56),
         })
     }
 }
@@ -182,9 +191,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn headers_round_trip(generation in any::<i64>(), version in any::<u64>(), samples in any::<u64>(), lr in -1e9f64..1e9, epoch in any::<u64>(), offset in any::<u64>(), len in any::<u32>()) {
+        fn headers_round_trip(generation in any::<i64>(), version in any::<u64>(), samples in any::<u64>(), lr in -1e9f64..1e9, epoch in any::<u64>(), offset in any::<u64>(), checkpoint in any::<u64>(), len in any::<u32>()) {
             for kind in [Kind::Init, Kind::Pull, Kind::Push, Kind::Weights, Kind::Ack, Kind::Reject, Kind::Stale] {
-                let h = Header { kind, len, generation, version, samples, lr, epoch, offset };
+                let h = Header { kind, len, generation, version, samples, lr, epoch, offset, checkpoint };
                 prop_assert_eq!(Header::decode(&h.encode()), Some(h));
             }
         }

@@ -42,6 +42,8 @@ pub struct AgentConfig {
     pub registration: RegisterRequest,
     /// The data-plane listener (its address is in the registration).
     pub plane: Arc<trainyard_dataplane::DataPlane>,
+    /// How roles reach the object store and the local cache tier.
+    pub storage: crate::roles::StorageSetup,
 }
 
 struct Session {
@@ -62,7 +64,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         session: Arc::new(RwLock::new((Uuid::nil(), String::new()))),
         object_store: Arc::new(RwLock::new(String::new())),
     };
-    let mut roles = Roles::new(sink.clone(), config.plane.clone());
+    let mut roles = Roles::new(sink.clone(), config.plane.clone(), config.storage.clone());
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
@@ -170,6 +172,10 @@ async fn heartbeat(
     match r.status() {
         StatusCode::OK => {
             let hb: HeartbeatResponse = r.json().await.map_err(|e| Beat::Failed(e.into()))?;
+            if hb.state == trainyard_common::cluster::ExecutorState::Draining {
+                // Roles checkpoint before they are moved away.
+                crate::checkpoint::DRAINING.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             roles.apply(&hb.assignments);
             roles.inspect(&hb.inspections);
             Ok(())
@@ -186,6 +192,7 @@ async fn heartbeat(
 
 async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles: &mut Roles) {
     tracing::info!("draining: asking the scheduler to move this executor's roles away");
+    crate::checkpoint::DRAINING.store(true, std::sync::atomic::Ordering::Relaxed);
     let drained = client
         .post(format!("{api}/v1/executors/{}/drain", s.id))
         .bearer_auth(&s.token)
@@ -207,6 +214,14 @@ async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles
         tokio::time::sleep(s.interval).await;
     }
     roles.apply(&[]);
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    tokio::task::block_in_place(|| roles.wait_stopped(left));
+    // Checkpoint shards still uploading or not yet reported go first.
+    while crate::checkpoint::PENDING.load(std::sync::atomic::Ordering::Relaxed) > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     match client
         .delete(format!("{api}/v1/executors/{}", s.id))
         .bearer_auth(&s.token)

@@ -9,6 +9,7 @@
 //! * [`probe`] — proof of the libtorch link (`--probe`).
 
 pub mod agent;
+pub mod checkpoint;
 pub mod probe;
 pub mod ps;
 pub mod report;

@@ -59,6 +59,36 @@ struct Cli {
     /// Labels, `key=value`, repeatable (`host=…` keeps ring ranks adjacent).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+
+    /// Object-store settings as KEY=VALUE (`aws_endpoint`, `aws_region`,
+    /// `aws_access_key_id`, …; repeatable). The standard `AWS_*` variables
+    /// are read too; these win.
+    #[arg(
+        long = "object-store-option",
+        env = "TRAINYARD_OBJECT_STORE_OPTIONS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    object_store_options: Vec<String>,
+
+    /// Local cache tier: checkpoint shards and dataset files kept on disk.
+    /// Default: `$XDG_CACHE_HOME/trainyard/executor-cache/<name>`.
+    #[arg(long, env = "TRAINYARD_CACHE_DIR")]
+    cache_dir: Option<std::path::PathBuf>,
+
+    /// Most bytes the local cache keeps, in MiB.
+    #[arg(long, env = "TRAINYARD_CACHE_MB", default_value_t = 2048)]
+    cache_mb: u64,
+}
+
+fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
+    raw.iter()
+        .filter(|o| !o.trim().is_empty())
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+            _ => Err(format!("object-store option {o:?} is not KEY=VALUE")),
+        })
+        .collect()
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -92,16 +122,32 @@ fn main() -> anyhow::Result<()> {
         trainyard_dataplane::DataPlane::bind(cli.data_listen)
             .context("binding the data-plane listener")?,
     );
+    let options = parse_options(&cli.object_store_options).map_err(anyhow::Error::msg)?;
     rt.block_on(async move {
         let address = plane.local_addr().to_string();
+        let name = cli.name.clone().unwrap_or_else(|| {
+            format!(
+                "{}:{}",
+                hostname(),
+                address.rsplit(':').next().unwrap_or("")
+            )
+        });
+        let cache_dir = cli.cache_dir.clone().unwrap_or_else(|| {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .map(std::path::PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache"))
+                })
+                .unwrap_or_else(std::env::temp_dir);
+            base.join("trainyard")
+                .join("executor-cache")
+                .join(name.replace(['/', ':'], "_"))
+        });
+        let cache = trainyard_store::cache::Cache::open(&cache_dir, cli.cache_mb << 20)
+            .with_context(|| format!("opening the local cache in {}", cache_dir.display()))?;
+        tracing::info!(dir = %cache_dir.display(), bytes = cache.size(), "local cache tier");
         let registration = RegisterRequest {
-            name: cli.name.clone().unwrap_or_else(|| {
-                format!(
-                    "{}:{}",
-                    hostname(),
-                    address.rsplit(':').next().unwrap_or("")
-                )
-            }),
+            name,
             address,
             resources: resources(&cli)?,
             labels: cli.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
@@ -111,6 +157,11 @@ fn main() -> anyhow::Result<()> {
             join_token,
             registration,
             plane,
+            storage: trainyard_executor::roles::StorageSetup {
+                options,
+                cache: std::sync::Arc::new(cache),
+                rt: tokio::runtime::Handle::current(),
+            },
         })
         .await
     })

@@ -29,6 +29,7 @@
 //! bounded modes each worker walks its own share of the data. Rank 0
 //! reports metrics, evaluates, and at the end writes the final weights.
 
+use crate::checkpoint::{Policy, Snapshot, Storage, Uploader};
 use crate::report::Item;
 use crate::train::data::{self, Cursor};
 use crate::train::optim::{self, FlatOptimizer};
@@ -40,6 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tch::Tensor;
 use tokio::sync::mpsc::UnboundedSender;
+use trainyard_common::checkpoint::CursorState;
 use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range};
 use trainyard_common::spec::Consistency;
 use trainyard_dataplane::frame::Patient;
@@ -74,6 +76,14 @@ pub struct Shard {
     pub rejected: u64,
     /// Applied gradients by staleness.
     pub staleness: [u64; STALENESS_BUCKETS],
+    /// Restored from a checkpoint and not yet aligned with rank 0's version.
+    restored: bool,
+    /// The step a pushed gradient asked to be checkpointed once applied.
+    checkpoint_at: Option<u64>,
+    /// The last step checkpointed.
+    checkpointed: Option<u64>,
+    /// A drain checkpoint was asked for.
+    drain_asked: bool,
 }
 
 impl Shard {
@@ -95,7 +105,60 @@ impl Shard {
             applied: 0,
             rejected: 0,
             staleness: [0; STALENESS_BUCKETS],
+            restored: false,
+            checkpoint_at: None,
+            checkpointed: None,
+            drain_asked: false,
         }
+    }
+
+    /// Takes over the shard's pieces of a committed checkpoint.
+    fn restore(&mut self, l: &crate::checkpoint::Loaded) {
+        self.weights = Some(Tensor::from_slice(&l.tensors[0]));
+        if l.tensors.len() == 1 + self.opt.state().len() {
+            for (t, src) in self.opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
+                let _ = t.copy_(&Tensor::from_slice(src));
+            }
+            self.opt.t = l.optimizer_t;
+        }
+        self.version = l.step;
+        self.cursor = Cursor {
+            epoch: l.cursor.epoch,
+            offset: l.cursor.offset,
+        };
+        self.restored = true;
+        self.checkpointed = Some(l.step);
+    }
+
+    /// A copy of the shard's values and optimizer state for a checkpoint.
+    fn snapshot(&mut self, step: u64, shared: &Served) -> Option<Snapshot> {
+        let w = self.weights.as_ref()?;
+        if self.checkpointed == Some(step) {
+            return None;
+        }
+        self.checkpointed = Some(step);
+        let len = shard_len(&self.ranges);
+        let copy = |t: &Tensor| {
+            let mut v = vec![0f32; len];
+            t.copy_data(&mut v, len);
+            v
+        };
+        let mut tensors = vec![copy(w)];
+        tensors.extend(self.opt.state().iter().map(copy));
+        Some(Snapshot {
+            step,
+            generation: self.generation,
+            shard: shared.index,
+            shards: shared.shards,
+            ranges: self.ranges.clone(),
+            tensors,
+            numel: shared.numel,
+            optimizer_t: self.opt.t,
+            cursor: CursorState {
+                epoch: self.cursor.epoch,
+                offset: self.cursor.offset,
+            },
+        })
     }
 
     fn apply(&mut self, g: &mut Tensor, samples: u64, lr: f64, clip: Option<f64>) {
@@ -120,6 +183,10 @@ struct Served {
     clip: Option<f64>,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    index: u32,
+    shards: u32,
+    numel: u64,
+    uploader: Option<Uploader>,
 }
 
 /// Elements of a shard's ranges.
@@ -135,6 +202,7 @@ pub fn serve_shard(
     tx: &UnboundedSender<Item>,
     plane: &DataPlane,
     parked: Option<Shard>,
+    storage: Result<Arc<Storage>, String>,
 ) -> Option<Shard> {
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
@@ -153,6 +221,46 @@ pub fn serve_shard(
     let mut shard = match parked {
         Some(s) if s.ranges == me.ranges => s,
         _ => Shard::new(a, me.ranges.clone()),
+    };
+    // A shard without values (a new PS executor, or the whole fleet was
+    // lost) takes its ranges from the newest committed checkpoint.
+    if let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
+    {
+        let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
+        let numel: u64 = a
+            .parameter_servers
+            .iter()
+            .map(|p| shard_len(&p.ranges) as u64)
+            .sum();
+        match crate::checkpoint::load(st, at, &me.ranges, numel, states) {
+            Ok(l) => {
+                shard.restore(&l);
+                log(
+                    LogLevel::Info,
+                    format!(
+                        "PS shard {} restored from the checkpoint of step {} (job {})",
+                        a.key.index, l.step, at.job_id
+                    ),
+                );
+            }
+            Err(e) => log(
+                LogLevel::Warn,
+                format!(
+                    "PS shard {}: cannot restore from the checkpoint of step {}: {e}",
+                    a.key.index, at.step
+                ),
+            ),
+        }
+    }
+    let uploader = match &storage {
+        Ok(st) => Some(Uploader::start(st.clone(), a.key.job_id, tx.clone())),
+        Err(e) => {
+            log(
+                LogLevel::Warn,
+                format!("no checkpoints: the object store cannot be opened: {e}"),
+            );
+            None
+        }
     };
     // A new membership: the half-summed version of the old one is dropped.
     shard.generation = a.key.generation;
@@ -180,6 +288,14 @@ pub fn serve_shard(
         clip: a.spec.optimizer.grad_clip,
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),
+        index: a.key.index,
+        shards: a.parameter_servers.len() as u32,
+        numel: a
+            .parameter_servers
+            .iter()
+            .map(|p| shard_len(&p.ranges) as u64)
+            .sum(),
+        uploader,
     });
     let endpoint = plane.register(
         EndpointKey {
@@ -221,7 +337,10 @@ pub fn serve_shard(
         served.changed.notify_all();
     });
     drop(endpoint);
-    let served = Arc::try_unwrap(served).ok()?;
+    let mut served = Arc::try_unwrap(served).ok()?;
+    if let Some(u) = served.uploader.take() {
+        u.flush(Duration::from_secs(60));
+    }
     let (bytes_in, bytes_out) = (
         served.bytes_in.load(Ordering::Relaxed),
         served.bytes_out.load(Ordering::Relaxed),
@@ -292,6 +411,19 @@ fn connection(
                         offset: h.offset,
                     };
                     served.changed.notify_all();
+                } else if s.restored {
+                    // Restored from a checkpoint while the other shards
+                    // lived on: its values are the checkpoint's, its version
+                    // and cursor follow the job's (sync mode needs one).
+                    s.restored = false;
+                    if h.version > s.version {
+                        s.version = h.version;
+                        s.cursor = Cursor {
+                            epoch: h.epoch,
+                            offset: h.offset,
+                        };
+                        served.changed.notify_all();
+                    }
                 }
                 let mut ack = Header::new(Kind::Ack, generation);
                 ack.version = s.version;
@@ -329,11 +461,16 @@ fn connection(
             Kind::Push => {
                 ps::read_payload(&mut r, &h, len, &mut buf)?;
                 served.bytes_in.fetch_add(len as u64 * 4, Ordering::Relaxed);
-                let (accepted, version) = push(served, from, &h, &buf);
+                let (accepted, version, snap, ask) = push(served, from, &h, &buf);
                 let mut out =
                     Header::new(if accepted { Kind::Ack } else { Kind::Reject }, generation);
                 out.version = version;
+                out.checkpoint = u64::from(ask);
                 ps::write(&mut writer, out, &[])?;
+                if let (Some(snap), Some(u)) = (snap, served.uploader.as_ref()) {
+                    // Blocks while the previous checkpoint is still uploading.
+                    u.submit(snap);
+                }
             }
             other => {
                 return Err(WireError::Protocol(format!(
@@ -346,10 +483,32 @@ fn connection(
 
 /// Takes a pushed gradient: whether it was accepted, and the shard's
 /// version right after (for an applied push, the version it produced).
-fn push(served: &Served, from: u32, h: &Header, grad: &[f32]) -> (bool, u64) {
+fn push(
+    served: &Served,
+    from: u32,
+    h: &Header,
+    grad: &[f32],
+) -> (bool, u64, Option<Snapshot>, bool) {
     let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+    let before = s.version;
     let accepted = take(&mut s, served, from, h, grad);
-    (accepted, s.version)
+    if accepted && h.checkpoint != 0 {
+        s.checkpoint_at = Some(h.checkpoint);
+    }
+    // The update the flagged push was part of is applied: checkpoint it.
+    let snap = if s.version > before {
+        s.checkpoint_at
+            .take()
+            .and_then(|step| s.snapshot(step, served))
+    } else {
+        None
+    };
+    // A draining shard server asks rank 0 for a checkpoint, once.
+    let ask = crate::checkpoint::DRAINING.load(Ordering::Relaxed) && !s.drain_asked;
+    if ask && from == 0 {
+        s.drain_asked = true;
+    }
+    (accepted, s.version, snap, ask && from == 0)
 }
 
 fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> bool {
@@ -617,6 +776,12 @@ pub fn work(
     // Shards that took the current batch's gradient (a partly rejected push
     // is recomputed for the others only, never applied twice).
     let mut accepted = vec![false; links.len()];
+    // Rank 0 decides when the shards checkpoint: it marks one step's pushes
+    // (kept over re-pushes of that step) and every shard checkpoints the
+    // values that step produces.
+    let mut policy = Policy::new(a.spec.checkpoint);
+    let mut flag: Option<u64> = None;
+    let mut asked = false;
     let mut last_log = Instant::now();
     log(
         LogLevel::Info,
@@ -681,6 +846,18 @@ pub fn work(
             return Err(TrainError::Diverged(rep.step + 1));
         }
         let lr = train::learning_rate(&a.spec, rep.step + 1, total);
+        if rank == 0 && flag.is_none() {
+            let step = if consistency == Consistency::Sync {
+                version + 1
+            } else {
+                rep.step + 1
+            };
+            if policy.due(step, policy.vote() || asked, step >= total) {
+                flag = Some(step);
+                policy.written(step);
+                asked = false;
+            }
+        }
         let pushed = Instant::now();
         let skipped_before = accepted.clone();
         let acks = exchange_push(
@@ -692,8 +869,12 @@ pub fn work(
             &grad,
             &b,
             lr,
+            flag.unwrap_or(0),
             stop,
         )?;
+        asked |= acks
+            .iter()
+            .any(|h| h.kind == Kind::Ack && h.checkpoint != 0);
         comm += pushed.elapsed().as_secs_f64();
         // Only what went out: shards that took this batch already got none.
         comm_bytes += acks
@@ -726,6 +907,7 @@ pub fn work(
                 // A sync shard never applies a push twice (it counts one per
                 // worker and version): every step pushes to all of them.
                 accepted.fill(false);
+                flag = None;
                 for (e, v) in expect.iter_mut().zip(&ex.versions) {
                     *e = v + 1;
                 }
@@ -737,6 +919,7 @@ pub fn work(
                     continue;
                 }
                 accepted.fill(false);
+                flag = None;
                 rep.step += 1;
                 local = b.next;
             }
@@ -915,6 +1098,7 @@ fn exchange_push(
     grad: &[f32],
     b: &data::Batch,
     lr: f64,
+    checkpoint: u64,
     stop: &AtomicBool,
 ) -> Result<Vec<Header>, TrainError> {
     let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
@@ -926,6 +1110,7 @@ fn exchange_push(
                 h.version = versions[s];
                 h.samples = b.samples as u64;
                 h.lr = lr;
+                h.checkpoint = checkpoint;
                 (h.epoch, h.offset) = (b.next.epoch, b.next.offset);
                 let skipped = skip[s];
                 let payload = if skipped {

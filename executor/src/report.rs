@@ -43,6 +43,8 @@ pub enum Item {
     Log(LogLevel, String),
     /// The end.
     Outcome(RoleOutcome),
+    /// A checkpoint shard is in the object store.
+    Checkpoint(trainyard_common::checkpoint::ShardUploaded),
 }
 
 /// Delivers `items` for role `key` until the channel closes and all is sent.
@@ -52,6 +54,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
         metrics: Vec::new(),
         logs: Vec::new(),
         outcome: None,
+        checkpoints: Vec::new(),
     };
     let mut seq = 0u64;
     let mut open = true;
@@ -74,11 +77,16 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                     });
                 }
                 Ok(Some(Item::Outcome(o))) => pending.outcome = Some(o),
+                Ok(Some(Item::Checkpoint(c))) => pending.checkpoints.push(c),
                 Ok(None) => open = false,
                 Err(_) => break,
             }
         }
-        if pending.metrics.is_empty() && pending.logs.is_empty() && pending.outcome.is_none() {
+        if pending.metrics.is_empty()
+            && pending.logs.is_empty()
+            && pending.outcome.is_none()
+            && pending.checkpoints.is_empty()
+        {
             if !open {
                 return;
             }
@@ -95,6 +103,9 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             metrics: pending.metrics[..nm].to_vec(),
             logs: pending.logs[..nl].to_vec(),
             outcome: if last { pending.outcome.clone() } else { None },
+            // Shard reports go first: the API commits a checkpoint before
+            // the job's end (at_end) is applied.
+            checkpoints: pending.checkpoints.clone(),
         };
         let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
         let res = sink
@@ -111,6 +122,8 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 }
                 pending.metrics.drain(..nm);
                 pending.logs.drain(..nl);
+                let sent = std::mem::take(&mut pending.checkpoints).len();
+                crate::checkpoint::PENDING.fetch_sub(sent, std::sync::atomic::Ordering::Relaxed);
                 if last {
                     pending.outcome = None;
                 }
@@ -128,7 +141,10 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
         }
         if !open
             && !backoff.is_zero()
-            && !pending.metrics.is_empty() | !pending.logs.is_empty() | pending.outcome.is_some()
+            && !pending.metrics.is_empty()
+                | !pending.logs.is_empty()
+                | pending.outcome.is_some()
+                | !pending.checkpoints.is_empty()
         {
             // The role has ended: nothing new to wait for, but a failed send
             // still waits its backoff instead of spinning.

@@ -25,6 +25,7 @@
 //! shard's values and optimizer state, the worker's model and newest pulled
 //! weights) to the next generation's role on this executor the same way.
 
+use crate::checkpoint::{self, Checkpointing, Policy, Storage, Uploader};
 use crate::report::{self, Item, Sink};
 use crate::train::{self, Replica, TrainError};
 use std::collections::{BTreeMap, HashMap};
@@ -77,18 +78,57 @@ pub struct Roles {
     /// The last worker thread of each (job, device): its replica goes to
     /// the next generation's worker there.
     handovers: Arc<Mutex<HashMap<Slot, Handover>>>,
+    storage: Option<StorageSetup>,
+    /// Threads of roles let go, still finishing (a drain checkpoint).
+    finishing: Vec<Handover>,
+    /// The store opened for the URL the API gave.
+    opened: Mutex<Option<(String, Arc<Storage>)>>,
+}
+
+/// How roles reach the object store.
+#[derive(Clone)]
+pub struct StorageSetup {
+    /// Object-store options (`aws_endpoint=…`, …).
+    pub options: Vec<(String, String)>,
+    /// The local cache tier.
+    pub cache: Arc<trainyard_store::cache::Cache>,
+    /// The runtime the store's I/O runs on.
+    pub rt: tokio::runtime::Handle,
 }
 
 impl Roles {
-    /// Roles that report to `sink` and talk to peers through `plane`.
-    pub fn new(sink: Sink, plane: Arc<DataPlane>) -> Roles {
+    /// Roles that report to `sink`, talk to peers through `plane` and
+    /// keep checkpoints and weights in the store `storage` reaches.
+    pub fn new(sink: Sink, plane: Arc<DataPlane>, storage: StorageSetup) -> Roles {
         Roles {
             running: BTreeMap::new(),
             sink: Some(sink),
             inspecting: Default::default(),
             plane: Some(plane),
             handovers: Default::default(),
+            storage: Some(storage),
+            finishing: Vec::new(),
+            opened: Mutex::new(None),
         }
+    }
+
+    /// The store at `url`, opened once.
+    fn storage(&self, url: &str) -> Result<Arc<Storage>, String> {
+        let setup = self.storage.as_ref().ok_or("no object store configured")?;
+        let mut opened = self.opened.lock().map_err(|_| "poisoned")?;
+        if let Some((u, s)) = opened.as_ref() {
+            if u == url {
+                return Ok(s.clone());
+            }
+        }
+        let s = Arc::new(Storage::open(
+            url,
+            &setup.options,
+            setup.cache.clone(),
+            setup.rt.clone(),
+        )?);
+        *opened = Some((url.to_owned(), s.clone()));
+        Ok(s)
     }
 
     /// Starts inspecting the TorchScript files it was asked to, once each.
@@ -135,6 +175,16 @@ impl Roles {
         }
     }
 
+    /// Waits up to `timeout` for the threads of roles let go to end (a
+    /// draining rank writes its checkpoint on the way out).
+    pub fn wait_stopped(&mut self, timeout: Duration) {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until && self.finishing.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.finishing.retain(|t| !t.is_finished());
+    }
+
     /// The roles running now, as reported in heartbeats.
     pub fn running(&self) -> Vec<RoleKey> {
         self.running.values().map(|r| r.key).collect()
@@ -171,12 +221,22 @@ impl Roles {
         if let Ok(mut h) = self.handovers.lock() {
             // A worker's state follows the job on this executor's devices; a
             // shard's only its own index.
-            h.retain(|(job, kind, index), _| {
-                wanted.keys().any(|(j, k, i)| {
-                    j == job && k == kind && (*kind == RoleKind::Worker || i == index)
+            let gone: Vec<Slot> = h
+                .keys()
+                .filter(|(job, kind, index)| {
+                    !wanted.keys().any(|(j, k, i)| {
+                        j == job && k == kind && (*kind == RoleKind::Worker || i == index)
+                    })
                 })
-            });
+                .copied()
+                .collect();
+            for slot in gone {
+                if let Some(t) = h.remove(&slot) {
+                    self.finishing.push(t);
+                }
+            }
         }
+        self.finishing.retain(|t| !t.is_finished());
         for (k, a) in wanted {
             if self.running.contains_key(&k) {
                 continue;
@@ -197,6 +257,7 @@ impl Roles {
             .as_ref()
             .and_then(|s| s.object_store.read().ok().map(|o| o.clone()))
             .unwrap_or_default();
+        let storage = self.storage(&object_store);
         let slot = match a.key.role {
             RoleKind::Worker => (a.key.job_id, RoleKind::Worker, a.device.unwrap_or(0)),
             other => (a.key.job_id, other, a.key.index),
@@ -211,12 +272,12 @@ impl Roles {
             .spawn(move || {
                 let parked = previous.and_then(|h| h.join().ok()).unwrap_or_default();
                 if a.key.role == RoleKind::Worker {
-                    return worker(a, stop, tx, object_store, plane, parked);
+                    return worker(a, stop, tx, storage, plane, parked);
                 }
                 let Some(plane) = plane else {
                     return Parked::default();
                 };
-                let shard = crate::ps::serve_shard(&a, &stop, &tx, &plane, parked.shard);
+                let shard = crate::ps::serve_shard(&a, &stop, &tx, &plane, parked.shard, storage);
                 Parked {
                     shard,
                     ..Parked::default()
@@ -261,7 +322,7 @@ fn worker(
     a: Assignment,
     stop: Arc<AtomicBool>,
     tx: UnboundedSender<Item>,
-    object_store: String,
+    storage: Result<Arc<Storage>, String>,
     plane: Option<Arc<DataPlane>>,
     parked: Parked,
 ) -> Parked {
@@ -316,12 +377,72 @@ fn worker(
         ),
     );
     if a.strategy == Strategy::ParameterServer {
-        return ps_worker(&a, rank, device, replica, &stop, &tx, &object_store);
+        return ps_worker(&a, rank, device, replica, &stop, &tx, &storage);
     }
+    let mut ckpt = match &storage {
+        Ok(s) => Some(Checkpointing {
+            policy: Policy::new(a.spec.checkpoint),
+            uploader: Uploader::start(s.clone(), a.key.job_id, tx.clone()),
+            generation: a.key.generation,
+        }),
+        Err(e) => {
+            log(
+                LogLevel::Warn,
+                format!("no checkpoints: the object store cannot be opened: {e}"),
+            );
+            None
+        }
+    };
+    // Where a rank without state starts: the job's newest committed
+    // checkpoint (or the one its spec resumes from).
+    let resume = |r: &mut Replica| -> Result<(), String> {
+        let (Some(at), Ok(s)) = (a.resume.as_ref(), storage.as_ref()) else {
+            return Err("no checkpoint to resume from".into());
+        };
+        let states = crate::train::optim::FlatOptimizer::state_tensors(a.spec.optimizer.kind);
+        let all = trainyard_common::checkpoint::flat_to_ranges(&r.layout(), 0, r.numel());
+        let hits = s.cache.hits.load(Ordering::Relaxed);
+        let loaded = checkpoint::load(s, at, &all, r.numel() as u64, states)?;
+        r.restore(&loaded).map_err(|e| e.to_string())?;
+        let warm = s.cache.hits.load(Ordering::Relaxed) - hits;
+        log(
+            LogLevel::Info,
+            format!(
+                "resumed from the checkpoint of step {} (job {}){}",
+                loaded.step,
+                at.job_id,
+                if warm > 0 {
+                    format!(", {warm} shard(s) read from the local cache")
+                } else {
+                    String::new()
+                }
+            ),
+        );
+        Ok(())
+    };
+    // A drained rank leaves a whole checkpoint (it holds the whole state).
+    let drain_checkpoint = |replica: &Option<Replica>, ckpt: &mut Option<Checkpointing>| {
+        let (Some(r), Some(c)) = (replica.as_ref(), ckpt.as_mut()) else {
+            return;
+        };
+        if !checkpoint::DRAINING.load(Ordering::Relaxed)
+            || c.policy.last_step() == Some(r.step)
+            || r.step == 0
+        {
+            return;
+        }
+        log(
+            LogLevel::Info,
+            format!("draining: writing a checkpoint of step {}", r.step),
+        );
+        train::write_slice(r, c, 0, 1);
+        c.uploader.flush(Duration::from_secs(60));
+    };
     // Trained to the end (and stays around to be joined).
     let mut done = false;
     loop {
         if stop.load(Ordering::Relaxed) {
+            drain_checkpoint(&replica, &mut ckpt);
             return Parked {
                 replica,
                 broke_at,
@@ -352,7 +473,15 @@ fn worker(
             }
         };
         let result = guarded(|| {
-            let source = train::join(&mut ring, &mut replica, &a.spec, device, &stop)?;
+            let load: &dyn Fn(&mut Replica) -> Result<(), String> = &resume;
+            let source = train::join(
+                &mut ring,
+                &mut replica,
+                &a.spec,
+                device,
+                &stop,
+                a.resume.as_ref().map(|_| load),
+            )?;
             let Some(r) = replica.as_mut() else {
                 return Err(TrainError::Unsupported("no replica after joining".into()));
             };
@@ -413,7 +542,7 @@ fn worker(
                     ));
                 }
             };
-            train::train(r, &mut ring, &stop, &mut on_step)
+            train::train_with(r, &mut ring, &stop, &mut on_step, ckpt.as_mut())
         });
         match result {
             Ok(out) => {
@@ -429,7 +558,11 @@ fn worker(
                         ),
                     );
                     if rank == 0 {
-                        finish(&a, &out, &object_store, &tx);
+                        // The final checkpoint is in before the job ends.
+                        if let Some(c) = ckpt.as_ref() {
+                            c.uploader.flush(Duration::from_secs(120));
+                        }
+                        finish(&a, &out, &storage, &tx);
                     }
                 }
                 done = true;
@@ -456,14 +589,16 @@ fn worker(
                 }
             }
             Err(TrainError::Stopped) => {
+                drain_checkpoint(&replica, &mut ckpt);
                 return Parked {
                     replica,
                     broke_at,
                     shard: None,
-                }
+                };
             }
             Err(TrainError::Ring(e)) => {
                 if stop.load(Ordering::Relaxed) {
+                    drain_checkpoint(&replica, &mut ckpt);
                     return Parked {
                         replica,
                         broke_at,
@@ -501,7 +636,7 @@ fn ps_worker(
     mut replica: Option<Replica>,
     stop: &AtomicBool,
     tx: &UnboundedSender<Item>,
-    object_store: &str,
+    storage: &Result<Arc<Storage>, String>,
 ) -> Parked {
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
@@ -518,7 +653,7 @@ fn ps_worker(
         match result {
             // The finished model is kept for a generation that may still come.
             Ok(Some(out)) => {
-                finish(a, &out, object_store, tx);
+                finish(a, &out, storage, tx);
                 return Parked {
                     replica,
                     ..Parked::default()
@@ -561,8 +696,17 @@ fn ps_worker(
 }
 
 /// Rank 0's end: the weights to the object store and the job's outcome.
-fn finish(a: &Assignment, out: &train::Outcome, object_store: &str, tx: &UnboundedSender<Item>) {
-    let outcome = match write_weights(object_store, a.key.job_id, &out.weights) {
+fn finish(
+    a: &Assignment,
+    out: &train::Outcome,
+    storage: &Result<Arc<Storage>, String>,
+    tx: &UnboundedSender<Item>,
+) {
+    let written = storage
+        .as_ref()
+        .map_err(|e| format!("cannot open the object store: {e}"))
+        .and_then(|s| write_weights(s, a.key.job_id, &out.weights));
+    let outcome = match written {
         Ok(url) => {
             let _ = tx.send(Item::Log(
                 LogLevel::Info,
@@ -590,23 +734,24 @@ fn finish(a: &Assignment, out: &train::Outcome, object_store: &str, tx: &Unbound
     let _ = tx.send(Item::Outcome(outcome));
 }
 
-/// Writes the final weights to `{store}/{job}/final/model.safetensors`.
+/// Writes the final weights to `{store}/{job}/final/model.safetensors`
+/// (through a local file: libtorch writes safetensors to paths).
 fn write_weights(
-    store: &str,
+    storage: &Storage,
     job: Uuid,
     weights: &[(String, tch::Tensor)],
 ) -> Result<String, String> {
-    let root = store.strip_prefix("file://").ok_or_else(|| {
-        format!("this executor writes to file:// object stores only so far, got {store}")
-    })?;
-    let dir = std::path::Path::new(root)
-        .join(job.to_string())
-        .join("final");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let path = dir.join("model.safetensors");
-    tch::Tensor::write_safetensors(weights, &path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(format!("file://{}", path.display()))
+    let tmp = storage.cache.dir().join(format!(
+        "final-{job}-{}.safetensors.tmp",
+        std::process::id()
+    ));
+    tch::Tensor::write_safetensors(weights, &tmp)
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    let bytes = std::fs::read(&tmp).map_err(|e| format!("cannot read {}: {e}", tmp.display()));
+    let _ = std::fs::remove_file(&tmp);
+    let key = trainyard_common::checkpoint::model_key(job);
+    storage.put(&key, bytes?.into())?;
+    Ok(storage.store.url_of(&key))
 }
 
 /// Loads a TorchScript file and lists its trainable tensors.

@@ -125,7 +125,7 @@ impl Store {
     fn path(&self, key: &str) -> Path {
         let mut p = self.prefix.clone();
         for part in key.split('/').filter(|s| !s.is_empty()) {
-            p = p.clone().join(part);
+            p = p.join(part);
         }
         p
     }
@@ -173,7 +173,11 @@ impl Store {
 
     /// Reads the object at `key`.
     pub async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
-        let r = self.inner.get(&self.path(key)).await.map_err(self.io(key))?;
+        let r = self
+            .inner
+            .get(&self.path(key))
+            .await
+            .map_err(self.io(key))?;
         r.bytes().await.map_err(self.io(key))
     }
 
@@ -188,7 +192,11 @@ impl Store {
         ),
         StoreError,
     > {
-        let r = self.inner.get(&self.path(key)).await.map_err(self.io(key))?;
+        let r = self
+            .inner
+            .get(&self.path(key))
+            .await
+            .map_err(self.io(key))?;
         Ok((r.meta.size, r.into_stream()))
     }
 
@@ -254,10 +262,14 @@ mod tests {
     async fn local_files_round_trip_and_list() {
         let dir = tmp("rt");
         let s = Store::open(&format!("file://{}", dir.display()), &[]).unwrap();
-        s.put("j/step-1/a", Bytes::from_static(b"abc")).await.unwrap();
+        s.put("j/step-1/a", Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
         // Above the part size: a multipart upload.
         let big: Vec<u8> = (0..MULTIPART_PART * 2 + 5).map(|i| i as u8).collect();
-        s.put("j/step-1/big", Bytes::from(big.clone())).await.unwrap();
+        s.put("j/step-1/big", Bytes::from(big.clone()))
+            .await
+            .unwrap();
         assert_eq!(s.get("j/step-1/big").await.unwrap(), big);
         assert_eq!(
             s.list("j").await.unwrap(),
@@ -273,10 +285,7 @@ mod tests {
         ));
         assert_eq!(s.delete_prefix("j/step-1").await.unwrap(), 2);
         assert!(s.list("j").await.unwrap().is_empty());
-        assert_eq!(
-            s.url_of("x/y"),
-            format!("file://{}/x/y", dir.display())
-        );
+        assert_eq!(s.url_of("x/y"), format!("file://{}/x/y", dir.display()));
         assert_eq!(s.key_of(&s.url_of("x/y")), Some("x/y"));
     }
 
@@ -284,12 +293,9 @@ mod tests {
     fn bad_urls_are_named() {
         let e = Store::open("nonsense", &[]).unwrap_err().to_string();
         assert!(e.contains("nonsense"), "{e}");
-        let e = Store::open(
-            "s3://b/p",
-            &[("aws_colour".to_owned(), "blue".to_owned())],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = Store::open("s3://b/p", &[("aws_colour".to_owned(), "blue".to_owned())])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("aws_colour"), "{e}");
     }
 }

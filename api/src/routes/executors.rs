@@ -499,10 +499,19 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
             entry.mine.push((key, device));
         }
     }
-    let mut out = Vec::new();
-    for (_, j) in jobs {
+    let mut specs = BTreeMap::new();
+    for (id, j) in &jobs {
         let spec: JobSpecInput =
-            serde_json::from_value(j.spec).map_err(|e| ApiError::Internal(e.into()))?;
+            serde_json::from_value(j.spec.clone()).map_err(|e| ApiError::Internal(e.into()))?;
+        specs.insert(*id, spec);
+    }
+    let wanted: Vec<_> = specs.iter().map(|(id, s)| (*id, s.resume_from)).collect();
+    let resume = crate::routes::checkpoints::resume_points(&st.db, &wanted).await?;
+    let mut out = Vec::new();
+    for (id, j) in jobs {
+        let Some(spec) = specs.remove(&id) else {
+            continue;
+        };
         for (key, device) in j.mine {
             out.push(Assignment {
                 key,
@@ -512,6 +521,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 spec: spec.clone(),
                 workers: j.workers.clone(),
                 parameter_servers: j.ps.clone(),
+                resume: resume.get(&id).cloned(),
             });
         }
     }

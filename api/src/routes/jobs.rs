@@ -237,6 +237,25 @@ pub async fn submit(
 ) -> ApiResult<Response> {
     let key = idempotency_key(&headers)?;
     let spec = JobSpec::from_json(&body)?;
+    if let Some(from) = spec.resume_from {
+        let found = crate::routes::checkpoints::find(&st.db, from.job_id, from.step).await?;
+        if found.is_none() {
+            let (field, what) = match from.step {
+                Some(step) => (
+                    "resume_from.step",
+                    format!(
+                        "job {} has no committed checkpoint of step {step}",
+                        from.job_id
+                    ),
+                ),
+                None => (
+                    "resume_from.job_id",
+                    format!("job {} has no committed checkpoint", from.job_id),
+                ),
+            };
+            return Err(ApiError::invalid_field(field, what));
+        }
+    }
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     // Hash of the canonical (validated, re-serialized) spec: a retry with
     // different whitespace or key order is still the same request.

@@ -7,6 +7,7 @@
 //! not. Unknown routes and wrong methods answer with problem details too.
 
 pub mod assignments;
+pub mod checkpoints;
 pub mod executors;
 pub mod health;
 pub mod jobs;
@@ -36,6 +37,8 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
         .route("/jobs/{id}/assignments", get(assignments::assignments))
+        .route("/jobs/{id}/checkpoints", get(checkpoints::list))
+        .route("/jobs/{id}/model", get(checkpoints::model))
         .route("/events/stream", get(stream::stream))
         .route("/jobs/{id}/metrics", get(telemetry::metrics))
         .route("/jobs/{id}/logs", get(telemetry::logs))

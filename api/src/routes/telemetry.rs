@@ -95,6 +95,7 @@ pub async fn report(
         ));
     }
     let key = r.key;
+    crate::routes::checkpoints::validate(&key, &r.checkpoints)?;
     ensure_job(&st.db, key.job_id).await?;
     let rank = if key.role == trainyard_common::cluster::RoleKind::Worker {
         key.index as i32
@@ -226,6 +227,7 @@ pub async fn report(
         }
     }
     tx.commit().await?;
+    crate::routes::checkpoints::record(&st, key.job_id, &r.checkpoints).await?;
     Ok(Json(ReportAck {
         metrics_stored,
         logs_stored,

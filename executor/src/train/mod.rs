@@ -171,6 +171,9 @@ pub struct Replica {
     last_loss: f64,
     eval_loss: Option<f64>,
     eval_accuracy: Option<f64>,
+    /// This rank asks for a checkpoint at the coming step (summed over the
+    /// ring with the gradient).
+    vote: bool,
 }
 
 /// Words of metadata at the end of an exported state.
@@ -243,6 +246,7 @@ impl Replica {
             last_loss: f64::NAN,
             eval_loss: None,
             eval_accuracy: None,
+            vote: false,
         };
         replica.bind();
         Ok(replica)
@@ -339,6 +343,57 @@ impl Replica {
         self.cursor = Cursor {
             epoch: words_u64(&meta[4..6]),
             offset: words_u64(&meta[6..8]),
+        };
+        Ok(())
+    }
+
+    /// Flat elements `[start, end)` of the weights and of each optimizer
+    /// state tensor (zeros before the first update), on the CPU.
+    pub fn snapshot(&self, start: usize, end: usize) -> Vec<Vec<f32>> {
+        let len = end - start;
+        let mut out = vec![self.read_range(start, len)];
+        let states = FlatOptimizer::state_tensors(self.spec.optimizer.kind);
+        for i in 0..states {
+            let mut v = vec![0f32; len];
+            if let Some(t) = self.opt.as_ref().and_then(|o| o.state().get(i)) {
+                t.narrow(0, start as i64, len as i64)
+                    .to_device(tch::Device::Cpu)
+                    .copy_data(&mut v, len);
+            }
+            out.push(v);
+        }
+        out
+    }
+
+    /// The optimizer's update count.
+    pub fn optimizer_t(&self) -> u64 {
+        self.opt.as_ref().map_or(0, |o| o.t)
+    }
+
+    /// Takes over a whole checkpoint: weights, the optimizer state when it
+    /// was kept for this optimizer, the step and the data cursor.
+    pub fn restore(&mut self, l: &crate::checkpoint::Loaded) -> Result<(), TrainError> {
+        if l.tensors.first().map(Vec::len) != Some(self.numel) {
+            return Err(TrainError::Unsupported(
+                "the checkpoint does not hold this model's weights".into(),
+            ));
+        }
+        let device = self.device;
+        let load = |t: &mut Tensor, src: &[f32]| {
+            tch::no_grad(|| t.copy_(&Tensor::from_slice(src).to_device(device)))
+        };
+        load(&mut self.weights, &l.tensors[0]);
+        let opt = self.optimizer();
+        if l.tensors.len() == 1 + opt.state().len() {
+            for (t, src) in opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
+                load(t, src);
+            }
+            opt.t = l.optimizer_t;
+        }
+        self.step = l.step;
+        self.cursor = Cursor {
+            epoch: l.cursor.epoch,
+            offset: l.cursor.offset,
         };
         Ok(())
     }
@@ -549,7 +604,7 @@ impl Replica {
             // Alone: the gradient stays where it is, on its device.
             (b.samples as f32, loss_sum, flat)
         } else {
-            self.buf.resize(n + 2, 0.0);
+            self.buf.resize(n + 3, 0.0);
             match &flat {
                 Some(f) => f
                     .to_device(tch::Device::Cpu)
@@ -558,6 +613,7 @@ impl Replica {
             }
             self.buf[n] = b.samples as f32;
             self.buf[n + 1] = loss_sum as f32;
+            self.buf[n + 2] = f32::from(u8::from(self.vote));
             match self.spec.compression {
                 Compression::None => ring.allreduce(&mut self.buf, stop)?,
                 Compression::Bf16 => {
@@ -569,6 +625,11 @@ impl Replica {
             }
             let summed = Tensor::from_slice(&self.buf[..n]).to_device(self.device);
             (self.buf[n], f64::from(self.buf[n + 1]), Some(summed))
+        };
+        let votes = if ring.world() == 1 {
+            f32::from(u8::from(self.vote))
+        } else {
+            self.buf[n + 2]
         };
         let comm = comm_started.elapsed().as_secs_f64();
         let comm_bytes = ring.stats().bytes_sent.load(Ordering::Relaxed) - sent_before;
@@ -596,6 +657,7 @@ impl Replica {
             compute,
             comm,
             comm_bytes,
+            votes,
         })
     }
 }
@@ -607,6 +669,8 @@ struct StepFigures {
     compute: f64,
     comm: f64,
     comm_bytes: u64,
+    /// Ranks that asked for a checkpoint at this step.
+    votes: f32,
 }
 
 /// Brings the members of a (new) ring to one state: the members share
@@ -622,9 +686,23 @@ pub fn join(
     spec: &JobSpecInput,
     device: tch::Device,
     stop: &AtomicBool,
+    resume: Option<&dyn Fn(&mut Replica) -> Result<(), String>>,
 ) -> Result<Option<u32>, TrainError> {
     let have = slot.as_ref().map_or([0, 0], |r| [1, r.step]);
-    let all = ring.allgather_u64(&have, stop)?;
+    let mut all = ring.allgather_u64(&have, stop)?;
+    // Nobody holds the job's state (a new job, or its whole fleet was
+    // lost): every rank loads the committed checkpoint itself; a rank whose
+    // load failed then receives the state like a new member.
+    if let Some(load) = resume.filter(|_| slot.is_none() && all.iter().all(|a| a[0] == 0)) {
+        let mut r = Replica::new(spec, device)?;
+        if let Err(e) = load(&mut r) {
+            tracing::warn!(error = %e, "could not load the checkpoint; taking the state from a peer");
+            r = Replica::new(spec, device)?;
+        }
+        let have = [u64::from(r.step > 0), r.step];
+        *slot = Some(r);
+        all = ring.allgather_u64(&have, stop)?;
+    }
     let source = (0..all.len())
         .filter(|&i| all[i][0] == 1)
         .max_by_key(|&i| (all[i][1], std::cmp::Reverse(i)))
@@ -662,6 +740,18 @@ pub fn train(
     stop: &AtomicBool,
     on_step: &mut dyn FnMut(&StepStats),
 ) -> Result<Outcome, TrainError> {
+    train_with(replica, ring, stop, on_step, None)
+}
+
+/// [`train`], writing checkpoints as `ckpt`'s policy says: each rank
+/// writes its slice of the flat weights and optimizer state.
+pub fn train_with(
+    replica: &mut Replica,
+    ring: &mut Ring,
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&StepStats),
+    mut ckpt: Option<&mut crate::checkpoint::Checkpointing>,
+) -> Result<Outcome, TrainError> {
     let (rank, world) = (ring.rank(), ring.world());
     let spec = replica.spec.clone();
     let total = replica.total_steps(world);
@@ -678,7 +768,15 @@ pub fn train(
         };
         let data_seconds = waited.elapsed().as_secs_f64();
         let lr = learning_rate(&spec, replica.step + 1, total);
+        replica.vote = ckpt.as_ref().is_some_and(|c| c.policy.vote());
         let f = replica.step(b, ring, lr, stop)?;
+        if let Some(c) = ckpt.as_deref_mut() {
+            if c.policy
+                .due(replica.step, f.votes > 0.0, replica.finished())
+            {
+                write_slice(replica, c, rank, world);
+            }
+        }
         let mut stats = StepStats {
             step: replica.step,
             loss: f.loss,
@@ -710,6 +808,33 @@ pub fn train(
         weights: replica.weights(),
         weights_sha256: replica.weights_sha256(),
     })
+}
+
+/// Hands this rank's slice of the replica's state to the uploader.
+pub fn write_slice(
+    replica: &Replica,
+    c: &mut crate::checkpoint::Checkpointing,
+    rank: u32,
+    world: u32,
+) {
+    use trainyard_common::checkpoint::{flat_to_ranges, ring_slice, CursorState};
+    let (a, b) = ring_slice(replica.numel, rank, world);
+    let snap = crate::checkpoint::Snapshot {
+        step: replica.step,
+        generation: c.generation,
+        shard: rank,
+        shards: world,
+        ranges: flat_to_ranges(&replica.layout(), a, b),
+        tensors: replica.snapshot(a, b),
+        numel: replica.numel as u64,
+        optimizer_t: replica.optimizer_t(),
+        cursor: CursorState {
+            epoch: replica.cursor.epoch,
+            offset: replica.cursor.offset,
+        },
+    };
+    c.policy.written(replica.step);
+    c.uploader.submit(snap);
 }
 
 /// Trains `spec` alone (a ring of one) on `device`, calling `on_step` after

@@ -196,7 +196,8 @@ fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
                     };
                     let mut ring = Ring::connect(plane, &cfg, &stop).unwrap();
                     let mut slot = Some(replica);
-                    let source = join(&mut ring, &mut slot, s, tch::Device::Cpu, &stop).unwrap();
+                    let source =
+                        join(&mut ring, &mut slot, s, tch::Device::Cpu, &stop, None).unwrap();
                     assert_eq!(source, None, "equal fresh replicas need no broadcast");
                     super::train(slot.as_mut().unwrap(), &mut ring, &stop, &mut |_| {}).unwrap()
                 })

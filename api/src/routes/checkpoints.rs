@@ -1,0 +1,400 @@
+//! Checkpoints: committing them, keeping the newest K, and serving them.
+//!
+//! Roles upload their shards themselves (through their executor's local
+//! cache tier) and report each one with their role report. This module
+//! records the reports and, once every shard of one step (and generation)
+//! is in, writes `manifest.json` to the object store — the commit point —
+//! and then the `checkpoints` row. After a commit it applies the job's
+//! retention (rows first, then objects) and deletes the objects of
+//! checkpoints that never committed and never will (older than the newest
+//! committed one). A checkpoint without a manifest is never handed to a
+//! role.
+//!
+//! `GET /v1/jobs/{id}/checkpoints` lists the committed ones;
+//! `GET /v1/jobs/{id}/model` streams the final weights (safetensors).
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::JobId;
+use crate::routes::jobs::ensure_job;
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use std::collections::BTreeSet;
+use trainyard_common::checkpoint::{
+    manifest_key, model_key, parse_step_dir, shard_key, step_dir, CheckpointRef, CursorState,
+    Manifest, ShardUploaded,
+};
+use trainyard_common::cluster::RoleKey;
+use trainyard_common::JobSpecInput;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Most shards one checkpoint may have.
+pub const MAX_SHARDS: u32 = 4096;
+
+/// One committed checkpoint.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointInfo {
+    /// Global step.
+    pub step: u64,
+    /// Generation whose cluster wrote it.
+    pub generation: i64,
+    /// Shards.
+    pub shards: u32,
+    /// Bytes of all shards.
+    pub bytes: u64,
+    /// The data cursor after the step.
+    pub cursor: CursorState,
+    /// The manifest's URL.
+    pub manifest_url: String,
+    /// When it was committed.
+    pub committed_at: DateTime<Utc>,
+}
+
+/// `GET /v1/jobs/{id}/checkpoints`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointList {
+    /// Job id.
+    pub job_id: Uuid,
+    /// How many the job keeps.
+    pub keep: u32,
+    /// Committed checkpoints, newest first.
+    pub checkpoints: Vec<CheckpointInfo>,
+}
+
+/// Checks the shard reports of a role report; names the first bad field.
+pub fn validate(key: &RoleKey, shards: &[ShardUploaded]) -> ApiResult<()> {
+    for (i, s) in shards.iter().enumerate() {
+        let bad = |field: &str, why: String| {
+            Err(ApiError::invalid_field(
+                &format!("checkpoints[{i}].{field}"),
+                why,
+            ))
+        };
+        if s.shards == 0 || s.shards > MAX_SHARDS {
+            return bad("shards", format!("must be 1–{MAX_SHARDS}"));
+        }
+        if s.shard >= s.shards {
+            return bad("shard", "must be less than shards".into());
+        }
+        if s.step > i64::MAX as u64 || s.bytes > i64::MAX as u64 {
+            return bad("step", "out of range".into());
+        }
+        if s.key != shard_key(key.job_id, s.step, s.shard) {
+            return bad(
+                "key",
+                format!(
+                    "must be {} for this job, step and shard",
+                    shard_key(key.job_id, s.step, s.shard)
+                ),
+            );
+        }
+        if s.ranges.is_empty() || s.ranges.iter().any(|r| r.start >= r.end) {
+            return bad("ranges", "must be non-empty pieces with start < end".into());
+        }
+        if s.sha256.len() != 64 || !s.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return bad("sha256", "must be 64 hex digits".into());
+        }
+    }
+    Ok(())
+}
+
+/// Records shard reports and commits every checkpoint they complete.
+pub async fn record(st: &AppState, job: Uuid, shards: &[ShardUploaded]) -> ApiResult<()> {
+    let mut touched = BTreeSet::new();
+    for s in shards {
+        sqlx::query(
+            "INSERT INTO checkpoint_shards (job_id, step, generation, shard, shards, report)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (job_id, step, generation, shard) DO UPDATE SET report = EXCLUDED.report, shards = EXCLUDED.shards",
+        )
+        .bind(job)
+        .bind(s.step as i64)
+        .bind(s.generation)
+        .bind(s.shard as i32)
+        .bind(s.shards as i32)
+        .bind(serde_json::to_value(s).map_err(|e| ApiError::Internal(e.into()))?)
+        .execute(&st.db)
+        .await?;
+        touched.insert((s.step, s.generation));
+    }
+    for (step, generation) in touched {
+        commit_if_complete(st, job, step, generation).await?;
+    }
+    Ok(())
+}
+
+async fn commit_if_complete(st: &AppState, job: Uuid, step: u64, generation: i64) -> ApiResult<()> {
+    let committed: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE job_id = $1 AND step = $2)",
+    )
+    .bind(job)
+    .bind(step as i64)
+    .fetch_one(&st.db)
+    .await?;
+    if committed {
+        return Ok(());
+    }
+    let rows: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT report FROM checkpoint_shards WHERE job_id = $1 AND step = $2 AND generation = $3 ORDER BY shard",
+    )
+    .bind(job)
+    .bind(step as i64)
+    .bind(generation)
+    .fetch_all(&st.db)
+    .await?;
+    let reports: Vec<ShardUploaded> = rows
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
+    let Some(manifest) = Manifest::from_reports(job, &reports) else {
+        return Ok(());
+    };
+    let key = manifest_key(job, step);
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ApiError::Internal(e.into()))?;
+    st.store
+        .put(&key, json.into())
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("cannot write the manifest: {e}")))?;
+    let inserted = sqlx::query(
+        "INSERT INTO checkpoints (job_id, step, generation, shards, bytes, manifest_key, manifest)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+    )
+    .bind(job)
+    .bind(step as i64)
+    .bind(manifest.generation)
+    .bind(manifest.shards.len() as i32)
+    .bind(manifest.bytes as i64)
+    .bind(&key)
+    .bind(serde_json::to_value(&manifest).map_err(|e| ApiError::Internal(e.into()))?)
+    .execute(&st.db)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'checkpoint', $2, $3)",
+    )
+    .bind(job)
+    .bind(format!(
+        "checkpoint of step {step} committed: {} shard(s), {} bytes",
+        manifest.shards.len(),
+        manifest.bytes
+    ))
+    .bind(serde_json::json!({"step": step, "manifest_url": st.store.url_of(&key)}))
+    .execute(&st.db)
+    .await?;
+    tracing::info!(%job, step, shards = manifest.shards.len(), bytes = manifest.bytes, "checkpoint committed");
+    if let Err(e) = tidy(st, job).await {
+        tracing::warn!(%job, error = %e, "checkpoint retention or clean-up failed; retried at the next commit");
+    }
+    Ok(())
+}
+
+/// Keeps the job's newest K committed checkpoints and removes objects of
+/// uncommitted ones older than the newest committed.
+async fn tidy(st: &AppState, job: Uuid) -> anyhow::Result<()> {
+    let spec: serde_json::Value = sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_one(&st.db)
+        .await?;
+    let keep = serde_json::from_value::<JobSpecInput>(spec)
+        .map(|s| s.checkpoint.keep)
+        .unwrap_or(3)
+        .max(1);
+    let dropped: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM checkpoints WHERE job_id = $1 AND step IN
+           (SELECT step FROM checkpoints WHERE job_id = $1 ORDER BY step DESC OFFSET $2)
+         RETURNING step",
+    )
+    .bind(job)
+    .bind(i64::from(keep))
+    .fetch_all(&st.db)
+    .await?;
+    for step in &dropped {
+        st.store.delete_prefix(&step_dir(job, *step as u64)).await?;
+    }
+    let kept: Vec<i64> =
+        sqlx::query_scalar("SELECT step FROM checkpoints WHERE job_id = $1 ORDER BY step")
+            .bind(job)
+            .fetch_all(&st.db)
+            .await?;
+    let Some(&newest) = kept.last() else {
+        return Ok(());
+    };
+    sqlx::query("DELETE FROM checkpoint_shards WHERE job_id = $1 AND step <= $2")
+        .bind(job)
+        .bind(newest)
+        .execute(&st.db)
+        .await?;
+    let kept: BTreeSet<u64> = kept.into_iter().map(|s| s as u64).collect();
+    let mut partial = BTreeSet::new();
+    for (key, _) in st.store.list(&job.to_string()).await? {
+        let step = key.split('/').nth(1).and_then(parse_step_dir);
+        if let Some(step) = step.filter(|s| *s < newest as u64 && !kept.contains(s)) {
+            partial.insert(step);
+        }
+    }
+    for step in partial {
+        tracing::info!(%job, step, "removing a checkpoint that never committed");
+        st.store.delete_prefix(&step_dir(job, step)).await?;
+    }
+    Ok(())
+}
+
+/// The checkpoint each job's roles start from when they hold no state: the
+/// job's newest committed one, else the one its spec resumes from.
+pub async fn resume_points(
+    db: &sqlx::PgPool,
+    jobs: &[(Uuid, Option<trainyard_common::spec::ResumeFrom>)],
+) -> Result<std::collections::BTreeMap<Uuid, CheckpointRef>, sqlx::Error> {
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
+    let rows = sqlx::query(
+        "SELECT DISTINCT ON (job_id) job_id, step, manifest_key FROM checkpoints
+         WHERE job_id = ANY($1) ORDER BY job_id, step DESC",
+    )
+    .bind(&ids)
+    .fetch_all(db)
+    .await?;
+    let mut out = std::collections::BTreeMap::new();
+    for r in rows {
+        let job_id: Uuid = r.try_get("job_id")?;
+        out.insert(
+            job_id,
+            CheckpointRef {
+                job_id,
+                step: r.try_get::<i64, _>("step")? as u64,
+                manifest: r.try_get("manifest_key")?,
+            },
+        );
+    }
+    for (job, from) in jobs {
+        if out.contains_key(job) {
+            continue;
+        }
+        if let Some(f) = from {
+            if let Some(c) = find(db, f.job_id, f.step).await? {
+                out.insert(*job, c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A committed checkpoint of `job`: at `step`, or its newest.
+pub async fn find(
+    db: &sqlx::PgPool,
+    job: Uuid,
+    step: Option<u64>,
+) -> Result<Option<CheckpointRef>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT step, manifest_key FROM checkpoints WHERE job_id = $1 AND ($2::bigint IS NULL OR step = $2)
+         ORDER BY step DESC LIMIT 1",
+    )
+    .bind(job)
+    .bind(step.map(|s| s as i64))
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| {
+        Ok(CheckpointRef {
+            job_id: job,
+            step: r.try_get::<i64, _>("step")? as u64,
+            manifest: r.try_get("manifest_key")?,
+        })
+    })
+    .transpose()
+}
+
+/// List a job's committed checkpoints, newest first.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Committed checkpoints", body = CheckpointList),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn list(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json<CheckpointList>> {
+    ensure_job(&st.db, id).await?;
+    let spec: serde_json::Value = sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&st.db)
+        .await?;
+    let keep = serde_json::from_value::<JobSpecInput>(spec)
+        .map(|s| s.checkpoint.keep)
+        .unwrap_or(3);
+    let rows = sqlx::query(
+        "SELECT step, generation, shards, bytes, manifest_key, manifest, committed_at
+         FROM checkpoints WHERE job_id = $1 ORDER BY step DESC",
+    )
+    .bind(id)
+    .fetch_all(&st.db)
+    .await?;
+    let mut checkpoints = Vec::with_capacity(rows.len());
+    for r in rows {
+        let manifest: Manifest = serde_json::from_value(r.try_get("manifest")?)
+            .map_err(|e| ApiError::Internal(e.into()))?;
+        checkpoints.push(CheckpointInfo {
+            step: r.try_get::<i64, _>("step")? as u64,
+            generation: r.try_get("generation")?,
+            shards: r.try_get::<i32, _>("shards")? as u32,
+            bytes: r.try_get::<i64, _>("bytes")? as u64,
+            cursor: manifest.cursor,
+            manifest_url: st.store.url_of(&r.try_get::<String, _>("manifest_key")?),
+            committed_at: r.try_get("committed_at")?,
+        });
+    }
+    Ok(Json(CheckpointList {
+        job_id: id,
+        keep,
+        checkpoints,
+    }))
+}
+
+/// Stream the job's final weights as safetensors.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/model", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The final weights (safetensors: one tensor per model parameter, by name)", content_type = "application/octet-stream"),
+        (status = 404, description = "No such job, or it has no final weights yet", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store is unreachable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn model(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Response> {
+    let job = crate::routes::jobs::fetch_job(&st.db, id).await?;
+    let key = model_key(id);
+    let (size, stream) = match st.store.stream(&key).await {
+        Ok(s) => s,
+        Err(trainyard_store::StoreError::NotFound(_)) => {
+            return Err(ApiError::NotFound(format!(
+                "job {id} has no final weights (it is {}); they are written when it succeeds",
+                job.state.as_str()
+            )))
+        }
+        Err(e) => return Err(ApiError::Unavailable(format!("object store: {e}"))),
+    };
+    let body = Body::from_stream(stream.map_err(std::io::Error::other));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, size.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{id}.safetensors\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}

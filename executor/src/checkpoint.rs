@@ -1,0 +1,369 @@
+//! Checkpoints from the executor's side: when to write one, writing it in
+//! the background through the local cache tier, and loading one into any
+//! cluster shape.
+//!
+//! * [`Policy`] — the job spec's `checkpoint` (every N steps and/or T
+//!   seconds, at the end) plus a graceful drain. Steps are the same on every
+//!   rank; the clock is not, so a time-due checkpoint is a *vote* that
+//!   travels with the step's all-reduce (one more float) or, in the PS
+//!   pattern, with rank 0's push: every writer checkpoints the same step.
+//! * [`Uploader`] — a role's background writer. The training thread hands it
+//!   a snapshot (its pieces of the weights and optimizer state, copied in
+//!   memory) and goes on; the uploader encodes the shard (safetensors), writes
+//!   it to the executor's local cache first, then to the object store
+//!   (multipart when large), and reports it to the API, which commits the
+//!   checkpoint once every shard is in. The hand-over is a rendezvous: while
+//!   the previous upload runs, the next snapshot waits instead of piling up.
+//! * [`load`] — reads a committed checkpoint's manifest and the shards that
+//!   overlap the pieces a role needs (through the local cache: a recovery
+//!   on the same machine reads warm data), checks each shard's SHA-256, and
+//!   assembles the pieces: a checkpoint written by 4 ring ranks loads into 2,
+//!   or into 3 PS shards.
+
+use crate::report::Item;
+use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+use trainyard_common::checkpoint::{
+    plan_copies, shard_key, CheckpointRef, CursorState, Manifest, ShardUploaded, MANIFEST_FORMAT,
+};
+use trainyard_common::cluster::{LogLevel, Range};
+use trainyard_common::spec::CheckpointPolicy;
+use trainyard_store::cache::Cache;
+use trainyard_store::{shard, Store};
+use uuid::Uuid;
+
+/// Set while this executor drains: roles write a checkpoint before they go.
+pub static DRAINING: AtomicBool = AtomicBool::new(false);
+
+/// Checkpoint shards handed to an uploader and not yet acknowledged by the
+/// API; a leaving executor waits for them.
+pub static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Test hook: `TRAINYARD_UPLOAD_DELAY_MS=ms` holds each shard between its
+/// local write and its upload (to kill executors in the middle of one).
+fn upload_delay() -> Option<Duration> {
+    std::env::var("TRAINYARD_UPLOAD_DELAY_MS")
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+/// The object store and the local cache tier, usable from training threads.
+pub struct Storage {
+    /// The store.
+    pub store: Store,
+    /// The local cache tier.
+    pub cache: Arc<Cache>,
+    rt: tokio::runtime::Handle,
+}
+
+impl Storage {
+    /// Opens the store at `url`.
+    pub fn open(
+        url: &str,
+        options: &[(String, String)],
+        cache: Arc<Cache>,
+        rt: tokio::runtime::Handle,
+    ) -> Result<Storage, String> {
+        let store = Store::open(url, options).map_err(|e| e.to_string())?;
+        Ok(Storage { store, cache, rt })
+    }
+
+    /// Writes `bytes` at `key` in the store (not through the cache).
+    pub fn put(&self, key: &str, bytes: Bytes) -> Result<(), String> {
+        self.rt
+            .block_on(self.store.put(key, bytes))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Reads `key` through the local cache (checked against `sha256`).
+    pub fn read(&self, key: &str, sha256: Option<&str>) -> Result<Bytes, String> {
+        self.rt
+            .block_on(self.cache.read_through(&self.store, key, sha256))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Reads `key` from the store itself.
+    pub fn read_remote(&self, key: &str) -> Result<Bytes, String> {
+        self.rt
+            .block_on(self.store.get(key))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// When a role checkpoints.
+#[derive(Debug)]
+pub struct Policy {
+    spec: CheckpointPolicy,
+    since: Instant,
+    last_step: Option<u64>,
+    drained: bool,
+}
+
+impl Policy {
+    /// The job's policy, its clock starting now.
+    pub fn new(spec: CheckpointPolicy) -> Policy {
+        Policy {
+            spec,
+            since: Instant::now(),
+            last_step: None,
+            drained: false,
+        }
+    }
+
+    /// Whether this writer's clock (or a drain) asks for a checkpoint at
+    /// the coming step.
+    pub fn vote(&self) -> bool {
+        let timed = self
+            .spec
+            .every_seconds
+            .is_some_and(|t| self.since.elapsed() >= Duration::from_secs(t));
+        timed || (DRAINING.load(Ordering::Relaxed) && !self.drained)
+    }
+
+    /// Whether step `step` is checkpointed: every N steps, when any writer
+    /// voted, or at the end.
+    pub fn due(&self, step: u64, voted: bool, finished: bool) -> bool {
+        if self.last_step == Some(step) || step == 0 {
+            return false;
+        }
+        self.spec.every_steps.is_some_and(|n| step % n == 0)
+            || voted
+            || (finished && self.spec.at_end)
+    }
+
+    /// Notes that `step` was handed to the uploader.
+    pub fn written(&mut self, step: u64) {
+        self.last_step = Some(step);
+        self.since = Instant::now();
+        if DRAINING.load(Ordering::Relaxed) {
+            self.drained = true;
+        }
+    }
+
+    /// The last step handed to the uploader.
+    pub fn last_step(&self) -> Option<u64> {
+        self.last_step
+    }
+}
+
+/// One writer's part of a checkpoint, copied out of training.
+pub struct Snapshot {
+    /// Global step.
+    pub step: u64,
+    /// Generation of the writer.
+    pub generation: i64,
+    /// Shard index and count.
+    pub shard: u32,
+    /// How many shards the checkpoint has.
+    pub shards: u32,
+    /// The pieces.
+    pub ranges: Vec<Range>,
+    /// Weights, then optimizer state, each over the pieces.
+    pub tensors: Vec<Vec<f32>>,
+    /// Elements of the whole model.
+    pub numel: u64,
+    /// The optimizer's step counter.
+    pub optimizer_t: u64,
+    /// The data cursor after the step.
+    pub cursor: CursorState,
+}
+
+/// A role's background checkpoint writer.
+pub struct Uploader {
+    tx: SyncSender<Snapshot>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl Uploader {
+    /// Starts the writer of job `job`'s shards; it reports through `report`.
+    pub fn start(storage: Arc<Storage>, job: Uuid, report: UnboundedSender<Item>) -> Uploader {
+        // Rendezvous: a snapshot is taken only when the writer is idle.
+        let (tx, rx) = sync_channel::<Snapshot>(0);
+        let busy = Arc::new(AtomicUsize::new(0));
+        let in_flight = busy.clone();
+        let spawned = std::thread::Builder::new()
+            .name("checkpoint-upload".into())
+            .spawn(move || {
+                for snap in rx {
+                    let (step, shard) = (snap.step, snap.shard);
+                    let started = Instant::now();
+                    match upload(&storage, job, snap) {
+                        Ok(done) => {
+                            let _ = report.send(Item::Log(
+                                LogLevel::Info,
+                                format!(
+                                    "checkpoint of step {step}: shard {shard} of {} uploaded ({:.1} MiB in {:.2} s)",
+                                    done.shards,
+                                    done.bytes as f64 / (1 << 20) as f64,
+                                    started.elapsed().as_secs_f64()
+                                ),
+                            ));
+                            let _ = report.send(Item::Checkpoint(done));
+                        }
+                        Err(e) => {
+                            PENDING.fetch_sub(1, Ordering::Relaxed);
+                            let _ = report.send(Item::Log(
+                                LogLevel::Warn,
+                                format!("checkpoint of step {step}: shard {shard} failed: {e}"),
+                            ));
+                        }
+                    }
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the checkpoint writer");
+        }
+        Uploader { tx, busy }
+    }
+
+    /// Hands `snap` over; blocks while the previous upload is running.
+    pub fn submit(&self, snap: Snapshot) {
+        PENDING.fetch_add(1, Ordering::Relaxed);
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(snap).is_err() {
+            PENDING.fetch_sub(1, Ordering::Relaxed);
+            self.busy.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits up to `timeout` for the uploads handed over to finish.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while self.busy.load(Ordering::Relaxed) > 0 {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+}
+
+fn upload(storage: &Storage, job: Uuid, snap: Snapshot) -> Result<ShardUploaded, String> {
+    let refs: Vec<&[f32]> = snap.tensors.iter().map(|t| t.as_slice()).collect();
+    let bytes = shard::encode(&snap.ranges, &refs, snap.step)?;
+    drop(refs);
+    let sha256 = shard::sha256(&bytes);
+    let key = shard_key(job, snap.step, snap.shard);
+    // The local tier first: a recovery on this machine reads it back warm.
+    if let Err(e) = storage.cache.put(&storage.store.url_of(&key), &bytes) {
+        tracing::warn!(error = %e, "cannot keep a checkpoint shard in the local cache");
+    }
+    if let Some(d) = upload_delay() {
+        std::thread::sleep(d);
+    }
+    let len = bytes.len() as u64;
+    storage.put(&key, Bytes::from(bytes))?;
+    Ok(ShardUploaded {
+        step: snap.step,
+        generation: snap.generation,
+        shard: snap.shard,
+        shards: snap.shards,
+        key,
+        bytes: len,
+        sha256,
+        ranges: snap.ranges,
+        numel: snap.numel,
+        state_tensors: snap.tensors.len() as u32 - 1,
+        optimizer_t: snap.optimizer_t,
+        cursor: snap.cursor,
+    })
+}
+
+/// What a role takes from a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    /// Weights then optimizer state, over the pieces asked for; only the
+    /// weights when the checkpoint's optimizer state does not fit.
+    pub tensors: Vec<Vec<f32>>,
+    /// Its step.
+    pub step: u64,
+    /// The data cursor.
+    pub cursor: CursorState,
+    /// The optimizer's step counter.
+    pub optimizer_t: u64,
+}
+
+/// Loads the pieces `target` of a committed checkpoint for a model of
+/// `numel` elements whose optimizer keeps `state_tensors` tensors.
+pub fn load(
+    storage: &Storage,
+    at: &CheckpointRef,
+    target: &[Range],
+    numel: u64,
+    state_tensors: usize,
+) -> Result<Loaded, String> {
+    let raw = storage
+        .read_remote(&at.manifest)
+        .map_err(|e| format!("checkpoint manifest: {e}"))?;
+    let m: Manifest = serde_json::from_slice(&raw)
+        .map_err(|e| format!("unreadable checkpoint manifest {}: {e}", at.manifest))?;
+    if m.format != MANIFEST_FORMAT {
+        return Err(format!(
+            "checkpoint manifest format {} is unknown",
+            m.format
+        ));
+    }
+    if m.numel != numel {
+        return Err(format!(
+            "the checkpoint of step {} holds {} values, this model has {numel}: not the same model",
+            m.step, m.numel
+        ));
+    }
+    let sources: Vec<Vec<Range>> = m.shards.iter().map(|s| s.ranges.clone()).collect();
+    let copies = plan_copies(&sources, target)?;
+    let keep = if m.state_tensors as usize == state_tensors {
+        1 + state_tensors
+    } else {
+        1
+    };
+    let len: u64 = target.iter().map(|r| r.end - r.start).sum();
+    let mut out = vec![vec![0f32; len as usize]; keep];
+    let needed: std::collections::BTreeSet<usize> = copies.iter().map(|c| c.shard).collect();
+    for si in needed {
+        let s = &m.shards[si];
+        let bytes = storage.read(&s.key, Some(&s.sha256))?;
+        if shard::sha256(&bytes) != s.sha256 {
+            return Err(format!(
+                "checkpoint shard {} does not match its checksum",
+                s.key
+            ));
+        }
+        let decoded = shard::decode(&bytes).map_err(|e| format!("{}: {e}", s.key))?;
+        if decoded.ranges != s.ranges || decoded.tensors.len() < keep {
+            return Err(format!(
+                "checkpoint shard {} does not match its manifest",
+                s.key
+            ));
+        }
+        for c in copies.iter().filter(|c| c.shard == si) {
+            let (src, dst, n) = (c.src as usize, c.dst as usize, c.len as usize);
+            for (o, t) in out.iter_mut().zip(&decoded.tensors) {
+                o[dst..dst + n].copy_from_slice(&t[src..src + n]);
+            }
+        }
+    }
+    Ok(Loaded {
+        tensors: out,
+        step: m.step,
+        cursor: m.cursor,
+        optimizer_t: m.shards.first().map_or(0, |s| s.optimizer_t),
+    })
+}
+
+/// A ring rank's checkpointing: its policy and writer.
+pub struct Checkpointing {
+    /// When.
+    pub policy: Policy,
+    /// The writer.
+    pub uploader: Uploader,
+    /// The rank's generation.
+    pub generation: i64,
+}

@@ -210,7 +210,23 @@ pub fn start_server(
     misses: u32,
     extra: &[&str],
 ) -> anyhow::Result<Proc> {
+    start_server_env(db, port, data, join, misses, extra, &[])
+}
+
+/// [`start_server`] with the environment `env` added.
+pub fn start_server_env(
+    db: &str,
+    port: u16,
+    data: &std::path::Path,
+    join: &str,
+    misses: u32,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(binary("trainyard")?);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     cmd.args([
         "serve",
         "--listen",
@@ -236,7 +252,10 @@ pub fn start_server(
 
 /// Starts `trainyard-executor` against the API at `api` with `ram_mb` of
 /// RAM, one libtorch thread (several executors share this machine's cores,
-/// and idle OpenMP threads spin) and the environment `env`.
+/// and idle OpenMP threads spin) and the environment `env`. Its local cache
+/// tier is a folder of this test process named after the executor (unless
+/// `env` sets `TRAINYARD_CACHE_DIR`), so an executor restarted under the
+/// same name finds its cache warm.
 pub fn start_executor(
     api: &str,
     join: &str,
@@ -257,6 +276,10 @@ pub fn start_executor(
         "--torch-threads",
         "1",
     ]);
+    cmd.env(
+        "TRAINYARD_CACHE_DIR",
+        std::env::temp_dir().join(format!("ty-e2e-cache-{}-{name}", std::process::id())),
+    );
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -1,0 +1,522 @@
+//! Checkpoints end to end: written by ring ranks and PS shard servers to a
+//! real S3 server (Garage, started by `scripts/test`) and to local folders,
+//! committed by the API, kept to the newest K, listed, used to resume — also
+//! after every executor was SIGKILLed in the middle of an upload — and the
+//! final weights read back in Python with the accuracy the platform reported.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, Proc};
+
+const JOIN: &str = "e2e-checkpoint-token";
+
+struct S3 {
+    url: String,
+    endpoint: String,
+    region: String,
+    key: String,
+    secret: String,
+}
+
+impl S3 {
+    /// The test S3 server `scripts/test` started, under a fresh prefix.
+    fn from_env() -> S3 {
+        let var = |k: &str| {
+            std::env::var(k).unwrap_or_else(|_| {
+                panic!("{k} is not set: run ./scripts/test, which starts a Garage S3 server for these tests")
+            })
+        };
+        S3 {
+            url: format!(
+                "{}/e2e-{}",
+                var("TRAINYARD_TEST_S3_URL"),
+                uuid::Uuid::new_v4().simple()
+            ),
+            endpoint: var("TRAINYARD_TEST_S3_ENDPOINT"),
+            region: var("TRAINYARD_TEST_S3_REGION"),
+            key: var("TRAINYARD_TEST_S3_ACCESS_KEY_ID"),
+            secret: var("TRAINYARD_TEST_S3_SECRET_ACCESS_KEY"),
+        }
+    }
+
+    /// The standard AWS variables (how the API is configured here).
+    fn aws_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", self.key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_REGION", self.region.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+        ]
+    }
+
+    /// Object-store options (how the executors are configured here).
+    fn options(&self) -> String {
+        format!(
+            "aws_endpoint={},aws_region={},aws_access_key_id={},aws_secret_access_key={},aws_allow_http=true",
+            self.endpoint, self.region, self.key, self.secret
+        )
+    }
+
+    /// Keys under `prefix`, read straight from the S3 server.
+    fn list(&self, prefix: &str) -> Vec<String> {
+        let opts: Vec<(String, String)> = self
+            .options()
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let store = trainyard_store::Store::open(&self.url, &opts).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(store.list(prefix))
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+}
+
+struct Platform {
+    _api: Proc,
+    base: String,
+    client: Client,
+    data: std::path::PathBuf,
+    executor_env: Vec<(&'static str, String)>,
+}
+
+impl Platform {
+    fn start(s3: Option<&S3>) -> Platform {
+        let db = fresh_database().unwrap();
+        let port = free_port().unwrap();
+        let data =
+            std::env::temp_dir().join(format!("trainyard-ckpt-{}-{port}", std::process::id()));
+        let mut extra = vec![];
+        let mut env = vec![];
+        let mut executor_env = vec![];
+        if let Some(s3) = s3 {
+            extra = vec!["--object-store".to_owned(), s3.url.clone()];
+            env = s3.aws_env();
+            executor_env.push(("TRAINYARD_OBJECT_STORE_OPTIONS", s3.options()));
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let api = trainyard_e2e::start_server_env(&db, port, &data, JOIN, 5, &extra, &env).unwrap();
+        Platform {
+            _api: api,
+            base: format!("http://127.0.0.1:{port}"),
+            client: Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+            data,
+            executor_env,
+        }
+    }
+
+    fn executor(&self, name: &str, env: &[(&str, &str)]) -> Proc {
+        let mut all: Vec<(&str, &str)> = self
+            .executor_env
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect();
+        all.extend_from_slice(env);
+        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, &all).unwrap()
+    }
+
+    fn get(&self, path: &str) -> Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn submit(&self, spec: &Value) -> String {
+        let r = self
+            .client
+            .post(format!("{}/v1/jobs", self.base))
+            .json(spec)
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().unwrap());
+        r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn wait_end(&self, id: &str, limit: Duration) -> Value {
+        eventually(limit, || {
+            let j = self.get(&format!("/v1/jobs/{id}"));
+            ["succeeded", "failed", "cancelled"]
+                .contains(&j["state"].as_str().unwrap())
+                .then_some(j)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "job {id} did not end: {} {:?}",
+                self.get(&format!("/v1/jobs/{id}")),
+                self.log_lines(id)
+            )
+        })
+    }
+
+    fn log_lines(&self, id: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut after = 0i64;
+        loop {
+            let page = self.get(&format!("/v1/jobs/{id}/logs?after={after}&limit=1000"));
+            out.extend(
+                page["lines"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| l["message"].as_str().unwrap().to_owned()),
+            );
+            match page["next_after"].as_i64() {
+                Some(a) => after = a,
+                None => return out,
+            }
+        }
+    }
+
+    fn result(&self, id: &str) -> Value {
+        let events = self.get(&format!("/v1/jobs/{id}/events"));
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "result")
+            .expect("a result event")["data"]
+            .clone()
+    }
+
+    /// Committed checkpoint steps, newest first.
+    fn checkpoint_steps(&self, id: &str) -> Vec<u64> {
+        self.get(&format!("/v1/jobs/{id}/checkpoints"))["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["step"].as_u64().unwrap())
+            .collect()
+    }
+
+    fn wait_checkpoints(&self, id: &str, want: &[u64]) {
+        let ok = eventually(Duration::from_secs(60), || {
+            (self.checkpoint_steps(id) == want).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "checkpoints of {id}: {:?}, wanted {want:?}; logs {:?}",
+            self.checkpoint_steps(id),
+            self.log_lines(id)
+        );
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn digits(name: &str, steps: u64) -> Value {
+    json!({
+        "name": name,
+        "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
+        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adam", "lr": 0.003},
+        "batch_size": 64,
+        "steps": steps,
+        "eval_fraction": 0.2,
+        "strategy": "allreduce",
+        "workers": {"min": 2, "max": 2},
+        "seed": 5
+    })
+}
+
+/// Step folders under a job's prefix and the files in each.
+fn folders(keys: &[String]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for k in keys {
+        let parts: Vec<&str> = k.split('/').collect();
+        if parts.len() == 3 {
+            out.entry(parts[1].to_owned())
+                .or_default()
+                .push(parts[2].to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_with_another_shape()
+{
+    let s3 = S3::from_env();
+    let p = Platform::start(Some(&s3));
+    let _e: Vec<Proc> = (0..4)
+        .map(|i| p.executor(&format!("s3-{i}"), &[]))
+        .collect();
+
+    // A ring of two: each rank writes its half; steps 40, 80, 120 and the
+    // end (150); the newest two are kept.
+    let mut ring = digits("ring-s3", 150);
+    ring["checkpoint"] = json!({"every_steps": 40, "keep": 2});
+    let ring_id = p.submit(&ring);
+    let job = p.wait_end(&ring_id, Duration::from_secs(240));
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&ring_id));
+    p.wait_checkpoints(&ring_id, &[150, 120]);
+    let listed = p.get(&format!("/v1/jobs/{ring_id}/checkpoints"));
+    let newest = &listed["checkpoints"][0];
+    assert_eq!(newest["shards"], 2, "{listed}");
+    assert!(newest["manifest_url"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("{}/{ring_id}/step-150/manifest.json", s3.url)));
+    let in_s3 = folders(&s3.list(&ring_id));
+    assert_eq!(
+        in_s3.keys().collect::<Vec<_>>(),
+        ["final", "step-120", "step-150"],
+        "{in_s3:?}"
+    );
+    for step in ["step-120", "step-150"] {
+        assert_eq!(
+            in_s3[step],
+            [
+                "manifest.json",
+                "shard-0.safetensors",
+                "shard-1.safetensors"
+            ]
+        );
+    }
+    // The final model streams from S3 through the API.
+    let model = p
+        .client
+        .get(format!("{}/v1/jobs/{ring_id}/model", p.base))
+        .send()
+        .unwrap();
+    assert_eq!(model.status(), 200);
+    let bytes = model.bytes().unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(header["fc0.weight"]["shape"], json!([64, 64]));
+
+    // Two PS shards, two workers, sync: each shard writes its own ranges
+    // of the same version.
+    let mut ps = digits("ps-s3", 150);
+    ps["strategy"] = json!("parameter_server");
+    ps["parameter_servers"] = json!(2);
+    ps["checkpoint"] = json!({"every_steps": 40, "keep": 2});
+    let ps_id = p.submit(&ps);
+    let job = p.wait_end(&ps_id, Duration::from_secs(240));
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&ps_id));
+    p.wait_checkpoints(&ps_id, &[150, 120]);
+    let in_s3 = folders(&s3.list(&ps_id));
+    assert_eq!(
+        in_s3.keys().collect::<Vec<_>>(),
+        ["final", "step-120", "step-150"],
+        "{in_s3:?}"
+    );
+    assert_eq!(in_s3["step-150"].len(), 3, "{in_s3:?}");
+
+    // A new job starts from the ring's checkpoint with another shape: two
+    // PS shards re-shard the ring's two slices.
+    let mut next = ps.clone();
+    next["name"] = json!("resumed-from-ring");
+    next["steps"] = json!(250);
+    next["resume_from"] = json!({"job_id": ring_id});
+    let next_id = p.submit(&next);
+    let job = p.wait_end(&next_id, Duration::from_secs(240));
+    let lines = p.log_lines(&next_id);
+    assert_eq!(job["state"], "succeeded", "{lines:?}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!(
+                "restored from the checkpoint of step 150 (job {ring_id})"
+            )))
+            .count(),
+        2,
+        "{lines:?}"
+    );
+    let metrics = p.get(&format!("/v1/jobs/{next_id}/metrics"));
+    let first = metrics["points"][0]["step"].as_u64().unwrap();
+    assert_eq!(first, 151, "{metrics}");
+    let acc = p.result(&next_id)["eval_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.9, "accuracy {acc}");
+
+    // A resume point that does not exist is refused, naming the field.
+    let mut bad = digits("bad-resume", 10);
+    bad["resume_from"] = json!({"job_id": ring_id, "step": 7});
+    let r = p
+        .client
+        .post(format!("{}/v1/jobs", p.base))
+        .json(&bad)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["errors"][0]["field"], "resume_from.step", "{body}");
+}
+
+#[test]
+fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
+    let p = Platform::start(None);
+    let objects = p.data.join("objects");
+    // One executor's uploads are held for 4 s after their local write, so
+    // a checkpoint is half in the store for a while; steps are slowed so
+    // the job is still running then.
+    let mut first = vec![
+        p.executor("kill-a", &[("TRAINYARD_SLOW_WORKER", "*:15")]),
+        p.executor(
+            "kill-b",
+            &[
+                ("TRAINYARD_SLOW_WORKER", "*:15"),
+                ("TRAINYARD_UPLOAD_DELAY_MS", "4000"),
+            ],
+        ),
+    ];
+    let mut spec = digits("kill-mid-upload", 400);
+    spec["checkpoint"] = json!({"every_steps": 50, "keep": 3});
+    let id = p.submit(&spec);
+    let job_dir = objects.join(&id);
+    // Wait until one checkpoint is committed and a later one has some of
+    // its shards in the store but no manifest.
+    let partial = eventually(Duration::from_secs(120), || {
+        let committed = p.checkpoint_steps(&id);
+        let newest = *committed.first()?;
+        let dirs = std::fs::read_dir(&job_dir).ok()?;
+        dirs.filter_map(Result::ok).find_map(|d| {
+            let step: u64 = d
+                .file_name()
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse()
+                .ok()?;
+            let files: Vec<String> = std::fs::read_dir(d.path())
+                .ok()?
+                .filter_map(|f| f.ok()?.file_name().into_string().ok())
+                .filter(|f| f.ends_with(".safetensors"))
+                .collect();
+            let manifest = d.path().join("manifest.json").exists();
+            (step > newest && files.len() == 1 && !manifest).then_some((newest, step))
+        })
+    });
+    let Some((committed, partial)) = partial else {
+        panic!(
+            "no half-uploaded checkpoint seen: {:?} {:?}",
+            p.checkpoint_steps(&id),
+            p.log_lines(&id)
+        );
+    };
+    for e in &first {
+        trainyard_e2e::kill9(e.pid());
+    }
+    for e in &mut first {
+        let _ = e.wait_exit(Duration::from_secs(10));
+    }
+    assert_eq!(p.checkpoint_steps(&id)[0], committed);
+    assert!(!job_dir
+        .join(format!("step-{partial}/manifest.json"))
+        .exists());
+
+    // A new fleet: the job resumes from the committed checkpoint, never
+    // from the partial one, and succeeds. `kill-a` comes back on this
+    // machine with its local cache tier: it reads the shard it wrote there.
+    let _second = [p.executor("kill-a", &[]), p.executor("kill-c", &[])];
+    let job = p.wait_end(&id, Duration::from_secs(240));
+    let lines = p.log_lines(&id);
+    assert_eq!(job["state"], "succeeded", "{lines:?}");
+    let resumed: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("resumed from the checkpoint of step"))
+        .collect();
+    assert!(!resumed.is_empty(), "{lines:?}");
+    eprintln!(
+        "killed with step {committed} committed and step {partial} half uploaded; {resumed:?}"
+    );
+    assert!(
+        resumed
+            .iter()
+            .any(|l| l.contains("read from the local cache")),
+        "the restarted executor read its checkpoint shard from its local cache: {resumed:?}"
+    );
+    assert!(
+        resumed
+            .iter()
+            .all(|l| l.contains(&format!("step {committed} "))),
+        "resumed from {resumed:?}, the last committed was {committed} (partial {partial})"
+    );
+    p.wait_checkpoints(&id, &[400, 350, 300]);
+    // Nothing without a manifest is left behind.
+    eventually(Duration::from_secs(30), || {
+        let left: Vec<String> = std::fs::read_dir(&job_dir)
+            .unwrap()
+            .filter_map(|d| d.ok()?.file_name().into_string().ok())
+            .filter(|d| d.starts_with("step-"))
+            .collect();
+        (left.len() == 3).then_some(())
+    })
+    .expect("only the kept checkpoints remain");
+}
+
+#[test]
+fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
+    let p = Platform::start(None);
+    let _e = p.executor("py-eval", &[]);
+    let mut spec = digits("python-eval", 300);
+    spec["workers"] = json!({"min": 1, "max": 1});
+    let id = p.submit(&spec);
+    let job = p.wait_end(&id, Duration::from_secs(180));
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&id));
+    let reported = p.result(&id)["eval_accuracy"].as_f64().unwrap();
+
+    let dir = p.data.join("python");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model.safetensors");
+    let bytes = p
+        .client
+        .get(format!("{}/v1/jobs/{id}/model", p.base))
+        .send()
+        .unwrap()
+        .bytes()
+        .unwrap();
+    std::fs::write(&model, &bytes).unwrap();
+    let spec_file = dir.join("spec.json");
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(repo_root().join("tests/python/evaluate_mlp.py"))
+        .arg(&model)
+        .arg(&spec_file)
+        .arg(repo_root().join("data/digits.npz"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python3 (the venv's, with torch and safetensors: run ./scripts/test) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let acc = got["accuracy"].as_f64().unwrap();
+    let n = got["samples"].as_f64().unwrap();
+    assert!(
+        (acc - reported).abs() < 0.5 / n,
+        "Python says {acc}, the platform reported {reported} over {n} held-out samples"
+    );
+    assert!(acc > 0.9, "{acc}");
+
+    // No final weights yet / no such job: a problem body, not a 500.
+    let r = p
+        .client
+        .get(format!("{}/v1/jobs/{}/model", p.base, uuid::Uuid::nil()))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

@@ -12,7 +12,7 @@
 //! the other side allocate more than one shard.
 //!
 //! A worker sends `Init` (the shard's initial values, taken only while the
-//! shard has none), `Pull` (answered with `Weights` once the shard's version
+//! shard has none; the `Ack`'s `samples` is 1 when they were taken), `Pull` (answered with `Weights` once the shard's version
 //! is at least the one asked for) and `Push` (a gradient summed over
 //! `samples` samples, computed at `version`; answered `Ack` or `Reject` when
 //! it is too stale). A push whose `checkpoint` is a step asks the shard to

@@ -117,7 +117,7 @@ impl Shard {
         self.weights = Some(Tensor::from_slice(&l.tensors[0]));
         if l.tensors.len() == 1 + self.opt.state().len() {
             for (t, src) in self.opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
-                let _ = t.copy_(&Tensor::from_slice(src));
+                t.copy_(&Tensor::from_slice(src));
             }
             self.opt.t = l.optimizer_t;
         }
@@ -403,7 +403,8 @@ fn connection(
             Kind::Init => {
                 ps::read_payload(&mut r, &h, len, &mut buf)?;
                 let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
-                if s.weights.is_none() {
+                let took = s.weights.is_none();
+                if took {
                     s.weights = Some(Tensor::from_slice(&buf));
                     s.version = h.version;
                     s.cursor = Cursor {
@@ -422,11 +423,13 @@ fn connection(
                             epoch: h.epoch,
                             offset: h.offset,
                         };
-                        served.changed.notify_all();
                     }
+                    served.changed.notify_all();
                 }
                 let mut ack = Header::new(Kind::Ack, generation);
                 ack.version = s.version;
+                // Tells rank 0 whether its values were taken.
+                ack.samples = u64::from(took);
                 drop(s);
                 ps::write(&mut writer, ack, &[])?;
             }
@@ -435,7 +438,9 @@ fn connection(
                     return Err(WireError::Protocol("a pull carries no payload".into()));
                 }
                 let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
-                while (s.weights.is_none() || s.version < h.version)
+                // A shard restored from a checkpoint serves once rank 0's
+                // `Init` has aligned its version with the job's.
+                while (s.weights.is_none() || s.restored || s.version < h.version)
                     && !stop.load(Ordering::Relaxed)
                 {
                     s = served
@@ -750,7 +755,7 @@ pub fn work(
             h.version = rep.step;
             (h.epoch, h.offset) = (rep.cursor.epoch, rep.cursor.offset);
             let reply = link.call(h, &map.gather(s, &flat), 0, stop)?;
-            if reply.version == rep.step && rep.step > 0 {
+            if reply.samples == 1 && rep.step > 0 {
                 log(
                     LogLevel::Info,
                     format!("PS shard {s} had no values: restored from this worker's newest pull (version {})", rep.step),

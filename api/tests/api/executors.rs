@@ -19,7 +19,7 @@ fn registration(name: &str) -> Value {
     })
 }
 
-async fn register(app: &TestApp, name: &str) -> (String, String) {
+pub async fn register(app: &TestApp, name: &str) -> (String, String) {
     let r = app
         .client
         .post(app.url("/v1/executors"))

@@ -673,6 +673,9 @@ struct StepFigures {
     votes: f32,
 }
 
+/// Loads a committed checkpoint into a new replica.
+pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), String>;
+
 /// Brings the members of a (new) ring to one state: the members share
 /// whether they hold a replica and at which step, and the most advanced one
 /// (the lowest rank among equals; rank 0 if nobody has one) broadcasts its
@@ -686,7 +689,7 @@ pub fn join(
     spec: &JobSpecInput,
     device: tch::Device,
     stop: &AtomicBool,
-    resume: Option<&dyn Fn(&mut Replica) -> Result<(), String>>,
+    resume: Option<Resume<'_>>,
 ) -> Result<Option<u32>, TrainError> {
     let have = slot.as_ref().map_or([0, 0], |r| [1, r.step]);
     let mut all = ring.allgather_u64(&have, stop)?;

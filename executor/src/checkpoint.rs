@@ -96,6 +96,49 @@ impl Storage {
     }
 }
 
+/// The object stores and cache that [`materialize`] uses (set once, when
+/// the executor starts).
+pub static FETCH: std::sync::OnceLock<crate::roles::StorageSetup> = std::sync::OnceLock::new();
+
+/// A local file holding the object at `url` (a dataset or a TorchScript
+/// model at an object-store URL): the file itself for `file://`, else the
+/// object fetched through the local cache tier (read from disk when it is
+/// already there).
+pub fn materialize(url: &str) -> Result<std::path::PathBuf, String> {
+    if let Some(p) = url.strip_prefix("file://") {
+        return Ok(std::path::PathBuf::from(p));
+    }
+    let setup = FETCH
+        .get()
+        .ok_or_else(|| format!("{url}: this process has no object-store access"))?;
+    if let Some(p) = setup.cache.path_of(url) {
+        setup.cache.hits.fetch_add(1, Ordering::Relaxed);
+        return Ok(p);
+    }
+    let (parent, name) = url
+        .rsplit_once('/')
+        .ok_or_else(|| format!("{url}: not an object URL"))?;
+    let store = Store::open(parent, &setup.options).map_err(|e| e.to_string())?;
+    let bytes = setup
+        .rt
+        .block_on(store.get(name))
+        .map_err(|e| e.to_string())?;
+    setup.cache.misses.fetch_add(1, Ordering::Relaxed);
+    match setup.cache.put(url, &bytes) {
+        Ok(Some(p)) => Ok(p),
+        // Larger than the whole cache: a private temporary file.
+        _ => {
+            let p = std::env::temp_dir().join(format!(
+                "trainyard-{}-{}",
+                std::process::id(),
+                shard::sha256(url.as_bytes())
+            ));
+            std::fs::write(&p, &bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+            Ok(p)
+        }
+    }
+}
+
 /// When a role checkpoints.
 #[derive(Debug)]
 pub struct Policy {

@@ -100,6 +100,9 @@ impl Roles {
     /// Roles that report to `sink`, talk to peers through `plane` and
     /// keep checkpoints and weights in the store `storage` reaches.
     pub fn new(sink: Sink, plane: Arc<DataPlane>, storage: StorageSetup) -> Roles {
+        // Datasets and TorchScript files at object-store URLs go through
+        // the same stores and cache.
+        let _ = checkpoint::FETCH.set(storage.clone());
         Roles {
             running: BTreeMap::new(),
             sink: Some(sink),

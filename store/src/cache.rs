@@ -108,6 +108,18 @@ impl Cache {
         Ok(Some(path))
     }
 
+    /// The file of the object at `url` if it is on disk (it counts as used).
+    pub fn path_of(&self, url: &str) -> Option<PathBuf> {
+        let name = file_name(url);
+        let mut l = self.lru.lock().ok()?;
+        l.tick += 1;
+        let tick = l.tick;
+        let e = l.entries.get_mut(&name)?;
+        e.1 = tick;
+        let path = self.dir.join(&name);
+        path.is_file().then_some(path)
+    }
+
     /// The object at `url` if it is on disk (and, when `sha256` is given,
     /// intact).
     pub fn get(&self, url: &str, sha256: Option<&str>) -> Option<Vec<u8>> {

@@ -60,8 +60,7 @@ impl S3 {
         )
     }
 
-    /// Keys under `prefix`, read straight from the S3 server.
-    fn list(&self, prefix: &str) -> Vec<String> {
+    fn store(&self) -> (trainyard_store::Store, tokio::runtime::Runtime) {
         let opts: Vec<(String, String)> = self
             .options()
             .split(',')
@@ -73,11 +72,25 @@ impl S3 {
             .enable_all()
             .build()
             .unwrap();
+        (store, rt)
+    }
+
+    /// Keys under `prefix`, read straight from the S3 server.
+    fn list(&self, prefix: &str) -> Vec<String> {
+        let (store, rt) = self.store();
         rt.block_on(store.list(prefix))
             .unwrap()
             .into_iter()
             .map(|(k, _)| k)
             .collect()
+    }
+
+    /// Uploads a local file; returns its URL.
+    fn upload(&self, key: &str, file: &std::path::Path) -> String {
+        let (store, rt) = self.store();
+        rt.block_on(store.put(key, std::fs::read(file).unwrap().into()))
+            .unwrap();
+        store.url_of(key)
     }
 }
 
@@ -213,9 +226,13 @@ impl Platform {
         });
         assert!(
             ok.is_some(),
-            "checkpoints of {id}: {:?}, wanted {want:?}; logs {:?}",
+            "checkpoints of {id}: {:?}, wanted {want:?}; events {}; logs {:?}",
             self.checkpoint_steps(id),
+            self.get(&format!("/v1/jobs/{id}/events")),
             self.log_lines(id)
+                .iter()
+                .filter(|l| !l.starts_with("step "))
+                .collect::<Vec<_>>()
         );
     }
 }
@@ -266,8 +283,12 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
         .collect();
 
     // A ring of two: each rank writes its half; steps 40, 80, 120 and the
-    // end (150); the newest two are kept.
+    // end (150); the newest two are kept. Its dataset is read from S3 too.
     let mut ring = digits("ring-s3", 150);
+    ring["dataset"]["url"] = json!(s3.upload(
+        "datasets/digits.npz",
+        &repo_root().join("data/digits.npz")
+    ));
     ring["checkpoint"] = json!({"every_steps": 40, "keep": 2});
     let ring_id = p.submit(&ring);
     let job = p.wait_end(&ring_id, Duration::from_secs(240));

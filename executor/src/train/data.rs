@@ -54,15 +54,11 @@ pub struct Dataset {
     eval: Vec<i64>,
 }
 
-/// Where a file URL points on this machine (`file://` only; other stores
-/// arrive with the object-store integration).
+/// A local file with the object at `url`: the file itself for `file://`,
+/// else the object fetched from its store through the executor's local
+/// cache tier ([`crate::checkpoint::materialize`]).
 pub fn local_path(url: &str) -> Result<std::path::PathBuf, String> {
-    match url.strip_prefix("file://") {
-        Some(p) => Ok(std::path::PathBuf::from(p)),
-        None => Err(format!(
-            "this executor reads file:// URLs only so far, got {url}"
-        )),
-    }
+    crate::checkpoint::materialize(url)
 }
 
 fn unreadable(url: &str, reason: impl ToString) -> DataError {

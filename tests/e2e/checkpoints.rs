@@ -285,10 +285,8 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     // A ring of two: each rank writes its half; steps 40, 80, 120 and the
     // end (150); the newest two are kept. Its dataset is read from S3 too.
     let mut ring = digits("ring-s3", 150);
-    ring["dataset"]["url"] = json!(s3.upload(
-        "datasets/digits.npz",
-        &repo_root().join("data/digits.npz")
-    ));
+    ring["dataset"]["url"] =
+        json!(s3.upload("datasets/digits.npz", &repo_root().join("data/digits.npz")));
     ring["checkpoint"] = json!({"every_steps": 40, "keep": 2});
     let ring_id = p.submit(&ring);
     let job = p.wait_end(&ring_id, Duration::from_secs(240));

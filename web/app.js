@@ -386,16 +386,37 @@ function jobView(main, id) {
       return li;
     }));
     list.scrollTop = list.scrollHeight;
-    const result = [...events].reverse().find((e) => e.kind === "result");
+    renderCheckpoints();
+  };
+
+  let checkpoints = null;
+  const renderCheckpoints = () => {
     const box = $("#checkpoints");
-    const every = job && job.spec.checkpoint;
+    if (!box || !job) return;
+    const result = [...events].reverse().find((e) => e.kind === "result");
+    const every = job.spec.checkpoint;
     const plan = every ? `The spec asks for a checkpoint ${every.every_steps ? "every " + every.every_steps + " steps" : every.every_seconds ? "every " + every.every_seconds + " s" : "at the end"}, keeping ${every.keep}.` : "";
     const url = result && result.data && result.data.weights_url;
+    const rows = (checkpoints && checkpoints.checkpoints) || [];
+    const table = rows.length
+      ? el("table", { id: "checkpoint-table", class: "grid" },
+          el("tr", {}, el("th", { text: "step" }), el("th", { text: "shards" }), el("th", { text: "size" }), el("th", { text: "committed" })),
+          ...rows.map((c) => el("tr", { "data-step": c.step, title: c.manifest_url },
+            el("td", { text: String(c.step) }), el("td", { text: String(c.shards) }),
+            el("td", { text: c.bytes < 2 ** 20 ? Math.ceil(c.bytes / 1024) + " KiB" : bytes(c.bytes) }), el("td", { text: clock(c.committed_at) }))))
+      : el("p", { class: "muted", text: "No committed checkpoint yet." });
     box.replaceChildren(
-      el("p", { class: "muted", text: "Checkpoints are not listed by the API yet. " + plan }),
-      url ? el("p", {}, "Final weights: ", /^(https?|file|s3|gs|az):/i.test(url) ? el("a", { href: url, id: "weights-link", text: url, download: "" }) : el("code", { id: "weights-link", text: url })) : el("p", { class: "muted", text: TERMINAL.has(job && job.state) ? "No weights were written." : "Final weights appear here when the job succeeds." }),
+      el("p", { class: "muted", text: plan }),
+      table,
+      url
+        ? el("p", {}, "Final weights: ", el("a", { href: `/v1/jobs/${id}/model`, id: "weights-link", text: url, download: `${id}.safetensors` }))
+        : el("p", { class: "muted", text: TERMINAL.has(job.state) ? "No weights were written." : "Final weights appear here when the job succeeds." }),
     );
   };
+  const refreshCheckpoints = debounced(async () => {
+    checkpoints = await api(`/v1/jobs/${id}/checkpoints`);
+    renderCheckpoints();
+  }, 500);
 
   const renderLogs = () => {
     const pre = $("#logs");
@@ -437,13 +458,13 @@ function jobView(main, id) {
     }
     renderLogs();
   }, 300);
-  const refreshAll = () => { refreshJob(); refreshCluster(); refreshMetrics(); refreshLogs(); };
+  const refreshAll = () => { refreshJob(); refreshCluster(); refreshMetrics(); refreshLogs(); refreshCheckpoints(); };
   refreshAll();
   return {
     onEvent(kind, data) {
       if (kind === "ready" || kind === "resync") refreshAll();
       else if (kind === "job" && data.id === id) refreshAll();
-      else if (kind === "progress" && data.job === id) { refreshMetrics(); refreshLogs(); }
+      else if (kind === "progress" && data.job === id) { refreshMetrics(); refreshLogs(); refreshCheckpoints(); }
       else if (kind === "executor") refreshCluster();
     },
     dispose() { clearTimeout(confirmTimer); },

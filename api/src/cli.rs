@@ -1,7 +1,7 @@
 //! The command-line client inside the `trainyard` binary: `submit FILE`,
 //! `jobs`, `job ID` (follows a job to its end with a progress bar and the
-//! latest loss), `cancel ID`, `executors` and `logs ID`, over the same REST
-//! API as everyone else.
+//! latest loss), `cancel ID`, `executors`, `logs ID`, `checkpoints ID` and
+//! `model ID -o FILE`, over the same REST API as everyone else.
 //!
 //! The API address and token come from `--api`/`TRAINYARD_API` (default
 //! `http://127.0.0.1:8080`, the server's default listen address) and
@@ -84,6 +84,18 @@ pub struct JobsArgs {
 pub struct JobArgs {
     /// The job id.
     pub id: String,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard model`.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// The job id.
+    pub id: String,
+    /// Where to write the safetensors file.
+    #[arg(short, long)]
+    pub output: PathBuf,
     #[command(flatten)]
     pub conn: Connection,
 }
@@ -455,6 +467,70 @@ pub async fn logs(args: JobArgs) -> Result<u8, CliError> {
             None => break,
         }
     }
+    Ok(0)
+}
+
+/// `trainyard checkpoints ID`: the committed checkpoints, newest first.
+pub async fn checkpoints(args: JobArgs) -> Result<u8, CliError> {
+    let id = id_path(&args.id)?;
+    let client = Client::new(args.conn)?;
+    let list = client.get(&format!("/v1/jobs/{id}/checkpoints")).await?;
+    let mut rows = vec![[
+        "STEP".to_owned(),
+        "SHARDS".into(),
+        "SIZE".into(),
+        "EPOCH".into(),
+        "AGE".into(),
+        "MANIFEST".into(),
+    ]];
+    for c in list["checkpoints"].as_array().into_iter().flatten() {
+        rows.push([
+            c["step"].to_string(),
+            c["shards"].to_string(),
+            format!(
+                "{:.1} MiB",
+                c["bytes"].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64
+            ),
+            c["cursor"]["epoch"].to_string(),
+            age(c["committed_at"].as_str()),
+            c["manifest_url"].as_str().unwrap_or("").to_owned(),
+        ]);
+    }
+    if rows.len() == 1 {
+        println!(
+            "job {id} has no committed checkpoint (it keeps {})",
+            list["keep"]
+        );
+        return Ok(0);
+    }
+    print_table(&rows);
+    Ok(0)
+}
+
+/// `trainyard model ID -o FILE`: downloads the final weights (safetensors).
+pub async fn model(args: ModelArgs) -> Result<u8, CliError> {
+    let id = id_path(&args.id)?;
+    let client = Client::new(args.conn)?;
+    let url = format!("{}/v1/jobs/{id}/model", client.conn.api);
+    let mut req = client.http.get(&url);
+    if let Some(t) = &client.conn.token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.map_err(|e| client.unreachable(&e))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        let json: Option<Value> = serde_json::from_str(&text).ok();
+        return Err(problem(status, json.as_ref(), &text));
+    }
+    let bytes = resp.bytes().await.map_err(|e| client.unreachable(&e))?;
+    std::fs::write(&args.output, &bytes)
+        .map_err(|e| CliError::Other(format!("cannot write {}: {e}", args.output.display())))?;
+    println!(
+        "wrote {} ({} bytes of safetensors)",
+        args.output.display(),
+        bytes.len()
+    );
     Ok(0)
 }
 

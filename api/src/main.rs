@@ -40,6 +40,10 @@ enum Command {
     Executors(cli::ExecutorsArgs),
     /// Print a job's log lines (every role's), oldest first.
     Logs(cli::JobArgs),
+    /// List a job's committed checkpoints, newest first.
+    Checkpoints(cli::JobArgs),
+    /// Download a job's final weights (safetensors).
+    Model(cli::ModelArgs),
 }
 
 #[tokio::main]
@@ -64,6 +68,8 @@ async fn main() -> ExitCode {
         Command::Cancel(a) => cli::cancel(a).await,
         Command::Executors(a) => cli::executors(a).await,
         Command::Logs(a) => cli::logs(a).await,
+        Command::Checkpoints(a) => cli::checkpoints(a).await,
+        Command::Model(a) => cli::model(a).await,
     };
     match client {
         Ok(code) => ExitCode::from(code),

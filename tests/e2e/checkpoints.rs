@@ -492,6 +492,7 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
     let _e = p.executor("py-eval", &[]);
     let mut spec = digits("python-eval", 300);
     spec["workers"] = json!({"min": 1, "max": 1});
+    spec["checkpoint"] = json!({"every_steps": 100});
     let id = p.submit(&spec);
     let job = p.wait_end(&id, Duration::from_secs(180));
     assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&id));
@@ -499,15 +500,28 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
 
     let dir = p.data.join("python");
     std::fs::create_dir_all(&dir).unwrap();
+    // The command-line client lists the checkpoints and downloads the model.
     let model = dir.join("model.safetensors");
-    let bytes = p
-        .client
-        .get(format!("{}/v1/jobs/{id}/model", p.base))
-        .send()
-        .unwrap()
-        .bytes()
-        .unwrap();
-    std::fs::write(&model, &bytes).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(trainyard_e2e::binary("trainyard").unwrap())
+            .args(args)
+            .args(["--api", &p.base])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = cli(&["checkpoints", &id]);
+    assert!(
+        listed.lines().nth(1).is_some_and(|l| l.starts_with("300 ")),
+        "{listed}"
+    );
+    let said = cli(&["model", &id, "-o", model.to_str().unwrap()]);
+    assert!(said.contains("bytes of safetensors"), "{said}");
     let spec_file = dir.join("spec.json");
     std::fs::write(&spec_file, spec.to_string()).unwrap();
     let out = std::process::Command::new("python3")
@@ -538,4 +552,44 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 404);
+}
+
+#[test]
+fn a_drained_fleet_leaves_a_checkpoint_that_the_next_fleet_resumes_from() {
+    let p = Platform::start(None);
+    let slow = [("TRAINYARD_SLOW_WORKER", "*:10")];
+    let first = [p.executor("drain-a", &slow), p.executor("drain-b", &slow)];
+    // No periodic checkpoints: only the drain writes one.
+    let mut spec = digits("drained", 1500);
+    spec["checkpoint"] = json!({"at_end": false});
+    let id = p.submit(&spec);
+    eventually(Duration::from_secs(120), || {
+        let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=1"));
+        (m["steps_recorded"].as_u64().unwrap_or(0) >= 100).then_some(())
+    })
+    .expect("the job trains");
+    // SIGTERM: each executor drains; a checkpoint is written and uploaded
+    // before it leaves.
+    for mut e in first {
+        e.terminate().unwrap();
+        assert!(e.wait_exit(Duration::from_secs(90)).unwrap().is_some());
+    }
+    let steps = p.checkpoint_steps(&id);
+    let Some(&saved) = steps.first() else {
+        panic!("no checkpoint after the drain: {:?}", p.log_lines(&id));
+    };
+    // The spec asks for none: the drain did (the draining rank's vote makes
+    // every rank write its slice at the next step; a rank stopped later
+    // writes the whole state it holds).
+    assert!(saved >= 100, "{steps:?}");
+    let _second = [p.executor("drain-c", &[]), p.executor("drain-d", &[])];
+    let job = p.wait_end(&id, Duration::from_secs(240));
+    let lines = p.log_lines(&id);
+    assert_eq!(job["state"], "succeeded", "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("resumed from the checkpoint of step {saved} "))),
+        "{lines:?}"
+    );
 }

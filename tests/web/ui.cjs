@@ -169,6 +169,15 @@ async function main() {
     await page.waitForFunction(() => document.querySelector("#acc-chart polyline"));
     await page.waitForSelector("#weights-link");
     assert.match(await page.textContent("#weights-link"), /^file:\/\/.*model\.safetensors$/);
+    // The committed checkpoints are listed (at least the one at the end),
+    // and the link downloads the final weights through the API.
+    await page.waitForSelector("#checkpoint-table tr[data-step]");
+    const model = await page.evaluate(async (href) => {
+      const r = await fetch(href);
+      return { status: r.status, bytes: (await r.arrayBuffer()).byteLength };
+    }, await page.getAttribute("#weights-link", "href"));
+    assert.equal(model.status, 200);
+    assert.ok(model.bytes > 1000, `the model download has ${model.bytes} bytes`);
     // The last steps' metrics may land just after the outcome; the page
     // still gets them (the stream announces late telemetry).
     await page.waitForFunction(() => /step 3000 of 3000/.test(document.querySelector("#job-progress-text")?.textContent));

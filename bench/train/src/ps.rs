@@ -1,0 +1,266 @@
+//! Parameter-server goodput benchmark: the executor's real shard servers
+//! (`ps::serve_shard`, each behind its own data-plane listener, as on
+//! separate executors; sync consistency, SGD applied to every version) serve
+//! a 64 MiB model to 1–4 workers, which pull every shard concurrently and
+//! push a gradient slice to each, speaking the PS wire protocol over
+//! authenticated loopback TCP. Goodput is the model bytes moved (pulled +
+//! pushed) per second. The ceiling is measured in the same invocation by a
+//! plain tokio sender and receiver moving the same bytes over one loopback
+//! connection.
+//!
+//! `cargo run --release -p trainyard-train-bench --bin ps-bench [-- --quick]`
+//! after `source scripts/common.sh && torch_env`. Prints GB/s per
+//! (workers, shards) and the ratio to the ceiling (target ≥ 0.6).
+
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use trainyard_common::cluster::{Assignment, PsPeer, Range, RoleKey, RoleKind, WorkerPeer};
+use trainyard_common::spec::Strategy;
+use trainyard_dataplane::handshake::Hello;
+use trainyard_dataplane::ps::{self, Header, Kind};
+use trainyard_dataplane::{plane, DataPlane};
+
+const MODEL_BYTES: usize = 64 << 20;
+const SECRET: &str = "ps-bench-secret";
+
+fn spec() -> trainyard_common::JobSpecInput {
+    serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
+        "name": "ps-bench",
+        "model": {"kind": "mlp", "inputs": 4, "hidden": [4], "outputs": 2},
+        "dataset": {"kind": "classification", "samples": 64, "features": 4, "classes": 2},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.01},
+        "batch_size": 8,
+        "steps": 1,
+        "strategy": "parameter_server",
+        "parameter_servers": 1,
+        "consistency": "sync"
+    }))
+    .expect("a valid spec")
+    .into()
+}
+
+/// A running shard tier: its servers' threads and addresses.
+struct Tier {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    peers: Vec<PsPeer>,
+    job: uuid::Uuid,
+}
+
+fn start_tier(shards: u32, workers: u32) -> Tier {
+    let n = (MODEL_BYTES / 4) as u64;
+    let job = uuid::Uuid::new_v4();
+    let stop = Arc::new(AtomicBool::new(false));
+    let planes: Vec<Arc<DataPlane>> = (0..shards)
+        .map(|_| Arc::new(DataPlane::bind("127.0.0.1:0").expect("a listener")))
+        .collect();
+    let peers: Vec<PsPeer> = (0..shards)
+        .map(|s| PsPeer {
+            shard: s,
+            executor_id: uuid::Uuid::new_v4(),
+            address: planes[s as usize].local_addr().to_string(),
+            ranges: vec![Range {
+                param: "w".into(),
+                start: n * u64::from(s) / u64::from(shards),
+                end: n * u64::from(s + 1) / u64::from(shards),
+            }],
+        })
+        .collect();
+    let workers: Vec<WorkerPeer> = (0..workers)
+        .map(|r| WorkerPeer {
+            rank: r,
+            executor_id: uuid::Uuid::new_v4(),
+            address: "127.0.0.1:1".into(),
+            device: 0,
+        })
+        .collect();
+    let threads = (0..shards)
+        .map(|s| {
+            let a = Assignment {
+                key: RoleKey {
+                    job_id: job,
+                    generation: 1,
+                    role: RoleKind::Ps,
+                    index: s,
+                },
+                device: None,
+                strategy: Strategy::ParameterServer,
+                secret: SECRET.into(),
+                spec: spec(),
+                workers: workers.clone(),
+                parameter_servers: peers.clone(),
+                resume: None,
+            };
+            let (stop, plane) = (stop.clone(), planes[s as usize].clone());
+            std::thread::spawn(move || {
+                let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                trainyard_executor::ps::serve_shard(
+                    &a,
+                    &stop,
+                    &tx,
+                    &plane,
+                    None,
+                    Err("no store".into()),
+                );
+            })
+        })
+        .collect();
+    Tier {
+        stop,
+        threads,
+        peers,
+        job,
+    }
+}
+
+fn call(s: &mut TcpStream, h: Header, payload: &[f32], buf: &mut Vec<f32>, len: usize) -> Header {
+    ps::write(s, h, payload).expect("a request");
+    let reply = ps::read_header(s).expect("a reply");
+    if reply.len > 0 {
+        ps::read_payload(s, &reply, len, buf).expect("a payload");
+    }
+    reply
+}
+
+/// Runs `steps` pull+push rounds of `workers` workers; returns seconds.
+fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> f64 {
+    let never = AtomicBool::new(false);
+    let barrier = std::sync::Barrier::new(workers as usize + 1);
+    let mut elapsed = 0.0;
+    std::thread::scope(|scope| {
+        for rank in 0..workers {
+            let (barrier, never) = (&barrier, &never);
+            scope.spawn(move || {
+                let mut links: Vec<(TcpStream, usize, Vec<f32>, Vec<f32>)> = tier
+                    .peers
+                    .iter()
+                    .map(|p| {
+                        let hello = Hello {
+                            job: tier.job,
+                            generation: 1,
+                            kind: trainyard_dataplane::RoleKind::ParameterServer as u8,
+                            from: rank,
+                            to: p.shard,
+                        };
+                        let s = plane::connect(
+                            &p.address,
+                            &hello,
+                            SECRET.as_bytes(),
+                            Instant::now() + Duration::from_secs(10),
+                            never,
+                        )
+                        .expect("a connection");
+                        s.set_nodelay(true).expect("nodelay");
+                        let len = (p.ranges[0].end - p.ranges[0].start) as usize;
+                        (s, len, vec![0f32; len], vec![1e-6f32; len])
+                    })
+                    .collect();
+                if rank == 0 {
+                    for (s, len, buf, _) in &mut links {
+                        let init = vec![0.5f32; *len];
+                        call(s, Header::new(Kind::Init, 1), &init, buf, *len);
+                    }
+                }
+                barrier.wait();
+                let mut version = 0u64;
+                for step in 0..warmup + steps {
+                    if step == warmup {
+                        barrier.wait();
+                    }
+                    std::thread::scope(|inner| {
+                        for (s, len, buf, grad) in &mut links {
+                            inner.spawn(move || {
+                                let mut pull = Header::new(Kind::Pull, 1);
+                                pull.version = version;
+                                let w = call(s, pull, &[], buf, *len);
+                                let mut push = Header::new(Kind::Push, 1);
+                                push.version = w.version;
+                                push.samples = 1;
+                                push.lr = 0.01;
+                                call(s, push, grad, buf, 0);
+                            });
+                        }
+                    });
+                    version += 1;
+                }
+                barrier.wait();
+            });
+        }
+        barrier.wait(); // connected
+        barrier.wait(); // warm-up done
+        let started = Instant::now();
+        barrier.wait(); // all steps done
+        elapsed = started.elapsed().as_secs_f64();
+    });
+    elapsed
+}
+
+/// A plain tokio sender and receiver on one loopback connection: GB/s.
+fn ceiling(bytes: usize) -> f64 {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let receiver = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 8 << 20];
+            let mut got = 0;
+            while got < bytes {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                got += n;
+            }
+        });
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let chunk = vec![7u8; 8 << 20];
+        let started = Instant::now();
+        let mut sent = 0;
+        while sent < bytes {
+            let n = chunk.len().min(bytes - sent);
+            s.write_all(&chunk[..n]).await.unwrap();
+            sent += n;
+        }
+        receiver.await.unwrap();
+        bytes as f64 / started.elapsed().as_secs_f64() / 1e9
+    })
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (warmup, steps) = if quick { (1, 3) } else { (2, 8) };
+    tch::set_num_threads(1);
+    // The ceiling, measured with as many bytes as the largest case moves.
+    let ceil = ceiling(MODEL_BYTES * 2 * 4 * steps as usize);
+    println!(
+        "ps-bench: a {} MiB model, sync SGD through the executor's shard servers, {steps} steps after {warmup} warm-up",
+        MODEL_BYTES >> 20
+    );
+    println!("loopback ceiling (one tokio sender → receiver): {ceil:.2} GB/s");
+    println!("| workers | shards | goodput GB/s | ratio to the ceiling |");
+    println!("|---|---|---|---|");
+    for shards in 1..=2u32 {
+        for workers in 1..=4u32 {
+            let tier = start_tier(shards, workers);
+            let secs = run(&tier, workers, warmup, steps);
+            let moved = MODEL_BYTES as f64 * 2.0 * f64::from(workers) * f64::from(steps);
+            let goodput = moved / secs / 1e9;
+            println!(
+                "| {workers} | {shards} | {goodput:.2} | {:.2} |",
+                goodput / ceil
+            );
+            tier.stop.store(true, Ordering::Relaxed);
+            for t in tier.threads {
+                let _ = t.join();
+            }
+        }
+    }
+}

@@ -166,8 +166,7 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> f64 {
                     }
                 }
                 barrier.wait();
-                let mut version = 0u64;
-                for step in 0..warmup + steps {
+                for (version, step) in (0..u64::from(warmup + steps)).zip(0..) {
                     if step == warmup {
                         barrier.wait();
                     }
@@ -185,7 +184,6 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> f64 {
                             });
                         }
                     });
-                    version += 1;
                 }
                 barrier.wait();
             });

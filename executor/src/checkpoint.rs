@@ -226,6 +226,17 @@ pub struct Uploader {
 impl Uploader {
     /// Starts the writer of job `job`'s shards; it reports through `report`.
     pub fn start(storage: Arc<Storage>, job: Uuid, report: UnboundedSender<Item>) -> Uploader {
+        Uploader::start_delayed(storage, job, report, upload_delay())
+    }
+
+    /// [`Uploader::start`] with each upload held `delay` after its local
+    /// write (the `TRAINYARD_UPLOAD_DELAY_MS` test hook).
+    pub fn start_delayed(
+        storage: Arc<Storage>,
+        job: Uuid,
+        report: UnboundedSender<Item>,
+        delay: Option<Duration>,
+    ) -> Uploader {
         // Rendezvous: a snapshot is taken only when the writer is idle.
         let (tx, rx) = sync_channel::<Snapshot>(0);
         let busy = Arc::new(AtomicUsize::new(0));
@@ -236,7 +247,7 @@ impl Uploader {
                 for snap in rx {
                     let (step, shard) = (snap.step, snap.shard);
                     let started = Instant::now();
-                    match upload(&storage, job, snap) {
+                    match upload(&storage, job, snap, delay) {
                         Ok(done) => {
                             let _ = report.send(Item::Log(
                                 LogLevel::Info,
@@ -289,7 +300,12 @@ impl Uploader {
     }
 }
 
-fn upload(storage: &Storage, job: Uuid, snap: Snapshot) -> Result<ShardUploaded, String> {
+fn upload(
+    storage: &Storage,
+    job: Uuid,
+    snap: Snapshot,
+    delay: Option<Duration>,
+) -> Result<ShardUploaded, String> {
     let refs: Vec<&[f32]> = snap.tensors.iter().map(|t| t.as_slice()).collect();
     let bytes = shard::encode(&snap.ranges, &refs, snap.step)?;
     drop(refs);
@@ -299,7 +315,7 @@ fn upload(storage: &Storage, job: Uuid, snap: Snapshot) -> Result<ShardUploaded,
     if let Err(e) = storage.cache.put(&storage.store.url_of(&key), &bytes) {
         tracing::warn!(error = %e, "cannot keep a checkpoint shard in the local cache");
     }
-    if let Some(d) = upload_delay() {
+    if let Some(d) = delay {
         std::thread::sleep(d);
     }
     let len = bytes.len() as u64;
@@ -409,4 +425,169 @@ pub struct Checkpointing {
     pub uploader: Uploader,
     /// The rank's generation.
     pub generation: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trainyard_common::checkpoint::{flat_to_ranges, manifest_key, ring_slice};
+
+    fn storage(name: &str) -> (Arc<Storage>, tokio::runtime::Runtime) {
+        let dir = std::env::temp_dir().join(format!("ty-ckpt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let cache = Arc::new(Cache::open(&dir.join("cache"), 1 << 20).unwrap());
+        let s = Storage::open(
+            &format!("file://{}", dir.join("store").display()),
+            &[],
+            cache,
+            rt.handle().clone(),
+        )
+        .unwrap();
+        (Arc::new(s), rt)
+    }
+
+    fn uploaded(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Item>) -> Vec<ShardUploaded> {
+        let mut out = Vec::new();
+        while let Ok(i) = rx.try_recv() {
+            if let Item::Checkpoint(c) = i {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_policy_checkpoints_every_n_steps_on_a_vote_and_at_the_end_once_per_step() {
+        let spec = |every_steps, at_end| CheckpointPolicy {
+            every_steps,
+            every_seconds: None,
+            keep: 3,
+            at_end,
+        };
+        let mut p = Policy::new(spec(Some(10), true));
+        let due: Vec<u64> = (1..=25).filter(|&s| p.due(s, false, s == 25)).collect();
+        assert_eq!(due, [10, 20, 25]);
+        assert!(p.due(7, true, false), "a vote makes any step due");
+        p.written(10);
+        assert!(!p.due(10, true, true), "never twice the same step");
+        let p = Policy::new(spec(None, false));
+        assert!(!(1..100).any(|s| p.due(s, false, s == 99)));
+        assert!(!p.vote());
+        let timed = Policy::new(CheckpointPolicy {
+            every_seconds: Some(1),
+            ..spec(None, false)
+        });
+        assert!(!timed.vote());
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(timed.vote(), "a writer's clock votes once T has passed");
+    }
+
+    #[test]
+    fn a_snapshot_waits_for_the_previous_upload_instead_of_piling_up() {
+        let (st, _rt) = storage("rendezvous");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = Uuid::nil();
+        let u = Uploader::start_delayed(st, job, tx, Some(Duration::from_millis(300)));
+        let snap = |step| Snapshot {
+            step,
+            generation: 1,
+            shard: 0,
+            shards: 1,
+            ranges: vec![Range {
+                param: "w".into(),
+                start: 0,
+                end: 4,
+            }],
+            tensors: vec![vec![step as f32; 4]],
+            numel: 4,
+            optimizer_t: step,
+            cursor: CursorState::default(),
+        };
+        u.submit(snap(1));
+        u.submit(snap(2));
+        // The second hand-over waited until the first upload was done: at
+        // most one snapshot was ever waiting besides the one uploading.
+        assert!(!uploaded(&mut rx).is_empty());
+        u.submit(snap(3));
+        assert!(u.flush(Duration::from_secs(10)));
+        let mut done: Vec<u64> = uploaded(&mut rx).iter().map(|c| c.step).collect();
+        done.sort_unstable();
+        assert_eq!(done, [2, 3]);
+    }
+
+    #[test]
+    fn a_checkpoint_written_by_three_ranks_loads_into_two_with_its_checksums_checked() {
+        let (st, _rt) = storage("reshard");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = Uuid::new_v4();
+        let layout = vec![("a".to_owned(), 0, 7), ("b".to_owned(), 7, 10)];
+        let numel = 17usize;
+        let value = |i: usize, k: usize| (i * 10 + k) as f32;
+        let u = Uploader::start_delayed(st.clone(), job, tx, None);
+        for rank in 0..3 {
+            let (a, b) = ring_slice(numel, rank, 3);
+            u.submit(Snapshot {
+                step: 40,
+                generation: 2,
+                shard: rank,
+                shards: 3,
+                ranges: flat_to_ranges(&layout, a, b),
+                tensors: (0..3)
+                    .map(|k| (a..b).map(|i| value(i, k)).collect())
+                    .collect(),
+                numel: numel as u64,
+                optimizer_t: 40,
+                cursor: CursorState {
+                    epoch: 1,
+                    offset: 64,
+                },
+            });
+        }
+        assert!(u.flush(Duration::from_secs(10)));
+        let reports = uploaded(&mut rx);
+        let m = Manifest::from_reports(job, &reports).expect("a complete checkpoint");
+        st.put(
+            &manifest_key(job, 40),
+            serde_json::to_vec(&m).unwrap().into(),
+        )
+        .unwrap();
+        let at = CheckpointRef {
+            job_id: job,
+            step: 40,
+            manifest: manifest_key(job, 40),
+        };
+        for rank in 0..2 {
+            let (a, b) = ring_slice(numel, rank, 2);
+            let l = load(&st, &at, &flat_to_ranges(&layout, a, b), numel as u64, 2).unwrap();
+            assert_eq!((l.step, l.cursor.offset, l.optimizer_t), (40, 64, 40));
+            for (k, t) in l.tensors.iter().enumerate() {
+                assert_eq!(*t, (a..b).map(|i| value(i, k)).collect::<Vec<_>>());
+            }
+        }
+        // Another optimizer: the weights only.
+        let all = flat_to_ranges(&layout, 0, numel);
+        assert_eq!(
+            load(&st, &at, &all, numel as u64, 0).unwrap().tensors.len(),
+            1
+        );
+        // Another model: refused by name.
+        let e = load(&st, &at, &all, 99, 2).unwrap_err();
+        assert!(e.contains("not the same model"), "{e}");
+        // A damaged shard in the store (and none cached) is refused.
+        let (st2, _rt2) = storage("reshard-cold");
+        let key = &m.shards[0].key;
+        let mut bytes = st.read_remote(key).unwrap().to_vec();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        st2.put(key, bytes.into()).unwrap();
+        st2.put(&at.manifest, serde_json::to_vec(&m).unwrap().into())
+            .unwrap();
+        let e = load(&st2, &at, &all, numel as u64, 2).unwrap_err();
+        assert!(e.contains("checksum"), "{e}");
+    }
 }

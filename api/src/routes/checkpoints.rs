@@ -107,8 +107,17 @@ pub fn validate(key: &RoleKey, shards: &[ShardUploaded]) -> ApiResult<()> {
 }
 
 /// Records shard reports and commits every checkpoint they complete.
+///
+/// Commits of one job are serialised by a Postgres advisory lock (held for
+/// the transaction): reports of different roles arrive concurrently, and
+/// under the lock every complete checkpoint newer than the newest committed
+/// one is committed in ascending step order before retention and clean-up
+/// run, so clean-up never removes a checkpoint that another report was
+/// about to complete.
 pub async fn record(st: &AppState, job: Uuid, shards: &[ShardUploaded]) -> ApiResult<()> {
-    let mut touched = BTreeSet::new();
+    if shards.is_empty() {
+        return Ok(());
+    }
     for s in shards {
         sqlx::query(
             "INSERT INTO checkpoint_shards (job_id, step, generation, shard, shards, report)
@@ -123,88 +132,106 @@ pub async fn record(st: &AppState, job: Uuid, shards: &[ShardUploaded]) -> ApiRe
         .bind(serde_json::to_value(s).map_err(|e| ApiError::Internal(e.into()))?)
         .execute(&st.db)
         .await?;
-        touched.insert((s.step, s.generation));
     }
-    for (step, generation) in touched {
-        commit_if_complete(st, job, step, generation).await?;
-    }
-    Ok(())
-}
-
-async fn commit_if_complete(st: &AppState, job: Uuid, step: u64, generation: i64) -> ApiResult<()> {
-    let committed: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM checkpoints WHERE job_id = $1 AND step = $2)",
-    )
-    .bind(job)
-    .bind(step as i64)
-    .fetch_one(&st.db)
-    .await?;
+    let mut tx = st.db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7001))")
+        .bind(job.to_string())
+        .execute(&mut *tx)
+        .await?;
+    let committed = commit_complete(st, &mut tx, job).await?;
     if committed {
-        return Ok(());
+        if let Err(e) = tidy(st, &mut tx, job).await {
+            tracing::warn!(%job, error = %e, "checkpoint retention or clean-up failed; retried at the next commit");
+        }
     }
-    let rows: Vec<serde_json::Value> = sqlx::query_scalar(
-        "SELECT report FROM checkpoint_shards WHERE job_id = $1 AND step = $2 AND generation = $3 ORDER BY shard",
-    )
-    .bind(job)
-    .bind(step as i64)
-    .bind(generation)
-    .fetch_all(&st.db)
-    .await?;
-    let reports: Vec<ShardUploaded> = rows
-        .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
-        .collect();
-    let Some(manifest) = Manifest::from_reports(job, &reports) else {
-        return Ok(());
-    };
-    let key = manifest_key(job, step);
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ApiError::Internal(e.into()))?;
-    st.store
-        .put(&key, json.into())
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("cannot write the manifest: {e}")))?;
-    let inserted = sqlx::query(
-        "INSERT INTO checkpoints (job_id, step, generation, shards, bytes, manifest_key, manifest)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-    )
-    .bind(job)
-    .bind(step as i64)
-    .bind(manifest.generation)
-    .bind(manifest.shards.len() as i32)
-    .bind(manifest.bytes as i64)
-    .bind(&key)
-    .bind(serde_json::to_value(&manifest).map_err(|e| ApiError::Internal(e.into()))?)
-    .execute(&st.db)
-    .await?
-    .rows_affected();
-    if inserted == 0 {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'checkpoint', $2, $3)",
-    )
-    .bind(job)
-    .bind(format!(
-        "checkpoint of step {step} committed: {} shard(s), {} bytes",
-        manifest.shards.len(),
-        manifest.bytes
-    ))
-    .bind(serde_json::json!({"step": step, "manifest_url": st.store.url_of(&key)}))
-    .execute(&st.db)
-    .await?;
-    tracing::info!(%job, step, shards = manifest.shards.len(), bytes = manifest.bytes, "checkpoint committed");
-    if let Err(e) = tidy(st, job).await {
-        tracing::warn!(%job, error = %e, "checkpoint retention or clean-up failed; retried at the next commit");
-    }
+    tx.commit().await?;
     Ok(())
 }
 
-/// Keeps the job's newest K committed checkpoints and removes objects of
-/// uncommitted ones older than the newest committed.
-async fn tidy(st: &AppState, job: Uuid) -> anyhow::Result<()> {
+/// Commits, oldest first, every complete checkpoint of `job` newer than its
+/// newest committed one: `manifest.json` first, then the row. Returns
+/// whether any was committed.
+async fn commit_complete(st: &AppState, tx: &mut sqlx::PgConnection, job: Uuid) -> ApiResult<bool> {
+    let newest: Option<i64> =
+        sqlx::query_scalar("SELECT max(step) FROM checkpoints WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await?;
+    let groups: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT step, generation FROM checkpoint_shards WHERE job_id = $1 AND step > $2
+         GROUP BY step, generation HAVING count(*) = max(shards) ORDER BY step, generation",
+    )
+    .bind(job)
+    .bind(newest.unwrap_or(-1))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut any = false;
+    let mut done = newest.unwrap_or(-1);
+    for (step, generation) in groups {
+        if step <= done {
+            continue;
+        }
+        let rows: Vec<serde_json::Value> = sqlx::query_scalar(
+            "SELECT report FROM checkpoint_shards WHERE job_id = $1 AND step = $2 AND generation = $3 ORDER BY shard",
+        )
+        .bind(job)
+        .bind(step)
+        .bind(generation)
+        .fetch_all(&mut *tx)
+        .await?;
+        let reports: Vec<ShardUploaded> = rows
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect();
+        let Some(manifest) = Manifest::from_reports(job, &reports) else {
+            continue;
+        };
+        let step = step as u64;
+        let key = manifest_key(job, step);
+        let json =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| ApiError::Internal(e.into()))?;
+        st.store
+            .put(&key, json.into())
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("cannot write the manifest: {e}")))?;
+        sqlx::query(
+            "INSERT INTO checkpoints (job_id, step, generation, shards, bytes, manifest_key, manifest)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        )
+        .bind(job)
+        .bind(step as i64)
+        .bind(manifest.generation)
+        .bind(manifest.shards.len() as i32)
+        .bind(manifest.bytes as i64)
+        .bind(&key)
+        .bind(serde_json::to_value(&manifest).map_err(|e| ApiError::Internal(e.into()))?)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'checkpoint', $2, $3)",
+        )
+        .bind(job)
+        .bind(format!(
+            "checkpoint of step {step} committed: {} shard(s), {} bytes",
+            manifest.shards.len(),
+            manifest.bytes
+        ))
+        .bind(serde_json::json!({"step": step, "manifest_url": st.store.url_of(&key)}))
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(%job, step, shards = manifest.shards.len(), bytes = manifest.bytes, "checkpoint committed");
+        done = step as i64;
+        any = true;
+    }
+    Ok(any)
+}
+
+/// Keeps the job's newest K committed checkpoints and removes what is
+/// older than the newest one and not committed (rows and objects).
+async fn tidy(st: &AppState, tx: &mut sqlx::PgConnection, job: Uuid) -> anyhow::Result<()> {
     let spec: serde_json::Value = sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1")
         .bind(job)
-        .fetch_one(&st.db)
+        .fetch_one(&mut *tx)
         .await?;
     let keep = serde_json::from_value::<JobSpecInput>(spec)
         .map(|s| s.checkpoint.keep)
@@ -217,7 +244,7 @@ async fn tidy(st: &AppState, job: Uuid) -> anyhow::Result<()> {
     )
     .bind(job)
     .bind(i64::from(keep))
-    .fetch_all(&st.db)
+    .fetch_all(&mut *tx)
     .await?;
     for step in &dropped {
         st.store.delete_prefix(&step_dir(job, *step as u64)).await?;
@@ -225,7 +252,7 @@ async fn tidy(st: &AppState, job: Uuid) -> anyhow::Result<()> {
     let kept: Vec<i64> =
         sqlx::query_scalar("SELECT step FROM checkpoints WHERE job_id = $1 ORDER BY step")
             .bind(job)
-            .fetch_all(&st.db)
+            .fetch_all(&mut *tx)
             .await?;
     let Some(&newest) = kept.last() else {
         return Ok(());
@@ -233,7 +260,7 @@ async fn tidy(st: &AppState, job: Uuid) -> anyhow::Result<()> {
     sqlx::query("DELETE FROM checkpoint_shards WHERE job_id = $1 AND step <= $2")
         .bind(job)
         .bind(newest)
-        .execute(&st.db)
+        .execute(&mut *tx)
         .await?;
     let kept: BTreeSet<u64> = kept.into_iter().map(|s| s as u64).collect();
     let mut partial = BTreeSet::new();

@@ -102,6 +102,9 @@ pub async fn report(
     } else {
         -1
     };
+    // Checkpoints first: a checkpoint written at the end is committed
+    // before the outcome ends the job.
+    crate::routes::checkpoints::record(&st, key.job_id, &r.checkpoints).await?;
     let mut tx = st.db.begin().await?;
     let mut metrics_stored = 0;
     if rank >= 0 {
@@ -227,7 +230,6 @@ pub async fn report(
         }
     }
     tx.commit().await?;
-    crate::routes::checkpoints::record(&st, key.job_id, &r.checkpoints).await?;
     Ok(Json(ReportAck {
         metrics_stored,
         logs_stored,

@@ -101,6 +101,32 @@ async fn checkpoints_commit_when_complete_keep_k_and_drop_partial_ones() {
         format!("{url}/{job}/step-30/manifest.json")
     );
 
+    // Two roles report several checkpoints at once (a burst after an
+    // outage): every complete one commits, oldest first, and retention
+    // then keeps the newest two — none is lost to a concurrent clean-up.
+    for _ in 0..5 {
+        let base = steps().await[0];
+        let (a, b, c) = (base + 10, base + 20, base + 30);
+        for step in [a, b, c] {
+            let dir = store.join(&job).join(format!("step-{step}"));
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        let (r0, r1) = tokio::join!(
+            report(vec![
+                shard(&job, a, 0, 0, 5),
+                shard(&job, b, 0, 0, 5),
+                shard(&job, c, 0, 0, 5)
+            ]),
+            report(vec![
+                shard(&job, a, 1, 5, 10),
+                shard(&job, b, 1, 5, 10),
+                shard(&job, c, 1, 5, 10)
+            ]),
+        );
+        assert_eq!((r0.status().as_u16(), r1.status().as_u16()), (200, 200));
+        assert_eq!(steps().await, [c, b]);
+    }
+
     // Malformed shard reports are refused, naming the field.
     let mut bad = shard(&job, 40, 0, 0, 5);
     bad["key"] = json!("../../etc/passwd");

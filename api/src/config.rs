@@ -144,7 +144,7 @@ impl Config {
 
     /// The object-store options as pairs; a malformed one is named.
     pub fn object_store_pairs(&self) -> Result<Vec<(String, String)>, String> {
-        parse_store_options(&self.object_store_options)
+        trainyard_store::parse_options(&self.object_store_options)
     }
 
     /// The object-store URL in force.
@@ -158,15 +158,4 @@ impl Config {
             }
         }
     }
-}
-
-/// Parses `KEY=VALUE` object-store options.
-pub fn parse_store_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
-    raw.iter()
-        .filter(|o| !o.trim().is_empty())
-        .map(|o| match o.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-            _ => Err(format!("object-store option {o:?} is not KEY=VALUE")),
-        })
-        .collect()
 }

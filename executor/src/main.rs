@@ -81,16 +81,6 @@ struct Cli {
     cache_mb: u64,
 }
 
-fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
-    raw.iter()
-        .filter(|o| !o.trim().is_empty())
-        .map(|o| match o.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-            _ => Err(format!("object-store option {o:?} is not KEY=VALUE")),
-        })
-        .collect()
-}
-
 fn parse_label(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -122,7 +112,8 @@ fn main() -> anyhow::Result<()> {
         trainyard_dataplane::DataPlane::bind(cli.data_listen)
             .context("binding the data-plane listener")?,
     );
-    let options = parse_options(&cli.object_store_options).map_err(anyhow::Error::msg)?;
+    let options =
+        trainyard_store::parse_options(&cli.object_store_options).map_err(anyhow::Error::msg)?;
     rt.block_on(async move {
         let address = plane.local_addr().to_string();
         let name = cli.name.clone().unwrap_or_else(|| {

@@ -38,6 +38,18 @@ pub enum StoreError {
     },
 }
 
+/// Parses object-store options written `KEY=VALUE` (flags, or a
+/// comma-separated variable); a malformed one is named.
+pub fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
+    raw.iter()
+        .filter(|o| !o.trim().is_empty())
+        .map(|o| match o.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+            _ => Err(format!("object-store option {o:?} is not KEY=VALUE")),
+        })
+        .collect()
+}
+
 /// An object store under a URL's prefix.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -287,6 +299,20 @@ mod tests {
         assert!(s.list("j").await.unwrap().is_empty());
         assert_eq!(s.url_of("x/y"), format!("file://{}/x/y", dir.display()));
         assert_eq!(s.key_of(&s.url_of("x/y")), Some("x/y"));
+    }
+
+    #[test]
+    fn options_are_key_value_pairs() {
+        let raw = ["aws_region=garage".to_owned(), " ".into(), "a=b=c".into()];
+        assert_eq!(
+            parse_options(&raw).unwrap(),
+            [
+                ("aws_region".into(), "garage".into()),
+                ("a".into(), "b=c".into())
+            ]
+        );
+        let e = parse_options(&["=x".to_owned()]).unwrap_err();
+        assert!(e.contains("KEY=VALUE"), "{e}");
     }
 
     #[test]

@@ -85,6 +85,17 @@ impl S3 {
             .collect()
     }
 
+    /// Writes and reads back an object larger than one multipart part.
+    fn multipart_round_trip(&self) {
+        let (store, rt) = self.store();
+        let big: Vec<u8> = (0..trainyard_store::MULTIPART_PART * 2 + 17)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        rt.block_on(store.put("multipart/big", big.clone().into()))
+            .unwrap();
+        assert_eq!(rt.block_on(store.get("multipart/big")).unwrap(), big);
+    }
+
     /// Uploads a local file; returns its URL.
     fn upload(&self, key: &str, file: &std::path::Path) -> String {
         let (store, rt) = self.store();
@@ -345,6 +356,34 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     );
     assert_eq!(in_s3["step-150"].len(), 3, "{in_s3:?}");
 
+    // Large shards go up as multipart uploads; the S3 server takes them.
+    s3.multipart_round_trip();
+
+    // The PS job's checkpoint resumes a ring of three: each rank loads the
+    // two shards' ranges it needs.
+    let mut ring3 = digits("resumed-from-ps", 200);
+    ring3["workers"] = json!({"min": 3, "max": 3});
+    ring3["resume_from"] = json!({"job_id": ps_id});
+    let ring3_id = p.submit(&ring3);
+    let job = p.wait_end(&ring3_id, Duration::from_secs(240));
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&ring3_id));
+    // Every rank says where it started (a rank's last lines may land just
+    // after the job ended).
+    let resumed = |lines: Vec<String>| {
+        let want = format!("resumed from the checkpoint of step 150 (job {ps_id})");
+        lines.iter().filter(|l| l.contains(&want)).count()
+    };
+    let all_three = eventually(Duration::from_secs(30), || {
+        (resumed(p.log_lines(&ring3_id)) == 3).then_some(())
+    });
+    assert!(all_three.is_some(), "{:?}", p.log_lines(&ring3_id));
+    let metrics = p.get(&format!("/v1/jobs/{ring3_id}/metrics"));
+    assert_eq!(
+        metrics["points"][0]["step"].as_u64(),
+        Some(151),
+        "{metrics}"
+    );
+
     // A new job starts from the ring's checkpoint with another shape: two
     // PS shards re-shard the ring's two slices.
     let mut next = ps.clone();
@@ -353,18 +392,15 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     next["resume_from"] = json!({"job_id": ring_id});
     let next_id = p.submit(&next);
     let job = p.wait_end(&next_id, Duration::from_secs(240));
-    let lines = p.log_lines(&next_id);
-    assert_eq!(job["state"], "succeeded", "{lines:?}");
-    assert_eq!(
-        lines
-            .iter()
-            .filter(|l| l.contains(&format!(
-                "restored from the checkpoint of step 150 (job {ring_id})"
-            )))
-            .count(),
-        2,
-        "{lines:?}"
-    );
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&next_id));
+    let restored = |lines: Vec<String>| {
+        let want = format!("restored from the checkpoint of step 150 (job {ring_id})");
+        lines.iter().filter(|l| l.contains(&want)).count()
+    };
+    let both = eventually(Duration::from_secs(30), || {
+        (restored(p.log_lines(&next_id)) == 2).then_some(())
+    });
+    assert!(both.is_some(), "{:?}", p.log_lines(&next_id));
     let metrics = p.get(&format!("/v1/jobs/{next_id}/metrics"));
     let first = metrics["points"][0]["step"].as_u64().unwrap();
     assert_eq!(first, 151, "{metrics}");

@@ -82,6 +82,74 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "TRAINYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Who starts executors: `local` (executor processes on this machine,
+    /// on demand, released when idle), `none` (only hand-started ones), or
+    /// `auto`: `local` when the server runs its private Postgres (one
+    /// machine), else `none`.
+    #[arg(long, env = "TRAINYARD_PROVISIONER", value_enum, default_value_t = ProvisionerKind::Auto)]
+    pub provisioner: ProvisionerKind,
+
+    /// Most executors the provisioner runs at once (also bounded by its CPU
+    /// and memory budget).
+    #[arg(long, env = "TRAINYARD_PROVISION_MAX_EXECUTORS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub provision_max_executors: u32,
+
+    /// Most new executors one job may need; a larger job stays queued with
+    /// the reason.
+    #[arg(long, env = "TRAINYARD_PROVISION_MAX_PER_JOB", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub provision_max_per_job: u32,
+
+    /// Seconds an executor the provisioner started may hold no role before
+    /// it is released (scale to zero).
+    #[arg(long, env = "TRAINYARD_PROVISION_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub provision_idle_timeout_secs: u64,
+
+    /// Seconds a started executor may take to register before it is killed
+    /// (and starts back off).
+    #[arg(long, env = "TRAINYARD_PROVISION_START_TIMEOUT_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub provision_start_timeout_secs: u64,
+
+    /// CPU cores the local provisioner may give executors (default: all).
+    #[arg(long, env = "TRAINYARD_PROVISION_CPUS", value_parser = positive_f64)]
+    pub provision_cpus: Option<f64>,
+
+    /// Memory the local provisioner may give executors, in MiB (default:
+    /// the machine's available memory at start).
+    #[arg(long, env = "TRAINYARD_PROVISION_MEMORY_MB")]
+    pub provision_memory_mb: Option<u64>,
+
+    /// CPU cores per provisioned executor (its libtorch threads, rounded
+    /// down, at least 1; fractions let several share a core).
+    #[arg(long, env = "TRAINYARD_PROVISION_EXECUTOR_CPUS", default_value_t = 1.0, value_parser = positive_f64)]
+    pub provision_executor_cpus: f64,
+
+    /// RAM each provisioned executor offers, in MiB.
+    #[arg(long, env = "TRAINYARD_PROVISION_EXECUTOR_MEMORY_MB", default_value_t = 2048, value_parser = clap::value_parser!(u64).range(16..=4_194_304))]
+    pub provision_executor_memory_mb: u64,
+
+    /// The `trainyard-executor` binary the local provisioner starts
+    /// (default: the one beside this binary).
+    #[arg(long, env = "TRAINYARD_PROVISION_EXECUTOR_BIN")]
+    pub provision_executor_bin: Option<PathBuf>,
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 100_000.0 => Ok(v),
+        _ => Err(format!("expected a number of cores above 0, got {s:?}")),
+    }
+}
+
+/// Who starts executors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProvisionerKind {
+    /// `local` with a private Postgres, else `none`.
+    Auto,
+    /// Executor processes on this machine.
+    Local,
+    /// Hand-started executors only.
+    None,
 }
 
 /// How logs are written.
@@ -112,6 +180,26 @@ impl Config {
             db_max_connections: 8,
             db_acquire_timeout_secs: 5,
             log_format: LogFormat::Text,
+            provisioner: ProvisionerKind::None,
+            provision_max_executors: 4,
+            provision_max_per_job: 4,
+            provision_idle_timeout_secs: 60,
+            provision_start_timeout_secs: 120,
+            provision_cpus: None,
+            provision_memory_mb: None,
+            provision_executor_cpus: 1.0,
+            provision_executor_memory_mb: 2048,
+            provision_executor_bin: None,
+        }
+    }
+
+    /// Whether the local provisioner runs (`auto` means: when the server
+    /// runs its private Postgres).
+    pub fn local_provisioner(&self) -> bool {
+        match self.provisioner {
+            ProvisionerKind::Local => true,
+            ProvisionerKind::None => false,
+            ProvisionerKind::Auto => self.database_url.is_none(),
         }
     }
 

@@ -31,6 +31,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use trainyard_scheduler::fleet::{Fleet, FleetConfig};
+use trainyard_scheduler::local::{LocalConfig, LocalProvisioner};
+use trainyard_scheduler::provision::Limits;
 use trainyard_scheduler::service::{Scheduler, SchedulerConfig, SchedulerMetrics};
 
 /// The migrations in `migrations/`, embedded in the binary.
@@ -51,6 +54,8 @@ pub struct AppState {
     pub events: routes::stream::EventHub,
     /// The object store of checkpoints and models.
     pub store: Arc<trainyard_store::Store>,
+    /// The provisioner's settings (`kind: none` without one).
+    pub provisioner: Arc<routes::provisioner::ProvisionerSettings>,
 }
 
 /// A built server: bound to its port and connected to its database.
@@ -86,11 +91,16 @@ impl Application {
         )
         .context("opening the object store")?;
         let metrics = Arc::new(metrics::Metrics::new()?);
+        let (settings, fleet) = provisioner(&config, &listener, &join_token, &db)?;
         let scheduler = if config.no_scheduler {
             None
         } else {
             let sm = SchedulerMetrics::register(metrics.registry())?;
-            Some(Scheduler::new(db.clone(), scheduler_config(&config), sm))
+            let s = Scheduler::new(db.clone(), scheduler_config(&config), sm);
+            Some(match fleet {
+                Some(f) => s.with_fleet(f),
+                None => s,
+            })
         };
         let state = AppState {
             events: routes::stream::EventHub::new(db.clone()),
@@ -99,6 +109,7 @@ impl Application {
             config: Arc::new(config),
             join_token: Arc::new(join_token),
             store: Arc::new(store),
+            provisioner: Arc::new(settings),
         };
         let router = routes::router(state.clone());
         Ok(Application {
@@ -132,9 +143,15 @@ impl Application {
         let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stopped)));
         // Event streams never end by themselves: close them when shutdown
         // begins, or the graceful drain would wait for every open page.
+        // The scheduler stops first, while HTTP still answers: executors
+        // it provisioned drain and leave through this API.
         let events = self.state.events.clone();
         let shutdown = async move {
             shutdown.await;
+            let _ = stop.send(true);
+            if let Some(s) = scheduler {
+                let _ = s.await;
+            }
             events.close();
         };
         axum::serve(
@@ -145,13 +162,117 @@ impl Application {
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving HTTP")?;
-        let _ = stop.send(true);
-        if let Some(s) = scheduler {
-            let _ = s.await;
-        }
         db.close().await;
         Ok(())
     }
+}
+
+/// The provisioner the configuration asks for: its settings, and the fleet
+/// the scheduler runs it with (none with `--provisioner none`, or without a
+/// scheduler loop in this process).
+fn provisioner(
+    config: &Config,
+    listener: &TcpListener,
+    join_token: &str,
+    db: &PgPool,
+) -> anyhow::Result<(routes::provisioner::ProvisionerSettings, Option<Fleet>)> {
+    let cpus = config
+        .provision_cpus
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
+    let memory_mb = config
+        .provision_memory_mb
+        .unwrap_or_else(|| available_memory_mb().unwrap_or(4096));
+    let local = LocalConfig {
+        executor_bin: match &config.provision_executor_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .context("locating this binary")?
+                .with_file_name("trainyard-executor"),
+        },
+        api_url: {
+            let addr = listener.local_addr()?;
+            let ip = if addr.ip().is_unspecified() {
+                std::net::IpAddr::from([127, 0, 0, 1])
+            } else {
+                addr.ip()
+            };
+            format!("http://{}", SocketAddr::new(ip, addr.port()))
+        },
+        join_token: join_token.to_owned(),
+        dir: std::path::absolute(config.data_dir.join("executors"))
+            .unwrap_or_else(|_| config.data_dir.join("executors")),
+        executor_cpus: config.provision_executor_cpus,
+        executor_memory_mb: config.provision_executor_memory_mb,
+        host_label: "local".into(),
+        env: if config.object_store_options.is_empty() {
+            Vec::new()
+        } else {
+            vec![(
+                "TRAINYARD_OBJECT_STORE_OPTIONS".into(),
+                config.object_store_options.join(","),
+            )]
+        },
+    };
+    let max = config
+        .provision_max_executors
+        .min(local.fits(cpus, memory_mb));
+    let on = config.local_provisioner();
+    let settings = routes::provisioner::ProvisionerSettings {
+        kind: if on { "local" } else { "none" }.into(),
+        max_executors: if on { max } else { 0 },
+        max_per_job: config.provision_max_per_job,
+        idle_timeout_secs: config.provision_idle_timeout_secs,
+        start_timeout_secs: config.provision_start_timeout_secs,
+        cpu_budget: cpus,
+        memory_budget_mb: memory_mb,
+        executor_cpus: config.provision_executor_cpus,
+        executor_memory_mb: config.provision_executor_memory_mb,
+    };
+    if !on || config.no_scheduler {
+        return Ok((settings, None));
+    }
+    if !local.executor_bin.exists() {
+        anyhow::bail!(
+            "the local provisioner starts {}, which does not exist: build it (cargo build --bins), set --provision-executor-bin, or run with --provisioner none",
+            local.executor_bin.display()
+        );
+    }
+    tracing::info!(
+        max_executors = max,
+        executor_cpus = local.executor_cpus,
+        executor_memory_mb = local.executor_memory_mb,
+        "local provisioner: executors start on demand and go when idle"
+    );
+    let fleet = Fleet::new(
+        db.clone(),
+        Box::new(LocalProvisioner::new(local)),
+        FleetConfig {
+            limits: Limits {
+                max_executors: max,
+                max_per_job: config.provision_max_per_job,
+                idle_timeout: Duration::from_secs(config.provision_idle_timeout_secs),
+            },
+            start_timeout: Duration::from_secs(config.provision_start_timeout_secs),
+            stop_timeout: Duration::from_secs(60),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".into()),
+        },
+    );
+    Ok((settings, Some(fleet)))
+}
+
+fn available_memory_mb() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024)
 }
 
 /// The scheduler loop's settings from the server's.

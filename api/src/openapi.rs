@@ -6,7 +6,9 @@
 //! regenerates it).
 
 use crate::error::Problem;
-use crate::routes::{assignments, checkpoints, executors, health, jobs, stream, telemetry};
+use crate::routes::{
+    assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry,
+};
 use crate::AppState;
 use axum::Router;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -26,6 +28,7 @@ use utoipa_swagger_ui::SwaggerUi;
         assignments::assignments, checkpoints::list, checkpoints::model, stream::stream,
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
+        provisioner::status,
         health::healthz, health::readyz, health::metrics,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),

@@ -7,14 +7,21 @@
 //! * [`service`] — the loop around the planner: leader lease (Postgres
 //!   advisory lock), lost-executor detection, one transaction per
 //!   membership change (new assignments, generation + 1, event).
+//! * [`provision`] — capacity on demand: how many executors the queue's
+//!   unmet demand needs, which idle ones to release (pure, property-tested);
+//!   [`fleet`] carries it out through a [`fleet::Provisioner`], of which
+//!   [`local`] starts executor processes on this machine.
 //! * [`lifecycle`] — the one function through which every job state change
 //!   is made, checked against [`JobState::can_move_to`](trainyard_common::JobState::can_move_to)
 //!   and written with its event row.
 //!
 //! The API runs the loop in-process by default.
 
+pub mod fleet;
 pub mod lifecycle;
+pub mod local;
 pub mod plan;
+pub mod provision;
 pub mod service;
 pub mod shard;
 

@@ -21,6 +21,7 @@
 //! Every write re-checks the job's generation under a row lock, so a
 //! leader that lost its lease mid-round cannot overwrite a newer plan.
 
+use crate::fleet::{Fleet, RoundView};
 use crate::lifecycle::{self, transition};
 use crate::plan::{
     plan, Demand, DeviceSlot, ExecutorView, JobView, Placement, Plan, PsRole, WorkerRole,
@@ -130,7 +131,11 @@ pub struct Scheduler {
     db: PgPool,
     config: SchedulerConfig,
     metrics: SchedulerMetrics,
+    fleet: Option<tokio::sync::Mutex<Fleet>>,
 }
+
+/// Longest a shutdown waits for provisioned executors to drain and exit.
+const RELEASE_ON_SHUTDOWN: Duration = Duration::from_secs(90);
 
 /// Why a round failed.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +152,15 @@ impl Scheduler {
             db,
             config,
             metrics,
+            fleet: None,
         }
+    }
+
+    /// The same loop, also provisioning executors through `fleet` while it
+    /// leads.
+    pub fn with_fleet(mut self, fleet: Fleet) -> Scheduler {
+        self.fleet = Some(tokio::sync::Mutex::new(fleet));
+        self
     }
 
     /// Runs until `shutdown` turns true: campaigns for the lease, and leads
@@ -181,6 +194,24 @@ impl Scheduler {
                 _ = shutdown.changed() => {}
             }
         }
+        // Executors this process started and still runs (it led once, or
+        // the leader's shutdown below ran out of time): released without
+        // planning rounds.
+        if let Some(fleet) = &self.fleet {
+            let mut fleet = fleet.lock().await;
+            if !fleet.is_empty() {
+                if let Err(e) = fleet.release_all("the server is shutting down").await {
+                    tracing::warn!(error = %e, "provisioner: releasing executors");
+                }
+                let deadline = Instant::now() + RELEASE_ON_SHUTDOWN;
+                while !fleet.is_empty() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if let Err(e) = fleet.reap_only().await {
+                        tracing::warn!(error = %e, "provisioner: reaping executors");
+                    }
+                }
+            }
+        }
     }
 
     /// Tries to take the lease on `session` (opened when absent).
@@ -209,6 +240,9 @@ impl Scheduler {
         let led_since = Instant::now();
         let mut tick = tokio::time::interval(self.config.tick());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Set when shutdown began with provisioned executors running: the
+        // rounds go on (their drains need re-planning) until they exited.
+        let mut closing: Option<Instant> = None;
         loop {
             // The lease is only as good as the session that holds it.
             sqlx::query("SELECT 1").execute(&mut *lock).await?;
@@ -223,10 +257,27 @@ impl Scheduler {
             self.metrics
                 .round_seconds
                 .observe(start.elapsed().as_secs_f64());
+            if let Some(since) = closing {
+                let done = match &self.fleet {
+                    Some(f) => f.lock().await.is_empty(),
+                    None => true,
+                };
+                if done || since.elapsed() > RELEASE_ON_SHUTDOWN {
+                    return Ok(());
+                }
+            }
             tokio::select! {
                 n = listener.recv() => { n?; }
                 _ = tick.tick() => {}
-                _ = shutdown.changed() => return Ok(()),
+                _ = shutdown.changed(), if closing.is_none() => {
+                    let Some(fleet) = &self.fleet else { return Ok(()) };
+                    let mut fleet = fleet.lock().await;
+                    if fleet.is_empty() {
+                        return Ok(());
+                    }
+                    fleet.release_all("the server is shutting down").await?;
+                    closing = Some(Instant::now());
+                }
             }
         }
     }
@@ -259,7 +310,12 @@ impl Scheduler {
         self.assign_inspections().await?;
         let world = World::load(&self.db).await?;
         self.metrics.live_executors.set(world.live.len() as i64);
-        let plan = plan(&world.jobs, &world.live);
+        let mut plan = plan(&world.jobs, &world.live);
+        if let Some(fleet) = &self.fleet {
+            if let Err(e) = self.provision(fleet, &world, &mut plan).await {
+                tracing::warn!(error = %e, "provisioner round failed");
+            }
+        }
         self.metrics.queue_length.set(plan.waiting.len() as i64);
         for job in &world.jobs {
             if let Err(e) = self.apply(&world, &plan, job).await {
@@ -267,6 +323,61 @@ impl Scheduler {
             }
         }
         self.promote_acknowledged().await?;
+        Ok(())
+    }
+
+    /// The provisioner's part of a round: what holds a role, what waits
+    /// for inspection, then [`Fleet::round`].
+    async fn provision(
+        &self,
+        fleet: &tokio::sync::Mutex<Fleet>,
+        world: &World,
+        plan: &mut Plan,
+    ) -> Result<(), SchedulerError> {
+        let mut busy: BTreeSet<Uuid> = plan
+            .placements
+            .values()
+            .flat_map(|p| {
+                p.workers
+                    .iter()
+                    .map(|w| w.executor)
+                    .chain(p.parameter_servers.iter().map(|s| s.executor))
+            })
+            .collect();
+        let (inspectors, needs_inspector): (Vec<Uuid>, bool) = {
+            let inspectors: Vec<Uuid> = sqlx::query_scalar(
+                "SELECT inspector FROM jobs WHERE state = 'inspecting' AND inspector IS NOT NULL",
+            )
+            .fetch_all(&self.db)
+            .await?;
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND params IS NULL
+                   AND spec->'model'->>'kind' = 'torchscript')",
+            )
+            .fetch_one(&self.db)
+            .await?;
+            (inspectors, waiting)
+        };
+        busy.extend(inspectors);
+        let names: HashMap<Uuid, String> = world
+            .executors
+            .iter()
+            .map(|(id, (name, _))| (*id, name.clone()))
+            .collect();
+        fleet
+            .lock()
+            .await
+            .round(
+                RoundView {
+                    jobs: &world.jobs,
+                    live: &world.live,
+                    names: &names,
+                    busy: &busy,
+                    needs_inspector,
+                },
+                plan,
+            )
+            .await?;
         Ok(())
     }
 

@@ -11,6 +11,7 @@ pub mod checkpoints;
 pub mod executors;
 pub mod health;
 pub mod jobs;
+pub mod provisioner;
 pub mod stream;
 pub mod telemetry;
 
@@ -44,6 +45,7 @@ pub fn router(state: AppState) -> Router {
         .route("/jobs/{id}/logs", get(telemetry::logs))
         .route("/executors", get(executors::list))
         .route("/executors/{id}", get(executors::get))
+        .route("/provisioner", get(provisioner::status))
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     // Executor endpoints check their own credentials (join token, executor

@@ -1,0 +1,605 @@
+//! The provisioner interface and the bookkeeping that carries out
+//! [`provision::decide`](crate::provision::decide)'s decisions.
+//!
+//! A [`Provisioner`] is what can make executors appear and go away: the
+//! [`local`](crate::local) one starts `trainyard-executor` processes on
+//! this machine; a Kubernetes one (designed in `docs/kubernetes.md`, not
+//! shipped) would scale a Deployment. The [`Fleet`] runs inside the
+//! scheduler's leader round. Each round it:
+//!
+//! 1. reaps the processes that exited (a start that died before it
+//!    registered, or one that did not register within the start timeout,
+//!    is a failure: further starts back off, doubling up to 5 minutes);
+//! 2. matches the executors it started to live registrations by name
+//!    (started and unregistered ones are pending capacity), and tracks how
+//!    long each has held no role;
+//! 3. asks [`decide`] and adds its reasons to the waiting jobs' reasons, so
+//!    a job the budget cannot hold stays queued saying why;
+//! 4. starts and releases executors.
+//!
+//! Every decision is a row in `provisioner_events` (start, release,
+//! stopped, exited, failed, blocked, adopted) and, where a job caused it, a
+//! `provisioning` event of that job. The executors it runs are rows of
+//! `provisioned_executors`; a leader that restarts on the same host adopts
+//! the ones still running from there. Only members of this fleet are ever
+//! stopped: an executor started by hand is never in it.
+
+use crate::plan::{ExecutorView, JobView, Plan};
+use crate::provision::{decide, Idle, Inputs, Limits, Template};
+use serde_json::json;
+use sqlx::PgPool;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Something that starts and stops executors.
+pub trait Provisioner: Send + Sync {
+    /// Its kind, as recorded in events (`local`).
+    fn kind(&self) -> &'static str;
+    /// What each executor it starts offers.
+    fn template(&self) -> Template;
+    /// Starts an executor that registers under `name`; its process id
+    /// where there is one.
+    fn start(&mut self, name: &str) -> std::io::Result<Option<u32>>;
+    /// Asks `name` to drain and leave.
+    fn stop(&mut self, name: &str) -> std::io::Result<()>;
+    /// Ends `name` at once.
+    fn kill(&mut self, name: &str) -> std::io::Result<()>;
+    /// The executors that ended since the last call, with how.
+    fn exited(&mut self) -> Vec<(String, String)>;
+    /// Takes `name` (process `pid`) back under management after a restart;
+    /// false when it is not running any more (or is not ours).
+    fn adopt(&mut self, name: &str, pid: Option<u32>) -> bool;
+    /// Where `name`'s output goes, for messages.
+    fn log_of(&self, name: &str) -> String;
+}
+
+/// Settings of a [`Fleet`].
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Its limits.
+    pub limits: Limits,
+    /// Longest a started executor may take to register.
+    pub start_timeout: Duration,
+    /// Longest a released executor may take to drain before it is killed.
+    pub stop_timeout: Duration,
+    /// This machine's name: rows are adopted only by a fleet on the host
+    /// that started them.
+    pub host: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting { since: Instant },
+    Live { id: Uuid },
+    Stopping { since: Instant, killed: bool },
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    phase: Phase,
+    idle_since: Option<Instant>,
+    registered: bool,
+}
+
+/// What one scheduling round hands the fleet.
+pub struct RoundView<'a> {
+    /// Plannable unfinished jobs.
+    pub jobs: &'a [JobView],
+    /// Live executors.
+    pub live: &'a [ExecutorView],
+    /// Executor names by id.
+    pub names: &'a HashMap<Uuid, String>,
+    /// Executors holding a role (in the new plan) or inspecting.
+    pub busy: &'a BTreeSet<Uuid>,
+    /// A TorchScript job waits for an inspector.
+    pub needs_inspector: bool,
+}
+
+/// The executors a provisioner runs, and the loop state around them.
+pub struct Fleet {
+    db: PgPool,
+    provisioner: Box<dyn Provisioner>,
+    config: FleetConfig,
+    members: BTreeMap<String, Member>,
+    backoff: Duration,
+    retry_at: Option<Instant>,
+    told: HashMap<Uuid, String>,
+    adopted: bool,
+    closing: bool,
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+impl Fleet {
+    /// A fleet of `provisioner`'s executors recorded in `db`.
+    pub fn new(db: PgPool, provisioner: Box<dyn Provisioner>, config: FleetConfig) -> Fleet {
+        Fleet {
+            db,
+            provisioner,
+            config,
+            members: BTreeMap::new(),
+            backoff: FIRST_BACKOFF,
+            retry_at: None,
+            told: HashMap::new(),
+            adopted: false,
+            closing: false,
+        }
+    }
+
+    /// Whether it runs no executor.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Takes back the executors a previous leader on this host started.
+    async fn adopt(&mut self) -> Result<(), sqlx::Error> {
+        let rows: Vec<(String, Option<i32>)> = sqlx::query_as(
+            "SELECT name, pid FROM provisioned_executors
+             WHERE provisioner = $1 AND host = $2 AND state IN ('starting', 'running', 'stopping')",
+        )
+        .bind(self.provisioner.kind())
+        .bind(&self.config.host)
+        .fetch_all(&self.db)
+        .await?;
+        for (name, pid) in rows {
+            let pid = pid.and_then(|p| u32::try_from(p).ok());
+            if self.provisioner.adopt(&name, pid) {
+                self.members.insert(
+                    name.clone(),
+                    Member {
+                        phase: Phase::Starting {
+                            since: Instant::now(),
+                        },
+                        idle_since: None,
+                        registered: true,
+                    },
+                );
+                self.event(
+                    "adopted",
+                    Some(&name),
+                    None,
+                    &format!(
+                        "{name} was started by an earlier leader on this host and still runs: managed again"
+                    ),
+                    json!({ "pid": pid }),
+                )
+                .await?;
+                self.set_state(&name, "running", None).await?;
+            } else {
+                self.set_state(&name, "gone", Some("not running when a new leader looked"))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One round: reap, match, decide, act. Adds the provisioner's reasons
+    /// to `plan.waiting`.
+    pub async fn round(&mut self, view: RoundView<'_>, plan: &mut Plan) -> Result<(), sqlx::Error> {
+        if !self.adopted {
+            self.adopt().await?;
+            self.adopted = true;
+        }
+        let now = Instant::now();
+        self.reap().await?;
+
+        // Registrations, and executors that stopped being live.
+        let live_by_name: HashMap<&str, Uuid> = view
+            .live
+            .iter()
+            .filter_map(|e| view.names.get(&e.id).map(|n| (n.as_str(), e.id)))
+            .collect();
+        let names: Vec<String> = self.members.keys().cloned().collect();
+        for name in names {
+            let Some(m) = self.members.get(&name).cloned() else {
+                continue;
+            };
+            match m.phase {
+                Phase::Starting { since } => {
+                    if let Some(&id) = live_by_name.get(name.as_str()) {
+                        self.members.insert(
+                            name.clone(),
+                            Member {
+                                phase: Phase::Live { id },
+                                idle_since: None,
+                                registered: true,
+                            },
+                        );
+                        self.backoff = FIRST_BACKOFF;
+                        self.retry_at = None;
+                        sqlx::query("UPDATE provisioned_executors SET state = 'running', executor_id = $2 WHERE name = $1")
+                            .bind(&name)
+                            .bind(id)
+                            .execute(&self.db)
+                            .await?;
+                    } else if now.duration_since(since) > self.config.start_timeout {
+                        let _ = self.provisioner.kill(&name);
+                        let why = format!(
+                            "{name} did not register within {}s; killed (its log: {})",
+                            self.config.start_timeout.as_secs(),
+                            self.provisioner.log_of(&name)
+                        );
+                        self.failed(&name, &why).await?;
+                        if let Some(m) = self.members.get_mut(&name) {
+                            m.phase = Phase::Stopping {
+                                since: now,
+                                killed: true,
+                            };
+                        }
+                    }
+                }
+                Phase::Live { id } => match live_by_name.get(name.as_str()) {
+                    Some(&now_id) if now_id == id => {}
+                    Some(&now_id) => {
+                        if let Some(m) = self.members.get_mut(&name) {
+                            m.phase = Phase::Live { id: now_id };
+                        }
+                    }
+                    // Lost or gone while its process runs: pending again
+                    // until it re-registers or the start timeout passes.
+                    None => {
+                        if let Some(m) = self.members.get_mut(&name) {
+                            m.phase = Phase::Starting { since: now };
+                            m.idle_since = None;
+                        }
+                    }
+                },
+                Phase::Stopping { since, killed } => {
+                    if !killed && now.duration_since(since) > self.config.stop_timeout {
+                        let _ = self.provisioner.kill(&name);
+                        if let Some(m) = self.members.get_mut(&name) {
+                            m.phase = Phase::Stopping {
+                                since,
+                                killed: true,
+                            };
+                        }
+                    }
+                }
+            }
+        }
+
+        // Idle clocks.
+        for m in self.members.values_mut() {
+            if let Phase::Live { id } = m.phase {
+                if view.busy.contains(&id) {
+                    m.idle_since = None;
+                } else if m.idle_since.is_none() {
+                    m.idle_since = Some(now);
+                }
+            }
+        }
+        if self.closing {
+            return Ok(());
+        }
+
+        let mut managed_live = BTreeSet::new();
+        let mut pending = 0;
+        let mut idle = Vec::new();
+        for (name, m) in &self.members {
+            match m.phase {
+                Phase::Live { id } => {
+                    managed_live.insert(id);
+                    if let Some(t) = m.idle_since {
+                        idle.push(Idle {
+                            name: name.clone(),
+                            idle_for: now.duration_since(t),
+                        });
+                    }
+                }
+                Phase::Starting { .. } => pending += 1,
+                Phase::Stopping { .. } => {}
+            }
+        }
+        let template = self.provisioner.template();
+        let decision = decide(
+            &Inputs {
+                jobs: view.jobs,
+                live: view.live,
+                managed_live,
+                pending,
+                managed_total: self.members.len() as u32,
+                idle,
+                needs_inspector: view.needs_inspector,
+            },
+            &template,
+            &self.config.limits,
+        );
+
+        // Reasons into the waiting jobs' reasons; blocked jobs hear once.
+        let backing_off = self.retry_at.filter(|t| *t > now);
+        for (job, why) in decision.blocked.iter().chain(&decision.waiting) {
+            if let Some(w) = plan.waiting.get_mut(job) {
+                *w = format!("{w}; {why}");
+            }
+        }
+        for job in decision.serves.keys() {
+            if let Some(w) = plan.waiting.get_mut(job) {
+                match backing_off {
+                    Some(t) => {
+                        *w = format!(
+                            "{w}; the provisioner retries starting executors in {}s after a failed start",
+                            t.duration_since(now).as_secs() + 1
+                        )
+                    }
+                    None => *w = format!("{w}; the provisioner is starting executors for it"),
+                }
+            }
+        }
+        for (job, why) in &decision.blocked {
+            if self.told.get(job) != Some(why) {
+                self.told.insert(*job, why.clone());
+                self.event("blocked", None, Some(*job), why, json!({}))
+                    .await?;
+                job_event(&self.db, *job, why).await?;
+            }
+        }
+        self.told
+            .retain(|job, _| decision.blocked.contains_key(job));
+
+        if decision.start > 0 && backing_off.is_none() {
+            self.start(decision.start, &decision.serves, &template)
+                .await?;
+        }
+        for name in &decision.release {
+            let idle_for = self
+                .members
+                .get(name)
+                .and_then(|m| m.idle_since)
+                .map_or(0, |t| now.duration_since(t).as_secs());
+            let why = format!(
+                "releasing {name}: no role for {idle_for}s (idle timeout {}s) and no waiting job it could serve",
+                self.config.limits.idle_timeout.as_secs()
+            );
+            self.release(name, &why).await?;
+        }
+        Ok(())
+    }
+
+    async fn start(
+        &mut self,
+        count: u32,
+        serves: &BTreeMap<Uuid, u32>,
+        template: &Template,
+    ) -> Result<(), sqlx::Error> {
+        let mut started = Vec::new();
+        for _ in 0..count {
+            let name = format!(
+                "{}-{}",
+                self.provisioner.kind(),
+                &Uuid::new_v4().simple().to_string()[..8]
+            );
+            match self.provisioner.start(&name) {
+                Ok(pid) => {
+                    self.members.insert(
+                        name.clone(),
+                        Member {
+                            phase: Phase::Starting {
+                                since: Instant::now(),
+                            },
+                            idle_since: None,
+                            registered: false,
+                        },
+                    );
+                    sqlx::query(
+                        "INSERT INTO provisioned_executors (name, provisioner, host, pid, state)
+                         VALUES ($1, $2, $3, $4, 'starting')",
+                    )
+                    .bind(&name)
+                    .bind(self.provisioner.kind())
+                    .bind(&self.config.host)
+                    .bind(pid.and_then(|p| i32::try_from(p).ok()))
+                    .execute(&self.db)
+                    .await?;
+                    started.push(name);
+                }
+                Err(e) => {
+                    let why = format!("starting an executor failed: {e}");
+                    self.event("failed", None, None, &why, json!({})).await?;
+                    self.back_off();
+                    break;
+                }
+            }
+        }
+        if started.is_empty() {
+            return Ok(());
+        }
+        let jobs: Vec<String> = serves.keys().map(Uuid::to_string).collect();
+        let why = format!(
+            "starting {} executor(s) ({}) of {} for {} waiting job(s) whose minimum sets the live executors cannot hold; {} of at most {} executor(s) now",
+            started.len(),
+            started.join(", "),
+            template.describe(),
+            serves.len().max(1),
+            self.members.len(),
+            self.config.limits.max_executors
+        );
+        self.event(
+            "start",
+            None,
+            None,
+            &why,
+            json!({ "executors": started, "jobs": jobs, "managed": self.members.len(), "max_executors": self.config.limits.max_executors }),
+        )
+        .await?;
+        for (job, need) in serves {
+            let reason = format!(
+                "provisioning: starting {} executor(s) ({}); this job alone needs {need} new executor(s) of {}",
+                started.len(),
+                started.join(", "),
+                template.describe()
+            );
+            job_event(&self.db, *job, &reason).await?;
+        }
+        Ok(())
+    }
+
+    async fn release(&mut self, name: &str, why: &str) -> Result<(), sqlx::Error> {
+        if let Err(e) = self.provisioner.stop(name) {
+            tracing::warn!(executor = name, error = %e, "provisioner: stop failed; killing");
+            let _ = self.provisioner.kill(name);
+        }
+        if let Some(m) = self.members.get_mut(name) {
+            m.phase = Phase::Stopping {
+                since: Instant::now(),
+                killed: false,
+            };
+        }
+        self.event("release", Some(name), None, why, json!({}))
+            .await?;
+        self.set_state(name, "stopping", Some(why)).await
+    }
+
+    /// Processes that ended: recorded, and forgotten.
+    async fn reap(&mut self) -> Result<(), sqlx::Error> {
+        for (name, how) in self.provisioner.exited() {
+            let Some(m) = self.members.remove(&name) else {
+                continue;
+            };
+            match m.phase {
+                Phase::Stopping { killed: false, .. } => {
+                    let why = format!("{name} drained and exited ({how})");
+                    self.event("stopped", Some(&name), None, &why, json!({}))
+                        .await?;
+                    self.set_state(&name, "stopped", Some(&why)).await?;
+                }
+                Phase::Stopping { killed: true, .. } => {
+                    self.set_state(&name, "stopped", Some(&format!("killed ({how})")))
+                        .await?;
+                }
+                Phase::Starting { .. } if !m.registered => {
+                    let why = format!(
+                        "{name} exited before it registered ({how}); its log: {}",
+                        self.provisioner.log_of(&name)
+                    );
+                    self.failed(&name, &why).await?;
+                    self.set_state(&name, "failed", Some(&why)).await?;
+                }
+                _ => {
+                    let why = format!("{name} exited unexpectedly ({how})");
+                    self.event("exited", Some(&name), None, &why, json!({}))
+                        .await?;
+                    self.set_state(&name, "exited", Some(&why)).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn failed(&mut self, name: &str, why: &str) -> Result<(), sqlx::Error> {
+        self.back_off();
+        tracing::warn!(executor = name, "provisioner: {why}");
+        self.event(
+            "failed",
+            Some(name),
+            None,
+            why,
+            json!({ "retry_in_secs": self.backoff.as_secs() }),
+        )
+        .await
+    }
+
+    fn back_off(&mut self) {
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    /// Releases every executor (the server is shutting down); the rounds
+    /// that follow only reap.
+    pub async fn release_all(&mut self, why: &str) -> Result<(), sqlx::Error> {
+        self.closing = true;
+        let names: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| !matches!(m.phase, Phase::Stopping { .. }))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            self.release(&name, &format!("releasing {name}: {why}"))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reaps exits and kills what outlived the stop timeout, without a
+    /// planning round (for shutdown when this process no longer leads).
+    pub async fn reap_only(&mut self) -> Result<(), sqlx::Error> {
+        self.reap().await?;
+        let now = Instant::now();
+        let overdue: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| matches!(m.phase, Phase::Stopping { since, killed: false } if now.duration_since(since) > self.config.stop_timeout))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in overdue {
+            let _ = self.provisioner.kill(&name);
+            if let Some(m) = self.members.get_mut(&name) {
+                if let Phase::Stopping { since, .. } = m.phase {
+                    m.phase = Phase::Stopping {
+                        since,
+                        killed: true,
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn event(
+        &self,
+        kind: &str,
+        executor: Option<&str>,
+        job: Option<Uuid>,
+        reason: &str,
+        data: serde_json::Value,
+    ) -> Result<(), sqlx::Error> {
+        tracing::info!(kind, executor, "provisioner: {reason}");
+        sqlx::query(
+            "INSERT INTO provisioner_events (provisioner, kind, executor_name, job_id, reason, data)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(self.provisioner.kind())
+        .bind(kind)
+        .bind(executor)
+        .bind(job)
+        .bind(reason)
+        .bind(data)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn set_state(
+        &self,
+        name: &str,
+        state: &str,
+        reason: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE provisioned_executors SET state = $2, reason = coalesce($3, reason),
+                    stopped_at = CASE WHEN $2 IN ('stopped', 'exited', 'failed', 'gone') THEN clock_timestamp() ELSE stopped_at END
+             WHERE name = $1",
+        )
+        .bind(name)
+        .bind(state)
+        .bind(reason)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+}
+
+async fn job_event(db: &PgPool, job: Uuid, reason: &str) -> Result<(), sqlx::Error> {
+    let mut tx = db.begin().await?;
+    sqlx::query(
+        "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'provisioning', $2, '{}')",
+    )
+    .bind(job)
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?;
+    crate::lifecycle::notify(&mut tx, job).await?;
+    tx.commit().await
+}

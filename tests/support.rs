@@ -285,3 +285,64 @@ pub fn start_executor(
     }
     Proc::spawn(cmd)
 }
+
+/// A small blocking JSON client of the API, for tests.
+pub struct ApiClient {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    client: reqwest::blocking::Client,
+}
+
+impl ApiClient {
+    /// A client of the API on `port`.
+    pub fn new(port: u16) -> ApiClient {
+        ApiClient {
+            base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("a reqwest client"),
+        }
+    }
+
+    /// GET `path` as JSON (panics on a transport error or a non-JSON body).
+    pub fn get(&self, path: &str) -> serde_json::Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .json()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// POST `body` to `path`: the status and the JSON answer.
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Submits a job spec; its id (panics unless 201).
+    pub fn submit(&self, spec: &serde_json::Value) -> String {
+        let (status, body) = self.post("/v1/jobs", spec);
+        assert_eq!(status, 201, "submit: {body}");
+        body["id"].as_str().expect("an id").to_owned()
+    }
+
+    /// The names of the live executors.
+    pub fn live_executors(&self) -> Vec<String> {
+        self.get("/v1/executors?state=live")["executors"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

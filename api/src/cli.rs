@@ -440,6 +440,62 @@ pub async fn executors(args: ExecutorsArgs) -> Result<u8, CliError> {
     Ok(0)
 }
 
+/// Flags of `trainyard provisioner`.
+#[derive(Debug, clap::Args)]
+pub struct ProvisionerArgs {
+    /// How many recent decisions to print.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard provisioner`: settings, the executors it started, and its
+/// recent decisions, oldest first.
+pub async fn provisioner(args: ProvisionerArgs) -> Result<u8, CliError> {
+    let client = Client::new(args.conn)?;
+    let s = client
+        .get(&format!("/v1/provisioner?limit={}", args.limit))
+        .await?;
+    let t = &s["settings"];
+    println!(
+        "provisioner: {} (max {} executor(s), {} per job; {} CPU(s) and {} RAM each; idle timeout {} s)",
+        t["kind"].as_str().unwrap_or("?"),
+        t["max_executors"],
+        t["max_per_job"],
+        t["executor_cpus"],
+        bytes(t["executor_memory_mb"].as_f64().map(|m| m * 1048576.0)),
+        t["idle_timeout_secs"]
+    );
+    let mut rows = vec![["NAME", "STATE", "PID", "STARTED", "REASON"].map(str::to_owned)];
+    for e in s["executors"].as_array().into_iter().flatten() {
+        rows.push([
+            e["name"].as_str().unwrap_or("").to_owned(),
+            e["state"].as_str().unwrap_or("").to_owned(),
+            e["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
+            e["started_at"].as_str().unwrap_or("").to_owned(),
+            e["reason"].as_str().unwrap_or("-").to_owned(),
+        ]);
+    }
+    if rows.len() > 1 {
+        println!();
+        print_table(&rows);
+    }
+    let events: Vec<&serde_json::Value> = s["events"].as_array().into_iter().flatten().collect();
+    if !events.is_empty() {
+        println!();
+    }
+    for e in events.iter().rev() {
+        println!(
+            "{}  {:<8} {}",
+            e["at"].as_str().unwrap_or(""),
+            e["kind"].as_str().unwrap_or(""),
+            e["reason"].as_str().unwrap_or("")
+        );
+    }
+    Ok(0)
+}
+
 /// `trainyard logs ID`: every role's lines, oldest first.
 pub async fn logs(args: JobArgs) -> Result<u8, CliError> {
     let id = id_path(&args.id)?;

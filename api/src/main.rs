@@ -1,8 +1,9 @@
 //! `trainyard`: the API server (with the scheduler in-process) and tools
 //! around it. `trainyard serve` runs it; `trainyard openapi` prints the
-//! OpenAPI document; `submit`, `jobs`, `job`, `cancel`, `executors` and
-//! `logs` are the command-line client of [`cli`]. The server's wiring lives
-//! in the library (`Application`).
+//! OpenAPI document; `submit`, `jobs`, `job`, `cancel`, `executors`,
+//! `logs`, `checkpoints`, `model` and `provisioner` are the command-line
+//! client of [`cli`]. The server's wiring lives in the library
+//! (`Application`).
 
 mod cli;
 
@@ -44,6 +45,9 @@ enum Command {
     Checkpoints(cli::JobArgs),
     /// Download a job's final weights (safetensors).
     Model(cli::ModelArgs),
+    /// Show the provisioner: its limits, the executors it started, and its
+    /// recent decisions with their reasons.
+    Provisioner(cli::ProvisionerArgs),
 }
 
 #[tokio::main]
@@ -70,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Logs(a) => cli::logs(a).await,
         Command::Checkpoints(a) => cli::checkpoints(a).await,
         Command::Model(a) => cli::model(a).await,
+        Command::Provisioner(a) => cli::provisioner(a).await,
     };
     match client {
         Ok(code) => ExitCode::from(code),

@@ -42,6 +42,12 @@ struct Cli {
     #[arg(long, env = "TRAINYARD_DATA_LISTEN", default_value = "127.0.0.1:0")]
     data_listen: std::net::SocketAddr,
 
+    /// Host name or IP address peers reach this executor's data plane at
+    /// (default: the listen address; set it when listening on 0.0.0.0,
+    /// e.g. to the pod IP in Kubernetes).
+    #[arg(long, env = "TRAINYARD_ADVERTISE_HOST")]
+    advertise_host: Option<String>,
+
     /// RAM to offer in MiB (default: the machine's available memory).
     #[arg(long, env = "TRAINYARD_RAM_MB")]
     ram_mb: Option<u64>,
@@ -81,6 +87,16 @@ struct Cli {
     cache_mb: u64,
 }
 
+/// The data-plane address registered for peers: `host` (when given) with
+/// the bound port.
+fn advertised(bound: std::net::SocketAddr, host: Option<&str>) -> String {
+    match host {
+        Some(h) if h.contains(':') && !h.starts_with('[') => format!("[{h}]:{}", bound.port()),
+        Some(h) => format!("{h}:{}", bound.port()),
+        None => bound.to_string(),
+    }
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -115,7 +131,7 @@ fn main() -> anyhow::Result<()> {
     let options =
         trainyard_store::parse_options(&cli.object_store_options).map_err(anyhow::Error::msg)?;
     rt.block_on(async move {
-        let address = plane.local_addr().to_string();
+        let address = advertised(plane.local_addr(), cli.advertise_host.as_deref());
         let name = cli.name.clone().unwrap_or_else(|| {
             format!(
                 "{}:{}",

@@ -5,6 +5,7 @@ mod checkpoints;
 mod cli;
 mod cluster;
 mod executor_probe;
+mod provisioner;
 mod server_lifecycle;
 mod training;
 mod web;

@@ -186,10 +186,7 @@ impl Provisioner for LocalProvisioner {
                     Err(e) => Some(format!("cannot wait for it: {e}")),
                 },
                 Handle::Adopted(pid) => {
-                    let alive = i32::try_from(*pid)
-                        .ok()
-                        .is_some_and(|p| kill(Pid::from_raw(p), None).is_ok());
-                    (!alive).then(|| "exit status unknown (adopted process)".to_owned())
+                    (!alive(*pid)).then(|| "exit status unknown (adopted process)".to_owned())
                 }
             };
             if let Some(how) = how {
@@ -230,6 +227,21 @@ impl Provisioner for LocalProvisioner {
             .display()
             .to_string()
     }
+}
+
+/// Whether `pid` runs: it exists and is not a zombie (an adopted process
+/// is not this process's child, so its exit is reaped elsewhere, if at
+/// all).
+fn alive(pid: u32) -> bool {
+    let exists = i32::try_from(pid)
+        .ok()
+        .is_some_and(|p| kill(Pid::from_raw(p), None).is_ok());
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        // The state follows the parenthesised command name.
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    });
+    exists && !zombie
 }
 
 #[cfg(test)]

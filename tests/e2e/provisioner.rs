@@ -309,3 +309,75 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
     );
     assert!(hand.running(), "hand-1 was stopped:\n{}", hand.output());
 }
+
+#[test]
+fn a_restarted_api_adopts_the_executors_its_crashed_predecessor_started() {
+    let port = free_port().unwrap();
+    let db = fresh_database().unwrap();
+    let data = std::env::temp_dir().join(format!("ty-prov-adopt-{}-{port}", std::process::id()));
+    let env = [
+        ("TRAINYARD_PROVISIONER", "local"),
+        ("TRAINYARD_PROVISION_CPUS", "2"),
+        ("TRAINYARD_PROVISION_MEMORY_MB", "8192"),
+        ("TRAINYARD_PROVISION_EXECUTOR_MEMORY_MB", "1024"),
+        ("TRAINYARD_PROVISION_EXECUTOR_CPUS", "1"),
+        ("TRAINYARD_PROVISION_MAX_EXECUTORS", "2"),
+        ("TRAINYARD_PROVISION_IDLE_TIMEOUT_SECS", "2"),
+        // Slow steps keep the job running through the crash.
+        ("TRAINYARD_SLOW_WORKER", "*:50"),
+    ];
+    let start = || trainyard_e2e::start_server_env(&db, port, &data, JOIN, 25, &[], &env).unwrap();
+    let api_proc = start();
+    let api = ApiClient::new(port);
+    let job = api.submit(&digits("prov-adopt", "allreduce", 2, 0, 100_000));
+    eventually(Duration::from_secs(120), || {
+        (state(&api, &job).0 == "running").then_some(())
+    })
+    .unwrap_or_else(|| panic!("{:?}\n{}", state(&api, &job), api_proc.output()));
+    let before: BTreeSet<String> = api.live_executors().into_iter().collect();
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // The API dies without releasing anything; its executors train on.
+    trainyard_e2e::kill9(api_proc.pid());
+    drop(api_proc);
+    let mut api_proc = start();
+    let adopted = eventually(Duration::from_secs(30), || {
+        let ev = events(&api);
+        let names: BTreeSet<String> = of_kind(&ev, "adopted")
+            .iter()
+            .filter_map(|e| e["executor"].as_str().map(str::to_owned))
+            .collect();
+        (names.len() == 2).then_some(names)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no adoption: {}\n{}",
+            api.get("/v1/provisioner"),
+            api_proc.output()
+        )
+    });
+    assert_eq!(adopted, before);
+    // Nothing new was started for the job: it kept its executors.
+    assert_eq!(of_kind(&events(&api), "start").len(), 1);
+    assert_eq!(state(&api, &job).0, "running");
+
+    // Adopted executors are released like any other once idle.
+    let (code, _) = api.post(&format!("/v1/jobs/{job}/cancel"), &json!({}));
+    assert_eq!(code, 200);
+    eventually(Duration::from_secs(60), || {
+        let s = api.get("/v1/provisioner");
+        s["executors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["state"] == "stopped")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("{}", api.get("/v1/provisioner")));
+    assert!(api.live_executors().is_empty());
+    api_proc.terminate().unwrap();
+    assert_eq!(
+        api_proc.wait_exit(Duration::from_secs(30)).unwrap(),
+        Some(0)
+    );
+}

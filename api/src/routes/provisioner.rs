@@ -117,7 +117,8 @@ pub async fn status(
     let limit = parse_limit(q.limit.as_deref(), 100, 1000)?;
     let rows = sqlx::query(
         "(SELECT name, state, pid, host, executor_id, reason, started_at, stopped_at
-            FROM provisioned_executors WHERE state IN ('starting', 'running', 'stopping'))
+            FROM provisioned_executors WHERE state IN ('starting', 'running', 'stopping')
+            ORDER BY started_at)
          UNION ALL
          (SELECT name, state, pid, host, executor_id, reason, started_at, stopped_at
             FROM provisioned_executors WHERE state NOT IN ('starting', 'running', 'stopping')

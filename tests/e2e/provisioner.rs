@@ -246,6 +246,7 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
     .unwrap_or_else(|| panic!("no reason: {:?}", state(&api, &big)));
     assert_eq!(st, "queued");
     assert!(why.contains("max_executors 1"), "{why}");
+    eprintln!("the job over the budget: {st}: {why}");
     let blocked = events(&api);
     assert!(
         of_kind(&blocked, "blocked")

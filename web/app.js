@@ -633,6 +633,18 @@ function executorsView(main) {
     $("#executors-empty").hidden = list.executors.length > 0;
     const live = list.executors.filter((e) => e.state === "live").length;
     $("#executors-count").textContent = `${live} live of ${list.executors.length}`;
+    // Who starts executors, and its latest decisions with their reasons.
+    const p = await api("/v1/provisioner?limit=10");
+    const settings = $("#provisioner-settings");
+    if (!settings) return;
+    const t = p.settings;
+    settings.textContent = t.kind === "none"
+      ? "none: executors are started by hand"
+      : `${t.kind}: at most ${t.max_executors} executor(s), ${t.max_per_job} per job, ${t.executor_cpus} CPU and ${bytes(t.executor_memory_mb * 1048576)} each; released after ${t.idle_timeout_secs} s idle`;
+    $("#provisioner-events").replaceChildren(...p.events.map((e) => el("li", { "data-kind": e.kind },
+      el("span", { class: "muted", text: new Date(e.at).toLocaleTimeString() + " " }),
+      el("b", { text: e.kind + " " }),
+      e.reason)));
   }, 150);
   const ticker = setInterval(() => document.querySelectorAll("td.heartbeat").forEach(freshness), 500);
   // Heartbeats change nothing users are notified of; re-read now and then

@@ -82,6 +82,19 @@ struct Member {
     registered: bool,
 }
 
+impl Member {
+    /// Started (or found again) and waiting to be seen registered.
+    fn starting(registered: bool) -> Member {
+        Member {
+            phase: Phase::Starting {
+                since: Instant::now(),
+            },
+            idle_since: None,
+            registered,
+        }
+    }
+}
+
 /// What one scheduling round hands the fleet.
 pub struct RoundView<'a> {
     /// Plannable unfinished jobs.
@@ -146,16 +159,7 @@ impl Fleet {
         for (name, pid) in rows {
             let pid = pid.and_then(|p| u32::try_from(p).ok());
             if self.provisioner.adopt(&name, pid) {
-                self.members.insert(
-                    name.clone(),
-                    Member {
-                        phase: Phase::Starting {
-                            since: Instant::now(),
-                        },
-                        idle_since: None,
-                        registered: true,
-                    },
-                );
+                self.members.insert(name.clone(), Member::starting(true));
                 self.event(
                     "adopted",
                     Some(&name),
@@ -215,19 +219,13 @@ impl Fleet {
                             .execute(&self.db)
                             .await?;
                     } else if now.duration_since(since) > self.config.start_timeout {
-                        let _ = self.provisioner.kill(&name);
+                        self.kill_now(&name);
                         let why = format!(
                             "{name} did not register within {}s; killed (its log: {})",
                             self.config.start_timeout.as_secs(),
                             self.provisioner.log_of(&name)
                         );
                         self.failed(&name, &why).await?;
-                        if let Some(m) = self.members.get_mut(&name) {
-                            m.phase = Phase::Stopping {
-                                since: now,
-                                killed: true,
-                            };
-                        }
                     }
                 }
                 Phase::Live { id } => match live_by_name.get(name.as_str()) {
@@ -246,19 +244,10 @@ impl Fleet {
                         }
                     }
                 },
-                Phase::Stopping { since, killed } => {
-                    if !killed && now.duration_since(since) > self.config.stop_timeout {
-                        let _ = self.provisioner.kill(&name);
-                        if let Some(m) = self.members.get_mut(&name) {
-                            m.phase = Phase::Stopping {
-                                since,
-                                killed: true,
-                            };
-                        }
-                    }
-                }
+                Phase::Stopping { .. } => {}
             }
         }
+        self.kill_overdue();
 
         // Idle clocks.
         for m in self.members.values_mut() {
@@ -372,16 +361,7 @@ impl Fleet {
             );
             match self.provisioner.start(&name) {
                 Ok(pid) => {
-                    self.members.insert(
-                        name.clone(),
-                        Member {
-                            phase: Phase::Starting {
-                                since: Instant::now(),
-                            },
-                            idle_since: None,
-                            registered: false,
-                        },
-                    );
+                    self.members.insert(name.clone(), Member::starting(false));
                     sqlx::query(
                         "INSERT INTO provisioned_executors (name, provisioner, host, pid, state)
                          VALUES ($1, $2, $3, $4, 'starting')",
@@ -526,6 +506,12 @@ impl Fleet {
     /// planning round (for shutdown when this process no longer leads).
     pub async fn reap_only(&mut self) -> Result<(), sqlx::Error> {
         self.reap().await?;
+        self.kill_overdue();
+        Ok(())
+    }
+
+    /// Kills the released executors that outlived the stop timeout.
+    fn kill_overdue(&mut self) {
         let now = Instant::now();
         let overdue: Vec<String> = self
             .members
@@ -534,17 +520,24 @@ impl Fleet {
             .map(|(n, _)| n.clone())
             .collect();
         for name in overdue {
-            let _ = self.provisioner.kill(&name);
-            if let Some(m) = self.members.get_mut(&name) {
-                if let Phase::Stopping { since, .. } = m.phase {
-                    m.phase = Phase::Stopping {
-                        since,
-                        killed: true,
-                    };
-                }
-            }
+            self.kill_now(&name);
         }
-        Ok(())
+    }
+
+    /// SIGKILL (or the provisioner's equivalent); the member waits to be
+    /// reaped.
+    fn kill_now(&mut self, name: &str) {
+        let _ = self.provisioner.kill(name);
+        if let Some(m) = self.members.get_mut(name) {
+            let since = match m.phase {
+                Phase::Stopping { since, .. } => since,
+                _ => Instant::now(),
+            };
+            m.phase = Phase::Stopping {
+                since,
+                killed: true,
+            };
+        }
     }
 
     async fn event(

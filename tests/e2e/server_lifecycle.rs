@@ -19,6 +19,10 @@ fn serve(data_dir: &Path, port: u16) -> Proc {
     ])
     .arg(data_dir)
     .env_remove("DATABASE_URL")
+    // These tests are about the server and its private cluster: no
+    // executors are started for their jobs (tests/e2e/provisioner.rs tests
+    // the embedded default's local provisioner).
+    .env("TRAINYARD_PROVISIONER", "none")
     .env("TRAINYARD_LOG_FORMAT", "json");
     Proc::spawn(cmd).unwrap()
 }

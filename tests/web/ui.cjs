@@ -95,6 +95,8 @@ async function main() {
     await page.waitForFunction(() => document.querySelectorAll("#executors tr[data-state=live]").length >= 4);
     const hb = await page.textContent("#executors tr[data-state=live] td.heartbeat");
     assert.match(hb, /s ago/, "heartbeat freshness is shown");
+    await page.waitForFunction(() => (document.querySelector("#provisioner-settings")?.textContent || "").length > 0);
+    assert.match(await page.textContent("#provisioner-settings"), /started by hand/, "the provisioner is shown");
     await shot(page, "executors");
 
     // ---- an invalid spec: the field error is shown beside the field ----

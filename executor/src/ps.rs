@@ -32,14 +32,13 @@
 use crate::checkpoint::{Policy, Snapshot, Storage, Uploader};
 use crate::report::Item;
 use crate::train::data::{self, Cursor};
-use crate::train::optim::{self, FlatOptimizer};
+use crate::train::optim::{slice_norm, FlatOptimizer, SliceOptimizer};
 use crate::train::{self, Replica, TrainError};
 use std::collections::BTreeSet;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use tch::Tensor;
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::checkpoint::CursorState;
 use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range};
@@ -59,13 +58,17 @@ pub const STALENESS_BUCKETS: usize = 9;
 /// One shard's state; it outlives generations on its executor.
 pub struct Shard {
     ranges: Vec<Range>,
-    weights: Option<Tensor>,
-    opt: FlatOptimizer,
+    /// The values: shared with pulls being written (an update copies them
+    /// only while one still is, never in sync mode).
+    weights: Option<Arc<Vec<f32>>>,
+    opt: SliceOptimizer,
     version: u64,
     cursor: Cursor,
     generation: i64,
     expected: u32,
-    acc: Option<Tensor>,
+    /// Sum of this version's gradients so far (sync; valid while
+    /// `contributors` is not empty; kept allocated across versions).
+    acc: Vec<f32>,
     acc_samples: u64,
     contributors: BTreeSet<u32>,
     next_cursor: Cursor,
@@ -92,12 +95,12 @@ impl Shard {
         Shard {
             ranges,
             weights: None,
-            opt: FlatOptimizer::new(&a.spec.optimizer, len as i64, tch::Device::Cpu),
+            opt: SliceOptimizer::new(&a.spec.optimizer, len),
             version: 0,
             cursor: Cursor::default(),
             generation: a.key.generation,
             expected: a.workers.len() as u32,
-            acc: None,
+            acc: Vec::new(),
             acc_samples: 0,
             contributors: BTreeSet::new(),
             next_cursor: Cursor::default(),
@@ -114,10 +117,12 @@ impl Shard {
 
     /// Takes over the shard's pieces of a committed checkpoint.
     fn restore(&mut self, l: &crate::checkpoint::Loaded) {
-        self.weights = Some(Tensor::from_slice(&l.tensors[0]));
+        self.weights = Some(Arc::new(l.tensors[0].clone()));
         if l.tensors.len() == 1 + self.opt.state().len() {
             for (t, src) in self.opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
-                t.copy_(&Tensor::from_slice(src));
+                if t.len() == src.len() {
+                    t.copy_from_slice(src);
+                }
             }
             self.opt.t = l.optimizer_t;
         }
@@ -137,14 +142,8 @@ impl Shard {
             return None;
         }
         self.checkpointed = Some(step);
-        let len = shard_len(&self.ranges);
-        let copy = |t: &Tensor| {
-            let mut v = vec![0f32; len];
-            t.copy_data(&mut v, len);
-            v
-        };
-        let mut tensors = vec![copy(w)];
-        tensors.extend(self.opt.state().iter().map(copy));
+        let mut tensors = vec![w.to_vec()];
+        tensors.extend(self.opt.state().iter().cloned());
         Some(Snapshot {
             step,
             generation: self.generation,
@@ -161,16 +160,29 @@ impl Shard {
         })
     }
 
-    fn apply(&mut self, g: &mut Tensor, samples: u64, lr: f64, clip: Option<f64>) {
+    /// Applies the mean gradient `(g + extra) / samples` (clipped to norm
+    /// `clip`) in one fused pass.
+    fn apply(
+        &mut self,
+        g: &[f32],
+        extra: Option<&[f32]>,
+        samples: u64,
+        lr: f64,
+        clip: Option<f64>,
+    ) {
         let Some(w) = self.weights.as_mut() else {
             return;
         };
-        let _ = g.g_div_scalar_(samples.max(1) as f64);
+        let mut scale = 1.0 / samples.max(1) as f64;
         if let Some(c) = clip {
             // Per shard: the global norm is not known to any one shard.
-            optim::clip_norm(g, c);
+            let coef = c / (slice_norm(g, extra, scale) + 1e-6);
+            if coef < 1.0 {
+                scale *= coef;
+            }
         }
-        self.opt.step(w, g, lr);
+        let w: &mut Vec<f32> = Arc::make_mut(w);
+        self.opt.step(w, g, extra, scale as f32, lr);
         self.version += 1;
         self.applied += 1;
     }
@@ -265,7 +277,6 @@ pub fn serve_shard(
     // A new membership: the half-summed version of the old one is dropped.
     shard.generation = a.key.generation;
     shard.expected = a.workers.len() as u32;
-    shard.acc = None;
     shard.acc_samples = 0;
     shard.contributors.clear();
     log(
@@ -405,7 +416,7 @@ fn connection(
                 let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
                 let took = s.weights.is_none();
                 if took {
-                    s.weights = Some(Tensor::from_slice(&buf));
+                    s.weights = Some(Arc::new(std::mem::take(&mut buf)));
                     s.version = h.version;
                     s.cursor = Cursor {
                         epoch: h.epoch,
@@ -449,16 +460,16 @@ fn connection(
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                 }
-                let Some(w) = s.weights.as_ref() else {
+                let Some(w) = s.weights.clone() else {
                     return Ok(());
                 };
-                buf.resize(len, 0.0);
-                w.copy_data(&mut buf, len);
                 let mut out = Header::new(Kind::Weights, generation);
                 out.version = s.version;
                 (out.epoch, out.offset) = (s.cursor.epoch, s.cursor.offset);
                 drop(s);
-                ps::write(&mut writer, out, &buf)?;
+                // Straight from the shard's values: no copy per pull.
+                ps::write(&mut writer, out, &w)?;
+                drop(w);
                 served
                     .bytes_out
                     .fetch_add(len as u64 * 4, Ordering::Relaxed);
@@ -527,13 +538,7 @@ fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> 
                 s.rejected += u64::from(h.version != s.version);
                 return h.version == s.version;
             }
-            let g = Tensor::from_slice(grad);
-            match s.acc.as_mut() {
-                Some(acc) => {
-                    let _ = acc.g_add_(&g);
-                }
-                None => s.acc = Some(g),
-            }
+            let first = s.contributors.is_empty();
             s.acc_samples += h.samples;
             s.contributors.insert(from);
             s.next_cursor = Cursor {
@@ -542,15 +547,25 @@ fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> 
             };
             s.lr = h.lr;
             if s.contributors.len() as u32 >= s.expected {
+                // The last gradient is summed into the others inside the
+                // update's pass (a lone worker's is used as it is).
                 let (samples, lr) = (s.acc_samples, s.lr);
-                if let Some(mut acc) = s.acc.take() {
-                    s.apply(&mut acc, samples, lr, served.clip);
-                }
+                let acc = std::mem::take(&mut s.acc);
+                let extra = (!first).then_some(&acc[..]);
+                s.apply(grad, extra, samples, lr, served.clip);
+                s.acc = acc;
                 s.staleness[0] += 1;
                 s.cursor = s.next_cursor;
                 s.acc_samples = 0;
                 s.contributors.clear();
                 served.changed.notify_all();
+            } else if first {
+                s.acc.clear();
+                s.acc.extend_from_slice(grad);
+            } else {
+                for (a, g) in s.acc.iter_mut().zip(grad) {
+                    *a += *g;
+                }
             }
             true
         }
@@ -561,8 +576,7 @@ fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> 
                     return false;
                 }
             }
-            let mut g = Tensor::from_slice(grad);
-            s.apply(&mut g, h.samples, h.lr, served.clip);
+            s.apply(grad, None, h.samples, h.lr, served.clip);
             s.staleness[(staleness as usize).min(STALENESS_BUCKETS - 1)] += 1;
             served.changed.notify_all();
             true

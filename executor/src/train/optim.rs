@@ -7,6 +7,11 @@
 //! second moments, step count) kept as flat tensors that can be exported,
 //! sent to a new replica and imported bit for bit. Elementwise libtorch
 //! kernels do the arithmetic, on the CPU or the GPU where the weights live.
+//!
+//! [`SliceOptimizer`] applies the same rules to plain `f32` slices in one
+//! fused pass per element, without temporaries: the parameter-server
+//! shard's optimizer, whose values arrive and leave as raw floats on the
+//! wire and never need to be a tensor.
 
 use tch::Tensor;
 use trainyard_common::spec::{OptimizerKind, OptimizerSpec};
@@ -129,6 +134,134 @@ impl FlatOptimizer {
     }
 }
 
+/// [`FlatOptimizer`]'s updates over `f32` slices, fused: one pass reads the
+/// gradient (and an optional second gradient summed into it), the weights
+/// and the state, and writes the weights and the state. Arithmetic is
+/// `f32` per element, as libtorch's CPU kernels do for float tensors.
+pub struct SliceOptimizer {
+    kind: OptimizerKind,
+    momentum: f64,
+    betas: [f64; 2],
+    weight_decay: f64,
+    eps: f64,
+    /// Updates applied so far (Adam's bias correction).
+    pub t: u64,
+    state: Vec<Vec<f32>>,
+}
+
+impl SliceOptimizer {
+    /// The optimizer of `spec` for `numel` parameters.
+    pub fn new(spec: &OptimizerSpec, numel: usize) -> SliceOptimizer {
+        SliceOptimizer {
+            kind: spec.kind,
+            momentum: spec.momentum.unwrap_or(0.9),
+            betas: spec.betas.unwrap_or([0.9, 0.999]),
+            weight_decay: spec.weight_decay,
+            eps: 1e-8,
+            t: 0,
+            state: vec![vec![0.0; numel]; FlatOptimizer::state_tensors(spec.kind)],
+        }
+    }
+
+    /// The state (momentum buffer; or first and second moments).
+    pub fn state(&self) -> &[Vec<f32>] {
+        &self.state
+    }
+
+    /// The state, to be overwritten by an import.
+    pub fn state_mut(&mut self) -> &mut [Vec<f32>] {
+        &mut self.state
+    }
+
+    /// One update of `w` in place with the gradient `scale · (g + extra)`
+    /// (`extra`: a second gradient of the same length, e.g. the sum of the
+    /// others in a synchronous step).
+    pub fn step(&mut self, w: &mut [f32], g: &[f32], extra: Option<&[f32]>, scale: f32, lr: f64) {
+        self.t += 1;
+        let n = w.len().min(g.len());
+        let (w, g) = (&mut w[..n], &g[..n]);
+        match extra {
+            Some(e) => {
+                let e = &e[..n];
+                self.update(w, |i| (g[i] + e[i]) * scale, lr);
+            }
+            None => self.update(w, |i| g[i] * scale, lr),
+        }
+    }
+
+    #[inline(always)]
+    fn update(&mut self, w: &mut [f32], grad: impl Fn(usize) -> f32, lr: f64) {
+        let wd = self.weight_decay as f32;
+        let lr32 = lr as f32;
+        match self.kind {
+            OptimizerKind::Sgd => {
+                for (i, wi) in w.iter_mut().enumerate() {
+                    let gi = grad(i) + *wi * wd;
+                    *wi -= gi * lr32;
+                }
+            }
+            OptimizerKind::Momentum => {
+                let m = self.momentum as f32;
+                let first = self.t == 1;
+                let buf = &mut self.state[0][..w.len()];
+                for (i, (wi, bi)) in w.iter_mut().zip(buf.iter_mut()).enumerate() {
+                    let gi = grad(i) + *wi * wd;
+                    *bi = if first { gi } else { *bi * m + gi };
+                    *wi -= *bi * lr32;
+                }
+            }
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
+                let [b1, b2] = self.betas;
+                let t = self.t as i32;
+                let bc1 = 1.0 - b1.powi(t);
+                let bc2 = 1.0 - b2.powi(t);
+                let (w1, w2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+                let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+                let eps = self.eps as f32;
+                let step = (-bc1 / lr) as f32;
+                let adam_wd = if self.kind == OptimizerKind::Adam {
+                    wd
+                } else {
+                    0.0
+                };
+                let decay = if self.kind == OptimizerKind::Adamw {
+                    (1.0 - lr * self.weight_decay) as f32
+                } else {
+                    1.0
+                };
+                let (m, v) = self.state.split_at_mut(1);
+                let (m, v) = (&mut m[0][..w.len()], &mut v[0][..w.len()]);
+                for (i, ((wi, mi), vi)) in
+                    w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).enumerate()
+                {
+                    let gi = grad(i) + *wi * adam_wd;
+                    let wv = *wi * decay;
+                    *mi += w1 * (gi - *mi);
+                    *vi += w2 * (gi * gi - *vi);
+                    let denom = (vi.sqrt() * inv_sqrt_bc2 + eps) * step;
+                    *wi = wv + *mi / denom;
+                }
+            }
+        }
+    }
+}
+
+/// The L2 norm of `scale · (g + extra)`, accumulated in `f64`.
+pub fn slice_norm(g: &[f32], extra: Option<&[f32]>, scale: f64) -> f64 {
+    let sum: f64 = match extra {
+        Some(e) => g
+            .iter()
+            .zip(e)
+            .map(|(a, b)| {
+                let x = f64::from(*a + *b);
+                x * x
+            })
+            .sum(),
+        None => g.iter().map(|a| f64::from(*a) * f64::from(*a)).sum(),
+    };
+    sum.sqrt() * scale
+}
+
 /// Scales `g` so that its L2 norm is at most `max` (PyTorch's
 /// `clip_grad_norm_`); returns the norm before clipping.
 pub fn clip_norm(g: &mut Tensor, max: f64) -> f64 {
@@ -217,6 +350,66 @@ mod tests {
             let diff = (&w - &p.detach()).abs().max().double_value(&[]);
             assert!(diff < 1e-4, "{kind:?}: max difference {diff}");
         }
+    }
+
+    /// The fused slice optimizer follows the flat one, step after step,
+    /// for every kind, with a gradient given as two summed halves.
+    #[test]
+    fn slice_updates_match_the_flat_optimizer() {
+        for (kind, wd) in [
+            (OptimizerKind::Sgd, 0.01),
+            (OptimizerKind::Momentum, 0.0),
+            (OptimizerKind::Momentum, 0.02),
+            (OptimizerKind::Adam, 0.01),
+            (OptimizerKind::Adamw, 0.05),
+        ] {
+            let spec = OptimizerSpec {
+                kind,
+                lr: 0.05,
+                momentum: Some(0.9),
+                betas: Some([0.9, 0.99]),
+                weight_decay: wd,
+                schedule: trainyard_common::spec::Schedule::Constant,
+                grad_clip: None,
+            };
+            let n = 1000;
+            let mut flat = FlatOptimizer::new(&spec, n as i64, tch::Device::Cpu);
+            let mut slice = SliceOptimizer::new(&spec, n);
+            let init: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let mut w = Tensor::from_slice(&init);
+            let mut ws = init.clone();
+            for step in 0..15 {
+                let a: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7 + step) as f32 * 0.11).cos())
+                    .collect();
+                let b: Vec<f32> = (0..n)
+                    .map(|i| ((i * 3 + step) as f32 * 0.05).sin())
+                    .collect();
+                let lr = 0.05 / (1.0 + step as f64);
+                let g = (Tensor::from_slice(&a) + Tensor::from_slice(&b)) / 2.0;
+                flat.step(&mut w, &g, lr);
+                slice.step(&mut ws, &a, Some(&b), 0.5, lr);
+            }
+            let got = Tensor::from_slice(&ws);
+            let diff = (&w - &got).abs().max().double_value(&[]);
+            let scale = w.abs().max().double_value(&[]);
+            assert!(
+                diff <= 1e-5 * scale.max(1.0),
+                "{kind:?} wd {wd}: max difference {diff}"
+            );
+            for (f, s) in flat.state().iter().zip(slice.state()) {
+                let d = (f - Tensor::from_slice(s)).abs().max().double_value(&[]);
+                assert!(d < 1e-5, "{kind:?}: state differs by {d}");
+            }
+            assert_eq!(flat.t, slice.t);
+        }
+    }
+
+    #[test]
+    fn slice_norm_is_the_norm_of_the_scaled_sum() {
+        let n = slice_norm(&[1.0, 2.0], Some(&[2.0, 2.0]), 0.5);
+        assert!((n - 2.5).abs() < 1e-12);
+        assert!((slice_norm(&[3.0, 4.0], None, 1.0) - 5.0).abs() < 1e-12);
     }
 
     #[test]

@@ -179,66 +179,147 @@ impl SliceOptimizer {
     pub fn step(&mut self, w: &mut [f32], g: &[f32], extra: Option<&[f32]>, scale: f32, lr: f64) {
         self.t += 1;
         let n = w.len().min(g.len());
-        let (w, g) = (&mut w[..n], &g[..n]);
-        match extra {
-            Some(e) => {
-                let e = &e[..n];
-                self.update(w, |i| (g[i] + e[i]) * scale, lr);
+        let c = Coefficients::new(self, lr, scale);
+        // Large shards are updated by one thread per core, each on its own
+        // contiguous chunk of every array.
+        let threads = if n >= PARALLEL_FROM {
+            std::thread::available_parallelism().map_or(1, |t| t.get().min(8))
+        } else {
+            1
+        };
+        let chunk = n.div_ceil(threads.max(1)).max(1);
+        let (mut s0, mut s1): (&mut [f32], &mut [f32]) = match self.state.as_mut_slice() {
+            [] => (&mut [], &mut []),
+            [a] => (&mut a[..n], &mut []),
+            [a, b, ..] => (&mut a[..n], &mut b[..n]),
+        };
+        let mut w = &mut w[..n];
+        let mut g = &g[..n];
+        let mut e = extra.map(|e| &e[..n]);
+        std::thread::scope(|scope| {
+            while !w.is_empty() {
+                let k = chunk.min(w.len());
+                let (wc, wr) = std::mem::take(&mut w).split_at_mut(k);
+                let (gc, gr) = g.split_at(k);
+                let (ec, er) = match e {
+                    Some(e) => {
+                        let (a, b) = e.split_at(k);
+                        (Some(a), Some(b))
+                    }
+                    None => (None, None),
+                };
+                // State arrays are empty when the kind keeps none.
+                let (ka, kb) = (k.min(s0.len()), k.min(s1.len()));
+                let (ac, ar) = std::mem::take(&mut s0).split_at_mut(ka);
+                let (bc, br) = std::mem::take(&mut s1).split_at_mut(kb);
+                (w, g, e, s0, s1) = (wr, gr, er, ar, br);
+                let c = &c;
+                if w.is_empty() {
+                    c.update(wc, ac, bc, gc, ec);
+                } else {
+                    scope.spawn(move || c.update(wc, ac, bc, gc, ec));
+                }
             }
-            None => self.update(w, |i| g[i] * scale, lr),
+        });
+    }
+}
+
+/// Elements from which [`SliceOptimizer::step`] uses several threads.
+const PARALLEL_FROM: usize = 1 << 20;
+
+/// One step's constants.
+struct Coefficients {
+    kind: OptimizerKind,
+    scale: f32,
+    wd: f32,
+    lr: f32,
+    momentum: f32,
+    first: bool,
+    w1: f32,
+    w2: f32,
+    inv_sqrt_bc2: f32,
+    eps: f32,
+    step: f32,
+    adam_wd: f32,
+    decay: f32,
+}
+
+impl Coefficients {
+    fn new(o: &SliceOptimizer, lr: f64, scale: f32) -> Coefficients {
+        let [b1, b2] = o.betas;
+        let t = o.t as i32;
+        let bc1 = 1.0 - b1.powi(t);
+        let bc2 = 1.0 - b2.powi(t);
+        let wd = o.weight_decay as f32;
+        Coefficients {
+            kind: o.kind,
+            scale,
+            wd,
+            lr: lr as f32,
+            momentum: o.momentum as f32,
+            first: o.t == 1,
+            w1: (1.0 - b1) as f32,
+            w2: (1.0 - b2) as f32,
+            inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+            eps: o.eps as f32,
+            step: (-bc1 / lr) as f32,
+            adam_wd: if o.kind == OptimizerKind::Adam {
+                wd
+            } else {
+                0.0
+            },
+            decay: if o.kind == OptimizerKind::Adamw {
+                (1.0 - lr * o.weight_decay) as f32
+            } else {
+                1.0
+            },
+        }
+    }
+
+    /// The update of one chunk: weights, state (empty when the kind keeps
+    /// less), gradient, second gradient.
+    fn update(&self, w: &mut [f32], s0: &mut [f32], s1: &mut [f32], g: &[f32], e: Option<&[f32]>) {
+        // Zipped slice iterators (no indexing) let the loops vectorize.
+        match e {
+            Some(e) => {
+                let scale = self.scale;
+                self.run(w, s0, s1, g.iter().zip(e).map(|(a, b)| (a + b) * scale));
+            }
+            None => {
+                let scale = self.scale;
+                self.run(w, s0, s1, g.iter().map(|a| a * scale));
+            }
         }
     }
 
     #[inline(always)]
-    fn update(&mut self, w: &mut [f32], grad: impl Fn(usize) -> f32, lr: f64) {
-        let wd = self.weight_decay as f32;
-        let lr32 = lr as f32;
+    fn run(&self, w: &mut [f32], s0: &mut [f32], s1: &mut [f32], grad: impl Iterator<Item = f32>) {
+        let (wd, lr) = (self.wd, self.lr);
         match self.kind {
             OptimizerKind::Sgd => {
-                for (i, wi) in w.iter_mut().enumerate() {
-                    let gi = grad(i) + *wi * wd;
-                    *wi -= gi * lr32;
+                for (wi, g) in w.iter_mut().zip(grad) {
+                    let gi = g + *wi * wd;
+                    *wi -= gi * lr;
                 }
             }
             OptimizerKind::Momentum => {
-                let m = self.momentum as f32;
-                let first = self.t == 1;
-                let buf = &mut self.state[0][..w.len()];
-                for (i, (wi, bi)) in w.iter_mut().zip(buf.iter_mut()).enumerate() {
-                    let gi = grad(i) + *wi * wd;
+                let (m, first) = (self.momentum, self.first);
+                for ((wi, bi), g) in w.iter_mut().zip(s0.iter_mut()).zip(grad) {
+                    let gi = g + *wi * wd;
                     *bi = if first { gi } else { *bi * m + gi };
-                    *wi -= *bi * lr32;
+                    *wi -= *bi * lr;
                 }
             }
             OptimizerKind::Adam | OptimizerKind::Adamw => {
-                let [b1, b2] = self.betas;
-                let t = self.t as i32;
-                let bc1 = 1.0 - b1.powi(t);
-                let bc2 = 1.0 - b2.powi(t);
-                let (w1, w2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
-                let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
-                let eps = self.eps as f32;
-                let step = (-bc1 / lr) as f32;
-                let adam_wd = if self.kind == OptimizerKind::Adam {
-                    wd
-                } else {
-                    0.0
-                };
-                let decay = if self.kind == OptimizerKind::Adamw {
-                    (1.0 - lr * self.weight_decay) as f32
-                } else {
-                    1.0
-                };
-                let (m, v) = self.state.split_at_mut(1);
-                let (m, v) = (&mut m[0][..w.len()], &mut v[0][..w.len()]);
-                for (i, ((wi, mi), vi)) in
-                    w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).enumerate()
+                let c = self;
+                for (((wi, mi), vi), g) in
+                    w.iter_mut().zip(s0.iter_mut()).zip(s1.iter_mut()).zip(grad)
                 {
-                    let gi = grad(i) + *wi * adam_wd;
-                    let wv = *wi * decay;
-                    *mi += w1 * (gi - *mi);
-                    *vi += w2 * (gi * gi - *vi);
-                    let denom = (vi.sqrt() * inv_sqrt_bc2 + eps) * step;
+                    let gi = g + *wi * c.adam_wd;
+                    let wv = *wi * c.decay;
+                    *mi += c.w1 * (gi - *mi);
+                    *vi += c.w2 * (gi * gi - *vi);
+                    let denom = (vi.sqrt() * c.inv_sqrt_bc2 + c.eps) * c.step;
                     *wi = wv + *mi / denom;
                 }
             }
@@ -402,6 +483,42 @@ mod tests {
                 assert!(d < 1e-5, "{kind:?}: state differs by {d}");
             }
             assert_eq!(flat.t, slice.t);
+        }
+    }
+
+    /// Above the threshold the update runs in chunks on several threads:
+    /// the same result as one pass.
+    #[test]
+    fn a_large_update_in_parallel_chunks_equals_one_pass() {
+        let spec = OptimizerSpec {
+            kind: OptimizerKind::Adamw,
+            lr: 0.01,
+            momentum: None,
+            betas: None,
+            weight_decay: 0.01,
+            schedule: trainyard_common::spec::Schedule::Constant,
+            grad_clip: None,
+        };
+        let n = PARALLEL_FROM + 12_345;
+        let g: Vec<f32> = (0..n).map(|i| ((i % 977) as f32 * 0.01).sin()).collect();
+        let mut big = SliceOptimizer::new(&spec, n);
+        let mut w = vec![0.5f32; n];
+        for _ in 0..3 {
+            big.step(&mut w, &g, None, 0.5, 0.01);
+        }
+        // The same elements updated as small, single-threaded pieces.
+        for at in [0, PARALLEL_FROM / 2, n - 7] {
+            let mut small = SliceOptimizer::new(&spec, 7);
+            let mut ws = vec![0.5f32; 7];
+            for _ in 0..3 {
+                small.step(&mut ws, &g[at..at + 7], None, 0.5, 0.01);
+            }
+            assert_eq!(&w[at..at + 7], &ws[..], "at {at}");
+            assert_eq!(
+                &big.state()[1][at..at + 7],
+                &small.state()[1][..],
+                "at {at}"
+            );
         }
     }
 

@@ -180,15 +180,40 @@ pub async fn report(
             )));
         }
         let (to, reason, data) = match outcome {
-            RoleOutcome::Succeeded { steps, final_loss, eval_loss, eval_accuracy, weights_url } => (
-                JobState::Succeeded,
-                match eval_accuracy {
-                    Some(a) => format!("trained {steps} steps: final loss {final_loss:.4}, held-out accuracy {:.1}%", a * 100.0),
-                    None => format!("trained {steps} steps: final loss {final_loss:.4}, held-out loss {:.4}", eval_loss.unwrap_or(f64::NAN)),
-                },
-                serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
-            ),
-            RoleOutcome::Failed { reason } => (JobState::Failed, text(reason), serde_json::json!({})),
+            RoleOutcome::Succeeded {
+                steps,
+                final_loss,
+                eval_loss,
+                eval_accuracy,
+                weights_url,
+            } => {
+                // `f64::MAX` is the executor's "no loss known" (JSON has no
+                // NaN): a rank that joined after the last step and received
+                // the finished state has trained no step of its own.
+                let known = final_loss.is_finite() && *final_loss < f64::MAX;
+                let loss = if known {
+                    format!("final loss {final_loss:.4}")
+                } else {
+                    "final loss not known to the reporting rank".into()
+                };
+                (
+                    JobState::Succeeded,
+                    match eval_accuracy {
+                        Some(a) => format!(
+                            "trained {steps} steps: {loss}, held-out accuracy {:.1}%",
+                            a * 100.0
+                        ),
+                        None => format!(
+                            "trained {steps} steps: {loss}, held-out loss {:.4}",
+                            eval_loss.unwrap_or(f64::NAN)
+                        ),
+                    },
+                    serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss).filter(|_| known)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
+                )
+            }
+            RoleOutcome::Failed { reason } => {
+                (JobState::Failed, text(reason), serde_json::json!({}))
+            }
         };
         sqlx::query(
             "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)",

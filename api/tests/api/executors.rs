@@ -185,6 +185,7 @@ async fn a_job_is_placed_on_registered_executors_and_drain_moves_it() {
     spec["strategy"] = json!("allreduce");
     spec.as_object_mut().unwrap().remove("parameter_servers");
     spec.as_object_mut().unwrap().remove("consistency");
+    spec.as_object_mut().unwrap().remove("consistency");
     spec["workers"] = json!({"min": 1, "max": 1});
     let job = app.submit(&spec).await;
     let id = job["id"].as_str().unwrap().to_owned();
@@ -343,6 +344,7 @@ async fn higher_priority_is_placed_first() {
     let mut spec = digits_spec("low");
     spec["strategy"] = json!("allreduce");
     spec.as_object_mut().unwrap().remove("parameter_servers");
+    spec.as_object_mut().unwrap().remove("consistency");
     spec.as_object_mut().unwrap().remove("consistency");
     spec["workers"] = json!({"min": 1, "max": 1});
     spec["resources"] = json!({"memory_mb": 3000});
@@ -521,4 +523,73 @@ async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
         "{m}"
     );
     assert_eq!(m["rejected_pushes"], 3);
+}
+
+#[tokio::test]
+async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
+    let app = spawn_app().await;
+    let (id, token) = register(&app, "late-joiner").await;
+    let mut spec = digits_spec("late");
+    spec["strategy"] = json!("allreduce");
+    spec["workers"] = json!({"min": 1, "max": 1});
+    spec.as_object_mut().unwrap().remove("parameter_servers");
+    spec.as_object_mut().unwrap().remove("consistency");
+    let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    // Placed on the one executor at generation 1.
+    let mut placed = false;
+    for _ in 0..100 {
+        let j: Value = app
+            .get(&format!("/v1/jobs/{job}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if j["generation"] == 1 {
+            placed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(placed, "the job was not placed");
+    // A rank that joined after the last step reports f64::MAX: no loss of
+    // its own (JSON has no NaN).
+    let report = json!({
+        "key": {"job_id": job, "generation": 1, "role": "worker", "index": 0},
+        "outcome": {"succeeded": {"steps": 920, "final_loss": f64::MAX, "eval_loss": 0.1,
+                    "eval_accuracy": 0.975, "weights_url": "file:///tmp/w.safetensors"}}
+    });
+    let r = app
+        .client
+        .post(app.url(&format!("/v1/executors/{id}/reports")))
+        .bearer_auth(&token)
+        .json(&report)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let j: Value = app
+        .get(&format!("/v1/jobs/{job}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(j["state"], "succeeded");
+    assert_eq!(
+        j["state_reason"],
+        "trained 920 steps: final loss not known to the reporting rank, held-out accuracy 97.5%"
+    );
+    let ev: Value = app
+        .get(&format!("/v1/jobs/{job}/events"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let result = ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .unwrap()
+        .clone();
+    assert_eq!(result["data"]["final_loss"], Value::Null, "{result}");
 }

@@ -176,8 +176,9 @@ pub struct Replica {
     vote: bool,
 }
 
-/// Words of metadata at the end of an exported state.
-const META_WORDS: usize = 8;
+/// Words of metadata at the end of an exported state: step, optimizer
+/// steps, epoch, offset and the last loss (f64 bits), two words each.
+const META_WORDS: usize = 10;
 
 fn u64_words(v: u64) -> [f32; 2] {
     [f32::from_bits(v as u32), f32::from_bits((v >> 32) as u32)]
@@ -309,9 +310,17 @@ impl Replica {
         }
         let meta = &mut out[self.state_len() - META_WORDS..];
         let t = self.opt.as_ref().map_or(0, |o| o.t);
-        for (i, v) in [self.step, t, self.cursor.epoch, self.cursor.offset]
-            .into_iter()
-            .enumerate()
+        // The last step's loss travels too: a replica that joins after the
+        // last step reports the job's final loss, not "unknown".
+        for (i, v) in [
+            self.step,
+            t,
+            self.cursor.epoch,
+            self.cursor.offset,
+            self.last_loss.to_bits(),
+        ]
+        .into_iter()
+        .enumerate()
         {
             meta[i * 2..i * 2 + 2].copy_from_slice(&u64_words(v));
         }
@@ -344,6 +353,7 @@ impl Replica {
             epoch: words_u64(&meta[4..6]),
             offset: words_u64(&meta[6..8]),
         };
+        self.last_loss = f64::from_bits(words_u64(&meta[8..10]));
         Ok(())
     }
 

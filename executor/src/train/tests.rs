@@ -253,6 +253,10 @@ fn an_exported_state_resumes_bit_for_bit() {
     let mut b = Replica::new(&s, tch::Device::Cpu).unwrap();
     b.import(&a.export()).unwrap();
     assert_eq!((b.step, b.cursor), (7, a.cursor));
+    // The last loss comes along: a replica that joins after the last step
+    // still knows the job's final loss.
+    assert!(a.last_loss().is_finite());
+    assert_eq!(b.last_loss().to_bits(), a.last_loss().to_bits());
     let oa = super::train(&mut a, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
     let ob = super::train(&mut b, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
     assert_eq!(oa.weights_sha256, ob.weights_sha256);

@@ -285,6 +285,7 @@ impl Fleet {
         let decision = decide(
             &Inputs {
                 jobs: view.jobs,
+                waiting_on_live: plan.waiting.keys().copied().collect(),
                 live: view.live,
                 managed_live,
                 pending,
@@ -305,15 +306,14 @@ impl Fleet {
         }
         for job in decision.serves.keys() {
             if let Some(w) = plan.waiting.get_mut(job) {
-                match backing_off {
-                    Some(t) => {
-                        *w = format!(
-                            "{w}; the provisioner retries starting executors in {}s after a failed start",
-                            t.duration_since(now).as_secs() + 1
-                        )
-                    }
-                    None => *w = format!("{w}; the provisioner is starting executors for it"),
-                }
+                // No countdown: the reason changes (and is written) once
+                // per back-off, not every round.
+                *w = match backing_off {
+                    Some(_) => format!(
+                        "{w}; the provisioner retries starting executors after a failed start (GET /v1/provisioner says why)"
+                    ),
+                    None => format!("{w}; the provisioner is starting executors for it"),
+                };
             }
         }
         for (job, why) in &decision.blocked {

@@ -102,6 +102,9 @@ pub struct Idle {
 pub struct Inputs<'a> {
     /// Every unfinished, plannable job with its current placement.
     pub jobs: &'a [JobView],
+    /// The jobs the round's plan over `live` left waiting (so that the
+    /// common case — nothing pending — plans nothing twice).
+    pub waiting_on_live: BTreeSet<Uuid>,
     /// Live executors (hand-started and provisioned).
     pub live: &'a [ExecutorView],
     /// Which of `live` this provisioner started.
@@ -140,7 +143,17 @@ pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Deci
         v.extend((0..u128::from(inputs.pending + k)).map(|n| template.executor(n)));
         v
     };
-    let waiting: Vec<&JobView> = {
+    // Waiting even with the pending executors: replanned only when some
+    // are pending (the round's own plan already covers `live`).
+    let waiting: Vec<&JobView> = if inputs.waiting_on_live.is_empty() {
+        Vec::new()
+    } else if inputs.pending == 0 {
+        inputs
+            .jobs
+            .iter()
+            .filter(|j| inputs.waiting_on_live.contains(&j.id))
+            .collect()
+    } else {
         let p = plan(inputs.jobs, &with(0));
         inputs
             .jobs
@@ -298,6 +311,13 @@ mod tests {
         }
     }
 
+    /// [`decide`] with `waiting_on_live` from the round's plan, as the
+    /// fleet passes it.
+    fn decide_for(mut inputs: Inputs<'_>, t: &Template, l: &Limits) -> Decision {
+        inputs.waiting_on_live = plan(inputs.jobs, inputs.live).waiting.into_keys().collect();
+        decide(&inputs, t, l)
+    }
+
     fn hand(n: u128, ram_mb: u64) -> ExecutorView {
         ExecutorView {
             id: Uuid::from_u128(n),
@@ -313,8 +333,8 @@ mod tests {
             job(1, Strategy::Allreduce, 2, 4, 0),
             job(2, Strategy::ParameterServer, 2, 2, 1),
         ];
-        let d = decide(
-            &Inputs {
+        let d = decide_for(
+            Inputs {
                 jobs: &jobs,
                 ..Inputs::default()
             },
@@ -331,8 +351,8 @@ mod tests {
     #[test]
     fn pending_executors_count_as_capacity() {
         let jobs = [job(1, Strategy::Allreduce, 2, 2, 0)];
-        let d = decide(
-            &Inputs {
+        let d = decide_for(
+            Inputs {
                 jobs: &jobs,
                 pending: 2,
                 managed_total: 2,
@@ -351,8 +371,8 @@ mod tests {
             job(2, Strategy::Allreduce, 1, 1, 0),
         ];
         let live = [hand(1, 4096)];
-        let d = decide(
-            &Inputs {
+        let d = decide_for(
+            Inputs {
                 jobs: &jobs,
                 live: &live,
                 ..Inputs::default()
@@ -373,8 +393,8 @@ mod tests {
             job(1, Strategy::Allreduce, 2, 2, 0),
             job(2, Strategy::Allreduce, 2, 2, 0),
         ];
-        let d = decide(
-            &Inputs {
+        let d = decide_for(
+            Inputs {
                 jobs: &jobs,
                 ..Inputs::default()
             },
@@ -399,8 +419,8 @@ mod tests {
             },
         ];
         let live = [hand(7, 1024)];
-        let no_jobs = decide(
-            &Inputs {
+        let no_jobs = decide_for(
+            Inputs {
                 live: &live,
                 idle: idle.clone(),
                 managed_total: 2,
@@ -413,8 +433,8 @@ mod tests {
 
         // A ring job of 3 that would use them waits: nothing is released.
         let jobs = [job(1, Strategy::Allreduce, 3, 3, 0)];
-        let waiting = decide(
-            &Inputs {
+        let waiting = decide_for(
+            Inputs {
                 jobs: &jobs,
                 live: &live,
                 idle,
@@ -430,8 +450,8 @@ mod tests {
 
     #[test]
     fn an_uninspected_model_gets_one_executor_to_inspect_it() {
-        let d = decide(
-            &Inputs {
+        let d = decide_for(
+            Inputs {
                 needs_inspector: true,
                 ..Inputs::default()
             },
@@ -455,8 +475,8 @@ mod tests {
             parameter_servers: Vec::new(),
         });
         let jobs = [j];
-        let d = decide(
-            &Inputs {
+        let d = decide_for(
+            Inputs {
                 jobs: &jobs,
                 live: &live,
                 ..Inputs::default()
@@ -491,7 +511,7 @@ mod tests {
             let lim = limits(max, per_job);
             let t = template(1024);
             let inputs = Inputs { jobs: &jobs, live: &live, pending, managed_total, idle: idle.clone(), ..Inputs::default() };
-            let d = decide(&inputs, &t, &lim);
+            let d = decide_for(inputs, &t, &lim);
             prop_assert!(managed_total + d.start <= max.max(managed_total));
             for name in &d.release {
                 prop_assert!(idle.iter().any(|i| &i.name == name && i.idle_for >= lim.idle_timeout));

@@ -344,20 +344,15 @@ impl Scheduler {
                     .chain(p.parameter_servers.iter().map(|s| s.executor))
             })
             .collect();
-        let (inspectors, needs_inspector): (Vec<Uuid>, bool) = {
-            let inspectors: Vec<Uuid> = sqlx::query_scalar(
-                "SELECT inspector FROM jobs WHERE state = 'inspecting' AND inspector IS NOT NULL",
-            )
-            .fetch_all(&self.db)
-            .await?;
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND params IS NULL
-                   AND spec->'model'->>'kind' = 'torchscript')",
-            )
-            .fetch_one(&self.db)
-            .await?;
-            (inspectors, waiting)
-        };
+        // Inspecting executors are busy; a TorchScript job still queued
+        // for inspection wants one (one query for both).
+        let (inspectors, needs_inspector): (Vec<Uuid>, bool) = sqlx::query_as(
+            "SELECT coalesce(array_agg(inspector) FILTER (WHERE state = 'inspecting' AND inspector IS NOT NULL), '{}'),
+                    coalesce(bool_or(state = 'queued' AND params IS NULL AND spec->'model'->>'kind' = 'torchscript'), false)
+             FROM jobs WHERE state IN ('queued', 'inspecting')",
+        )
+        .fetch_one(&self.db)
+        .await?;
         busy.extend(inspectors);
         let names: HashMap<Uuid, String> = world
             .executors

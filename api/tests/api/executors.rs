@@ -538,12 +538,7 @@ async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
     // Placed on the one executor at generation 1.
     let mut placed = false;
     for _ in 0..100 {
-        let j: Value = app
-            .get(&format!("/v1/jobs/{job}"))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
         if j["generation"] == 1 {
             placed = true;
             break;
@@ -559,31 +554,16 @@ async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
                     "eval_accuracy": 0.975, "weights_url": "file:///tmp/w.safetensors"}}
     });
     let r = app
-        .client
-        .post(app.url(&format!("/v1/executors/{id}/reports")))
-        .bearer_auth(&token)
-        .json(&report)
-        .send()
-        .await
-        .unwrap();
+        .post_as(&format!("/v1/executors/{id}/reports"), &token, &report)
+        .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let j: Value = app
-        .get(&format!("/v1/jobs/{job}"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
     assert_eq!(j["state"], "succeeded");
     assert_eq!(
         j["state_reason"],
         "trained 920 steps: final loss not known to the reporting rank, held-out accuracy 97.5%"
     );
-    let ev: Value = app
-        .get(&format!("/v1/jobs/{job}/events"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let ev: Value = app.get_json(&format!("/v1/jobs/{job}/events")).await;
     let result = ev["events"]
         .as_array()
         .unwrap()

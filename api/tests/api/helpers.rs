@@ -78,6 +78,22 @@ impl TestApp {
         self.client.get(self.url(path)).send().await.unwrap()
     }
 
+    /// GET `path` as JSON (whatever the status).
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get(path).await.json().await.unwrap()
+    }
+
+    /// POST `body` to `path` with the bearer `token` (an executor's).
+    pub async fn post_as(&self, path: &str, token: &str, body: &Value) -> Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
         self.client
             .post(self.url(path))

@@ -39,7 +39,7 @@ async fn a_start_that_dies_before_registering_backs_off_and_the_job_says_so() {
         c.data_dir = std::env::temp_dir().join(format!("ty-api-prov-{}", uuid::Uuid::new_v4()));
     })
     .await;
-    let status: Value = app.get("/v1/provisioner").await.json().await.unwrap();
+    let status: Value = app.get_json("/v1/provisioner").await;
     assert_eq!(status["settings"]["kind"], "local");
     assert_eq!(status["settings"]["max_executors"], 2);
 
@@ -48,13 +48,8 @@ async fn a_start_that_dies_before_registering_backs_off_and_the_job_says_so() {
     let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
     let (events, reason) = loop {
-        let s: Value = app.get("/v1/provisioner").await.json().await.unwrap();
-        let j: Value = app
-            .get(&format!("/v1/jobs/{job}"))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let s: Value = app.get_json("/v1/provisioner").await;
+        let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
         let reason = j["state_reason"].as_str().unwrap_or_default().to_owned();
         let events = s["events"].as_array().cloned().unwrap_or_default();
         if events.iter().any(|e| e["kind"] == "failed") && reason.contains("retries starting") {
@@ -75,7 +70,7 @@ async fn a_start_that_dies_before_registering_backs_off_and_the_job_says_so() {
     // One start, then the back-off holds: no start storm.
     let starts = events.iter().filter(|e| e["kind"] == "start").count();
     assert_eq!(starts, 1, "{events:?}");
-    let s: Value = app.get("/v1/provisioner").await.json().await.unwrap();
+    let s: Value = app.get_json("/v1/provisioner").await;
     let ex = s["executors"].as_array().unwrap();
     assert!(ex.iter().all(|e| e["state"] == "failed"), "{s}");
 }

@@ -11,7 +11,9 @@
 //! [`SliceOptimizer`] applies the same rules to plain `f32` slices in one
 //! fused pass per element, without temporaries: the parameter-server
 //! shard's optimizer, whose values arrive and leave as raw floats on the
-//! wire and never need to be a tensor.
+//! wire and never need to be a tensor. The two are kept apart on purpose
+//! (the ring's replicas live on the GPU, a shard's values in host memory);
+//! a test holds them to the same results.
 
 use tch::Tensor;
 use trainyard_common::spec::{OptimizerKind, OptimizerSpec};
@@ -180,52 +182,14 @@ impl SliceOptimizer {
         self.t += 1;
         let n = w.len().min(g.len());
         let c = Coefficients::new(self, lr, scale);
-        // Large shards are updated by one thread per core, each on its own
-        // contiguous chunk of every array.
-        let threads = if n >= PARALLEL_FROM {
-            std::thread::available_parallelism().map_or(1, |t| t.get().min(8))
-        } else {
-            1
-        };
-        let chunk = n.div_ceil(threads.max(1)).max(1);
-        let (mut s0, mut s1): (&mut [f32], &mut [f32]) = match self.state.as_mut_slice() {
+        let (s0, s1): (&mut [f32], &mut [f32]) = match self.state.as_mut_slice() {
             [] => (&mut [], &mut []),
             [a] => (&mut a[..n], &mut []),
             [a, b, ..] => (&mut a[..n], &mut b[..n]),
         };
-        let mut w = &mut w[..n];
-        let mut g = &g[..n];
-        let mut e = extra.map(|e| &e[..n]);
-        std::thread::scope(|scope| {
-            while !w.is_empty() {
-                let k = chunk.min(w.len());
-                let (wc, wr) = std::mem::take(&mut w).split_at_mut(k);
-                let (gc, gr) = g.split_at(k);
-                let (ec, er) = match e {
-                    Some(e) => {
-                        let (a, b) = e.split_at(k);
-                        (Some(a), Some(b))
-                    }
-                    None => (None, None),
-                };
-                // State arrays are empty when the kind keeps none.
-                let (ka, kb) = (k.min(s0.len()), k.min(s1.len()));
-                let (ac, ar) = std::mem::take(&mut s0).split_at_mut(ka);
-                let (bc, br) = std::mem::take(&mut s1).split_at_mut(kb);
-                (w, g, e, s0, s1) = (wr, gr, er, ar, br);
-                let c = &c;
-                if w.is_empty() {
-                    c.update(wc, ac, bc, gc, ec);
-                } else {
-                    scope.spawn(move || c.update(wc, ac, bc, gc, ec));
-                }
-            }
-        });
+        c.update(&mut w[..n], s0, s1, &g[..n], extra.map(|e| &e[..n]));
     }
 }
-
-/// Elements from which [`SliceOptimizer::step`] uses several threads.
-const PARALLEL_FROM: usize = 1 << 20;
 
 /// One step's constants.
 struct Coefficients {
@@ -359,6 +323,19 @@ mod tests {
     use super::*;
     use tch::nn::{self, OptimizerConfig};
 
+    /// lr 0.05, momentum 0.9, betas (0.9, 0.99), weight decay `wd`.
+    fn test_spec(kind: OptimizerKind, wd: f64) -> OptimizerSpec {
+        OptimizerSpec {
+            kind,
+            lr: 0.05,
+            momentum: Some(0.9),
+            betas: Some([0.9, 0.99]),
+            weight_decay: wd,
+            schedule: trainyard_common::spec::Schedule::Constant,
+            grad_clip: None,
+        }
+    }
+
     fn objective(p: &Tensor) -> Tensor {
         ((p - 0.5) * (p - 0.5) + p.sin() * 0.1).sum(tch::Kind::Float)
     }
@@ -372,15 +349,7 @@ mod tests {
             (OptimizerKind::Adam, 0.01),
             (OptimizerKind::Adamw, 0.05),
         ] {
-            let spec = OptimizerSpec {
-                kind,
-                lr: 0.05,
-                momentum: Some(0.9),
-                betas: Some([0.9, 0.99]),
-                weight_decay: wd,
-                schedule: trainyard_common::spec::Schedule::Constant,
-                grad_clip: None,
-            };
+            let spec = test_spec(kind, wd);
             tch::manual_seed(1);
             let vs = nn::VarStore::new(tch::Device::Cpu);
             let p = vs.root().randn("p", &[50], 0.0, 1.0);
@@ -444,15 +413,7 @@ mod tests {
             (OptimizerKind::Adam, 0.01),
             (OptimizerKind::Adamw, 0.05),
         ] {
-            let spec = OptimizerSpec {
-                kind,
-                lr: 0.05,
-                momentum: Some(0.9),
-                betas: Some([0.9, 0.99]),
-                weight_decay: wd,
-                schedule: trainyard_common::spec::Schedule::Constant,
-                grad_clip: None,
-            };
+            let spec = test_spec(kind, wd);
             let n = 1000;
             let mut flat = FlatOptimizer::new(&spec, n as i64, tch::Device::Cpu);
             let mut slice = SliceOptimizer::new(&spec, n);
@@ -483,42 +444,6 @@ mod tests {
                 assert!(d < 1e-5, "{kind:?}: state differs by {d}");
             }
             assert_eq!(flat.t, slice.t);
-        }
-    }
-
-    /// Above the threshold the update runs in chunks on several threads:
-    /// the same result as one pass.
-    #[test]
-    fn a_large_update_in_parallel_chunks_equals_one_pass() {
-        let spec = OptimizerSpec {
-            kind: OptimizerKind::Adamw,
-            lr: 0.01,
-            momentum: None,
-            betas: None,
-            weight_decay: 0.01,
-            schedule: trainyard_common::spec::Schedule::Constant,
-            grad_clip: None,
-        };
-        let n = PARALLEL_FROM + 12_345;
-        let g: Vec<f32> = (0..n).map(|i| ((i % 977) as f32 * 0.01).sin()).collect();
-        let mut big = SliceOptimizer::new(&spec, n);
-        let mut w = vec![0.5f32; n];
-        for _ in 0..3 {
-            big.step(&mut w, &g, None, 0.5, 0.01);
-        }
-        // The same elements updated as small, single-threaded pieces.
-        for at in [0, PARALLEL_FROM / 2, n - 7] {
-            let mut small = SliceOptimizer::new(&spec, 7);
-            let mut ws = vec![0.5f32; 7];
-            for _ in 0..3 {
-                small.step(&mut ws, &g[at..at + 7], None, 0.5, 0.01);
-            }
-            assert_eq!(&w[at..at + 7], &ws[..], "at {at}");
-            assert_eq!(
-                &big.state()[1][at..at + 7],
-                &small.state()[1][..],
-                "at {at}"
-            );
         }
     }
 

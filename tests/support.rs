@@ -2,7 +2,9 @@
 //! real processes on free loopback ports, wait for them, and signal them.
 //!
 //! The binaries come from the workspace's target folder (`cargo build
-//! --workspace --bins` first; `scripts/test` does that).
+//! --workspace --bins` first; `scripts/test` does that), or from
+//! `TRAINYARD_BIN_DIR` when set: the end-to-end benchmarks (`bench/`) use
+//! these helpers with the release binaries.
 
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
@@ -19,12 +21,17 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of a built binary of the workspace.
+/// Path of a built binary of the workspace: in `TRAINYARD_BIN_DIR` when
+/// set, else in the target folder's `debug/`.
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
-    let path = target.join("debug").join(name);
+    let dir = match std::env::var_os("TRAINYARD_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join("target"))
+            .join("debug"),
+    };
+    let path = dir.join(name);
     if !path.exists() {
         bail!(
             "{} is missing: run `cargo build --workspace --bins` first",

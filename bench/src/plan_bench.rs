@@ -8,6 +8,7 @@
 //! `cargo run --release -p trainyard-bench --bin plan-bench [-- --quick]`.
 
 use std::time::{Duration, Instant};
+use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::model::{parameters, MemoryEstimate};
 use trainyard_common::spec::{Device, MlpSpec, ModelSpec, OptimizerKind, Strategy};
 use trainyard_scheduler::plan::{plan, Demand, DeviceSlot, ExecutorView, JobView};
@@ -145,16 +146,46 @@ fn main() {
     });
 
     let per_sec = placed as f64 / full.as_secs_f64();
-    println!("planner benchmark: {n_jobs} queued jobs (half PS with 2 shards, half allreduce; 2–4 workers) over {n_execs} executors (4 GPUs each); best of {runs}");
-    println!(
-        "  baseline: plan with an empty queue            {:>10.3} ms",
-        empty.as_secs_f64() * 1e3
-    );
-    println!("  plan the whole queue                          {:>10.3} ms  ({placed} jobs, {roles} roles placed)", full.as_secs_f64() * 1e3);
-    println!("  placements per second                         {per_sec:>10.0}     target ≥ 1000: ratio {:.1}×", per_sec / 1000.0);
-    println!("  re-plan after losing the busiest executor     {:>10.3} ms  target < 50 ms: ratio {:.2} of the budget ({moved} job(s) changed)", replan.as_secs_f64() * 1e3, replan.as_secs_f64() * 1e3 / 50.0);
-    println!(
-        "  whole-queue plan vs empty-queue baseline      {:>10.1}×",
-        full.as_secs_f64() / empty.as_secs_f64().max(1e-9)
+    println!("# planner: {n_jobs} queued jobs (half PS with 2 shards, half allreduce; 2–4 workers) over {n_execs} executors (4 GPUs each); best of {runs}; {placed} jobs, {roles} roles placed; {moved} job(s) changed by the re-plan");
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    Figure::new(
+        "plan",
+        format!("plan placements per second ({n_jobs} jobs over {n_execs} executors)"),
+        per_sec,
+        "jobs/s",
+        "target",
+        1000.0,
+        Better::Higher,
+    )
+    .target(Target::AtLeast(1.0))
+    .emit();
+    Figure::new(
+        "plan",
+        format!("plan the whole queue ({n_jobs} jobs)"),
+        ms(full),
+        "ms",
+        "empty-queue plan",
+        ms(empty),
+        Better::Lower,
+    )
+    .emit();
+    Figure::new(
+        "plan",
+        "re-plan after losing the busiest executor",
+        ms(replan),
+        "ms",
+        "budget",
+        50.0,
+        Better::Lower,
+    )
+    .target(Target::AtMost(1.0))
+    .emit();
+    record_data(
+        "plan",
+        &serde_json::json!({
+            "jobs": n_jobs, "executors": n_execs, "runs": runs, "placed": placed, "roles": roles,
+            "empty_ms": ms(empty), "full_ms": ms(full), "replan_ms": ms(replan), "moved": moved,
+            "placements_per_sec": per_sec,
+        }),
     );
 }

@@ -16,6 +16,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use trainyard_bench::figure::{record_data, Better, Figure, Target};
 
 const MIB: usize = 1 << 20;
 
@@ -98,18 +99,36 @@ fn main() -> anyhow::Result<()> {
             let t_ceiling = worst(&ceiling, i);
             let t_gloo = gloo["results"][i]["seconds"].as_f64().unwrap_or(f64::NAN);
             let (b_ours, b_gloo, b_ceiling) = (bus(t_ours), bus(t_gloo), bus(t_ceiling));
-            println!(
-                "ring busbw N={world} {:>3} MiB: {b_ours:.2} GB/s (gloo {b_gloo:.2} GB/s, ratio {:.2}; tokio ceiling {b_ceiling:.2} GB/s, ratio {:.2})",
-                bytes / MIB,
-                b_ours / b_gloo,
-                b_ours / b_ceiling
+            let name = format!("ring busbw N={world} {} MiB", bytes / MIB);
+            let ours_vs_gloo = Figure::new(
+                "ring",
+                name.clone(),
+                b_ours,
+                "GB/s",
+                "gloo",
+                b_gloo,
+                Better::Higher,
             );
+            // The target: no slower than gloo from 16 MiB up.
+            if bytes >= 16 * MIB {
+                ours_vs_gloo.target(Target::AtLeast(1.0)).emit();
+            } else {
+                ours_vs_gloo.emit();
+            }
+            Figure::new(
+                "ring",
+                name,
+                b_ours,
+                "GB/s",
+                "tokio ring ceiling",
+                b_ceiling,
+                Better::Higher,
+            )
+            .emit();
             rows.push(serde_json::json!({"world": world, "bytes": bytes, "trainyard_gbps": b_ours, "gloo_gbps": b_gloo, "ceiling_gbps": b_ceiling}));
         }
     }
-    if let Some(path) = std::env::var_os("RING_BENCH_JSON") {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
-    }
+    record_data("ring", &serde_json::json!({"iters": iters, "rows": rows}));
     Ok(())
 }
 

@@ -132,7 +132,9 @@ pub struct AfterQuery {
     pub limit: Option<String>,
 }
 
-const JOB_COLUMNS: &str = "id, name, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
+/// The columns a [`Job`] is read from (the API-load benchmark runs the same
+/// SQL through `pgbench` as its baseline).
+pub const JOB_COLUMNS: &str = "id, name, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
 
 fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)

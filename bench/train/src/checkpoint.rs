@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::Device;
+use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::JobSpecInput;
 use trainyard_dataplane::Ring;
 use trainyard_executor::checkpoint::{Checkpointing, Policy, Storage, Uploader};
@@ -136,16 +137,24 @@ fn main() {
     }
     let (a, b) = (median(without), median(with));
     println!(
-        "checkpoint-bench: MLP 784-1024-1024-10 with Adam (22 MiB per checkpoint), batch 128, {steps} steps x {rounds} round(s), {} libtorch thread(s)",
+        "# checkpoints: MLP 784-1024-1024-10 with Adam (22 MiB per checkpoint), batch 128, {steps} steps x {rounds} round(s), {} libtorch thread(s); {written} checkpoints written to a file:// store",
         (cores.saturating_sub(1)).max(1)
     );
-    println!("  without checkpoints:            {a:8.2} ms/step");
-    println!(
-        "  checkpoint every {every:>3} steps:     {b:8.2} ms/step  ({written} checkpoints written to a file:// store)"
-    );
-    println!(
-        "  ratio (with / without):         {:8.3}  (target <= 1.10)",
-        b / a
+    Figure::new(
+        "checkpoint",
+        format!("step time with a checkpoint every {every} steps"),
+        b,
+        "ms",
+        "without checkpoints",
+        a,
+        Better::Lower,
+    )
+    .target(Target::AtMost(1.10))
+    .emit();
+    record_data(
+        "checkpoint",
+        &serde_json::json!({"steps": steps, "rounds": rounds, "every": every, "written": written,
+            "without_ms": a, "with_ms": b}),
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

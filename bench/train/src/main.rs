@@ -12,6 +12,7 @@
 use std::process::Command;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
+use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::{CnnSpec, JobSpecInput, MlpSpec, ModelSpec};
 use trainyard_executor::train::Replica;
 
@@ -94,24 +95,37 @@ fn main() {
         py["cnn_ms"].as_f64().unwrap_or(f64::NAN),
     );
 
-    println!("training step, Rust (tch, the executor's models) vs Python PyTorch {} eager; {threads} thread(s), Adam, {steps} steps after {warmup} warm-up", py["torch"].as_str().unwrap_or("?"));
-    println!(
-        "  {:<38} {:>10} {:>10} {:>8}",
-        "model", "rust ms", "python ms", "ratio"
+    println!("# training step, Rust (tch, the executor's models) vs Python PyTorch {} eager; {threads} thread(s), Adam, {steps} steps after {warmup} warm-up", py["torch"].as_str().unwrap_or("?"));
+    for (name, rust, python) in [
+        (
+            format!("train step MLP 784-1024-1024-10 batch {mlp_batch}"),
+            rust_mlp,
+            py_mlp,
+        ),
+        (
+            format!("train step CNN 1x28x28 [32, 64] 128 batch {cnn_batch}"),
+            rust_cnn,
+            py_cnn,
+        ),
+    ] {
+        Figure::new(
+            "train",
+            name,
+            rust,
+            "ms",
+            "Python PyTorch eager",
+            python,
+            Better::Lower,
+        )
+        .target(Target::AtMost(1.0))
+        .emit();
+    }
+    record_data(
+        "train",
+        &serde_json::json!({
+            "threads": threads, "steps": steps, "warmup": warmup, "torch": py["torch"],
+            "mlp": {"batch": mlp_batch, "rust_ms": rust_mlp, "python_ms": py_mlp},
+            "cnn": {"batch": cnn_batch, "rust_ms": rust_cnn, "python_ms": py_cnn},
+        }),
     );
-    println!(
-        "  {:<38} {:>10.3} {:>10.3} {:>8.2}",
-        format!("MLP 784-1024-1024-10, batch {mlp_batch}"),
-        rust_mlp,
-        py_mlp,
-        rust_mlp / py_mlp
-    );
-    println!(
-        "  {:<38} {:>10.3} {:>10.3} {:>8.2}",
-        format!("CNN 1×28×28 [32, 64] 128, batch {cnn_batch}"),
-        rust_cnn,
-        py_cnn,
-        rust_cnn / py_cnn
-    );
-    println!("  target: ratio ≤ 1.0 (no slower than Python)");
 }

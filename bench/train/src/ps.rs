@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::cluster::{Assignment, PsPeer, Range, RoleKey, RoleKind, WorkerPeer};
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
@@ -239,21 +240,29 @@ fn main() {
     // The ceiling, measured with as many bytes as the largest case moves.
     let ceil = ceiling(MODEL_BYTES * 2 * 4 * steps as usize);
     println!(
-        "ps-bench: a {} MiB model, sync SGD through the executor's shard servers, {steps} steps after {warmup} warm-up",
+        "# parameter servers: a {} MiB model, sync SGD through the executor's shard servers, {steps} steps after {warmup} warm-up; loopback ceiling (one tokio sender → receiver) {ceil:.2} GB/s",
         MODEL_BYTES >> 20
     );
-    println!("loopback ceiling (one tokio sender → receiver): {ceil:.2} GB/s");
-    println!("| workers | shards | goodput GB/s | ratio to the ceiling |");
-    println!("|---|---|---|---|");
+    let mut rows = Vec::new();
     for shards in 1..=2u32 {
         for workers in 1..=4u32 {
             let tier = start_tier(shards, workers);
             let secs = run(&tier, workers, warmup, steps);
             let moved = MODEL_BYTES as f64 * 2.0 * f64::from(workers) * f64::from(steps);
             let goodput = moved / secs / 1e9;
-            println!(
-                "| {workers} | {shards} | {goodput:.2} | {:.2} |",
-                goodput / ceil
+            Figure::new(
+                "ps",
+                format!("ps goodput {workers} worker(s) {shards} shard(s)"),
+                goodput,
+                "GB/s",
+                "loopback ceiling",
+                ceil,
+                Better::Higher,
+            )
+            .target(Target::AtLeast(0.6))
+            .emit();
+            rows.push(
+                serde_json::json!({"workers": workers, "shards": shards, "goodput_gbps": goodput}),
             );
             tier.stop.store(true, Ordering::Relaxed);
             for t in tier.threads {
@@ -261,4 +270,9 @@ fn main() {
             }
         }
     }
+    record_data(
+        "ps",
+        &serde_json::json!({"model_bytes": MODEL_BYTES, "steps": steps, "warmup": warmup,
+            "ceiling_gbps": ceil, "rows": rows}),
+    );
 }

@@ -1,0 +1,525 @@
+//! `e2e-bench`: whole-system figures with the real binaries — samples/s of
+//! the digits MLP job with 1, 2 and 4 workers in each pattern, the share of
+//! its step time spent communicating, and the recovery time after an
+//! executor is SIGKILLed mid-training.
+//!
+//! It makes a fresh database on the test Postgres server, starts the
+//! release `trainyard serve` (production heartbeats: 1 s, lost after 3
+//! silent beats; no provisioner) and four `trainyard-executor` processes
+//! with one libtorch thread each, all on this machine.
+//!
+//! * Throughput: each (pattern, workers) job trains the digits MLP
+//!   (64-128-10, AdamW, 32 samples per worker per step; the PS jobs have
+//!   one shard, sync). After a warm-up, samples/s is wall-clock: the steps
+//!   rank 0 made between two report arrivals a window apart (4 s short,
+//!   12 s full), × workers × batch, over the time between the arrivals; the
+//!   job is cancelled after. The step-time breakdown is rank 0's mean data,
+//!   compute and comm seconds, as the executor reports them, over the same
+//!   steps. Baseline: the
+//!   same model, optimizer and batch in one plain Python PyTorch eager
+//!   process with one thread (`bench/e2e_baseline.py`), run in the same
+//!   invocation. The communication share is comm ÷ step time.
+//! * Recovery: a 2-worker job (each pattern; for PS, a checkpoint every 50
+//!   steps) trains; the executor of a worker (and, for PS, the one holding
+//!   the shard) is SIGKILLed; recovery is the time from the kill until the
+//!   API has a step beyond the furthest one before the kill. It is split
+//!   into detection (kill → the scheduler's new placement) and resumption.
+//!   Baseline: the same job's cold start (submit → its first step at the
+//!   API), measured the same way in the same run. Steps reach the API in
+//!   reports every 0.5 s, which both figures include.
+//!
+//! `e2e-bench [--short]`; the executor needs libtorch on its library path
+//! (`source scripts/common.sh && torch_env`) and `TRAINYARD_PYTHON` names
+//! the torch venv's Python for the baseline.
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use trainyard_bench::figure::{record_data, Better, Figure};
+use trainyard_e2e::{
+    free_port, fresh_database, kill9, repo_root, start_executor, wait_ready, ApiClient, Proc,
+};
+
+const JOIN: &str = "e2e-bench-join";
+const BATCH: u64 = 32;
+const EXECUTORS: usize = 4;
+
+struct Cluster {
+    api: Proc,
+    client: ApiClient,
+    url: String,
+    executors: Vec<(String, Proc)>,
+    work: std::path::PathBuf,
+}
+
+impl Cluster {
+    fn start() -> anyhow::Result<Cluster> {
+        let work = std::env::temp_dir().join(format!("ty-e2e-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&work)?;
+        let db = fresh_database()?;
+        let port = free_port()?;
+        let mut cmd = Command::new(trainyard_e2e::binary("trainyard")?);
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--provisioner",
+            "none",
+        ])
+        .arg("--data-dir")
+        .arg(work.join("data"))
+        .env("DATABASE_URL", &db)
+        .env("TRAINYARD_JOIN_TOKEN", JOIN)
+        .env("RUST_LOG", "warn")
+        .env_remove("TRAINYARD_API_TOKEN");
+        let mut api = Proc::spawn(cmd)?;
+        let url = format!("http://127.0.0.1:{port}");
+        wait_ready(&format!("{url}/readyz"), &mut api, Duration::from_secs(60))?;
+        let mut c = Cluster {
+            api,
+            client: ApiClient::new(port),
+            url,
+            executors: Vec::new(),
+            work,
+        };
+        for i in 0..EXECUTORS {
+            c.add_executor(&format!("bench-{i}"))?;
+        }
+        c.wait_live(EXECUTORS)?;
+        Ok(c)
+    }
+
+    fn add_executor(&mut self, name: &str) -> anyhow::Result<()> {
+        let cache = self.work.join(format!("cache-{name}"));
+        let p = start_executor(
+            &self.url,
+            JOIN,
+            name,
+            2048,
+            &[
+                ("TRAINYARD_CACHE_DIR", cache.to_str().unwrap_or_default()),
+                ("RUST_LOG", "warn"),
+            ],
+        )?;
+        self.executors.push((name.to_owned(), p));
+        Ok(())
+    }
+
+    fn wait_live(&self, n: usize) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while self.client.live_executors().len() < n {
+            if start.elapsed() > Duration::from_secs(120) {
+                bail!("{n} executors did not register in 2 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// Waits until `id` is over: its final state.
+    fn wait_end(&self, id: &str, limit: Duration) -> anyhow::Result<Value> {
+        let start = Instant::now();
+        loop {
+            let job = self.client.get(&format!("/v1/jobs/{id}"));
+            match job["state"].as_str() {
+                Some("succeeded" | "failed" | "cancelled") => return Ok(job),
+                _ if start.elapsed() > limit => bail!("job {id} not done after {limit:?}: {job}"),
+                _ => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    /// The furthest step rank 0 has reported (0 before any).
+    fn last_step(&self, id: &str) -> u64 {
+        let m = self
+            .client
+            .get(&format!("/v1/jobs/{id}/metrics?max_points=1"));
+        m["points"]
+            .as_array()
+            .and_then(|p| p.last())
+            .and_then(|p| p["step"].as_u64())
+            .unwrap_or(0)
+    }
+
+    fn generation(&self, id: &str) -> i64 {
+        self.client.get(&format!("/v1/jobs/{id}"))["generation"]
+            .as_i64()
+            .unwrap_or(0)
+    }
+}
+
+fn spec(strategy: &str, workers: u64, steps: u64, checkpoint_every: Option<u64>) -> Value {
+    let digits = repo_root().join("data/digits.npz");
+    let mut s = json!({
+        "name": format!("e2e-bench-{strategy}-{workers}"),
+        "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
+        "dataset": {"kind": "file", "url": format!("file://{}", digits.display())},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adamw", "lr": 0.005, "weight_decay": 0.0001},
+        "batch_size": BATCH,
+        "steps": steps,
+        "strategy": strategy,
+        "workers": {"min": workers, "max": workers},
+        "checkpoint": match checkpoint_every {
+            Some(n) => json!({"every_steps": n, "keep": 2, "at_end": false}),
+            None => json!({"at_end": false}),
+        },
+        "seed": 3,
+        "eval_fraction": 0.2,
+    });
+    if strategy == "parameter_server" {
+        s["parameter_servers"] = json!(1);
+        s["consistency"] = json!("sync");
+    }
+    s
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// Mean (data, compute, comm) seconds per step of rank 0 over steps
+/// `from` (exclusive) to `to`; points are bucket means once a job has more
+/// steps than the API returns points.
+fn breakdown(c: &Cluster, id: &str, from: u64, to: u64) -> anyhow::Result<(f64, f64, f64, usize)> {
+    let m = c
+        .client
+        .get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
+    let pts: Vec<&Value> = m["points"]
+        .as_array()
+        .context("no metric points")?
+        .iter()
+        .filter(|p| p["step"].as_u64().is_some_and(|s| s > from && s <= to))
+        .collect();
+    anyhow::ensure!(
+        !pts.is_empty(),
+        "job {id} reported no steps in ({from}, {to}]"
+    );
+    let col = |k: &str| pts.iter().filter_map(|p| p[k].as_f64()).collect::<Vec<_>>();
+    Ok((
+        mean(&col("data_seconds")),
+        mean(&col("compute_seconds")),
+        mean(&col("comm_seconds")),
+        pts.len(),
+    ))
+}
+
+/// Waits for the next report of `id` to arrive (its furthest step to
+/// change): that step and the instant it was seen, polled every 10 ms.
+fn next_report(c: &Cluster, id: &str) -> anyhow::Result<(u64, Instant)> {
+    let first = c.last_step(id);
+    let start = Instant::now();
+    loop {
+        let now = c.last_step(id);
+        if now != first {
+            return Ok((now, Instant::now()));
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "job {id} reported nothing for a minute"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One throughput run: the job trains; after a warm-up, samples/s over a
+/// window between two report arrivals (so the 0.5 s report cadence does not
+/// blur the ends), then the mean breakdown of the window's steps; the job is
+/// cancelled after.
+fn throughput(
+    c: &Cluster,
+    strategy: &str,
+    workers: u64,
+    window: Duration,
+) -> anyhow::Result<Value> {
+    let id = c.client.submit(&spec(strategy, workers, 100_000_000, None));
+    let start = Instant::now();
+    while c.last_step(&id) == 0 {
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(120),
+            "job {id} did not start: {}",
+            c.client.get(&format!("/v1/jobs/{id}"))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let (s1, t1) = next_report(c, &id)?;
+    std::thread::sleep(window);
+    let (s2, t2) = next_report(c, &id)?;
+    let job = c.client.get(&format!("/v1/jobs/{id}"));
+    anyhow::ensure!(
+        job["state"] == "running",
+        "job {id} is {}: {}",
+        job["state"],
+        job["state_reason"]
+    );
+    let secs = t2.duration_since(t1).as_secs_f64();
+    let sps = (s2 - s1) as f64 * (workers * BATCH) as f64 / secs;
+    let (data, compute, comm, n) = breakdown(c, &id, s1, s2)?;
+    let (status, _) = c.client.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
+    anyhow::ensure!(status == 200, "cancel answered {status}");
+    c.wait_end(&id, Duration::from_secs(60))?;
+    Ok(
+        json!({"strategy": strategy, "workers": workers, "samples_per_sec": sps,
+        "window_s": secs, "steps": s2 - s1, "steps_per_sec": (s2 - s1) as f64 / secs,
+        "data_ms": data * 1e3, "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
+        "metric_points": n}),
+    )
+}
+
+fn python_baseline(steps: u64) -> anyhow::Result<f64> {
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e_baseline.py");
+    let cfg = json!({
+        "data": repo_root().join("data/digits.npz"), "hidden": [128], "batch": BATCH,
+        "lr": 0.005, "weight_decay": 0.0001, "steps": steps, "warmup": 20, "threads": 1,
+    });
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(cfg.to_string())
+        .output()
+        .with_context(|| format!("running {python}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the Python baseline failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    v["samples_per_sec"].as_f64().context("no samples_per_sec")
+}
+
+/// What a recovery run measured (seconds).
+struct Recovery {
+    cold_start: f64,
+    detect: f64,
+    total: f64,
+    killed: String,
+    step_before: u64,
+}
+
+/// Which executor a recovery run kills.
+#[derive(Clone, Copy)]
+enum Victim {
+    /// The executor of the highest-ranked worker that holds no shard.
+    Worker,
+    /// The executor of shard 0.
+    Shard,
+}
+
+fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<Recovery> {
+    let ckpt = (strategy == "parameter_server").then_some(50);
+    let submitted = Instant::now();
+    let id = c.client.submit(&spec(strategy, 2, 1_000_000, ckpt));
+    let mut cold_start = None;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    // Train past a few checkpoints.
+    loop {
+        let step = c.last_step(&id);
+        if step > 0 && cold_start.is_none() {
+            cold_start = Some(submitted.elapsed().as_secs_f64());
+        }
+        if step >= 300 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "job {id} did not reach step 300: {}",
+                c.client.get(&format!("/v1/jobs/{id}"))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let a = c.client.get(&format!("/v1/jobs/{id}/assignments"));
+    let shard_hosts: Vec<&str> = a["parameter_servers"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s["executor"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let name = match victim {
+        Victim::Shard => shard_hosts.first().map(|s| (*s).to_owned()),
+        Victim::Worker => a["workers"].as_array().and_then(|w| {
+            w.iter()
+                .rev()
+                .filter_map(|r| r["executor"]["name"].as_str())
+                .find(|n| !shard_hosts.contains(n))
+                .map(str::to_owned)
+        }),
+    }
+    .with_context(|| format!("no executor to kill in {a}"))?;
+    let g0 = c.generation(&id);
+    let idx = c
+        .executors
+        .iter()
+        .position(|(n, _)| *n == name)
+        .with_context(|| format!("{name} is not one of ours"))?;
+    let killed_at_wall = std::time::SystemTime::now();
+    let killed = Instant::now();
+    kill9(c.executors[idx].1.pid());
+    let deadline = killed + Duration::from_secs(120);
+    // The new generation; everything reported before the kill is in by then
+    // (detection alone takes the 3 s heartbeat timeout, reports flush every 0.5 s).
+    let mut before = 0;
+    loop {
+        if c.generation(&id) > g0 {
+            before = before.max(c.last_step(&id));
+            break;
+        }
+        before = before.max(c.last_step(&id));
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no new generation of {id} after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let total = loop {
+        if c.last_step(&id) > before {
+            break killed.elapsed().as_secs_f64();
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "job {id} did not resume after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Detection: the first placement event after the kill (server clock = ours).
+    let events = c.client.get(&format!("/v1/jobs/{id}/events?limit=1000"));
+    let kill_ts = chrono_secs(killed_at_wall);
+    let detect = events["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["kind"] == "placement")
+        .filter_map(|e| parse_rfc3339(e["at"].as_str()?))
+        .find(|&t| t > kill_ts)
+        .map_or(f64::NAN, |t| t - kill_ts);
+    let (status, _) = c.client.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
+    anyhow::ensure!(status == 200, "cancel answered {status}");
+    c.wait_end(&id, Duration::from_secs(60))?;
+    // Bring the fleet back to four.
+    c.executors.remove(idx);
+    c.add_executor(&name)?;
+    c.wait_live(EXECUTORS)?;
+    Ok(Recovery {
+        cold_start: cold_start.unwrap_or(f64::NAN),
+        detect,
+        total,
+        killed: name,
+        step_before: before,
+    })
+}
+
+fn chrono_secs(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Seconds since the epoch of an RFC 3339 timestamp.
+fn parse_rfc3339(s: &str) -> Option<f64> {
+    let t = chrono::DateTime::parse_from_rfc3339(s).ok()?;
+    Some(t.timestamp_micros() as f64 / 1e6)
+}
+
+fn main() -> anyhow::Result<()> {
+    let short = std::env::args().any(|a| a == "--short");
+    let window = Duration::from_secs(if short { 4 } else { 12 });
+    let exe_dir = std::env::current_exe()?
+        .parent()
+        .context("no binary folder")?
+        .to_path_buf();
+    std::env::set_var("TRAINYARD_BIN_DIR", &exe_dir);
+    let baseline = python_baseline(if short { 2000 } else { 10_000 })?;
+    let mut c = Cluster::start()?;
+    println!(
+        "# end to end: digits MLP 64-128-10, AdamW, {BATCH} samples per worker per step, samples/s over {window:?} of training after a warm-up; {EXECUTORS} executors (1 libtorch thread each) and the API on this machine; baseline: one Python PyTorch eager process, 1 thread: {baseline:.0} samples/s"
+    );
+    let mut rows = Vec::new();
+    for strategy in ["allreduce", "parameter_server"] {
+        for workers in [1u64, 2, 4] {
+            let row = throughput(&c, strategy, workers, window)?;
+            let n = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
+            let (sps, comm, step) = (
+                n("samples_per_sec"),
+                n("comm_ms"),
+                n("data_ms") + n("compute_ms") + n("comm_ms"),
+            );
+            let label = if strategy == "allreduce" {
+                "ring"
+            } else {
+                "ps"
+            };
+            Figure::new(
+                "e2e",
+                format!("e2e {label} {workers} worker(s) samples/s"),
+                sps,
+                "samples/s",
+                "PyTorch eager, 1 process",
+                baseline,
+                Better::Higher,
+            )
+            .emit();
+            Figure::new(
+                "e2e",
+                format!("e2e {label} {workers} worker(s) communication per step"),
+                comm,
+                "ms",
+                "step time",
+                step,
+                Better::Lower,
+            )
+            .emit();
+            rows.push(row);
+        }
+    }
+    let mut recoveries = Vec::new();
+    for (strategy, victim, what) in [
+        ("allreduce", Victim::Worker, "ring rank"),
+        ("parameter_server", Victim::Worker, "ps worker"),
+        ("parameter_server", Victim::Shard, "ps shard"),
+    ] {
+        let r = recovery(&mut c, strategy, victim)?;
+        Figure::new(
+            "e2e",
+            format!("recovery after SIGKILL of a {what}"),
+            r.total,
+            "s",
+            "cold start of the same job",
+            r.cold_start,
+            Better::Lower,
+        )
+        .emit();
+        println!(
+            "#   {what}: killed {} after step {}; detection (kill → new placement) {:.2} s, resumption {:.2} s",
+            r.killed,
+            r.step_before,
+            r.detect,
+            r.total - r.detect
+        );
+        recoveries.push(
+            json!({"what": what, "strategy": strategy, "total_s": r.total,
+            "detect_s": r.detect, "cold_start_s": r.cold_start, "step_before": r.step_before}),
+        );
+    }
+    record_data(
+        "e2e",
+        &json!({"window_s": window.as_secs_f64(), "batch": BATCH, "executors": EXECUTORS,
+            "baseline_samples_per_sec": baseline, "rows": rows, "recoveries": recoveries,
+            "heartbeat": {"interval_ms": 1000, "misses": 3}}),
+    );
+    c.api.terminate()?;
+    let _ = c.api.wait_exit(Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&c.work);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_the_api_timestamps() {
+        assert_eq!(super::parse_rfc3339("1970-01-01T00:00:01.5Z"), Some(1.5));
+        assert_eq!(super::parse_rfc3339("yesterday"), None);
+    }
+}

@@ -180,6 +180,20 @@ pub fn fresh_database() -> anyhow::Result<String> {
     Ok(format!("{base}/{name}"))
 }
 
+/// Drops a database [`fresh_database`] made (`db` is its URL), sessions
+/// and all; errors are ignored (a leftover is dropped by `scripts/test`).
+pub fn drop_database(db: &str) {
+    let admin = admin_url();
+    let name = db.rsplit('/').next().unwrap_or_default();
+    let _ = Command::new("psql")
+        .args([
+            admin.as_str(),
+            "-qc",
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        ])
+        .status();
+}
+
 /// Sends SIGKILL to a process id.
 pub fn kill9(pid: u32) {
     let _ = Command::new("kill")

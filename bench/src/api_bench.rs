@@ -213,15 +213,7 @@ fn main() -> anyhow::Result<()> {
             "jobs_stored": submitted,
         }),
     );
-    let admin = trainyard_e2e::admin_url();
-    let name = db.rsplit('/').next().unwrap_or_default().to_owned();
-    let _ = Command::new("psql")
-        .args([
-            admin.as_str(),
-            "-qc",
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        ])
-        .status();
+    trainyard_e2e::drop_database(&db);
     let _ = std::fs::remove_dir_all(&work);
     if submit.ok() == 0 || read.ok() == 0 {
         bail!("the API answered no request successfully");

@@ -46,6 +46,7 @@ const BATCH: u64 = 32;
 const EXECUTORS: usize = 4;
 
 struct Cluster {
+    db: String,
     api: Proc,
     client: ApiClient,
     url: String,
@@ -77,6 +78,7 @@ impl Cluster {
         let url = format!("http://127.0.0.1:{port}");
         wait_ready(&format!("{url}/readyz"), &mut api, Duration::from_secs(60))?;
         let mut c = Cluster {
+            db,
             api,
             client: ApiClient::new(port),
             url,
@@ -511,7 +513,9 @@ fn main() -> anyhow::Result<()> {
     );
     c.api.terminate()?;
     let _ = c.api.wait_exit(Duration::from_secs(60));
+    drop(std::mem::take(&mut c.executors));
     let _ = std::fs::remove_dir_all(&c.work);
+    trainyard_e2e::drop_database(&c.db);
     Ok(())
 }
 

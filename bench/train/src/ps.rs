@@ -127,14 +127,18 @@ fn call(s: &mut TcpStream, h: Header, payload: &[f32], buf: &mut Vec<f32>, len: 
     reply
 }
 
-/// Runs `steps` pull+push rounds of `workers` workers; returns seconds.
-fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> f64 {
+/// Runs `steps` pull+push rounds of `workers` workers; returns seconds,
+/// and rank 0's mean seconds per measured step in its pull calls and in its
+/// push calls (a push is answered once applied, so in sync mode the push
+/// call holds the update; over all shards, which run concurrently).
+fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> (f64, f64, f64) {
     let never = AtomicBool::new(false);
     let barrier = std::sync::Barrier::new(workers as usize + 1);
     let mut elapsed = 0.0;
+    let phases = std::sync::Mutex::new((0.0f64, 0.0f64));
     std::thread::scope(|scope| {
         for rank in 0..workers {
-            let (barrier, never) = (&barrier, &never);
+            let (barrier, never, phases) = (&barrier, &never, &phases);
             scope.spawn(move || {
                 let mut links: Vec<(TcpStream, usize, Vec<f32>, Vec<f32>)> = tier
                     .peers
@@ -171,20 +175,37 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> f64 {
                     if step == warmup {
                         barrier.wait();
                     }
-                    std::thread::scope(|inner| {
-                        for (s, len, buf, grad) in &mut links {
-                            inner.spawn(move || {
-                                let mut pull = Header::new(Kind::Pull, 1);
-                                pull.version = version;
-                                let w = call(s, pull, &[], buf, *len);
-                                let mut push = Header::new(Kind::Push, 1);
-                                push.version = w.version;
-                                push.samples = 1;
-                                push.lr = 0.01;
-                                call(s, push, grad, buf, 0);
-                            });
-                        }
+                    let times = std::thread::scope(|inner| {
+                        let calls: Vec<_> = links
+                            .iter_mut()
+                            .map(|(s, len, buf, grad)| {
+                                inner.spawn(move || {
+                                    let t0 = Instant::now();
+                                    let mut pull = Header::new(Kind::Pull, 1);
+                                    pull.version = version;
+                                    let w = call(s, pull, &[], buf, *len);
+                                    let t1 = Instant::now();
+                                    let mut push = Header::new(Kind::Push, 1);
+                                    push.version = w.version;
+                                    push.samples = 1;
+                                    push.lr = 0.01;
+                                    call(s, push, grad, buf, 0);
+                                    (t1 - t0, t1.elapsed())
+                                })
+                            })
+                            .collect();
+                        calls
+                            .into_iter()
+                            .filter_map(|c| c.join().ok())
+                            .fold((0.0f64, 0.0f64), |(p, q), (a, b)| {
+                                (p.max(a.as_secs_f64()), q.max(b.as_secs_f64()))
+                            })
                     });
+                    if rank == 0 && step >= warmup {
+                        let mut ph = phases.lock().unwrap_or_else(|p| p.into_inner());
+                        ph.0 += times.0 / f64::from(steps);
+                        ph.1 += times.1 / f64::from(steps);
+                    }
                 }
                 barrier.wait();
             });
@@ -195,7 +216,8 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> f64 {
         barrier.wait(); // all steps done
         elapsed = started.elapsed().as_secs_f64();
     });
-    elapsed
+    let (pull, push) = phases.into_inner().unwrap_or_else(|p| p.into_inner());
+    (elapsed, pull, push)
 }
 
 /// A plain tokio sender and receiver on one loopback connection: GB/s.
@@ -243,11 +265,28 @@ fn main() {
         "# parameter servers: a {} MiB model, sync SGD through the executor's shard servers, {steps} steps after {warmup} warm-up; loopback ceiling (one tokio sender → receiver) {ceil:.2} GB/s",
         MODEL_BYTES >> 20
     );
+    // What the shard's update alone costs (the fused SGD pass over the
+    // whole model, as one shard applies it), for reading the rows below.
+    let update_ms = {
+        let n = MODEL_BYTES / 4;
+        let mut opt = trainyard_executor::train::optim::SliceOptimizer::new(&spec().optimizer, n);
+        let (mut w, g) = (vec![0.5f32; n], vec![1e-6f32; n]);
+        opt.step(&mut w, &g, None, 1.0, 0.01);
+        let t = Instant::now();
+        for _ in 0..3 {
+            opt.step(&mut w, &g, None, 1.0, 0.01);
+        }
+        t.elapsed().as_secs_f64() / 3.0 * 1e3
+    };
+    println!(
+        "#   the SGD update of the whole {} MiB alone: {update_ms:.1} ms",
+        MODEL_BYTES >> 20
+    );
     let mut rows = Vec::new();
     for shards in 1..=2u32 {
         for workers in 1..=4u32 {
             let tier = start_tier(shards, workers);
-            let secs = run(&tier, workers, warmup, steps);
+            let (secs, pull_s, push_s) = run(&tier, workers, warmup, steps);
             let moved = MODEL_BYTES as f64 * 2.0 * f64::from(workers) * f64::from(steps);
             let goodput = moved / secs / 1e9;
             Figure::new(
@@ -261,9 +300,14 @@ fn main() {
             )
             .target(Target::AtLeast(0.6))
             .emit();
-            rows.push(
-                serde_json::json!({"workers": workers, "shards": shards, "goodput_gbps": goodput}),
+            println!(
+                "#   {workers} worker(s), {shards} shard(s): rank 0's step {:.1} ms = pull {:.1} ms + push and update {:.1} ms",
+                secs / f64::from(steps) * 1e3,
+                pull_s * 1e3,
+                push_s * 1e3
             );
+            rows.push(serde_json::json!({"workers": workers, "shards": shards, "goodput_gbps": goodput,
+                "step_ms": secs / f64::from(steps) * 1e3, "pull_ms": pull_s * 1e3, "push_ms": push_s * 1e3}));
             tier.stop.store(true, Ordering::Relaxed);
             for t in tier.threads {
                 let _ = t.join();
@@ -272,7 +316,7 @@ fn main() {
     }
     record_data(
         "ps",
-        &serde_json::json!({"model_bytes": MODEL_BYTES, "steps": steps, "warmup": warmup,
+        &serde_json::json!({"model_bytes": MODEL_BYTES, "steps": steps, "warmup": warmup, "update_ms": update_ms,
             "ceiling_gbps": ceil, "rows": rows}),
     );
 }

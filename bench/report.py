@@ -136,6 +136,23 @@ def table(bench):
 
 
 # Plots.
+def save(fig, name):
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots, name), dpi=110)
+    plt.close(fig)
+    return f"bench/{name}"
+
+
+def decorate(ax, xlabel, ylabel, xticks=None):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if xticks is not None:
+        ax.set_xticks(xticks)
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def ring_plot():
     ring = data["ring"]
     if not ring:
@@ -151,14 +168,8 @@ def ring_plot():
             ax.plot(mib, [r[key] for r in rs], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_title(f"N = {n} ranks")
-        ax.set_xlabel("buffer (MiB)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("bus bandwidth (GB/s)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(plots, "ring_busbw.png"), dpi=110)
-    plt.close(fig)
-    return "bench/ring_busbw.png"
+        decorate(ax, "buffer (MiB)", "bus bandwidth (GB/s)" if n == worlds[0] else "")
+    return save(fig, "ring_busbw.png")
 
 
 def ps_plot():
@@ -171,16 +182,8 @@ def ps_plot():
         ax.plot([r["workers"] for r in rs], [r["goodput_gbps"] for r in rs], "o-", label=f"{shards} shard(s)")
     ax.axhline(ps["ceiling_gbps"], color="gray", ls=":", label="loopback ceiling")
     ax.axhline(0.6 * ps["ceiling_gbps"], color="red", ls="--", lw=0.8, label="target (0.6 × ceiling)")
-    ax.set_xlabel("workers")
-    ax.set_ylabel("pull + push goodput (GB/s)")
-    ax.set_xticks(sorted({r["workers"] for r in ps["rows"]}))
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(plots, "ps_goodput.png"), dpi=110)
-    plt.close(fig)
-    return "bench/ps_goodput.png"
+    decorate(ax, "workers", "pull + push goodput (GB/s)", sorted({r["workers"] for r in ps["rows"]}))
+    return save(fig, "ps_goodput.png")
 
 
 def breakdown_plot():
@@ -212,10 +215,7 @@ def breakdown_plot():
         axes[1].set_title("one training step")
         axes[1].legend(fontsize=8)
         axes[1].grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(os.path.join(plots, "step_breakdown.png"), dpi=110)
-    plt.close(fig)
-    return "bench/step_breakdown.png"
+    return save(fig, "step_breakdown.png")
 
 
 def e2e_plot():
@@ -227,16 +227,8 @@ def e2e_plot():
         rs = [r for r in e2e["rows"] if r["strategy"] == strategy]
         ax.plot([r["workers"] for r in rs], [r["samples_per_sec"] for r in rs], "o-", label=label)
     ax.axhline(e2e["baseline_samples_per_sec"], color="gray", ls=":", label="PyTorch eager, 1 process")
-    ax.set_xlabel("workers")
-    ax.set_ylabel("samples/s")
-    ax.set_xticks(sorted({r["workers"] for r in e2e["rows"]}))
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(plots, "e2e_samples.png"), dpi=110)
-    plt.close(fig)
-    return "bench/e2e_samples.png"
+    decorate(ax, "workers", "samples/s", sorted({r["workers"] for r in e2e["rows"]}))
+    return save(fig, "e2e_samples.png")
 
 
 # Sections.

@@ -20,12 +20,12 @@
 //! `api-bench [--short] [--connections N]`.
 
 use anyhow::{bail, Context};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 use trainyard_api::routes::jobs::JOB_COLUMNS;
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
-use trainyard_e2e::{free_port, fresh_database, repo_root, wait_ready, Proc};
+use trainyard_bench::server::Server;
+use trainyard_e2e::repo_root;
 use trainyard_scheduler::lifecycle::JOB_CHANNEL;
 
 /// Postgres connections of the API's pool (its default).
@@ -50,27 +50,9 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    std::env::set_var("TRAINYARD_BIN_DIR", exe_dir()?);
-    let work = std::env::temp_dir().join(format!("ty-api-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let db = fresh_database()?;
-    let port = free_port()?;
-    let mut cmd = Command::new(trainyard_e2e::binary("trainyard")?);
-    cmd.args([
-        "serve",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--provisioner",
-        "none",
-    ])
-    .arg("--data-dir")
-    .arg(work.join("data"))
-    .env("DATABASE_URL", &db)
-    .env("TRAINYARD_JOIN_TOKEN", "api-bench-join")
-    .env_remove("TRAINYARD_API_TOKEN");
-    let mut api = Proc::spawn(cmd)?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/readyz"), &mut api, Duration::from_secs(60))?;
+    // Default logging (info): the API as it runs in production.
+    let mut server = Server::start("api-bench", "api-bench-join", &[])?;
+    let (base, db, work) = (server.url.clone(), server.db.clone(), server.work.clone());
 
     let digits = repo_root().join("data/digits.npz");
     let spec = std::fs::read_to_string(repo_root().join("examples/digits-ring.json"))?
@@ -95,7 +77,11 @@ fn main() -> anyhow::Result<()> {
 
     // Reads of random ids among those submitted.
     let ids = psql_lines(&db, "SELECT id FROM jobs ORDER BY random() LIMIT 2000")?;
-    anyhow::ensure!(!ids.is_empty(), "no job was submitted: {}", api.output());
+    anyhow::ensure!(
+        !ids.is_empty(),
+        "no job was submitted: {}",
+        server.proc.output()
+    );
     let get_lua = work.join("get.lua");
     let table = ids
         .iter()
@@ -109,8 +95,7 @@ fn main() -> anyhow::Result<()> {
         ),
     )?;
     let read = wrk(&base, "/v1/jobs/{id}", &get_lua, connections, seconds)?;
-    api.terminate()?;
-    let _ = api.wait_exit(Duration::from_secs(30));
+    server.halt();
 
     // The same SQL through pgbench, with the API stopped.
     let insert_sql = work.join("insert.sql");
@@ -213,8 +198,7 @@ fn main() -> anyhow::Result<()> {
             "jobs_stored": submitted,
         }),
     );
-    trainyard_e2e::drop_database(&db);
-    let _ = std::fs::remove_dir_all(&work);
+    server.stop();
     if submit.ok() == 0 || read.ok() == 0 {
         bail!("the API answered no request successfully");
     }
@@ -237,13 +221,6 @@ fn lua_string(s: &str) -> String {
         eq.push('=');
     }
     format!("[{eq}[{s}]{eq}]")
-}
-
-fn exe_dir() -> anyhow::Result<PathBuf> {
-    Ok(std::env::current_exe()?
-        .parent()
-        .context("no binary folder")?
-        .to_path_buf())
 }
 
 /// One wrk run.

@@ -37,53 +37,27 @@ use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use trainyard_bench::figure::{record_data, Better, Figure};
-use trainyard_e2e::{
-    free_port, fresh_database, kill9, repo_root, start_executor, wait_ready, ApiClient, Proc,
-};
+use trainyard_bench::server::Server;
+use trainyard_e2e::{kill9, repo_root, start_executor, ApiClient, Proc};
 
 const JOIN: &str = "e2e-bench-join";
 const BATCH: u64 = 32;
 const EXECUTORS: usize = 4;
 
 struct Cluster {
-    db: String,
-    api: Proc,
+    server: Server,
     client: ApiClient,
-    url: String,
     executors: Vec<(String, Proc)>,
-    work: std::path::PathBuf,
 }
 
 impl Cluster {
     fn start() -> anyhow::Result<Cluster> {
-        let work = std::env::temp_dir().join(format!("ty-e2e-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&work)?;
-        let db = fresh_database()?;
-        let port = free_port()?;
-        let mut cmd = Command::new(trainyard_e2e::binary("trainyard")?);
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--provisioner",
-            "none",
-        ])
-        .arg("--data-dir")
-        .arg(work.join("data"))
-        .env("DATABASE_URL", &db)
-        .env("TRAINYARD_JOIN_TOKEN", JOIN)
-        .env("RUST_LOG", "warn")
-        .env_remove("TRAINYARD_API_TOKEN");
-        let mut api = Proc::spawn(cmd)?;
-        let url = format!("http://127.0.0.1:{port}");
-        wait_ready(&format!("{url}/readyz"), &mut api, Duration::from_secs(60))?;
+        let server = Server::start("e2e-bench", JOIN, &[("RUST_LOG", "warn")])?;
+        let client = ApiClient::new(server.port);
         let mut c = Cluster {
-            db,
-            api,
-            client: ApiClient::new(port),
-            url,
+            server,
+            client,
             executors: Vec::new(),
-            work,
         };
         for i in 0..EXECUTORS {
             c.add_executor(&format!("bench-{i}"))?;
@@ -93,9 +67,9 @@ impl Cluster {
     }
 
     fn add_executor(&mut self, name: &str) -> anyhow::Result<()> {
-        let cache = self.work.join(format!("cache-{name}"));
+        let cache = self.server.work.join(format!("cache-{name}"));
         let p = start_executor(
-            &self.url,
+            &self.server.url,
             JOIN,
             name,
             2048,
@@ -511,11 +485,8 @@ fn main() -> anyhow::Result<()> {
             "baseline_samples_per_sec": baseline, "rows": rows, "recoveries": recoveries,
             "heartbeat": {"interval_ms": 1000, "misses": 3}}),
     );
-    c.api.terminate()?;
-    let _ = c.api.wait_exit(Duration::from_secs(60));
     drop(std::mem::take(&mut c.executors));
-    let _ = std::fs::remove_dir_all(&c.work);
-    trainyard_e2e::drop_database(&c.db);
+    c.server.stop();
     Ok(())
 }
 

@@ -10,3 +10,4 @@
 //! plots) go to `$TRAINYARD_BENCH_DIR/<bench>.json`.
 
 pub mod figure;
+pub mod server;

@@ -89,16 +89,85 @@ impl Modify for BearerAuth {
     }
 }
 
+/// The document as served: [`ApiDoc`] with its internally tagged unions
+/// made satisfiable (see [`inline_tagged_variants`]).
+pub fn openapi() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serializes");
+    inline_tagged_variants(&mut doc);
+    doc
+}
+
+/// An internally tagged enum (`#[serde(tag = "kind")]`) whose variants are
+/// structs that deny unknown fields comes out of utoipa as
+/// `allOf: [$ref Variant, {properties: {kind}}]`, where `Variant` says
+/// `additionalProperties: false`: no object satisfies both (`kind` is an
+/// unknown field of `Variant`), so a client or fuzzer that honours the
+/// schema cannot build a valid job spec. Each such variant is rewritten as
+/// one object: the struct's schema with the tag added to its properties and
+/// required fields, unknown fields still refused.
+pub fn inline_tagged_variants(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    let schemas = doc["components"]["schemas"].clone();
+    fn tagged(item: &Value, schemas: &Value) -> Option<Value> {
+        let all = item.get("allOf")?.as_array()?;
+        let [reference, tag] = all.as_slice() else {
+            return None;
+        };
+        let name = reference
+            .get("$ref")?
+            .as_str()?
+            .strip_prefix("#/components/schemas/")?;
+        let props = tag.get("properties")?.as_object()?;
+        if props.len() != 1 || tag.get("required")?.as_array()?.len() != 1 {
+            return None;
+        }
+        let mut merged = schemas.get(name)?.clone();
+        if merged.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return None;
+        }
+        let (key, schema) = props.iter().next()?;
+        merged
+            .get_mut("properties")?
+            .as_object_mut()?
+            .insert(key.clone(), schema.clone());
+        match merged.get_mut("required").and_then(Value::as_array_mut) {
+            Some(r) => r.insert(0, Value::String(key.clone())),
+            None => merged["required"] = Value::Array(vec![Value::String(key.clone())]),
+        }
+        if let Some(d) = item.get("description") {
+            merged["description"] = d.clone();
+        }
+        Some(merged)
+    }
+    fn walk(v: &mut Value, schemas: &Value) {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::Array(items)) = map.get_mut("oneOf") {
+                    for item in items.iter_mut() {
+                        if let Some(merged) = tagged(item, schemas) {
+                            *item = merged;
+                        }
+                    }
+                }
+                for child in map.values_mut() {
+                    walk(child, schemas);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|c| walk(c, schemas)),
+            _ => {}
+        }
+    }
+    walk(doc, &schemas);
+}
+
 /// The document as pretty JSON with a trailing newline (the committed form).
 pub fn document() -> String {
-    let mut s = ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("the OpenAPI document serializes");
+    let mut s = serde_json::to_string_pretty(&openapi()).expect("the OpenAPI document serializes");
     s.push('\n');
     s
 }
 
 /// `/openapi.json` and the Swagger UI at `/docs`.
 pub fn routes() -> Router<AppState> {
-    Router::new().merge(SwaggerUi::new("/docs").url("/openapi.json", ApiDoc::openapi()))
+    Router::new().merge(SwaggerUi::new("/docs").external_url_unchecked("/openapi.json", openapi()))
 }

@@ -346,6 +346,7 @@ pub async fn find(
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "Committed checkpoints", body = CheckpointList),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
@@ -393,6 +394,7 @@ pub async fn list(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Jso
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "The final weights (safetensors: one tensor per model parameter, by name)", content_type = "application/octet-stream"),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such job, or it has no final weights yet", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The object store is unreachable", body = Problem, content_type = "application/problem+json"),
     ),

@@ -350,9 +350,11 @@ fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
     request_body(content = HeartbeatRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "Its assignments", body = HeartbeatResponse),
+        (status = 400, description = "The id is not a UUID, or the body is malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Declared lost or left: register again", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not JSON (Content-Type)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
     ),
     security(("executor_token" = []))
@@ -534,6 +536,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
     params(("id" = Uuid, Path, description = "Executor id")),
     responses(
         (status = 200, description = "Draining", body = ExecutorInfo),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong credential", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Lost or left", body = Problem, content_type = "application/problem+json"),
@@ -562,6 +565,7 @@ pub async fn drain(
     params(("id" = Uuid, Path, description = "Executor id")),
     responses(
         (status = 200, description = "Left", body = ExecutorInfo),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong credential", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Roles still assigned: drain first", body = Problem, content_type = "application/problem+json"),
@@ -613,9 +617,11 @@ pub async fn leave(
     request_body(content = InspectionReport, content_type = "application/json"),
     responses(
         (status = 200, description = "The job after the inspection", body = crate::routes::jobs::Job),
+        (status = 400, description = "The id is not a UUID, or the body is malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor or job", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "This executor is not the job's inspector", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not JSON (Content-Type)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
     ),
     security(("executor_token" = []))

@@ -238,6 +238,17 @@ async fn progress(db: &PgPool) -> Result<HashMap<Uuid, (i64, i64)>, sqlx::Error>
     Ok(rows.into_iter().map(|(id, s, l)| (id, (s, l))).collect())
 }
 
+/// One event of the stream as its `text/event-stream` lines carry it (the
+/// schema of each event, not of the whole body).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // Documentation only: the events are written by `axum::response::sse`.
+pub struct StreamEvent {
+    /// `ready`, `job`, `executor`, `progress` or `resync`.
+    pub event: String,
+    /// JSON text: `{}` (`ready`, `resync`), `{"id": …}` (`job`, `executor`) or `{"job": …, "step": …}` (`progress`).
+    pub data: String,
+}
+
 /// Server-sent events announcing changes to jobs and executors.
 ///
 /// Each event names what changed (`job`, `executor`, `progress` of a running
@@ -246,7 +257,7 @@ async fn progress(db: &PgPool) -> Result<HashMap<Uuid, (i64, i64)>, sqlx::Error>
 #[utoipa::path(
     get, path = "/v1/events/stream", tag = "jobs",
     responses(
-        (status = 200, description = "An endless text/event-stream: events `ready`, `job` {id}, `executor` {id}, `progress` {job, step}, `resync`", body = String, content_type = "text/event-stream"),
+        (status = 200, description = "An endless text/event-stream: events `ready`, `job` {id}, `executor` {id}, `progress` {job, step}, `resync`", body = StreamEvent, content_type = "text/event-stream"),
         (status = 401, description = "Missing or wrong token", body = crate::error::Problem, content_type = "application/problem+json"),
     )
 )]

@@ -63,9 +63,11 @@ fn finite(x: Option<f64>) -> Option<f64> {
     request_body(content = RoleReport, content_type = "application/json"),
     responses(
         (status = 200, description = "Stored", body = ReportAck),
+        (status = 400, description = "The id is not a UUID, or the body is malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor or job", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The outcome is from a stale generation", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not JSON (Content-Type)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
     ),
     security(("executor_token" = []))

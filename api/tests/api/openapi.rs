@@ -70,3 +70,53 @@ async fn served_document_is_openapi_3_1_with_every_route() {
         "served document differs from the generated one:\n{served}"
     );
 }
+
+/// A `kind`-tagged union is published as one satisfiable object per
+/// variant: the struct's own fields plus `kind`, unknown fields refused
+/// (utoipa's `allOf` of the struct and the tag could be met by no object).
+#[test]
+fn tagged_unions_are_satisfiable_objects() {
+    let doc: Value = serde_json::from_str(&trainyard_api::openapi::document()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    for (union, kinds) in [
+        (
+            "ModelSpec",
+            vec!["mlp", "cnn", "transformer", "torchscript"],
+        ),
+        ("DatasetSpec", vec![]),
+    ] {
+        let variants = schemas[union]["oneOf"].as_array().unwrap();
+        for v in variants {
+            assert!(v.get("allOf").is_none(), "{union}: {v}");
+            assert_eq!(
+                v["additionalProperties"],
+                Value::Bool(false),
+                "{union}: {v}"
+            );
+            assert_eq!(v["required"][0], "kind", "{union}: {v}");
+            assert!(v["properties"]["kind"]["enum"].is_array(), "{union}: {v}");
+        }
+        let names: Vec<&str> = variants
+            .iter()
+            .filter_map(|v| v["properties"]["kind"]["enum"][0].as_str())
+            .collect();
+        for k in kinds {
+            assert!(names.contains(&k), "{union} lacks {k}: {names:?}");
+        }
+    }
+    // The MLP variant keeps its own fields and required ones.
+    let mlp = schemas["ModelSpec"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["properties"]["kind"]["enum"][0] == "mlp")
+        .unwrap();
+    assert!(mlp["properties"]["hidden"].is_object());
+    let required: Vec<&str> = mlp["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(required, ["kind", "inputs", "outputs"]);
+}

@@ -35,6 +35,23 @@ ensure_python() {
   python3 -m venv --help >/dev/null 2>&1 || apt_install python3-venv
 }
 
+# ensure_pinned_venv VENV PACKAGE VERSION EXE: a venv of its own in the
+# cache holding PACKAGE==VERSION (from PyPI), made again when missing, of
+# another version, or broken (an upgraded interpreter: EXE --version fails).
+ensure_pinned_venv() {
+  local venv=$1 pkg=$2 version=$3 exe=$4
+  ensure_python
+  local marker="$venv/.complete-$version"
+  if [ -f "$marker" ] && "$venv/bin/$exe" --version >/dev/null 2>&1; then
+    return 0
+  fi
+  log "installing $pkg==$version into $venv (one time)"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "$pkg==$version"
+  touch "$marker"
+}
+
 # ensure_torch: a virtualenv with PyTorch (the libtorch that tch links) in the cache.
 ensure_torch() {
   ensure_python

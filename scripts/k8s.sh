@@ -15,17 +15,7 @@ K8S_VENV="${XDG_CACHE_HOME:-$HOME/.cache}/trainyard/venv-k8s"
 
 # ensure_k8s_validate: the pinned kubernetes-validate in $K8S_VENV.
 ensure_k8s_validate() {
-  ensure_python
-  local marker="$K8S_VENV/.complete-$K8S_VALIDATE_VERSION"
-  # A venv whose Python went away (an upgraded interpreter) is made again.
-  if [ -f "$marker" ] && "$K8S_VENV/bin/kubernetes-validate" --version >/dev/null 2>&1; then
-    return 0
-  fi
-  log "installing kubernetes-validate==$K8S_VALIDATE_VERSION into $K8S_VENV (one time)"
-  rm -rf "$K8S_VENV"
-  python3 -m venv "$K8S_VENV"
-  "$K8S_VENV/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$K8S_VALIDATE_VERSION"
-  touch "$marker"
+  ensure_pinned_venv "$K8S_VENV" kubernetes-validate "$K8S_VALIDATE_VERSION" kubernetes-validate
 }
 
 # validate_k8s_manifests [DIR]: validates every object of every YAML file in

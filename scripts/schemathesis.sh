@@ -21,16 +21,7 @@ SCHEMATHESIS_VENV="${XDG_CACHE_HOME:-$HOME/.cache}/trainyard/venv-schemathesis"
 SCHEMATHESIS_SECONDS="${TRAINYARD_FUZZ_SECONDS:-60}"
 
 ensure_schemathesis() {
-  ensure_python
-  local marker="$SCHEMATHESIS_VENV/.complete-$SCHEMATHESIS_VERSION"
-  if [ -f "$marker" ] && "$SCHEMATHESIS_VENV/bin/schemathesis" --version >/dev/null 2>&1; then
-    return 0
-  fi
-  log "installing schemathesis==$SCHEMATHESIS_VERSION into $SCHEMATHESIS_VENV (one time)"
-  rm -rf "$SCHEMATHESIS_VENV"
-  python3 -m venv "$SCHEMATHESIS_VENV"
-  "$SCHEMATHESIS_VENV/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
-  touch "$marker"
+  ensure_pinned_venv "$SCHEMATHESIS_VENV" schemathesis "$SCHEMATHESIS_VERSION" schemathesis
 }
 
 # fuzz_api: needs TRAINYARD_TEST_DATABASE_URL and target/debug/trainyard.

@@ -87,6 +87,13 @@ w(
     "beside a baseline, ceiling or target measured (or fixed) in the same invocation, as "
     "`name: value (baseline value, ratio)`; the ratio is value ÷ baseline.\n"
 )
+try:
+    import subprocess
+    rendered = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+except OSError:
+    rendered = ""
+if rendered and not meta.get("commit", "").startswith(rendered):
+    w(f"(The measurements are of {meta.get('commit', '?')}; this text was rendered from them by `bench/report.py` at {rendered}.)\n")
 w("## Machine and settings\n")
 w("| | |\n|---|---|")
 for key, label in [
@@ -172,18 +179,29 @@ def ring_plot():
     return save(fig, "ring_busbw.png")
 
 
+def workers_plot(name, series, key, lines, ylabel):
+    """A figure against the worker count: one line per (label, rows) series
+    of `key`, horizontal reference lines (value, label, style kwargs)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for label, rows in series:
+        rows = sorted(rows, key=lambda r: r["workers"])
+        ax.plot([r["workers"] for r in rows], [r[key] for r in rows], "o-", label=label)
+    for value, label, style in lines:
+        ax.axhline(value, label=label, **style)
+    decorate(ax, "workers", ylabel, sorted({r["workers"] for _, rows in series for r in rows}))
+    return save(fig, name)
+
+
 def ps_plot():
     ps = data["ps"]
     if not ps:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for shards in sorted({r["shards"] for r in ps["rows"]}):
-        rs = sorted((r for r in ps["rows"] if r["shards"] == shards), key=lambda r: r["workers"])
-        ax.plot([r["workers"] for r in rs], [r["goodput_gbps"] for r in rs], "o-", label=f"{shards} shard(s)")
-    ax.axhline(ps["ceiling_gbps"], color="gray", ls=":", label="loopback ceiling")
-    ax.axhline(0.6 * ps["ceiling_gbps"], color="red", ls="--", lw=0.8, label="target (0.6 × ceiling)")
-    decorate(ax, "workers", "pull + push goodput (GB/s)", sorted({r["workers"] for r in ps["rows"]}))
-    return save(fig, "ps_goodput.png")
+    series = [(f"{k} shard(s)", [r for r in ps["rows"] if r["shards"] == k]) for k in sorted({r["shards"] for r in ps["rows"]})]
+    lines = [
+        (ps["ceiling_gbps"], "loopback ceiling", {"color": "gray", "ls": ":"}),
+        (0.6 * ps["ceiling_gbps"], "target (0.6 × ceiling)", {"color": "red", "ls": "--", "lw": 0.8}),
+    ]
+    return workers_plot("ps_goodput.png", series, "goodput_gbps", lines, "pull + push goodput (GB/s)")
 
 
 def breakdown_plot():
@@ -222,13 +240,10 @@ def e2e_plot():
     e2e = data["e2e"]
     if not e2e:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for strategy, label in [("allreduce", "ring all-reduce"), ("parameter_server", "parameter server (1 shard, sync)")]:
-        rs = [r for r in e2e["rows"] if r["strategy"] == strategy]
-        ax.plot([r["workers"] for r in rs], [r["samples_per_sec"] for r in rs], "o-", label=label)
-    ax.axhline(e2e["baseline_samples_per_sec"], color="gray", ls=":", label="PyTorch eager, 1 process")
-    decorate(ax, "workers", "samples/s", sorted({r["workers"] for r in e2e["rows"]}))
-    return save(fig, "e2e_samples.png")
+    series = [(label, [r for r in e2e["rows"] if r["strategy"] == strategy])
+              for strategy, label in [("allreduce", "ring all-reduce"), ("parameter_server", "parameter server (1 shard, sync)")]]
+    lines = [(e2e["baseline_samples_per_sec"], "PyTorch eager, 1 process", {"color": "gray", "ls": ":"})]
+    return workers_plot("e2e_samples.png", series, "samples_per_sec", lines, "samples/s")
 
 
 # Sections.

@@ -43,11 +43,13 @@ fuzz_api() {
     kill -0 $pid 2>/dev/null || break
     sleep 0.5
   done
-  "$SCHEMATHESIS_VENV/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+  # From the scratch folder: schemathesis keeps a cache in its working
+  # directory, which must not land in the clone.
+  (cd "$data" && "$SCHEMATHESIS_VENV/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
     -H "Authorization: Bearer $token" \
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
     --phases examples,fuzzing,stateful --max-time "$SCHEMATHESIS_SECONDS" --workers 2 \
-    --seed 1 --no-color >"$out" 2>&1 || status=$?
+    --seed 1 --no-color) >"$out" 2>&1 || status=$?
   kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true
   if grep -q 'panicked' "$data/server.log"; then
     log "the API panicked under fuzzing:"; grep -A5 'panicked' "$data/server.log" >&2; status=1

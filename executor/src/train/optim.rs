@@ -18,13 +18,32 @@
 use tch::Tensor;
 use trainyard_common::spec::{OptimizerKind, OptimizerSpec};
 
-/// An optimizer and its state for `numel` parameters.
-pub struct FlatOptimizer {
+/// An optimizer's constants as its spec gives them, with the defaults both
+/// optimizers share (momentum 0.9, betas (0.9, 0.999), eps 1e-8).
+#[derive(Debug, Clone, Copy)]
+struct Hyper {
     kind: OptimizerKind,
     momentum: f64,
     betas: [f64; 2],
     weight_decay: f64,
     eps: f64,
+}
+
+impl Hyper {
+    fn of(spec: &OptimizerSpec) -> Hyper {
+        Hyper {
+            kind: spec.kind,
+            momentum: spec.momentum.unwrap_or(0.9),
+            betas: spec.betas.unwrap_or([0.9, 0.999]),
+            weight_decay: spec.weight_decay,
+            eps: 1e-8,
+        }
+    }
+}
+
+/// An optimizer and its state for `numel` parameters.
+pub struct FlatOptimizer {
+    h: Hyper,
     /// Updates applied so far (Adam's bias correction).
     pub t: u64,
     state: Vec<Tensor>,
@@ -42,11 +61,7 @@ impl FlatOptimizer {
             OptimizerKind::Adam | OptimizerKind::Adamw => vec![zeros(), zeros()],
         };
         FlatOptimizer {
-            kind: spec.kind,
-            momentum: spec.momentum.unwrap_or(0.9),
-            betas: spec.betas.unwrap_or([0.9, 0.999]),
-            weight_decay: spec.weight_decay,
-            eps: 1e-8,
+            h: Hyper::of(spec),
             t: 0,
             state,
             scratch: Vec::new(),
@@ -76,8 +91,8 @@ impl FlatOptimizer {
     pub fn step(&mut self, w: &mut Tensor, g: &Tensor, lr: f64) {
         self.t += 1;
         tch::no_grad(|| {
-            let wd = self.weight_decay;
-            match self.kind {
+            let wd = self.h.weight_decay;
+            match self.h.kind {
                 OptimizerKind::Sgd => {
                     let g = if wd != 0.0 {
                         g + &*w * wd
@@ -96,19 +111,19 @@ impl FlatOptimizer {
                     if self.t == 1 {
                         buf.copy_(&g);
                     } else {
-                        let _ = buf.g_mul_scalar_(self.momentum);
+                        let _ = buf.g_mul_scalar_(self.h.momentum);
                         let _ = buf.g_add_(&g);
                     }
                     let _ = w.g_sub_(&(&*buf * lr));
                 }
                 OptimizerKind::Adam | OptimizerKind::Adamw => {
-                    let [b1, b2] = self.betas;
-                    let g = if self.kind == OptimizerKind::Adam && wd != 0.0 {
+                    let [b1, b2] = self.h.betas;
+                    let g = if self.h.kind == OptimizerKind::Adam && wd != 0.0 {
                         g + &*w * wd
                     } else {
                         g.shallow_clone()
                     };
-                    if self.kind == OptimizerKind::Adamw && wd != 0.0 {
+                    if self.h.kind == OptimizerKind::Adamw && wd != 0.0 {
                         let _ = w.g_mul_scalar_(1.0 - lr * wd);
                     }
                     if self.scratch.len() != 2 || self.scratch[0].size() != g.size() {
@@ -127,7 +142,7 @@ impl FlatOptimizer {
                     // addcdiv by scaling the denominator.
                     let mut denom = v.sqrt_out(&self.scratch[1]);
                     let _ = denom.g_div_scalar_(bc2.sqrt());
-                    let _ = denom.g_add_scalar_(self.eps);
+                    let _ = denom.g_add_scalar_(self.h.eps);
                     let _ = denom.g_mul_scalar_(-bc1 / lr);
                     let _ = w.addcdiv_(m, &denom);
                 }
@@ -141,11 +156,7 @@ impl FlatOptimizer {
 /// and the state, and writes the weights and the state. Arithmetic is
 /// `f32` per element, as libtorch's CPU kernels do for float tensors.
 pub struct SliceOptimizer {
-    kind: OptimizerKind,
-    momentum: f64,
-    betas: [f64; 2],
-    weight_decay: f64,
-    eps: f64,
+    h: Hyper,
     /// Updates applied so far (Adam's bias correction).
     pub t: u64,
     state: Vec<Vec<f32>>,
@@ -155,11 +166,7 @@ impl SliceOptimizer {
     /// The optimizer of `spec` for `numel` parameters.
     pub fn new(spec: &OptimizerSpec, numel: usize) -> SliceOptimizer {
         SliceOptimizer {
-            kind: spec.kind,
-            momentum: spec.momentum.unwrap_or(0.9),
-            betas: spec.betas.unwrap_or([0.9, 0.999]),
-            weight_decay: spec.weight_decay,
-            eps: 1e-8,
+            h: Hyper::of(spec),
             t: 0,
             state: vec![vec![0.0; numel]; FlatOptimizer::state_tensors(spec.kind)],
         }
@@ -210,30 +217,30 @@ struct Coefficients {
 
 impl Coefficients {
     fn new(o: &SliceOptimizer, lr: f64, scale: f32) -> Coefficients {
-        let [b1, b2] = o.betas;
+        let [b1, b2] = o.h.betas;
         let t = o.t as i32;
         let bc1 = 1.0 - b1.powi(t);
         let bc2 = 1.0 - b2.powi(t);
-        let wd = o.weight_decay as f32;
+        let wd = o.h.weight_decay as f32;
         Coefficients {
-            kind: o.kind,
+            kind: o.h.kind,
             scale,
             wd,
             lr: lr as f32,
-            momentum: o.momentum as f32,
+            momentum: o.h.momentum as f32,
             first: o.t == 1,
             w1: (1.0 - b1) as f32,
             w2: (1.0 - b2) as f32,
             inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
-            eps: o.eps as f32,
+            eps: o.h.eps as f32,
             step: (-bc1 / lr) as f32,
-            adam_wd: if o.kind == OptimizerKind::Adam {
+            adam_wd: if o.h.kind == OptimizerKind::Adam {
                 wd
             } else {
                 0.0
             },
-            decay: if o.kind == OptimizerKind::Adamw {
-                (1.0 - lr * o.weight_decay) as f32
+            decay: if o.h.kind == OptimizerKind::Adamw {
+                (1.0 - lr * o.h.weight_decay) as f32
             } else {
                 1.0
             },

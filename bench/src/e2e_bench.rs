@@ -43,6 +43,10 @@ use trainyard_e2e::{kill9, repo_root, start_executor, ApiClient, Proc};
 const JOIN: &str = "e2e-bench-join";
 const BATCH: u64 = 32;
 const EXECUTORS: usize = 4;
+/// The production heartbeat (the API's defaults), set explicitly so that
+/// what the report says is what ran.
+const HEARTBEAT_MS: u64 = 1000;
+const HEARTBEAT_MISSES: u32 = 3;
 
 struct Cluster {
     server: Server,
@@ -52,7 +56,15 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> anyhow::Result<Cluster> {
-        let server = Server::start("e2e-bench", JOIN, &[("RUST_LOG", "warn")])?;
+        let server = Server::start(
+            "e2e-bench",
+            JOIN,
+            &[
+                ("RUST_LOG", "warn"),
+                ("TRAINYARD_HEARTBEAT_INTERVAL_MS", &HEARTBEAT_MS.to_string()),
+                ("TRAINYARD_HEARTBEAT_MISSES", &HEARTBEAT_MISSES.to_string()),
+            ],
+        )?;
         let client = ApiClient::new(server.port);
         let mut c = Cluster {
             server,
@@ -483,7 +495,7 @@ fn main() -> anyhow::Result<()> {
         "e2e",
         &json!({"window_s": window.as_secs_f64(), "batch": BATCH, "executors": EXECUTORS,
             "baseline_samples_per_sec": baseline, "rows": rows, "recoveries": recoveries,
-            "heartbeat": {"interval_ms": 1000, "misses": 3}}),
+            "heartbeat": {"interval_ms": HEARTBEAT_MS, "misses": HEARTBEAT_MISSES}}),
     );
     drop(std::mem::take(&mut c.executors));
     c.server.stop();

@@ -42,9 +42,28 @@ pub struct Config {
     )]
     pub object_store_options: Vec<String>,
 
-    /// When set, every `/v1` request must carry `Authorization: Bearer <token>`.
-    #[arg(long, env = "TRAINYARD_API_TOKEN", hide_env_values = true)]
-    pub api_token: Option<String>,
+    /// The bootstrap admin token: it acts as user `admin` with the admin
+    /// role, and makes every other token (`POST /v1/tokens`). When set, every
+    /// user-facing `/v1` request needs `Authorization: Bearer <token>`. When
+    /// absent the server runs open (every caller is the admin), which is
+    /// allowed only on a loopback listen address.
+    #[arg(long, env = "TRAINYARD_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Most jobs one user may have waiting (queued, inspecting or
+    /// scheduling); a submit beyond it is a 429. Admins are exempt.
+    #[arg(long, env = "TRAINYARD_MAX_WAITING_JOBS_PER_USER", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_waiting_jobs_per_user: u32,
+
+    /// Submits a second one user may make on average (a token bucket per
+    /// user and API process); beyond it a 429 with `Retry-After`. Admins
+    /// are exempt.
+    #[arg(long, env = "TRAINYARD_SUBMIT_RATE_PER_USER", default_value_t = 5.0, value_parser = positive_rate)]
+    pub submit_rate_per_user: f64,
+
+    /// Submits one user may make at once before the rate applies.
+    #[arg(long, env = "TRAINYARD_SUBMIT_BURST_PER_USER", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub submit_burst_per_user: u32,
 
     /// Cluster join token executors register with. When absent, one is made
     /// and kept in `<data-dir>/join-token`.
@@ -134,6 +153,15 @@ pub struct Config {
     pub provision_executor_bin: Option<PathBuf>,
 }
 
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.001..=1_000_000.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected submits per second between 0.001 and 1000000, got {s:?}"
+        )),
+    }
+}
+
 fn positive_f64(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= 100_000.0 => Ok(v),
@@ -170,7 +198,10 @@ impl Config {
             data_dir: PathBuf::from(".trainyard"),
             object_store: None,
             object_store_options: Vec::new(),
-            api_token: None,
+            admin_token: None,
+            max_waiting_jobs_per_user: 100,
+            submit_rate_per_user: 5.0,
+            submit_burst_per_user: 20,
             join_token: Some("test-join-token".into()),
             heartbeat_interval_ms: 1000,
             heartbeat_misses: 3,
@@ -200,6 +231,23 @@ impl Config {
             ProvisionerKind::Local => true,
             ProvisionerKind::None => false,
             ProvisionerKind::Auto => self.database_url.is_none(),
+        }
+    }
+
+    /// Refuses configurations that would expose an open server: without an
+    /// admin token only a loopback listen address is allowed. Also refuses
+    /// an empty admin token.
+    pub fn check_auth(&self) -> Result<(), String> {
+        match self.admin_token.as_deref() {
+            Some(t) if t.trim().is_empty() => {
+                Err("--admin-token (TRAINYARD_ADMIN_TOKEN) is empty".into())
+            }
+            Some(_) => Ok(()),
+            None if self.listen.ip().is_loopback() => Ok(()),
+            None => Err(format!(
+                "listening on {} without an admin token would let anyone on the network act as admin: set --admin-token (TRAINYARD_ADMIN_TOKEN), or listen on 127.0.0.1",
+                self.listen
+            )),
         }
     }
 

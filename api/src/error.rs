@@ -45,6 +45,9 @@ pub enum ApiError {
     /// 401: missing or wrong credentials.
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// 403: authenticated, but the role does not allow this.
+    #[error("{0}")]
+    Forbidden(String),
     /// 404: no such resource.
     #[error("{0}")]
     NotFound(String),
@@ -69,6 +72,15 @@ pub enum ApiError {
     /// 422: well-formed but invalid (every violation listed).
     #[error("{} invalid field(s)", .0.len())]
     Unprocessable(Vec<Violation>),
+    /// 429: over a per-user limit; retry after the given seconds
+    /// (`Retry-After`).
+    #[error("{detail}")]
+    TooManyRequests {
+        /// What limit, and where the caller stands.
+        detail: String,
+        /// Whole seconds until a retry can succeed (at least 1).
+        retry_after: u64,
+    },
     /// 503: a dependency is down.
     #[error("{0}")]
     Unavailable(String),
@@ -120,6 +132,7 @@ impl ApiError {
             MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed-json", "Malformed JSON"),
             BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -144,6 +157,11 @@ impl ApiError {
                 "invalid-spec",
                 "Invalid request",
             ),
+            TooManyRequests { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-requests",
+                "Too many requests",
+            ),
             Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -161,6 +179,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title) = self.parts();
+        let retry_after = match &self {
+            ApiError::TooManyRequests { retry_after, .. } => Some((*retry_after).max(1)),
+            _ => None,
+        };
         let detail = match &self {
             ApiError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
@@ -198,6 +220,10 @@ impl IntoResponse for ApiError {
         let mut resp = (status, axum::Json(problem)).into_response();
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -2,7 +2,8 @@
 //!
 //! [`Application::build`] wires the production server from a [`Config`]:
 //! a Postgres pool (migrations from `migrations/` applied on start-up), the
-//! routes of [`routes`] (jobs, executors, health, metrics), the scheduler
+//! routes of [`routes`] (jobs, executors, tokens, health, metrics) behind
+//! the callers' credentials and roles of [`auth`], the scheduler
 //! loop (unless `--no-scheduler`; see `trainyard-scheduler`), the OpenAPI document of
 //! [`openapi`] with an interactive page at `/docs`, and the web UI of
 //! [`web`] (kept live by [`routes::stream`]). Every error leaves as
@@ -14,6 +15,7 @@
 //! When no `DATABASE_URL` is given, [`embedded_pg`] runs a private Postgres
 //! cluster in the data folder with the machine's PostgreSQL binaries.
 
+pub mod auth;
 pub mod config;
 pub mod embedded_pg;
 pub mod error;
@@ -56,6 +58,8 @@ pub struct AppState {
     pub store: Arc<trainyard_store::Store>,
     /// The provisioner's settings (`kind: none` without one).
     pub provisioner: Arc<routes::provisioner::ProvisionerSettings>,
+    /// The per-user submit rate limit.
+    pub submits: Arc<auth::SubmitLimiter>,
 }
 
 /// A built server: bound to its port and connected to its database.
@@ -70,6 +74,7 @@ impl Application {
     /// Connects to `database_url`, applies migrations, and binds the listen
     /// address (port 0 picks a free port).
     pub async fn build(config: Config, database_url: &str) -> anyhow::Result<Application> {
+        config.check_auth().map_err(|e| anyhow::anyhow!(e))?;
         let db = PgPoolOptions::new()
             .max_connections(config.db_max_connections)
             .acquire_timeout(Duration::from_secs(config.db_acquire_timeout_secs))
@@ -102,14 +107,19 @@ impl Application {
                 None => s,
             })
         };
+        let submits = Arc::new(auth::SubmitLimiter::new(
+            config.submit_rate_per_user,
+            config.submit_burst_per_user,
+        ));
         let state = AppState {
             events: routes::stream::EventHub::new(db.clone()),
             db,
             metrics,
-            config: Arc::new(config),
             join_token: Arc::new(join_token),
             store: Arc::new(store),
             provisioner: Arc::new(settings),
+            config: Arc::new(config),
+            submits,
         };
         let router = routes::router(state.clone());
         Ok(Application {

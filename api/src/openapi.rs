@@ -7,7 +7,7 @@
 
 use crate::error::Problem;
 use crate::routes::{
-    assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry,
+    assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry, tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -29,13 +29,15 @@ use utoipa_swagger_ui::SwaggerUi;
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         provisioner::status,
+        tokens::create, tokens::list, tokens::revoke, tokens::whoami,
         health::healthz, health::readyz, health::metrics,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),
     modifiers(&BearerAuth),
     tags(
         (name = "jobs", description = "Training jobs"),
-        (name = "executors", description = "Executors: registration and heartbeats (executor credentials), listing (user token)"),
+        (name = "executors", description = "Executors: registration and heartbeats (executor credentials), listing (admin token)"),
+        (name = "tokens", description = "API tokens and roles: admins make and revoke them; anyone may ask who they are"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
 )]
@@ -64,8 +66,9 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
-        // Every /v1 operation accepts the bearer token (required when the
-        // server is configured with one).
+        // Every user-facing /v1 operation takes a user's or an admin's
+        // bearer token (optional only on an open, loopback-only server) and
+        // answers 401 without a valid one.
         for (path, item) in doc.paths.paths.iter_mut() {
             if !path.starts_with("/v1/") {
                 continue;
@@ -77,6 +80,21 @@ impl Modify for BearerAuth {
                 if op.security.is_some() {
                     continue; // Executor endpoints declare their own.
                 }
+                op.responses
+                    .responses
+                    .entry("401".into())
+                    .or_insert_with(|| {
+                        utoipa::openapi::ResponseBuilder::new()
+                            .description("Missing, unknown, revoked or expired token")
+                            .content(
+                                crate::error::PROBLEM_JSON,
+                                utoipa::openapi::ContentBuilder::new()
+                                    .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+                                    .build(),
+                            )
+                            .build()
+                            .into()
+                    });
                 op.security = Some(vec![
                     utoipa::openapi::security::SecurityRequirement::new(
                         "bearer",

@@ -8,9 +8,9 @@
 //! scheduler declared lost, or that left, gets 410 Gone and must register
 //! again.
 
+use crate::auth::{bearer, constant_time_eq, hash_token as hash};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
-use crate::routes::constant_time_eq;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -19,7 +19,6 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::collections::{BTreeMap, HashMap};
@@ -87,18 +86,6 @@ pub struct ExecutorList {
 pub struct ExecutorQuery {
     /// Only executors in this state (`live`, `draining`, `lost`, `left`).
     pub state: Option<String>,
-}
-
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-}
-
-fn hash(token: &str) -> Vec<u8> {
-    Sha256::digest(token.as_bytes()).to_vec()
 }
 
 pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
@@ -228,6 +215,7 @@ pub async fn register(
     responses(
         (status = 200, description = "Executors", body = ExecutorList),
         (status = 400, description = "Bad query", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list(
@@ -288,6 +276,7 @@ async fn info(st: &AppState, id: Uuid) -> ApiResult<ExecutorInfo> {
     responses(
         (status = 200, description = "The executor", body = ExecutorInfo),
         (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -295,25 +284,32 @@ pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json
     Ok(Json(info(&st, id).await?))
 }
 
-/// Checks the executor's own credential (or, for drain and leave, the API
-/// token) and returns its row.
+/// Checks the executor's own credential (or, for drain and leave, an
+/// admin's token) and returns its row. A user's token is a 403 there; any
+/// other credential a 401.
 async fn authorize(
     st: &AppState,
     headers: &HeaderMap,
     id: Uuid,
-    allow_api_token: bool,
+    allow_admin: bool,
 ) -> ApiResult<PgRow> {
-    let row = fetch(st, id).await?;
+    if allow_admin {
+        match crate::auth::resolve(st, headers).await {
+            Ok(who) if who.is_admin() => return fetch(st, id).await,
+            Ok(who) => {
+                return Err(ApiError::Forbidden(format!(
+                    "managing executors needs the admin role; {:?} is a user",
+                    who.user
+                )))
+            }
+            Err(ApiError::Unauthorized) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let given = bearer(headers).ok_or(ApiError::Unauthorized)?;
+    let row = fetch(st, id).await?;
     let stored: Vec<u8> = row.try_get("token_hash")?;
-    let own = constant_time_eq(&hash(given), &stored);
-    let admin = allow_api_token
-        && st
-            .config
-            .api_token
-            .as_deref()
-            .is_some_and(|t| constant_time_eq(given.as_bytes(), t.as_bytes()));
-    if !own && !admin {
+    if !constant_time_eq(&hash(given), &stored) {
         return Err(ApiError::Unauthorized);
     }
     Ok(row)
@@ -538,6 +534,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         (status = 200, description = "Draining", body = ExecutorInfo),
         (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong credential", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A user's token: managing executors needs an admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Lost or left", body = Problem, content_type = "application/problem+json"),
     ),
@@ -567,6 +564,7 @@ pub async fn drain(
         (status = 200, description = "Left", body = ExecutorInfo),
         (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong credential", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A user's token: managing executors needs an admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Roles still assigned: drain first", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Already lost or left", body = Problem, content_type = "application/problem+json"),

@@ -5,6 +5,7 @@
 //! the position of the last job returned, so pages stay stable while new
 //! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
 
+use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
 use crate::AppState;
@@ -36,6 +37,9 @@ pub const DEFAULT_EVENTS_PAGE: i64 = 500;
 pub const MAX_EVENTS_PAGE: i64 = 1000;
 /// Longest `Idempotency-Key`.
 pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+/// `Retry-After` of a submit refused by the cap on waiting jobs: when jobs
+/// start is not known, so a polite poll interval.
+pub const WAITING_CAP_RETRY_SECS: u64 = 30;
 /// Header set on a submit that returned an existing job.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
@@ -46,6 +50,9 @@ pub struct Job {
     pub id: Uuid,
     /// The spec's name.
     pub name: String,
+    /// The user who submitted it (`admin` for the bootstrap token and open
+    /// mode).
+    pub owner: String,
     /// Lifecycle state.
     pub state: JobState,
     /// Why the job is in this state.
@@ -119,6 +126,8 @@ pub struct ListQuery {
     pub limit: Option<String>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
+    /// Only this user's jobs (admins; a user always sees only its own).
+    pub owner: Option<String>,
 }
 
 /// Query of an append-only log (`…/events`, `…/logs`).
@@ -134,7 +143,7 @@ pub struct AfterQuery {
 
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
 /// SQL through `pgbench` as its baseline).
-pub const JOB_COLUMNS: &str = "id, name, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
+pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
 
 fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
@@ -146,6 +155,7 @@ fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     Ok(Job {
         id: row.try_get("id")?,
         name: row.try_get("name")?,
+        owner: row.try_get("owner")?,
         state,
         state_reason: row.try_get("state_reason")?,
         generation: row.try_get("generation")?,
@@ -230,17 +240,43 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid spec: every violation", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Over the submit rate or the cap on waiting jobs of this user", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "Seconds after which a retry can succeed"))),
     )
 )]
 pub async fn submit(
     State(st): State<AppState>,
+    who: Principal,
     headers: HeaderMap,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Response> {
+    if !who.is_admin() {
+        if let Err(wait) = st.submits.take(&who.user) {
+            return Err(ApiError::TooManyRequests {
+                detail: format!(
+                    "user {:?} submits faster than {} a second (bursts of {}); retry in {:.1} s",
+                    who.user,
+                    st.config.submit_rate_per_user,
+                    st.config.submit_burst_per_user,
+                    wait.as_secs_f64()
+                ),
+                retry_after: wait.as_secs_f64().ceil() as u64,
+            });
+        }
+    }
     let key = idempotency_key(&headers)?;
     let spec = JobSpec::from_json(&body)?;
     if let Some(from) = spec.resume_from {
-        let found = crate::routes::checkpoints::find(&st.db, from.job_id, from.step).await?;
+        // Another user's job answers as one without checkpoints: its
+        // weights are not this caller's to start from.
+        let visible = crate::auth::owner_of(&st.db, from.job_id)
+            .await?
+            .is_some_and(|o| who.sees(&o));
+        let found = if visible {
+            crate::routes::checkpoints::find(&st.db, from.job_id, from.step).await?
+        } else {
+            None
+        };
         if found.is_none() {
             let (field, what) = match from.step {
                 Some(step) => (
@@ -266,14 +302,52 @@ pub async fn submit(
         .map(|_| Sha256::digest(spec_json.to_string().as_bytes()).to_vec());
 
     let mut tx = st.db.begin().await?;
+    if !who.is_admin() {
+        // One submit of this user at a time past this point, so that the
+        // count and the insert agree (the cap holds across API replicas).
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('trainyard-submit:' || $1, 0))")
+            .bind(&who.user)
+            .execute(&mut *tx)
+            .await?;
+        let replay = match &key {
+            Some(k) => sqlx::query_scalar::<_, i32>(
+                "SELECT 1 FROM jobs WHERE owner = $1 AND idempotency_key = $2",
+            )
+            .bind(&who.user)
+            .bind(k)
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_some(),
+            None => false,
+        };
+        if !replay {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('queued', 'inspecting', 'scheduling')",
+            )
+            .bind(&who.user)
+            .fetch_one(&mut *tx)
+            .await?;
+            let cap = i64::from(st.config.max_waiting_jobs_per_user);
+            if waiting >= cap {
+                return Err(ApiError::TooManyRequests {
+                    detail: format!(
+                        "user {:?} has {waiting} jobs waiting to start, the most allowed is {cap}; retry when some have started, or cancel some",
+                        who.user
+                    ),
+                    retry_after: WAITING_CAP_RETRY_SECS,
+                });
+            }
+        }
+    }
     let inserted = sqlx::query(&format!(
-        "INSERT INTO jobs (id, name, spec, idempotency_key, request_hash, priority)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (idempotency_key) DO NOTHING
+        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (owner, idempotency_key) DO NOTHING
          RETURNING {JOB_COLUMNS}"
     ))
     .bind(Uuid::now_v7())
     .bind(&spec.name)
+    .bind(&who.user)
     .bind(&spec_json)
     .bind(&key)
     .bind(&hash)
@@ -288,20 +362,21 @@ pub async fn submit(
              VALUES ($1, 'submitted', 'queued', 'submitted', $2)",
         )
         .bind(job.id)
-        .bind(serde_json::json!({ "strategy": job.strategy, "idempotency_key": key }))
+        .bind(serde_json::json!({ "strategy": job.strategy, "idempotency_key": key, "owner": job.owner }))
         .execute(&mut *tx)
         .await?;
         lifecycle::notify(&mut tx, job.id).await?;
         tx.commit().await?;
         st.metrics.jobs_submitted.inc();
-        tracing::info!(job = %job.id, name = %job.name, "job submitted");
+        tracing::info!(job = %job.id, name = %job.name, owner = %job.owner, "job submitted");
         return Ok(created(&job, false));
     }
 
     // The key exists: this is a retry (same spec) or a misuse (another spec).
     let row = sqlx::query(&format!(
-        "SELECT {JOB_COLUMNS}, request_hash FROM jobs WHERE idempotency_key = $1"
+        "SELECT {JOB_COLUMNS}, request_hash FROM jobs WHERE owner = $1 AND idempotency_key = $2"
     ))
+    .bind(&who.user)
     .bind(&key)
     .fetch_one(&mut *tx)
     .await?;
@@ -408,15 +483,29 @@ fn parse_states(raw: Option<&str>) -> ApiResult<Option<Vec<String>>> {
 )]
 pub async fn list(
     State(st): State<AppState>,
+    who: Principal,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> ApiResult<Json<JobPage>> {
     let limit = parse_limit(q.limit.as_deref(), DEFAULT_PAGE, MAX_PAGE)?;
     let states = parse_states(q.state.as_deref())?;
     let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    // A user sees its own jobs whatever `owner` says (another user's name
+    // gives an empty page, as a user without jobs would).
+    let owner = match who.scope() {
+        Some(me) if q.owner.as_deref().is_some_and(|o| o != me) => {
+            return Ok(Json(JobPage {
+                jobs: Vec::new(),
+                next_cursor: None,
+            }))
+        }
+        Some(me) => Some(me.to_owned()),
+        None => q.owner.clone(),
+    };
     let rows = sqlx::query(&format!(
         "SELECT {JOB_COLUMNS} FROM jobs
          WHERE ($1::text[] IS NULL OR state = ANY($1::text[]::job_state[]))
            AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
+           AND ($5::text IS NULL OR owner = $5)
          ORDER BY created_at DESC, id DESC
          LIMIT $4"
     ))
@@ -424,6 +513,7 @@ pub async fn list(
     .bind(cursor.map(|c| c.0))
     .bind(cursor.map(|c| c.1))
     .bind(limit + 1)
+    .bind(&owner)
     .fetch_all(&st.db)
     .await?;
     let more = rows.len() as i64 > limit;

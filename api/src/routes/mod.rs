@@ -2,9 +2,12 @@
 //!
 //! Layers, outermost first: panic catcher (a bug becomes a 500 problem, never
 //! a dropped connection), request tracing, metrics, timeout, body limit.
-//! `/v1` routes sit behind the bearer-token check when a token is configured;
-//! health, metrics, the OpenAPI document, the docs page and the web page do
-//! not. Unknown routes and wrong methods answer with problem details too.
+//! User-facing `/v1` routes sit behind [`auth::authenticate`] (a caller
+//! resolved to a user and role, or a 401); tokens and the executor listing
+//! behind [`auth::require_admin`] too; a job's own routes behind
+//! [`auth::job_visible`] (another user's job is a 404). Executor endpoints
+//! check the join token or the executor's own credential instead. Health,
+//! metrics, the OpenAPI document, the docs page and the web page are open. Unknown routes and wrong methods answer with problem details too.
 
 pub mod assignments;
 pub mod checkpoints;
@@ -14,12 +17,12 @@ pub mod jobs;
 pub mod provisioner;
 pub mod stream;
 pub mod telemetry;
+pub mod tokens;
 
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
-use crate::{metrics, openapi, web, AppState};
+use crate::{auth, metrics, openapi, web, AppState};
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -32,24 +35,43 @@ use tower_http::trace::TraceLayer;
 /// Builds the whole router over `state`.
 pub fn router(state: AppState) -> Router {
     let limit = state.config.max_body_bytes;
-    let v1 = Router::new()
-        .route("/jobs", post(jobs::submit).get(jobs::list))
+    // A job's own resources: another user's job is a 404 (auth::job_visible).
+    let job_scoped = Router::new()
         .route("/jobs/{id}", get(jobs::get))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
         .route("/jobs/{id}/assignments", get(assignments::assignments))
         .route("/jobs/{id}/checkpoints", get(checkpoints::list))
         .route("/jobs/{id}/model", get(checkpoints::model))
-        .route("/events/stream", get(stream::stream))
         .route("/jobs/{id}/metrics", get(telemetry::metrics))
         .route("/jobs/{id}/logs", get(telemetry::logs))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::job_visible,
+        ));
+    // Tokens and the executor listing: admins only (a user gets a 403).
+    let admin_only = Router::new()
+        .route("/tokens", post(tokens::create).get(tokens::list))
+        .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/executors", get(executors::list))
         .route("/executors/{id}", get(executors::get))
+        .route_layer(middleware::from_fn(auth::require_admin));
+    // Every user-facing route: the caller is resolved to a Principal (or
+    // 401s) before anything else runs.
+    let users = Router::new()
+        .route("/jobs", post(jobs::submit).get(jobs::list))
+        .route("/events/stream", get(stream::stream))
         .route("/provisioner", get(provisioner::status))
+        .route("/whoami", get(tokens::whoami))
+        .merge(job_scoped)
+        .merge(admin_only)
         .method_not_allowed_fallback(method_not_allowed)
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
     // Executor endpoints check their own credentials (join token, executor
-    // token) instead of the user token.
+    // token) instead of a user's.
     let agents = Router::new()
         .route("/executors", post(executors::register))
         .route("/executors/{id}", axum::routing::delete(executors::leave))
@@ -57,7 +79,7 @@ pub fn router(state: AppState) -> Router {
         .route("/executors/{id}/drain", post(executors::drain))
         .route("/executors/{id}/reports", post(telemetry::report))
         .route("/executors/{id}/inspections", post(executors::inspection));
-    let v1 = v1.merge(agents);
+    let v1 = users.merge(agents);
 
     Router::new()
         .nest("/v1", v1)
@@ -113,24 +135,4 @@ async fn not_found(req: Request) -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
-}
-
-/// Rejects `/v1` requests without the configured bearer token.
-async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = st.config.api_token.as_deref() {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            return ApiError::Unauthorized.into_response();
-        }
-    }
-    next.run(req).await
-}
-
-/// Compares without returning early on the first differing byte.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

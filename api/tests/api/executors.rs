@@ -6,7 +6,7 @@ use crate::helpers::{assert_problem, digits_spec, spawn_app, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-fn registration(name: &str) -> Value {
+pub fn registration(name: &str) -> Value {
     json!({
         "name": name,
         "address": "127.0.0.1:7070",

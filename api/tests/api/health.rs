@@ -88,7 +88,7 @@ async fn unknown_routes_and_methods_are_problems() {
 
 #[tokio::test]
 async fn bearer_token_guards_v1_only() {
-    let app = spawn_app_with(|c| c.api_token = Some("s3cret-token".into())).await;
+    let app = spawn_app_with(|c| c.admin_token = Some("s3cret-token".into())).await;
     let r = app.get("/v1/jobs").await;
     let body = assert_problem(r, 401, Some("Authorization")).await;
     assert!(body["detail"].as_str().unwrap().contains("bearer"));

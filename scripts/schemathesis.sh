@@ -4,13 +4,14 @@
 # log, ensure_python); defines fuzz_api.
 #
 # fuzz_api starts the built `trainyard` (target/debug) on a fresh database
-# of the test Postgres server with a user token, and lets schemathesis
+# of the test Postgres server with an admin token (so that every user-facing
+# operation, token management included, is reachable), and lets schemathesis
 # generate requests for every operation of /openapi.json (examples,
 # fuzzing, and stateful sequences that follow the document's links) for a
 # bounded time, with that token. It fails on any 5xx, any response that
 # breaks the document (status code, content type, headers, body schema);
 # 4xx answers to bad input are what the API should give. The executor
-# endpoints answer 401 to the user token (they take executor credentials),
+# endpoints answer 401 to the admin token (they take executor credentials),
 # which the document declares. The coverage phase is left out: schemathesis
 # 4.32.5 raises an internal KeyError in it on this document (a tool error,
 # not a finding). Prints the counts: operations, cases, failures.
@@ -28,12 +29,12 @@ ensure_schemathesis() {
 fuzz_api() {
   ensure_schemathesis
   command -v curl >/dev/null 2>&1 || apt_install curl
-  local db="ty_test_fuzz_$$" port data out pid status=0 token="fuzz-user-token"
+  local db="ty_test_fuzz_$$" port data out pid status=0 token="fuzz-admin-token"
   psql "$TRAINYARD_TEST_DATABASE_URL" -qc "CREATE DATABASE $db" >/dev/null
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   data=$(mktemp -d)
   out=$(mktemp)
-  DATABASE_URL="${TRAINYARD_TEST_DATABASE_URL%/*}/$db" TRAINYARD_API_TOKEN="$token" \
+  DATABASE_URL="${TRAINYARD_TEST_DATABASE_URL%/*}/$db" TRAINYARD_ADMIN_TOKEN="$token" \
     TRAINYARD_JOIN_TOKEN="fuzz-join-token" RUST_LOG=warn \
     "$ROOT/target/debug/trainyard" serve --listen "127.0.0.1:$port" --provisioner none \
     --data-dir "$data" >"$data/server.log" 2>&1 &

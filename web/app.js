@@ -101,8 +101,8 @@ function askToken(why) {
   if (tokenPrompt) return tokenPrompt;
   const dialog = $("#token-dialog");
   $("#token-why").textContent = why || (token()
-    ? "The token was refused. Enter the server's API token (--api-token)."
-    : "This server requires a token (--api-token). It is kept in this tab only.");
+    ? "The token was refused (unknown, revoked or expired). Enter your API token."
+    : "This server requires a token: yours (trainyard token create), or the admin's (--admin-token). It is kept in this tab only.");
   $("#token-input").value = token();
   tokenPrompt = new Promise((resolve) => {
     const done = (ok) => {

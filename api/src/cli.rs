@@ -46,7 +46,9 @@ pub struct Connection {
     /// Base URL of the Trainyard API.
     #[arg(long, env = "TRAINYARD_API", default_value = "http://127.0.0.1:8080")]
     pub api: String,
-    /// Bearer token, when the server requires one (`serve --api-token`).
+    /// Bearer token: a user's or an admin's (`trainyard token create`, or
+    /// the server's `--admin-token`). Not needed by an open, loopback-only
+    /// server.
     #[arg(long, env = "TRAINYARD_API_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }
@@ -106,6 +108,54 @@ pub struct ExecutorsArgs {
     /// Only executors in this state (`live`, `draining`, `lost`, `left`).
     #[arg(long)]
     pub state: Option<String>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard token`.
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+}
+
+/// What to do with tokens (admins only).
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Make a token and print it (shown only this once).
+    Create {
+        /// The user it acts as (its jobs belong to this name).
+        #[arg(long)]
+        owner: String,
+        /// `user` (its own jobs only) or `admin`.
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// What it is for.
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Seconds until it stops working (default: until revoked).
+        #[arg(long)]
+        expires_in: Option<u64>,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// List tokens (never the tokens themselves).
+    List {
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Revoke a token by its id.
+    Revoke {
+        /// The token's id (from `trainyard token list`).
+        id: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
+/// `trainyard whoami`.
+#[derive(Debug, Args)]
+pub struct WhoamiArgs {
     #[command(flatten)]
     pub conn: Connection,
 }
@@ -313,7 +363,7 @@ pub async fn jobs(args: JobsArgs) -> Result<u8, CliError> {
     let query = serde_urlencoded::to_string(&q).map_err(|e| CliError::Other(e.to_string()))?;
     let page = client.get(&format!("/v1/jobs?{query}")).await?;
     let mut rows = vec![[
-        "ID", "NAME", "STATE", "STRATEGY", "WORKERS", "PS", "AGE", "REASON",
+        "ID", "NAME", "OWNER", "STATE", "STRATEGY", "WORKERS", "PS", "AGE", "REASON",
     ]
     .map(str::to_owned)];
     for j in page["jobs"].as_array().into_iter().flatten() {
@@ -326,6 +376,7 @@ pub async fn jobs(args: JobsArgs) -> Result<u8, CliError> {
         rows.push([
             j["id"].as_str().unwrap_or("").to_owned(),
             j["name"].as_str().unwrap_or("").to_owned(),
+            j["owner"].as_str().unwrap_or("").to_owned(),
             j["state"].as_str().unwrap_or("").to_owned(),
             j["strategy"].as_str().unwrap_or("").to_owned(),
             if spec["workers"]["min"] == spec["workers"]["max"] {
@@ -493,6 +544,90 @@ pub async fn provisioner(args: ProvisionerArgs) -> Result<u8, CliError> {
             e["reason"].as_str().unwrap_or("")
         );
     }
+    Ok(0)
+}
+
+/// `trainyard token …`: make, list and revoke tokens (admins).
+pub async fn token(args: TokenArgs) -> Result<u8, CliError> {
+    match args.command {
+        TokenCommand::Create {
+            owner,
+            role,
+            label,
+            expires_in,
+            conn,
+        } => {
+            let client = Client::new(conn)?;
+            let body = serde_json::json!({
+                "owner": owner, "role": role, "label": label, "expires_in_secs": expires_in,
+            });
+            let t = client
+                .call(
+                    Method::POST,
+                    "/v1/tokens",
+                    Some((body.to_string().into_bytes(), None)),
+                )
+                .await?;
+            eprintln!(
+                "made a {} token for {} (id {}); it is shown only now:",
+                t["role"].as_str().unwrap_or("?"),
+                t["owner"].as_str().unwrap_or("?"),
+                t["id"].as_str().unwrap_or("?")
+            );
+            println!("{}", t["token"].as_str().unwrap_or(""));
+        }
+        TokenCommand::List { conn } => {
+            let client = Client::new(conn)?;
+            let list = client.get("/v1/tokens").await?;
+            let mut rows = vec![[
+                "ID", "OWNER", "ROLE", "LABEL", "CREATED", "EXPIRES", "REVOKED",
+            ]
+            .map(str::to_owned)];
+            for t in list["tokens"].as_array().into_iter().flatten() {
+                let text = |k: &str| t[k].as_str().unwrap_or("-").to_owned();
+                rows.push([
+                    text("id"),
+                    text("owner"),
+                    text("role"),
+                    text("label"),
+                    text("created_at"),
+                    text("expires_at"),
+                    text("revoked_at"),
+                ]);
+            }
+            print_table(&rows);
+        }
+        TokenCommand::Revoke { id, conn } => {
+            let id = uuid::Uuid::parse_str(id.trim())
+                .map_err(|_| CliError::Other(format!("{id:?} is not a token id")))?;
+            let client = Client::new(conn)?;
+            let t = client
+                .call(Method::DELETE, &format!("/v1/tokens/{id}"), None)
+                .await?;
+            println!(
+                "token {id} of {} revoked at {}",
+                t["owner"].as_str().unwrap_or("?"),
+                t["revoked_at"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// `trainyard whoami`: the user and role the server takes the token for.
+pub async fn whoami(args: WhoamiArgs) -> Result<u8, CliError> {
+    let client = Client::new(args.conn)?;
+    let me = client.get("/v1/whoami").await?;
+    println!(
+        "{} ({}){}",
+        me["user"].as_str().unwrap_or("?"),
+        me["role"].as_str().unwrap_or("?"),
+        if me["open"] == true {
+            ", on an open server: no token needed"
+        } else {
+            ""
+        }
+    );
     Ok(0)
 }
 

@@ -1,7 +1,8 @@
 //! `trainyard`: the API server (with the scheduler in-process) and tools
 //! around it. `trainyard serve` runs it; `trainyard openapi` prints the
 //! OpenAPI document; `submit`, `jobs`, `job`, `cancel`, `executors`,
-//! `logs`, `checkpoints`, `model` and `provisioner` are the command-line
+//! `logs`, `checkpoints`, `model`, `provisioner`, `token` and `whoami` are
+//! the command-line
 //! client of [`cli`]. The server's wiring lives in the library
 //! (`Application`).
 
@@ -48,6 +49,10 @@ enum Command {
     /// Show the provisioner: its limits, the executors it started, and its
     /// recent decisions with their reasons.
     Provisioner(cli::ProvisionerArgs),
+    /// Make, list and revoke API tokens (admins).
+    Token(cli::TokenArgs),
+    /// Print the user and role the server takes your token for.
+    Whoami(cli::WhoamiArgs),
 }
 
 #[tokio::main]
@@ -75,6 +80,8 @@ async fn main() -> ExitCode {
         Command::Checkpoints(a) => cli::checkpoints(a).await,
         Command::Model(a) => cli::model(a).await,
         Command::Provisioner(a) => cli::provisioner(a).await,
+        Command::Token(a) => cli::token(a).await,
+        Command::Whoami(a) => cli::whoami(a).await,
     };
     match client {
         Ok(code) => ExitCode::from(code),

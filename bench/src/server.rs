@@ -50,7 +50,8 @@ impl Server {
         .arg(work.join("data"))
         .env("DATABASE_URL", &db)
         .env("TRAINYARD_JOIN_TOKEN", join)
-        .env_remove("TRAINYARD_API_TOKEN");
+        .env_remove("TRAINYARD_API_TOKEN")
+        .env_remove("TRAINYARD_ADMIN_TOKEN");
         for (k, v) in env {
             cmd.env(k, v);
         }

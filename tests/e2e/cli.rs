@@ -308,7 +308,7 @@ fn cli_errors_are_one_clear_line_and_a_non_zero_exit() {
     let o = cli_at("http://127.0.0.1:9", &["executors", "--api", &dead], None);
     assert!(text(&o.stderr).contains(&dead), "{}", show(&o));
 
-    let server = Server::start(&["--api-token", "cli-secret"]);
+    let server = Server::start(&["--admin-token", "cli-secret"]);
     // A missing token: the 401, and what to do about it.
     let o = server.cli(&["jobs"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
@@ -320,6 +320,47 @@ fn cli_errors_are_one_clear_line_and_a_non_zero_exit() {
     assert!(err.contains("TRAINYARD_API_TOKEN"), "{err}");
     let ok = cli_at(&server.base, &["jobs"], Some("cli-secret"));
     assert!(ok.status.success(), "{}", show(&ok));
+
+    // The admin makes a user token; the user is who it says, may not
+    // manage tokens, and the admin revokes it.
+    let made = cli_at(
+        &server.base,
+        &["token", "create", "--owner", "erin", "--label", "cli test"],
+        Some("cli-secret"),
+    );
+    assert!(made.status.success(), "{}", show(&made));
+    let erin = text(&made.stdout).trim().to_owned();
+    assert!(erin.starts_with("ty_"), "{}", show(&made));
+    assert!(
+        text(&made.stderr).contains("shown only now"),
+        "{}",
+        show(&made)
+    );
+    let me = cli_at(&server.base, &["whoami"], Some(&erin));
+    assert_eq!(text(&me.stdout).trim(), "erin (user)", "{}", show(&me));
+    let o = cli_at(&server.base, &["token", "list"], Some(&erin));
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        text(&o.stderr).starts_with("error: 403 Forbidden:"),
+        "{}",
+        show(&o)
+    );
+    let list = cli_at(&server.base, &["token", "list"], Some("cli-secret"));
+    let listed = text(&list.stdout);
+    assert!(
+        listed.contains("erin") && !listed.contains(&erin),
+        "{listed}"
+    );
+    let id = listed
+        .lines()
+        .find(|l| l.contains("erin"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let o = cli_at(&server.base, &["token", "revoke", &id], Some("cli-secret"));
+    assert!(o.status.success(), "{}", show(&o));
+    let o = cli_at(&server.base, &["whoami"], Some(&erin));
+    assert_eq!(o.status.code(), Some(2), "a revoked token: {}", show(&o));
 
     // A rejected spec: the problem on the first line, then every field.
     let mut bad = digits("bad", 100);

@@ -229,7 +229,7 @@ fn last_lines(text: &str, n: usize) -> String {
 #[test]
 fn browser_asks_for_the_token_when_the_api_needs_one() {
     let (modules, browser) = (node_modules(), chromium());
-    let p = Platform::start(&["--api-token", "page-secret"]);
+    let p = Platform::start(&["--admin-token", "page-secret"]);
     let r = p
         .client
         .post(format!("{}/v1/jobs", p.base))
@@ -298,7 +298,7 @@ fn wait_event(
 
 #[test]
 fn event_stream_announces_changes_needs_the_token_and_ends_at_shutdown() {
-    let mut p = Platform::start(&["--api-token", "ui-secret"]);
+    let mut p = Platform::start(&["--admin-token", "ui-secret"]);
     let stream = |token: Option<&str>| {
         let mut req = Client::builder()
             .timeout(None)

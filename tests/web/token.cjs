@@ -1,5 +1,5 @@
 // Browser test of the token prompt, driven by tests/e2e/web.rs: against a
-// server started with --api-token, the page asks for the token, refuses a
+// server started with --admin-token, the page asks for the token, refuses a
 // wrong one, and once given the right one lists jobs and goes live.
 //
 // Environment: TY_BASE, TY_CHROMIUM, TY_SHOTS, TY_TOKEN (the right token).

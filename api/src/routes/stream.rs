@@ -19,8 +19,11 @@
 //!
 //! The endpoint sits behind the same bearer token as the rest of `/v1`; the
 //! web page reads it with `fetch` (which can send the header) rather than
-//! `EventSource` (which cannot).
+//! `EventSource` (which cannot). A user's stream carries only its own jobs'
+//! events ([`Visibility`]) and no executor events (executors are an admin's
+//! to see); an admin's carries everything.
 
+use crate::auth::Principal;
 use crate::AppState;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -263,14 +266,16 @@ pub struct StreamEvent {
 )]
 pub async fn stream(
     State(st): State<AppState>,
+    who: Principal,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let (rx, closed) = st.events.subscribe();
     let first = Some(Event::default().event("ready").data("{}"));
+    let seen = Visibility::new(st.db.clone(), who);
     let s = futures::stream::unfold(
-        (first, rx, closed),
-        |(first, mut rx, mut closed)| async move {
+        (first, rx, closed, seen),
+        |(first, mut rx, mut closed, mut seen)| async move {
             if let Some(ev) = first {
-                return Some((Ok(ev), (None, rx, closed)));
+                return Some((Ok(ev), (None, rx, closed, seen)));
             }
             loop {
                 if *closed.borrow() {
@@ -278,12 +283,15 @@ pub async fn stream(
                 }
                 tokio::select! {
                     r = rx.recv() => {
-                        let ev = match r {
-                            Ok(change) => change.event(),
-                            Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync.event(),
+                        let change = match r {
+                            Ok(change) => change,
+                            Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
                             Err(broadcast::error::RecvError::Closed) => return None,
                         };
-                        return Some((Ok(ev), (None, rx, closed)));
+                        let Some(change) = seen.filter(change).await else {
+                            continue;
+                        };
+                        return Some((Ok(change.event()), (None, rx, closed, seen)));
                     }
                     c = closed.changed() => {
                         if c.is_err() {
@@ -295,6 +303,57 @@ pub async fn stream(
         },
     );
     Sse::new(s).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+/// Which changes one stream's caller may see: an admin everything; a user
+/// its own jobs' (owners never change, so each job is looked up once per
+/// stream; the memo is dropped when it grows past [`MEMO_LIMIT`]) and no
+/// executor's.
+pub struct Visibility {
+    db: PgPool,
+    who: Principal,
+    memo: HashMap<Uuid, bool>,
+}
+
+/// Jobs one stream remembers the visibility of.
+pub const MEMO_LIMIT: usize = 10_000;
+
+impl Visibility {
+    fn new(db: PgPool, who: Principal) -> Visibility {
+        Visibility {
+            db,
+            who,
+            memo: HashMap::new(),
+        }
+    }
+
+    /// The change as this caller may see it, or nothing.
+    async fn filter(&mut self, change: Change) -> Option<Change> {
+        if self.who.is_admin() {
+            return Some(change);
+        }
+        let job = match &change {
+            Change::Resync => return Some(change),
+            Change::Executor(_) => return None,
+            Change::Job(id) | Change::Progress { job: id, .. } => *id,
+        };
+        if let Some(v) = self.memo.get(&job) {
+            return v.then_some(change);
+        }
+        match crate::auth::owner_of(&self.db, job).await {
+            Ok(owner) => {
+                let v = owner.is_some_and(|o| self.who.sees(&o));
+                if self.memo.len() >= MEMO_LIMIT {
+                    self.memo.clear();
+                }
+                self.memo.insert(job, v);
+                v.then_some(change)
+            }
+            // The database is away: whether this change was the caller's is
+            // unknown, so tell it to refetch what it shows.
+            Err(_) => Some(Change::Resync),
+        }
+    }
 }
 
 #[cfg(test)]

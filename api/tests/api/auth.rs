@@ -779,3 +779,48 @@ async fn an_open_server_is_loopback_only_and_everyone_is_admin() {
         .unwrap();
     assert_problem(r, 401, Some("Authorization")).await;
 }
+
+/// Reads an event stream until `until` appears in it (or 30 s pass) and
+/// returns what it read.
+async fn read_stream_until(r: &mut Response, until: &str) -> String {
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !text.contains(until) {
+        match tokio::time::timeout_at(deadline, r.chunk()).await {
+            Ok(Ok(Some(c))) => text.push_str(&String::from_utf8_lossy(&c)),
+            other => panic!("the stream ended or stalled before {until:?} ({other:?}): {text}"),
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_users_event_stream_carries_only_its_own_jobs() {
+    let w = world().await;
+    let open = |t: Caller| {
+        let w = &w;
+        async move {
+            let r = w.call(t, Method::GET, "/v1/events/stream", None).await;
+            assert_eq!(r.status(), 200);
+            r
+        }
+    };
+    let mut alice = open(Caller::Owner).await;
+    let mut admin = open(Caller::Admin).await;
+    read_stream_until(&mut alice, "event: ready").await;
+    read_stream_until(&mut admin, "event: ready").await;
+    // In this order: bob's job, an executor, alice's job.
+    let r = submit_as(&w.app, w.token(Caller::Other).unwrap(), &digits_spec("bobs")).await;
+    let bobs: Value = r.json().await.unwrap();
+    let bobs = bobs["id"].as_str().unwrap().to_owned();
+    let (executor, _) = register(&w.app, "late").await;
+    let r = submit_as(&w.app, w.token(Caller::Owner).unwrap(), &digits_spec("alices")).await;
+    let alices: Value = r.json().await.unwrap();
+    let alices = alices["id"].as_str().unwrap().to_owned();
+
+    let all = read_stream_until(&mut admin, &alices).await;
+    assert!(all.contains(&bobs) && all.contains(&executor), "{all}");
+    let mine = read_stream_until(&mut alice, &alices).await;
+    assert!(!mine.contains(&bobs), "bob's job reached alice: {mine}");
+    assert!(!mine.contains("event: executor"), "executors reached a user: {mine}");
+}

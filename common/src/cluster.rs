@@ -6,6 +6,13 @@
 //! reporting the roles it runs, and gets back every role assigned to it at
 //! the job's current generation with the peers it must talk to. The
 //! generation is the fencing token of the data plane.
+//!
+//! A PS shard's hot standby (the spec's `replicas`) is a PS role like the
+//! shard itself, with index [`STANDBY_INDEX_BASE`] + shard: it stands in
+//! the assignment's `parameter_servers` (and in the `assignments` table)
+//! beside the primaries, so every reader that knows only primaries sees
+//! it as a PS role of its own; [`Assignment::primaries`] and
+//! [`Assignment::standby_of`] tell them apart.
 
 use crate::spec::{Device, JobSpecInput, Strategy, Violation};
 use serde::{Deserialize, Serialize};
@@ -186,6 +193,20 @@ pub struct RegisterResponse {
     pub object_store: String,
 }
 
+/// The PS role index of shard `s`'s standby is this plus `s` (above every
+/// shard number: a job has at most
+/// [`crate::spec::MAX_PARAMETER_SERVERS`] shards).
+pub const STANDBY_INDEX_BASE: u32 = 1 << 16;
+
+/// The shard a PS role index serves and whether it is that shard's standby.
+pub fn ps_index_shard(index: u32) -> (u32, bool) {
+    if index >= STANDBY_INDEX_BASE {
+        (index - STANDBY_INDEX_BASE, true)
+    } else {
+        (index, false)
+    }
+}
+
 /// A role kind.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
@@ -330,6 +351,26 @@ pub struct Assignment {
     /// job's newest, or the one its spec resumes from.
     #[serde(default)]
     pub resume: Option<crate::checkpoint::CheckpointRef>,
+}
+
+impl Assignment {
+    /// The job's PS shards without their standbys, in shard order.
+    pub fn primaries(&self) -> Vec<&PsPeer> {
+        let mut v: Vec<&PsPeer> = self
+            .parameter_servers
+            .iter()
+            .filter(|p| !ps_index_shard(p.shard).1)
+            .collect();
+        v.sort_by_key(|p| p.shard);
+        v
+    }
+
+    /// Where shard `shard`'s standby runs, if it has one.
+    pub fn standby_of(&self, shard: u32) -> Option<&PsPeer> {
+        self.parameter_servers
+            .iter()
+            .find(|p| ps_index_shard(p.shard) == (shard, true))
+    }
 }
 
 /// A TorchScript model file to inspect.

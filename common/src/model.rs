@@ -141,6 +141,11 @@ pub struct MemoryEstimate {
     /// The whole PS tier: weights + optimizer state (+ a gradient accumulator
     /// in sync mode), to be divided among the shards.
     pub ps_tier_bytes: u64,
+    /// Hot standbys of each PS shard (the spec's `replicas`): each holds
+    /// what its shard holds, on another executor, so the PS tier takes
+    /// `(1 + ps_replicas) × ps_tier_bytes` of RAM in all.
+    #[serde(default)]
+    pub ps_replicas: u32,
 }
 
 impl MemoryEstimate {
@@ -154,7 +159,21 @@ impl MemoryEstimate {
             allreduce_worker_bytes: per(2 * F32_BYTES + opt),
             ps_worker_bytes: per(2 * F32_BYTES),
             ps_tier_bytes: per(F32_BYTES + opt + if sync { F32_BYTES } else { 0 }),
+            ps_replicas: 0,
         }
+    }
+
+    /// The same estimate for a PS tier that keeps `replicas` hot standbys
+    /// of each shard.
+    pub fn with_ps_replicas(mut self, replicas: u32) -> Self {
+        self.ps_replicas = replicas;
+        self
+    }
+
+    /// RAM of the whole PS tier with its standbys.
+    pub fn ps_tier_total_bytes(&self) -> u64 {
+        self.ps_tier_bytes
+            .saturating_mul(1 + u64::from(self.ps_replicas))
     }
 
     /// Bytes one of `shards` PS shards holds (shards balanced by bytes).

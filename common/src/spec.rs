@@ -49,6 +49,8 @@ pub const MAX_STEPS: u64 = 100_000_000;
 pub const MAX_WORKERS: u32 = 1024;
 /// Most parameter-server shards of one job.
 pub const MAX_PARAMETER_SERVERS: u32 = 256;
+/// Most hot standbys of one parameter-server shard (`replicas`).
+pub const MAX_PS_REPLICAS: u32 = 1;
 /// Largest bounded staleness.
 pub const MAX_STALENESS: u32 = 10_000;
 /// Largest learning rate.
@@ -143,6 +145,14 @@ pub struct JobSpecInput {
     /// and `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameter_servers: Option<u32>,
+    /// Hot standbys per PS shard (0–1, default 0); only for
+    /// `parameter_server` and `auto`. A standby runs on another executor,
+    /// receives every update its shard applies (a sync shard publishes a
+    /// version only once its standby has it) and takes over the shard when
+    /// the shard's executor is lost: no update is lost. It costs one more
+    /// executor's RAM per shard and one more copy of each update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
     /// Update consistency of the PS pattern (default `sync`); only for
     /// `parameter_server` and `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -610,16 +620,20 @@ impl JobSpecInput {
     /// The memory each role needs, for built-in models.
     pub fn estimate(&self) -> Option<MemoryEstimate> {
         let params = model::parameter_count(&self.model)?;
-        Some(MemoryEstimate::new(
-            params,
-            self.optimizer.kind,
-            self.is_sync(),
-        ))
+        Some(
+            MemoryEstimate::new(params, self.optimizer.kind, self.is_sync())
+                .with_ps_replicas(self.ps_replicas()),
+        )
     }
 
     /// Parameter-server shards (1 unless given).
     pub fn parameter_server_count(&self) -> u32 {
         self.parameter_servers.unwrap_or(1)
+    }
+
+    /// Hot standbys per PS shard (0 unless given).
+    pub fn ps_replicas(&self) -> u32 {
+        self.replicas.unwrap_or(0)
     }
 
     /// The consistency mode (sync unless given).
@@ -817,6 +831,15 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
                 "applies only to strategies parameter_server and auto",
             );
         }
+        if s.replicas.is_some() {
+            v.fail(
+                "replicas",
+                "applies only to strategies parameter_server and auto",
+            );
+        }
+    }
+    if let Some(n) = s.replicas {
+        v.range("replicas", n, 0, MAX_PS_REPLICAS);
     }
     if let Some(n) = s.parameter_servers {
         v.range("parameter_servers", n, 1, MAX_PARAMETER_SERVERS);

@@ -264,6 +264,35 @@ fn strategy_specific_fields_are_rejected_elsewhere() {
 }
 
 #[test]
+fn replicas_are_0_or_1_and_only_for_the_ps_tier() {
+    let one = with(digits(), "replicas", json!(1));
+    let spec = parse(&one).unwrap();
+    assert_eq!(spec.ps_replicas(), 1);
+    // The PS tier is held twice: each shard and its standby.
+    let e = spec.estimate().unwrap();
+    assert_eq!(e.ps_replicas, 1);
+    assert_eq!(e.ps_tier_total_bytes(), 2 * e.ps_tier_bytes);
+    assert_eq!(parse(&digits()).unwrap().ps_replicas(), 0);
+    assert_eq!(
+        parse(&with(digits(), "replicas", json!(0)))
+            .unwrap()
+            .ps_replicas(),
+        0
+    );
+    let e = parse(&with(digits(), "replicas", json!(2))).unwrap_err();
+    assert_eq!(fields(&e), ["replicas"]);
+    assert!(e.to_string().contains("between 0 and 1"), "{e}");
+    assert_eq!(
+        fields(&parse(&with(digits(), "replicas", json!(-1))).unwrap_err()),
+        ["replicas"]
+    );
+    let mut ring = with(one, "strategy", json!("allreduce"));
+    ring.as_object_mut().unwrap().remove("parameter_servers");
+    ring.as_object_mut().unwrap().remove("consistency");
+    assert_eq!(fields(&parse(&ring).unwrap_err()), ["replicas"]);
+}
+
+#[test]
 fn memory_arithmetic_decides_auto_and_rejects_what_cannot_fit() {
     // 8.4 M parameters with Adam: 16 B/param = 128 MiB for a ring replica.
     let big = json!({"kind": "mlp", "inputs": 64, "hidden": [4096, 2048], "outputs": 10});

@@ -7,11 +7,19 @@
 //!    is live and still has room (stable placements, fewer generations).
 //! 2. **Repair and admit (gang).** Jobs are visited placed-first, then by
 //!    priority (high first) and submission order. Each must hold its minimum
-//!    set — every PS shard and `workers.min` workers — or nothing: a job
-//!    whose minimum set cannot be placed at once releases what it kept and
-//!    waits with its reason. Since no partially placed job holds resources,
-//!    two jobs can never deadlock each other. Later (lower-priority) jobs
-//!    that fit may still start (backfill).
+//!    set — every PS shard (with its standby, for a job that keeps
+//!    replicas and is not placed yet) and `workers.min` workers — or
+//!    nothing: a job whose minimum set cannot be placed at once releases
+//!    what it kept and waits with its reason. Since no partially placed job
+//!    holds resources, two jobs can never deadlock each other. Later
+//!    (lower-priority) jobs that fit may still start (backfill).
+//!
+//!    A shard whose primary could not be kept (its executor was lost or is
+//!    draining) but whose standby was is **promoted**: the standby's
+//!    executor becomes the shard's, so the shard stays where its state is.
+//!    A placed job gets a new standby for each shard that lacks one when
+//!    an executor other than the shard's has room, and runs without it
+//!    meanwhile.
 //! 3. **Grow.** Placed jobs, in the same order, add workers towards
 //!    `workers.max` while capacity remains. Growth runs after every
 //!    admission so that one job's growth never keeps another from starting.
@@ -19,7 +27,8 @@
 //! Placement: one worker per device of the job's kind (`cpu` devices are
 //! the executor's host, whose memory is its RAM), best fit by free memory;
 //! PS shards take only RAM — never a device — and go where the most memory
-//! is, spread over executors. Nothing over-commits a device or an
+//! is, spread over executors; a standby takes as much RAM as its shard and
+//! never shares its shard's executor. Nothing over-commits a device or an
 //! executor's RAM. Ring ranks keep workers of one host (label `host`)
 //! adjacent. The output is deterministic: it depends only on the inputs'
 //! contents, not their order.
@@ -117,6 +126,9 @@ pub struct PsRole {
     pub executor: Uuid,
     /// The tensor ranges it owns.
     pub ranges: Vec<Range>,
+    /// Executor holding its hot standby (jobs that keep replicas), never
+    /// the shard's own.
+    pub standby: Option<Uuid>,
 }
 
 /// A job's roles.
@@ -308,12 +320,20 @@ impl Capacity {
     }
 
     /// Where the most memory is, preferring executors that hold none of
-    /// this job's shards yet.
-    fn best_ps_executor(&self, bytes: u64, avoid: &BTreeSet<Uuid>) -> Option<Uuid> {
+    /// this job's shards yet, and never on `exclude`.
+    fn best_ps_executor(
+        &self,
+        bytes: u64,
+        avoid: &BTreeSet<Uuid>,
+        exclude: Option<Uuid>,
+    ) -> Option<Uuid> {
         let mut fallback = None;
         for &(free, std::cmp::Reverse(id)) in self.by_ram.iter().rev() {
             if free < bytes {
                 break;
+            }
+            if Some(id) == exclude {
+                continue;
             }
             if !avoid.contains(&id) {
                 return Some(id);
@@ -359,6 +379,12 @@ pub fn ps_bytes(d: &Demand, shards: u32) -> u64 {
         Some(e) => e.ps_shard_bytes(shards).saturating_add(PS_OVERHEAD_BYTES),
         None => d.memory_bytes,
     }
+}
+
+/// Hot standbys the job keeps of each PS shard (its spec's `replicas`,
+/// carried by its memory estimate).
+pub fn replicas(d: &Demand) -> u32 {
+    d.estimate.map_or(0, |e| e.ps_replicas)
 }
 
 /// Decides `auto` for a job by the memory arithmetic; `Err` is a reason to wait.
@@ -411,9 +437,18 @@ fn decide(d: &Demand, smallest: Option<u64>) -> Result<(Strategy, u32, String), 
     }
 }
 
-/// What a placed job kept in the first pass: workers (executor, device),
-/// PS executors by shard, and the capacity it took.
-type Kept = (Vec<(Uuid, u32)>, Vec<Option<Uuid>>, Vec<Taken>);
+/// What a placed job kept in the first pass.
+#[derive(Default)]
+struct Kept {
+    /// Workers (executor, device).
+    workers: Vec<(Uuid, u32)>,
+    /// PS executors by shard.
+    ps: Vec<Option<Uuid>>,
+    /// Standby executors by shard.
+    standbys: Vec<Option<Uuid>>,
+    /// The capacity it took.
+    taken: Vec<Taken>,
+}
 
 /// Plans every job over the live executors.
 pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
@@ -436,6 +471,7 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         strategy: Strategy,
         workers: Vec<(Uuid, u32)>,
         ps: Vec<Uuid>,
+        standbys: Vec<Option<Uuid>>,
         taken: Vec<Taken>,
     }
     let mut held: BTreeMap<Uuid, Held> = BTreeMap::new();
@@ -448,6 +484,7 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         let mut taken = Vec::new();
         let mut workers = Vec::new();
         let mut ps = vec![None; cur.parameter_servers.len()];
+        let mut standbys = vec![None; cur.parameter_servers.len()];
         let wb = worker_bytes(d, cur.strategy);
         for w in &cur.workers {
             if let Some(t) = cap.take_worker(w.executor, d.device, w.device, wb) {
@@ -464,7 +501,28 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 }
             }
         }
-        kept.insert(j.id, (workers, ps, taken));
+        if replicas(d) > 0 {
+            for p in &cur.parameter_servers {
+                let Some(sb) = p.standby.filter(|&e| e != p.executor) else {
+                    continue;
+                };
+                if let Some(t) = cap.take_ps(sb, ps_bytes) {
+                    taken.push(t);
+                    if let Some(slot) = standbys.get_mut(p.shard as usize) {
+                        *slot = Some(sb);
+                    }
+                }
+            }
+        }
+        kept.insert(
+            j.id,
+            Kept {
+                workers,
+                ps,
+                standbys,
+                taken,
+            },
+        );
     }
 
     // 2. Repair placed jobs and admit waiting ones, all or nothing.
@@ -489,9 +547,22 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             out.waiting.insert(j.id, "the parameter-server pattern needs the model's tensors; TorchScript models must be inspected first".into());
             continue;
         }
-        let (mut workers, ps_kept, mut taken) = kept.remove(&j.id).unwrap_or_default();
-        let mut ps: Vec<Option<Uuid>> = ps_kept;
+        let Kept {
+            mut workers,
+            mut ps,
+            mut standbys,
+            mut taken,
+        } = kept.remove(&j.id).unwrap_or_default();
         ps.resize(shards as usize, None);
+        standbys.resize(shards as usize, None);
+        let replicated = strategy == Strategy::ParameterServer && replicas(d) > 0;
+        // A shard whose primary is gone continues on its standby, where
+        // its state already is.
+        for (p, sb) in ps.iter_mut().zip(standbys.iter_mut()) {
+            if p.is_none() {
+                *p = sb.take();
+            }
+        }
         let mut failed = None;
         let wb = worker_bytes(d, strategy);
         while failed.is_none() && (workers.len() as u32) < d.min_workers {
@@ -518,9 +589,9 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             if failed.is_some() || ps[shard].is_some() {
                 continue;
             }
-            let mine: BTreeSet<Uuid> = ps.iter().flatten().copied().collect();
+            let mine: BTreeSet<Uuid> = ps.iter().chain(&standbys).flatten().copied().collect();
             match cap
-                .best_ps_executor(shard_bytes, &mine)
+                .best_ps_executor(shard_bytes, &mine, None)
                 .and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t)))
             {
                 Some((e, t)) => {
@@ -532,6 +603,31 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                         "needs {shards} PS shard(s) with {} MiB of RAM each, found room for {}",
                         mib(shard_bytes),
                         ps.iter().flatten().count()
+                    ))
+                }
+            }
+        }
+        // Standbys: part of a new job's minimum set; a placed job gets
+        // them as capacity allows.
+        for shard in 0..ps.len() {
+            if failed.is_some() || !replicated || standbys[shard].is_some() {
+                continue;
+            }
+            let mine: BTreeSet<Uuid> = ps.iter().chain(&standbys).flatten().copied().collect();
+            match cap
+                .best_ps_executor(shard_bytes, &mine, ps[shard])
+                .and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t)))
+            {
+                Some((e, t)) => {
+                    taken.push(t);
+                    standbys[shard] = Some(e);
+                }
+                None if j.current.is_some() => {}
+                None => {
+                    failed = Some(format!(
+                        "needs a standby for each of its {shards} PS shard(s) on an executor other than the shard's, with {} MiB of RAM, found room for {}",
+                        mib(shard_bytes),
+                        standbys.iter().flatten().count()
                     ))
                 }
             }
@@ -550,6 +646,7 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 strategy,
                 workers,
                 ps: ps.into_iter().flatten().collect(),
+                standbys,
                 taken,
             },
         );
@@ -615,11 +712,13 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 parameter_servers: h
                     .ps
                     .into_iter()
+                    .zip(h.standbys)
                     .enumerate()
-                    .map(|(s, executor)| PsRole {
+                    .map(|(s, (executor, standby))| PsRole {
                         shard: s as u32,
                         executor,
                         ranges: shard_ranges(params, shards, s as u32),
+                        standby,
                     })
                     .collect(),
             },

@@ -33,7 +33,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use trainyard_common::cluster::{ExecutorResources, Range};
+use trainyard_common::cluster::{ps_index_shard, ExecutorResources, Range, STANDBY_INDEX_BASE};
 use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
 use trainyard_common::spec::{JobSpecInput, Strategy};
 use trainyard_common::JobState;
@@ -342,6 +342,7 @@ impl Scheduler {
                     .iter()
                     .map(|w| w.executor)
                     .chain(p.parameter_servers.iter().map(|s| s.executor))
+                    .chain(p.parameter_servers.iter().filter_map(|s| s.standby))
             })
             .collect();
         // Inspecting executors are busy; a TorchScript job still queued
@@ -442,6 +443,18 @@ impl Scheduler {
                     .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
                     .execute(&mut *tx)
                     .await?;
+                // A standby is a PS role of its own (index: see
+                // `STANDBY_INDEX_BASE`) with its shard's ranges.
+                if let Some(sb) = ps.standby {
+                    sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
+                        .bind(job.id)
+                        .bind(next)
+                        .bind((STANDBY_INDEX_BASE + ps.shard) as i32)
+                        .bind(sb)
+                        .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
+                        .execute(&mut *tx)
+                        .await?;
+                }
             }
         }
         let strategy = new.map(|p| strategy_name(p.strategy));
@@ -651,7 +664,7 @@ fn placement_json(generation: i64, p: Option<&Placement>) -> serde_json::Value {
             "generation": generation,
             "strategy": strategy_name(p.strategy),
             "workers": p.workers.iter().map(|w| json!({"rank": w.rank, "executor": w.executor, "device": w.device})).collect::<Vec<_>>(),
-            "parameter_servers": p.parameter_servers.iter().map(|s| json!({"shard": s.shard, "executor": s.executor})).collect::<Vec<_>>(),
+            "parameter_servers": p.parameter_servers.iter().map(|s| json!({"shard": s.shard, "executor": s.executor, "standby": s.standby})).collect::<Vec<_>>(),
         }),
     }
 }
@@ -684,17 +697,42 @@ fn describe(
         (Some(o), Some(n)) => {
             let mut parts = Vec::new();
             for ps in &o.parameter_servers {
-                let to = n
-                    .parameter_servers
-                    .get(ps.shard as usize)
-                    .map(|p| p.executor);
-                if to != Some(ps.executor) {
+                let now = n.parameter_servers.get(ps.shard as usize);
+                let to = now.map(|p| p.executor);
+                if let Some(t) = to.filter(|t| Some(*t) == ps.standby) {
+                    let (was, why) = match world.executors.get(&ps.executor) {
+                        Some((n, state)) if state == "draining" => (n.clone(), "draining"),
+                        Some((n, _)) => (n.clone(), "lost"),
+                        None => (ps.executor.to_string(), "lost"),
+                    };
+                    parts.push(format!(
+                        "ps shard {} primary on executor {was} {why}; standby on {} promoted",
+                        ps.shard,
+                        name(&t)
+                    ));
+                } else if to != Some(ps.executor) {
                     parts.push(format!(
                         "PS shard {} moved from {} to {}",
                         ps.shard,
                         name(&ps.executor),
                         to.map_or("nowhere".into(), |t| name(&t))
                     ));
+                }
+                let sb = now.and_then(|p| p.standby);
+                if sb != ps.standby {
+                    if let Some(e) = sb {
+                        parts.push(format!(
+                            "standby of PS shard {} placed on {}",
+                            ps.shard,
+                            name(&e)
+                        ));
+                    } else if to != ps.standby {
+                        parts.push(format!(
+                            "standby of PS shard {} on {} lost; none placed yet",
+                            ps.shard,
+                            ps.standby.map_or("?".into(), |e| name(&e))
+                        ));
+                    }
                 }
             }
             let old_w: BTreeSet<(Uuid, u32)> =
@@ -754,6 +792,7 @@ impl World {
         }
 
         let mut assigned: HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)> = HashMap::new();
+        let mut standbys: Vec<(Uuid, u32, Uuid)> = Vec::new();
         for r in sqlx::query("SELECT job_id, role, index, executor_id, device, ranges FROM assignments ORDER BY job_id, role, index")
             .fetch_all(db)
             .await?
@@ -762,9 +801,19 @@ impl World {
             let index = r.get::<i32, _>("index") as u32;
             if r.get::<String, _>("role") == "worker" {
                 entry.0.push(WorkerRole { rank: index, executor: r.get("executor_id"), device: r.get::<Option<i32>, _>("device").unwrap_or(0) as u32 });
+            } else if let (shard, true) = ps_index_shard(index) {
+                standbys.push((r.get("job_id"), shard, r.get("executor_id")));
             } else {
                 let ranges: Vec<Range> = serde_json::from_value(r.get("ranges")).unwrap_or_default();
-                entry.1.push(PsRole { shard: index, executor: r.get("executor_id"), ranges });
+                entry.1.push(PsRole { shard: index, executor: r.get("executor_id"), ranges, standby: None });
+            }
+        }
+        for (job, shard, executor) in standbys {
+            let primary = assigned
+                .get_mut(&job)
+                .and_then(|e| e.1.iter_mut().find(|p| p.shard == shard));
+            if let Some(p) = primary {
+                p.standby = Some(executor);
             }
         }
 
@@ -853,7 +902,10 @@ fn job_view(
             max_workers: spec.workers.max,
             parameter_servers: spec.parameter_server_count(),
             memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
-            estimate: Some(MemoryEstimate::new(count, spec.optimizer.kind, sync)),
+            estimate: Some(
+                MemoryEstimate::new(count, spec.optimizer.kind, sync)
+                    .with_ps_replicas(spec.ps_replicas()),
+            ),
             params: Some(params),
         },
         current,

@@ -5,7 +5,10 @@
 //! reads them back joined with their executors, so the web page can draw the
 //! cluster map (PS shards with the parameter ranges they own and the workers
 //! that pull from them, or the ring's ranks in order) and redraw it at each
-//! generation. A job that is not placed (queued, or ended) has none.
+//! generation. A job that is not placed (queued, or ended) has none. A
+//! shard's hot standby (a job with `replicas`) is stored as a PS row of its
+//! own (`trainyard_common::cluster::STANDBY_INDEX_BASE` + shard) and shown
+//! here with its shard.
 
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::JobId;
@@ -15,7 +18,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
-use trainyard_common::cluster::{ExecutorState, Range};
+use trainyard_common::cluster::{ps_index_shard, ExecutorState, Range};
 use trainyard_common::spec::Strategy;
 use trainyard_common::JobState;
 use utoipa::ToSchema;
@@ -62,6 +65,9 @@ pub struct PsShard {
     pub ranges: Vec<Range>,
     /// Elements it owns in all (the sum of its ranges).
     pub elements: u64,
+    /// Where its hot standby runs (jobs with `replicas`; none while it has
+    /// no standby).
+    pub standby: Option<RoleHost>,
 }
 
 /// One worker.
@@ -100,7 +106,8 @@ pub async fn assignments(
     .bind(job.generation)
     .fetch_all(&st.db)
     .await?;
-    let mut parameter_servers = Vec::new();
+    let mut parameter_servers: Vec<PsShard> = Vec::new();
+    let mut standbys = Vec::new();
     let mut workers = Vec::new();
     for r in &rows {
         let executor = RoleHost {
@@ -112,7 +119,9 @@ pub async fn assignments(
         };
         let index = u32::try_from(r.try_get::<i32, _>("index")?)
             .map_err(|e| ApiError::Internal(e.into()))?;
-        if r.try_get::<String, _>("role")? == "ps" {
+        if r.try_get::<String, _>("role")? == "ps" && ps_index_shard(index).1 {
+            standbys.push((ps_index_shard(index).0, executor));
+        } else if r.try_get::<String, _>("role")? == "ps" {
             let ranges: Vec<Range> = serde_json::from_value(r.try_get("ranges")?)
                 .map_err(|e| ApiError::Internal(e.into()))?;
             parameter_servers.push(PsShard {
@@ -120,6 +129,7 @@ pub async fn assignments(
                 elements: ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum(),
                 executor,
                 ranges,
+                standby: None,
             });
         } else {
             let device = r.try_get::<Option<i32>, _>("device")?.unwrap_or(0);
@@ -128,6 +138,11 @@ pub async fn assignments(
                 executor,
                 device: u32::try_from(device).map_err(|e| ApiError::Internal(e.into()))?,
             });
+        }
+    }
+    for (shard, host) in standbys {
+        if let Some(p) = parameter_servers.iter_mut().find(|p| p.shard == shard) {
+            p.standby = Some(host);
         }
     }
     Ok(Json(JobAssignments {

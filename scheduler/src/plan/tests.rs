@@ -4,7 +4,7 @@ use super::*;
 use proptest::prelude::{any, prop, prop_assert, prop_assert_eq, proptest};
 use proptest::strategy::Strategy as _;
 use trainyard_common::model::parameters;
-use trainyard_common::spec::{MlpSpec, ModelSpec};
+use trainyard_common::spec::{MlpSpec, ModelSpec, MAX_PS_REPLICAS};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -117,6 +117,19 @@ fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
             assert!(live.contains_key(&ps.executor), "PS on a live executor");
             *ram_used.entry(ps.executor).or_default() +=
                 ps_bytes(d, p.parameter_servers.len() as u32);
+            if replicas(d) == 0 {
+                assert_eq!(ps.standby, None, "a standby without replicas");
+            } else if j.current.is_none() {
+                assert!(
+                    ps.standby.is_some(),
+                    "a new replicated job without a standby"
+                );
+            }
+            if let Some(sb) = ps.standby {
+                assert_ne!(sb, ps.executor, "a standby on its shard's executor");
+                assert!(live.contains_key(&sb), "standby on a live executor");
+                *ram_used.entry(sb).or_default() += ps_bytes(d, p.parameter_servers.len() as u32);
+            }
         }
         if p.strategy == Strategy::Allreduce {
             // Workers of one host are adjacent in rank order.
@@ -175,6 +188,109 @@ fn ps_job_is_placed_and_a_lost_role_moves_to_the_spare() {
     // Everything else stayed put.
     assert_eq!(after.parameter_servers[1], placed.parameter_servers[1]);
     assert_eq!(after.workers, placed.workers);
+}
+
+fn replicated(d: Demand) -> Demand {
+    Demand {
+        estimate: d.estimate.map(|e| e.with_ps_replicas(1)),
+        ..d
+    }
+}
+
+#[test]
+fn a_standby_never_shares_its_shards_executor_and_a_job_without_room_for_one_waits() {
+    // Two executors: room for two shards, but each standby must sit
+    // beside the other shard.
+    let execs: Vec<ExecutorView> = (1..=2).map(|n| cpu_exec(n, 4 * GIB, None)).collect();
+    let j = job(
+        1,
+        0,
+        replicated(demand(Strategy::ParameterServer, 1, 1, 2, GIB)),
+    );
+    let p = plan(std::slice::from_ref(&j), &execs);
+    check(std::slice::from_ref(&j), &execs, &p);
+    for ps in &p.placements[&j.id].parameter_servers {
+        assert_ne!(ps.standby, Some(ps.executor));
+        assert!(ps.standby.is_some());
+    }
+    // One executor: a shard fits, its standby cannot go anywhere else.
+    let one = [cpu_exec(1, 64 * GIB, None)];
+    let j = job(
+        2,
+        0,
+        replicated(demand(Strategy::ParameterServer, 1, 1, 1, GIB)),
+    );
+    let p = plan(std::slice::from_ref(&j), &one);
+    check(std::slice::from_ref(&j), &one, &p);
+    let why = &p.waiting[&j.id];
+    assert!(why.contains("standby"), "{why}");
+    // Without replicas the same job runs there.
+    let plain = job(3, 0, demand(Strategy::ParameterServer, 1, 1, 1, GIB));
+    assert!(plan(std::slice::from_ref(&plain), &one)
+        .placements
+        .contains_key(&plain.id));
+}
+
+#[test]
+fn a_lost_primary_is_replaced_by_its_standby_and_a_new_standby_is_placed() {
+    let execs: Vec<ExecutorView> = (1..=5).map(|n| cpu_exec(n, 4 * GIB, None)).collect();
+    let j = job(
+        1,
+        0,
+        replicated(demand(Strategy::ParameterServer, 2, 2, 2, GIB)),
+    );
+    let p1 = plan(std::slice::from_ref(&j), &execs);
+    check(std::slice::from_ref(&j), &execs, &p1);
+    let placed = &p1.placements[&j.id];
+    let lost = placed.parameter_servers[1].executor;
+    let standby = placed.parameter_servers[1].standby.unwrap();
+    let survivors: Vec<ExecutorView> = execs.iter().filter(|e| e.id != lost).cloned().collect();
+    let mut j2 = j.clone();
+    j2.current = Some(placed.clone());
+    let p2 = plan(std::slice::from_ref(&j2), &survivors);
+    check(std::slice::from_ref(&j2), &survivors, &p2);
+    let after = &p2.placements[&j.id];
+    // The shard stays where its state is.
+    assert_eq!(after.parameter_servers[1].executor, standby);
+    let new_standby = after.parameter_servers[1].standby.expect("a new standby");
+    assert_ne!(new_standby, standby);
+    assert_ne!(new_standby, lost);
+    assert_eq!(after.parameter_servers[0], placed.parameter_servers[0]);
+    assert_eq!(after.workers, placed.workers);
+
+    // No room for a new standby: the promoted shard runs without one.
+    let d = replicated(demand(Strategy::ParameterServer, 1, 1, 1, GIB));
+    let params = d.params.clone().unwrap();
+    let (a, b, w) = (id(1), id(2), id(3));
+    let mut j3 = job(3, 0, d);
+    j3.current = Some(Placement {
+        strategy: Strategy::ParameterServer,
+        workers: vec![WorkerRole {
+            rank: 0,
+            executor: w,
+            device: 0,
+        }],
+        parameter_servers: vec![PsRole {
+            shard: 0,
+            executor: a,
+            ranges: shard_ranges(&params, 1, 0),
+            standby: Some(b),
+        }],
+    });
+    let left = [cpu_exec(2, 4 * GIB, None), cpu_exec(3, GIB, None)];
+    let p3 = plan(std::slice::from_ref(&j3), &left);
+    check(std::slice::from_ref(&j3), &left, &p3);
+    let after = &p3.placements[&j3.id];
+    assert_eq!(after.parameter_servers[0].executor, b);
+    assert_eq!(after.parameter_servers[0].standby, None);
+    // An executor joins: the standby is placed there at the next plan.
+    j3.current = Some(after.clone());
+    let more = [left[0].clone(), left[1].clone(), cpu_exec(4, 4 * GIB, None)];
+    let p4 = plan(std::slice::from_ref(&j3), &more);
+    check(std::slice::from_ref(&j3), &more, &p4);
+    let after = &p4.placements[&j3.id];
+    assert_eq!(after.parameter_servers[0].executor, b);
+    assert_eq!(after.parameter_servers[0].standby, Some(id(4)));
 }
 
 #[test]
@@ -358,13 +474,14 @@ fn arb_jobs() -> impl proptest::strategy::Strategy<Value = Vec<JobView>> {
             1u32..3,
             1u64..8,
             -2i32..3,
+            0u32..=MAX_PS_REPLICAS,
         ),
         0..8,
     )
     .prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, (s, cuda, min, extra, ps, mem, prio))| {
+            .map(|(i, (s, cuda, min, extra, ps, mem, prio, replicas))| {
                 let strategy = [
                     Strategy::ParameterServer,
                     Strategy::Allreduce,
@@ -374,6 +491,7 @@ fn arb_jobs() -> impl proptest::strategy::Strategy<Value = Vec<JobView>> {
                 if cuda {
                     d.device = Device::Cuda;
                 }
+                d.estimate = d.estimate.map(|e| e.with_ps_replicas(replicas));
                 job(i as u128, prio, d)
             })
             .collect()
@@ -401,8 +519,18 @@ proptest! {
                 for w in before.workers.iter().filter(|w| live.contains(&w.executor)) {
                     prop_assert!(after.workers.iter().any(|a| a.executor == w.executor && a.device == w.device), "a surviving worker was moved");
                 }
-                for ps in before.parameter_servers.iter().filter(|p| live.contains(&p.executor)) {
-                    prop_assert_eq!(&after.parameter_servers[ps.shard as usize], ps, "a surviving shard was moved");
+                for ps in &before.parameter_servers {
+                    let now = &after.parameter_servers[ps.shard as usize];
+                    prop_assert_eq!(&now.ranges, &ps.ranges);
+                    let standby_lives = ps.standby.is_some_and(|e| live.contains(&e));
+                    if live.contains(&ps.executor) {
+                        prop_assert_eq!(now.executor, ps.executor, "a surviving shard was moved");
+                        if standby_lives {
+                            prop_assert_eq!(now.standby, ps.standby, "a surviving standby was moved");
+                        }
+                    } else if standby_lives {
+                        prop_assert_eq!(Some(now.executor), ps.standby, "a surviving standby was not promoted");
+                    }
                 }
             }
         }

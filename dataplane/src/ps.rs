@@ -19,6 +19,16 @@
 //! checkpoint the values that push produces under that step (rank 0 sets
 //! it, so every shard checkpoints the same step); a shard's `Ack` with a
 //! non-zero `checkpoint` asks rank 0 for one (a draining shard server).
+//!
+//! A shard with a hot standby keeps it up to date over a connection of its
+//! own (made with the same handshake: job secret and generation): `State`
+//! carries the shard's whole state — its values, then each optimizer state
+//! tensor, `version`, the data cursor and the optimizer's step count in
+//! `samples` — and `Update` one applied update — the gradient sum the shard
+//! applied, computed at `version` over `samples` samples with `lr`, and the
+//! cursor after it. The standby answers `Ack` with its version, or
+//! `Reject` when an update does not follow from its version (the shard
+//! then sends its whole state).
 
 use std::io::{Read, Write};
 
@@ -35,6 +45,10 @@ pub enum Kind {
     Pull = 2,
     /// Worker → shard: a gradient.
     Push = 3,
+    /// Shard → standby: the shard's whole state.
+    State = 4,
+    /// Shard → standby: one applied update.
+    Update = 5,
     /// Shard → worker: the values at `version`.
     Weights = 10,
     /// Shard → worker: accepted; `version` is the shard's version now.
@@ -51,6 +65,8 @@ impl Kind {
             1 => Kind::Init,
             2 => Kind::Pull,
             3 => Kind::Push,
+            4 => Kind::State,
+            5 => Kind::Update,
             10 => Kind::Weights,
             11 => Kind::Ack,
             12 => Kind::Reject,
@@ -202,7 +218,7 @@ mod tests {
     proptest! {
         #[test]
         fn headers_round_trip(generation in any::<i64>(), version in any::<u64>(), samples in any::<u64>(), lr in -1e9f64..1e9, epoch in any::<u64>(), offset in any::<u64>(), checkpoint in any::<u64>(), len in any::<u32>()) {
-            for kind in [Kind::Init, Kind::Pull, Kind::Push, Kind::Weights, Kind::Ack, Kind::Reject, Kind::Stale] {
+            for kind in [Kind::Init, Kind::Pull, Kind::Push, Kind::State, Kind::Update, Kind::Weights, Kind::Ack, Kind::Reject, Kind::Stale] {
                 let h = Header { kind, len, generation, version, samples, lr, epoch, offset, checkpoint };
                 prop_assert_eq!(Header::decode(&h.encode()), Some(h));
             }

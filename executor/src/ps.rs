@@ -22,6 +22,27 @@
 //! empty (a new PS executor) is initialised by rank 0 with the newest
 //! weights it pulled.
 //!
+//! A shard of a job that keeps replicas (the spec's `replicas: 1`) has a
+//! **standby** on another executor ([`serve_standby`]): a PS role of its
+//! own (index [`STANDBY_INDEX_BASE`] + shard) that holds a copy of the
+//! shard's state and serves no worker. The shard connects to it through
+//! the data plane's handshake (job secret, generation), sends its whole
+//! state once per connection, then every update it applies — the gradient
+//! sum, version, samples, learning rate and cursor, which the standby
+//! applies with the same code to the same bits — and waits for the
+//! standby's acknowledgement before the new version becomes visible: a
+//! pull waits while the shard holds a change its standby has not
+//! acknowledged. So every version a worker has seen is also on the
+//! standby. When the shard's executor is lost the scheduler promotes the
+//! standby (it becomes the shard on its executor, at the next generation):
+//! the standby's thread hands its state to the shard server started there
+//! ([`crate::roles`] keys PS state by shard, primary or standby alike),
+//! which serves the workers from the version they were at; a worker whose
+//! push was lost with the old primary pulls that version again and
+//! recomputes the same gradient from the same data. If the standby cannot
+//! be reached the shard stops publishing versions until it can, or until
+//! the next generation assigns another standby (or none).
+//!
 //! A **worker** pulls every shard concurrently, computes its gradient on its
 //! share of the global batch (the data cursor travels with the shard
 //! versions in sync mode, so a membership change re-splits the rest of the
@@ -41,7 +62,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::checkpoint::CursorState;
-use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range};
+use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range, STANDBY_INDEX_BASE};
 use trainyard_common::spec::Consistency;
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::handshake::Hello;
@@ -54,6 +75,14 @@ pub const PS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Staleness buckets of the histogram (the last one is "this or more").
 pub const STALENESS_BUCKETS: usize = 9;
+
+/// How long a shard waits for its standby: to connect, and to acknowledge
+/// one message.
+pub const STANDBY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Least time between two attempts to reach an unreachable standby (each
+/// holds the shard's lock while it waits).
+pub const STANDBY_RETRY: Duration = Duration::from_millis(500);
 
 /// One shard's state; it outlives generations on its executor.
 pub struct Shard {
@@ -87,6 +116,11 @@ pub struct Shard {
     checkpointed: Option<u64>,
     /// A drain checkpoint was asked for.
     drain_asked: bool,
+    /// A change (an update, new values) its standby has not acknowledged
+    /// yet: not published (pulls wait). Never set without a standby.
+    unreplicated: bool,
+    /// The gradient sum of a sync update for the standby (reused).
+    sum: Vec<f32>,
 }
 
 impl Shard {
@@ -112,7 +146,14 @@ impl Shard {
             checkpoint_at: None,
             checkpointed: None,
             drain_asked: false,
+            unreplicated: false,
+            sum: Vec::new(),
         }
+    }
+
+    /// The version it holds.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// Takes over the shard's pieces of a committed checkpoint.
@@ -199,6 +240,217 @@ struct Served {
     shards: u32,
     numel: u64,
     uploader: Option<Uploader>,
+    /// The link to this shard's standby, where it has one.
+    standby: Option<Mutex<StandbyLink>>,
+}
+
+/// A shard's connection to its standby.
+struct StandbyLink {
+    job: uuid::Uuid,
+    generation: i64,
+    shard: u32,
+    address: String,
+    secret: Vec<u8>,
+    stream: Option<TcpStream>,
+    /// The standby has the shard's whole state (sent on this connection).
+    synced: bool,
+    /// When the last attempt failed.
+    failed_at: Option<Instant>,
+    /// Messages it acknowledged, and failures, for the log.
+    acked: u64,
+    failures: u64,
+}
+
+/// A change to a shard's state that its standby must have before it is
+/// published.
+enum Change<'a> {
+    /// One applied update: the gradient sum it applied, at version
+    /// `before`, over `samples` samples, with `lr`.
+    Update {
+        grad: &'a [f32],
+        before: u64,
+        samples: u64,
+        lr: f64,
+    },
+    /// Anything else (initial values, an aligned version): the whole state.
+    Whole,
+}
+
+impl StandbyLink {
+    /// Sends `change` (or the whole state where the standby may not have
+    /// the state it follows from) and waits for the acknowledgement.
+    fn send(&mut self, s: &Shard, change: Change<'_>, stop: &AtomicBool) -> Result<(), String> {
+        if self.stream.is_none() {
+            if self.failed_at.is_some_and(|t| t.elapsed() < STANDBY_RETRY) {
+                return Err("the standby was unreachable moments ago".into());
+            }
+            let hello = Hello {
+                job: self.job,
+                generation: self.generation,
+                kind: RoleKind::ParameterServer as u8,
+                from: self.shard,
+                to: STANDBY_INDEX_BASE + self.shard,
+            };
+            let stream = plane::connect(
+                &self.address,
+                &hello,
+                &self.secret,
+                Instant::now() + STANDBY_TIMEOUT,
+                stop,
+            )
+            .map_err(|e| format!("cannot reach the standby at {}: {e}", self.address))?;
+            stream
+                .set_read_timeout(Some(Duration::from_millis(50)))
+                .and_then(|()| stream.set_write_timeout(Some(STANDBY_TIMEOUT)))
+                .and_then(|()| stream.set_nodelay(true))
+                .map_err(|e| e.to_string())?;
+            self.stream = Some(stream);
+            self.synced = false;
+        }
+        let result = match change {
+            Change::Update {
+                grad,
+                before,
+                samples,
+                lr,
+            } if self.synced => {
+                let mut h = Header::new(Kind::Update, self.generation);
+                h.version = before;
+                h.samples = samples;
+                h.lr = lr;
+                (h.epoch, h.offset) = (s.cursor.epoch, s.cursor.offset);
+                match self.call(h, grad, s.version, stop) {
+                    Ok(()) => Ok(()),
+                    // It does not hold the version this update follows.
+                    Err(Failed::Rejected) => self.whole(s, stop),
+                    Err(Failed::Broken(e)) => Err(e),
+                }
+            }
+            _ => self.whole(s, stop),
+        };
+        match &result {
+            Ok(()) => {
+                self.synced = true;
+                self.acked += 1;
+            }
+            Err(_) => {
+                self.stream = None;
+                self.synced = false;
+                self.failed_at = Some(Instant::now());
+                self.failures += 1;
+            }
+        }
+        result
+    }
+
+    /// Sends the whole state: the values, then each optimizer state tensor.
+    fn whole(&mut self, s: &Shard, stop: &AtomicBool) -> Result<(), String> {
+        let Some(w) = s.weights.as_ref() else {
+            return Ok(());
+        };
+        let state = s.opt.state();
+        let parts = 1 + state.len();
+        for (i, part) in std::iter::once(&w[..])
+            .chain(state.iter().map(|t| &t[..]))
+            .enumerate()
+        {
+            let mut h = Header::new(Kind::State, self.generation);
+            h.version = s.version;
+            h.samples = s.opt.t;
+            (h.epoch, h.offset) = (s.cursor.epoch, s.cursor.offset);
+            // Part i of `parts`, in the field no other use of State has.
+            h.checkpoint = ((parts as u64) << 32) | i as u64;
+            self.call(h, part, s.version, stop).map_err(|e| match e {
+                Failed::Rejected => "the standby refused the shard's state".to_string(),
+                Failed::Broken(e) => e,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// One message and its acknowledgement with version `want`.
+    fn call(
+        &mut self,
+        h: Header,
+        payload: &[f32],
+        want: u64,
+        stop: &AtomicBool,
+    ) -> Result<(), Failed> {
+        let broken = |e: WireError| Failed::Broken(format!("the standby's connection: {e}"));
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(Failed::Broken("not connected".into()));
+        };
+        ps::write(stream, h, payload).map_err(broken)?;
+        let mut r = Patient {
+            stream,
+            stop,
+            deadline: Some(Instant::now() + STANDBY_TIMEOUT),
+        };
+        let reply = ps::read_header(&mut r).map_err(broken)?;
+        if reply.generation != self.generation || reply.len != 0 {
+            return Err(Failed::Broken(format!(
+                "the standby answered {:?} for generation {} with {} bytes",
+                reply.kind, reply.generation, reply.len
+            )));
+        }
+        match reply.kind {
+            Kind::Ack if reply.version == want => Ok(()),
+            Kind::Reject => Err(Failed::Rejected),
+            other => Err(Failed::Broken(format!(
+                "the standby answered {other:?} at version {} where {want} was due",
+                reply.version
+            ))),
+        }
+    }
+}
+
+/// Why a message to the standby was not acknowledged.
+enum Failed {
+    /// It does not hold the state the message follows from.
+    Rejected,
+    /// The connection failed or the answer made no sense: reconnect.
+    Broken(String),
+}
+
+/// Brings the standby up to date with `change` (no-op without a standby);
+/// until it acknowledges, the shard's current version is not published.
+fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBool) {
+    let Some(link) = served.standby.as_ref() else {
+        return;
+    };
+    if s.weights.is_none() {
+        return;
+    }
+    let mut link = link.lock().unwrap_or_else(|p| p.into_inner());
+    // An update the standby cannot follow (it missed an earlier one) is
+    // sent as the whole state.
+    let change = if s.unreplicated {
+        Change::Whole
+    } else {
+        change
+    };
+    match link.send(s, change, stop) {
+        Ok(()) => {
+            if s.unreplicated {
+                tracing::info!(
+                    shard = served.index,
+                    version = s.version,
+                    "PS standby caught up"
+                );
+            }
+            s.unreplicated = false;
+        }
+        Err(e) => {
+            if !s.unreplicated {
+                tracing::warn!(
+                    shard = served.index,
+                    version = s.version,
+                    "PS standby: {e}; version held back until it answers"
+                );
+            }
+            s.unreplicated = true;
+        }
+    }
 }
 
 /// Elements of a shard's ranges.
@@ -220,7 +472,9 @@ pub fn serve_shard(
         tracing::info!(job = %a.key.job_id, "{msg}");
         let _ = tx.send(Item::Log(level, msg));
     };
-    let Some(me) = a.parameter_servers.iter().find(|p| p.shard == a.key.index) else {
+    let primaries = a.primaries();
+    let numel: u64 = primaries.iter().map(|p| shard_len(&p.ranges) as u64).sum();
+    let Some(me) = primaries.iter().find(|p| p.shard == a.key.index) else {
         log(
             LogLevel::Error,
             format!("shard {} is not in its own assignment", a.key.index),
@@ -239,11 +493,6 @@ pub fn serve_shard(
     if let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
     {
         let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
-        let numel: u64 = a
-            .parameter_servers
-            .iter()
-            .map(|p| shard_len(&p.ranges) as u64)
-            .sum();
         match crate::checkpoint::load(st, at, &me.ranges, numel, states) {
             Ok(l) => {
                 shard.restore(&l);
@@ -279,16 +528,21 @@ pub fn serve_shard(
     shard.expected = a.workers.len() as u32;
     shard.acc_samples = 0;
     shard.contributors.clear();
+    let standby = a.standby_of(a.key.index);
+    // A new standby (or a new connection to the old one) gets the whole
+    // state before anything more is published.
+    shard.unreplicated = standby.is_some() && shard.weights.is_some();
     log(
         LogLevel::Info,
         format!(
-            "PS shard {} serves {len} values ({} ranges) for {} worker(s), {:?}, at version {}{} (generation {})",
+            "PS shard {} serves {len} values ({} ranges) for {} worker(s), {:?}, at version {}{}{} (generation {})",
             a.key.index,
             me.ranges.len(),
             shard.expected,
             a.spec.consistency_mode(),
             shard.version,
             if shard.weights.is_some() { "" } else { ", waiting for initial values" },
+            standby.map_or(String::new(), |p| format!(", with a standby at {}", p.address)),
             a.key.generation
         ),
     );
@@ -300,14 +554,28 @@ pub fn serve_shard(
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),
         index: a.key.index,
-        shards: a.parameter_servers.len() as u32,
-        numel: a
-            .parameter_servers
-            .iter()
-            .map(|p| shard_len(&p.ranges) as u64)
-            .sum(),
+        shards: primaries.len() as u32,
+        numel,
         uploader,
+        standby: standby.map(|p| {
+            Mutex::new(StandbyLink {
+                job: a.key.job_id,
+                generation: a.key.generation,
+                shard: a.key.index,
+                address: p.address.clone(),
+                secret: a.secret.as_bytes().to_vec(),
+                stream: None,
+                synced: false,
+                failed_at: None,
+                acked: 0,
+                failures: 0,
+            })
+        }),
     });
+    if served.standby.is_some() {
+        let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
+        replicate(&served, &mut s, Change::Whole, stop);
+    }
     let endpoint = plane.register(
         EndpointKey {
             job: a.key.job_id,
@@ -361,7 +629,208 @@ pub fn serve_shard(
         LogLevel::Info,
         stats_line(a.key.index, &shard, bytes_in, bytes_out),
     );
+    if let Some(link) = served.standby {
+        let link = link.into_inner().unwrap_or_else(|p| p.into_inner());
+        log(
+            LogLevel::Info,
+            format!(
+                "PS shard {}: its standby acknowledged {} message(s), {} attempt(s) failed (generation {})",
+                a.key.index, link.acked, link.failures, a.key.generation
+            ),
+        );
+    }
     Some(shard)
+}
+
+/// Runs the standby of shard `shard` of a job for one generation: takes
+/// the shard's state and updates from the shard (and nothing from anyone
+/// else), and returns its copy for the next generation on this executor —
+/// where it becomes the shard when the scheduler promotes it.
+pub fn serve_standby(
+    a: &Assignment,
+    shard_index: u32,
+    stop: &AtomicBool,
+    tx: &UnboundedSender<Item>,
+    plane: &DataPlane,
+    parked: Option<Shard>,
+) -> Option<Shard> {
+    let log = |level, msg: String| {
+        tracing::info!(job = %a.key.job_id, "{msg}");
+        let _ = tx.send(Item::Log(level, msg));
+    };
+    let Some(me) = a.standby_of(shard_index) else {
+        log(
+            LogLevel::Error,
+            format!("the standby of PS shard {shard_index} is not in its own assignment"),
+        );
+        return parked;
+    };
+    let mut shard = match parked {
+        Some(s) if s.ranges == me.ranges => s,
+        _ => Shard::new(a, me.ranges.clone()),
+    };
+    shard.generation = a.key.generation;
+    shard.acc_samples = 0;
+    shard.contributors.clear();
+    shard.unreplicated = false;
+    log(
+        LogLevel::Info,
+        format!(
+            "PS shard {shard_index} standby {} (generation {})",
+            if shard.weights.is_some() {
+                format!("holds version {}", shard.version)
+            } else {
+                "waits for the shard's state".into()
+            },
+            a.key.generation
+        ),
+    );
+    let len = shard_len(&me.ranges);
+    let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
+    let shared = Mutex::new(shard);
+    let clip = a.spec.optimizer.grad_clip;
+    let endpoint = plane.register(
+        EndpointKey {
+            job: a.key.job_id,
+            kind: RoleKind::ParameterServer,
+            rank: STANDBY_INDEX_BASE + shard_index,
+        },
+        a.key.generation,
+        a.secret.as_bytes(),
+    );
+    let generation = a.key.generation;
+    std::thread::scope(|scope| {
+        while !stop.load(Ordering::Relaxed) {
+            let Some((from, stream)) =
+                endpoint.accept(Instant::now() + Duration::from_millis(200), stop)
+            else {
+                continue;
+            };
+            if from != shard_index {
+                tracing::debug!(from, "a standby takes connections from its shard only");
+                continue;
+            }
+            let shared = &shared;
+            scope.spawn(move || {
+                let standby = Standby {
+                    shared,
+                    generation,
+                    len,
+                    states,
+                    clip,
+                };
+                if let Err(e) = standby.connection(stream, stop) {
+                    tracing::debug!(error = %e, "PS standby connection ended");
+                }
+            });
+        }
+    });
+    drop(endpoint);
+    let shard = shared.into_inner().unwrap_or_else(|p| p.into_inner());
+    log(
+        LogLevel::Info,
+        format!(
+            "PS shard {shard_index} standby ends generation {} at version {}{}",
+            a.key.generation,
+            shard.version,
+            if shard.weights.is_some() {
+                ""
+            } else {
+                " without the shard's state"
+            }
+        ),
+    );
+    Some(shard)
+}
+
+/// What a standby's connection thread works on.
+struct Standby<'a> {
+    shared: &'a Mutex<Shard>,
+    generation: i64,
+    len: usize,
+    states: usize,
+    clip: Option<f64>,
+}
+
+impl Standby<'_> {
+    /// Takes the shard's messages until it closes or `stop`.
+    fn connection(&self, mut stream: TcpStream, stop: &AtomicBool) -> Result<(), WireError> {
+        stream.set_read_timeout(Some(Duration::from_millis(50)))?;
+        stream.set_write_timeout(Some(STANDBY_TIMEOUT))?;
+        stream.set_nodelay(true)?;
+        let mut writer = stream.try_clone()?;
+        let mut buf = Vec::new();
+        // The parts of a whole state received so far (installed together
+        // with the last, so a broken transfer leaves the old state whole).
+        let mut staged: Vec<Vec<f32>> = Vec::new();
+        loop {
+            let mut r = Patient {
+                stream: &mut stream,
+                stop,
+                deadline: None,
+            };
+            let h = ps::read_header(&mut r)?;
+            if h.generation != self.generation {
+                ps::write(&mut writer, Header::new(Kind::Stale, self.generation), &[])?;
+                return Ok(());
+            }
+            let mut answer = Header::new(Kind::Ack, self.generation);
+            match h.kind {
+                Kind::State => {
+                    let (parts, part) = (
+                        (h.checkpoint >> 32) as usize,
+                        (h.checkpoint & 0xffff_ffff) as usize,
+                    );
+                    if parts != 1 + self.states || part != staged.len() {
+                        return Err(WireError::Protocol(format!(
+                            "state part {part} of {parts} where part {} of {} was due",
+                            staged.len(),
+                            1 + self.states
+                        )));
+                    }
+                    ps::read_payload(&mut r, &h, self.len, &mut buf)?;
+                    staged.push(std::mem::take(&mut buf));
+                    let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                    if staged.len() == parts {
+                        let mut parts = std::mem::take(&mut staged).into_iter();
+                        s.weights = parts.next().map(Arc::new);
+                        for (t, src) in s.opt.state_mut().iter_mut().zip(parts) {
+                            *t = src;
+                        }
+                        s.opt.t = h.samples;
+                        s.version = h.version;
+                        s.cursor = Cursor {
+                            epoch: h.epoch,
+                            offset: h.offset,
+                        };
+                        s.restored = false;
+                    }
+                    answer.version = h.version;
+                }
+                Kind::Update => {
+                    ps::read_payload(&mut r, &h, self.len, &mut buf)?;
+                    let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.weights.is_none() || s.version != h.version || !staged.is_empty() {
+                        answer.kind = Kind::Reject;
+                        answer.version = s.version;
+                    } else {
+                        s.apply(&buf, None, h.samples, h.lr, self.clip);
+                        s.cursor = Cursor {
+                            epoch: h.epoch,
+                            offset: h.offset,
+                        };
+                        answer.version = s.version;
+                    }
+                }
+                other => {
+                    return Err(WireError::Protocol(format!(
+                        "a shard sent {other:?} to its standby"
+                    )))
+                }
+            }
+            ps::write(&mut writer, answer, &[])?;
+        }
+    }
 }
 
 fn stats_line(index: u32, s: &Shard, bytes_in: u64, bytes_out: u64) -> String {
@@ -422,6 +891,7 @@ fn connection(
                         epoch: h.epoch,
                         offset: h.offset,
                     };
+                    replicate(served, &mut s, Change::Whole, stop);
                     served.changed.notify_all();
                 } else if s.restored {
                     // Restored from a checkpoint while the other shards
@@ -435,6 +905,7 @@ fn connection(
                             offset: h.offset,
                         };
                     }
+                    replicate(served, &mut s, Change::Whole, stop);
                     served.changed.notify_all();
                 }
                 let mut ack = Header::new(Kind::Ack, generation);
@@ -451,9 +922,18 @@ fn connection(
                 let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
                 // A shard restored from a checkpoint serves once rank 0's
                 // `Init` has aligned its version with the job's.
-                while (s.weights.is_none() || s.restored || s.version < h.version)
+                // A version its standby has not acknowledged is not
+                // published; a waiting pull retries reaching the standby.
+                while (s.weights.is_none() || s.restored || s.unreplicated || s.version < h.version)
                     && !stop.load(Ordering::Relaxed)
                 {
+                    if s.unreplicated && !s.restored {
+                        replicate(served, &mut s, Change::Whole, stop);
+                        if !s.unreplicated {
+                            served.changed.notify_all();
+                            continue;
+                        }
+                    }
                     s = served
                         .changed
                         .wait_timeout(s, Duration::from_millis(100))
@@ -477,7 +957,7 @@ fn connection(
             Kind::Push => {
                 ps::read_payload(&mut r, &h, len, &mut buf)?;
                 served.bytes_in.fetch_add(len as u64 * 4, Ordering::Relaxed);
-                let (accepted, version, snap, ask) = push(served, from, &h, &buf);
+                let (accepted, version, snap, ask) = push(served, from, &h, &buf, stop);
                 let mut out =
                     Header::new(if accepted { Kind::Ack } else { Kind::Reject }, generation);
                 out.version = version;
@@ -504,10 +984,11 @@ fn push(
     from: u32,
     h: &Header,
     grad: &[f32],
+    stop: &AtomicBool,
 ) -> (bool, u64, Option<Snapshot>, bool) {
     let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
     let before = s.version;
-    let accepted = take(&mut s, served, from, h, grad);
+    let accepted = take(&mut s, served, from, h, grad, stop);
     if accepted && h.checkpoint != 0 {
         s.checkpoint_at = Some(h.checkpoint);
     }
@@ -527,7 +1008,14 @@ fn push(
     (accepted, s.version, snap, ask && from == 0)
 }
 
-fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> bool {
+fn take(
+    s: &mut Shard,
+    served: &Served,
+    from: u32,
+    h: &Header,
+    grad: &[f32],
+    stop: &AtomicBool,
+) -> bool {
     if s.weights.is_none() {
         return false;
     }
@@ -552,12 +1040,35 @@ fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> 
                 let (samples, lr) = (s.acc_samples, s.lr);
                 let acc = std::mem::take(&mut s.acc);
                 let extra = (!first).then_some(&acc[..]);
+                let before = s.version;
                 s.apply(grad, extra, samples, lr, served.clip);
-                s.acc = acc;
                 s.staleness[0] += 1;
                 s.cursor = s.next_cursor;
                 s.acc_samples = 0;
                 s.contributors.clear();
+                if served.standby.is_some() {
+                    // The standby applies the sum the update's pass formed
+                    // (`(g + extra) · scale` there and `sum · scale` here
+                    // round alike), so both hold the same bits.
+                    let mut sum = std::mem::take(&mut s.sum);
+                    let g = match extra {
+                        None => grad,
+                        Some(e) => {
+                            sum.clear();
+                            sum.extend(grad.iter().zip(e).map(|(a, b)| a + b));
+                            &sum[..]
+                        }
+                    };
+                    let change = Change::Update {
+                        grad: g,
+                        before,
+                        samples,
+                        lr,
+                    };
+                    replicate(served, s, change, stop);
+                    s.sum = sum;
+                }
+                s.acc = acc;
                 served.changed.notify_all();
             } else if first {
                 s.acc.clear();
@@ -576,8 +1087,16 @@ fn take(s: &mut Shard, served: &Served, from: u32, h: &Header, grad: &[f32]) -> 
                     return false;
                 }
             }
+            let before = s.version;
             s.apply(grad, None, h.samples, h.lr, served.clip);
             s.staleness[(staleness as usize).min(STALENESS_BUCKETS - 1)] += 1;
+            let change = Change::Update {
+                grad,
+                before,
+                samples: h.samples,
+                lr: h.lr,
+            };
+            replicate(served, s, change, stop);
             served.changed.notify_all();
             true
         }
@@ -595,8 +1114,7 @@ struct ShardMap {
 impl ShardMap {
     fn new(a: &Assignment, replica: &Replica) -> Result<ShardMap, String> {
         let layout = replica.layout();
-        let mut peers = a.parameter_servers.clone();
-        peers.sort_by_key(|p| p.shard);
+        let peers: Vec<PsPeer> = a.primaries().into_iter().cloned().collect();
         let mut pieces = Vec::new();
         let mut covered = 0;
         for p in &peers {

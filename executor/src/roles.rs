@@ -24,6 +24,10 @@
 //! worker pulls and pushes through the shards; both hand their state (the
 //! shard's values and optimizer state, the worker's model and newest pulled
 //! weights) to the next generation's role on this executor the same way.
+//! A shard's standby ([`crate::ps::serve_standby`]) is a PS role whose
+//! state is kept under its shard's number too, so when the scheduler
+//! promotes it (the standby's role ends, the shard's starts on this
+//! executor at the next generation) the shard takes the standby's copy.
 
 use crate::checkpoint::{self, Checkpointing, Policy, Storage, Uploader};
 use crate::report::{self, Item, Sink};
@@ -35,8 +39,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use trainyard_common::cluster::{
-    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey, RoleKind,
-    RoleOutcome, WorkerPeer,
+    ps_index_shard, Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey,
+    RoleKind, RoleOutcome, WorkerPeer,
 };
 use trainyard_common::model::ParamInfo;
 use trainyard_common::spec::{Device, Strategy};
@@ -63,7 +67,8 @@ struct Parked {
     shard: Option<crate::ps::Shard>,
 }
 
-/// Whose state a hand-over carries: a worker's (by device) or a PS shard's.
+/// Whose state a hand-over carries: a worker's (by device) or a PS shard's
+/// (by shard: its standby's state is the shard's too).
 type Slot = (Uuid, RoleKind, u32);
 
 type Handover = JoinHandle<Parked>;
@@ -223,12 +228,14 @@ impl Roles {
         // Replicas of jobs no longer assigned here are let go.
         if let Ok(mut h) = self.handovers.lock() {
             // A worker's state follows the job on this executor's devices; a
-            // shard's only its own index.
+            // shard's only its own shard (as the shard or its standby).
             let gone: Vec<Slot> = h
                 .keys()
                 .filter(|(job, kind, index)| {
                     !wanted.keys().any(|(j, k, i)| {
-                        j == job && k == kind && (*kind == RoleKind::Worker || i == index)
+                        j == job
+                            && k == kind
+                            && (*kind == RoleKind::Worker || ps_index_shard(*i).0 == *index)
                     })
                 })
                 .copied()
@@ -263,7 +270,7 @@ impl Roles {
         let storage = self.storage(&object_store);
         let slot = match a.key.role {
             RoleKind::Worker => (a.key.job_id, RoleKind::Worker, a.device.unwrap_or(0)),
-            other => (a.key.job_id, other, a.key.index),
+            other => (a.key.job_id, other, ps_index_shard(a.key.index).0),
         };
         let Ok(mut handovers) = self.handovers.lock() else {
             return;
@@ -280,7 +287,12 @@ impl Roles {
                 let Some(plane) = plane else {
                     return Parked::default();
                 };
-                let shard = crate::ps::serve_shard(&a, &stop, &tx, &plane, parked.shard, storage);
+                let shard = match ps_index_shard(a.key.index) {
+                    (shard, true) => {
+                        crate::ps::serve_standby(&a, shard, &stop, &tx, &plane, parked.shard)
+                    }
+                    _ => crate::ps::serve_shard(&a, &stop, &tx, &plane, parked.shard, storage),
+                };
                 Parked {
                     shard,
                     ..Parked::default()

@@ -6,6 +6,7 @@ mod cli;
 mod cluster;
 mod executor_probe;
 mod provisioner;
+mod replicas;
 mod server_lifecycle;
 mod training;
 mod web;

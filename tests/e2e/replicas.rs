@@ -1,0 +1,288 @@
+//! Replicated parameter-server shards (`replicas: 1`): a sync-mode PS job
+//! whose shard primary's executor is SIGKILLed mid-training continues on the
+//! shard's standby, which the scheduler promotes, and ends with the very
+//! weights of the same job run without faults — no update was lost.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, Proc};
+
+const JOIN: &str = "e2e-replicas-token";
+
+struct Platform {
+    _api: Proc,
+    base: String,
+    client: Client,
+    data: std::path::PathBuf,
+    db: String,
+}
+
+impl Platform {
+    /// An API that declares an executor lost after 10 silent 200 ms beats.
+    fn start() -> Platform {
+        let db = fresh_database().unwrap();
+        let port = free_port().unwrap();
+        let data =
+            std::env::temp_dir().join(format!("trainyard-replicas-{}-{port}", std::process::id()));
+        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 10, &[]).unwrap();
+        Platform {
+            _api: api,
+            base: format!("http://127.0.0.1:{port}"),
+            client: Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+            data,
+            db,
+        }
+    }
+
+    /// An executor whose workers sleep 60 ms after each step, so that a
+    /// kill after the first steps lands mid-training.
+    fn executor(&self, name: &str) -> Proc {
+        trainyard_e2e::start_executor(
+            &self.base,
+            JOIN,
+            name,
+            2048,
+            &[("TRAINYARD_SLOW_WORKER", "*:60")],
+        )
+        .unwrap()
+    }
+
+    fn get(&self, path: &str) -> Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn submit(&self, spec: &Value) -> String {
+        let r = self
+            .client
+            .post(format!("{}/v1/jobs", self.base))
+            .json(spec)
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().unwrap());
+        r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn events(&self, id: &str) -> Vec<Value> {
+        self.get(&format!("/v1/jobs/{id}/events?limit=1000"))["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn logs(&self, id: &str) -> Vec<String> {
+        self.get(&format!("/v1/jobs/{id}/logs?limit=1000"))["lines"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|l| l["message"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn wait_end(&self, id: &str) -> Value {
+        eventually(Duration::from_secs(240), || {
+            let j = self.get(&format!("/v1/jobs/{id}"));
+            ["succeeded", "failed", "cancelled"]
+                .contains(&j["state"].as_str().unwrap_or(""))
+                .then_some(j)
+        })
+        .unwrap_or_else(|| panic!("job {id} did not end: {:?}", self.logs(id)))
+    }
+
+    /// The final weights of a succeeded job, tensor by tensor, as raw bits.
+    fn weights(&self, id: &str) -> BTreeMap<String, Vec<u32>> {
+        let result = self
+            .events(id)
+            .into_iter()
+            .find(|e| e["kind"] == "result")
+            .unwrap_or_else(|| panic!("a result event of {id}"));
+        let url = result["data"]["weights_url"].as_str().unwrap().to_owned();
+        let bytes = std::fs::read(url.strip_prefix("file://").unwrap()).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let data = &bytes[8 + n..];
+        header
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .map(|(k, v)| {
+                let off = v["data_offsets"].as_array().unwrap();
+                let (a, b) = (
+                    off[0].as_u64().unwrap() as usize,
+                    off[1].as_u64().unwrap() as usize,
+                );
+                let bits = data[a..b]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                (k.clone(), bits)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+        trainyard_e2e::drop_database(&self.db);
+    }
+}
+
+/// Sync PS with Adam (optimizer state and step count travel to the
+/// standby too), two workers, one shard with one standby.
+fn replicated_digits(name: &str) -> Value {
+    json!({
+        "name": name,
+        "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
+        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adam", "lr": 0.003},
+        "batch_size": 32,
+        "steps": 150,
+        "eval_fraction": 0.2,
+        "strategy": "parameter_server",
+        "parameter_servers": 1,
+        "replicas": 1,
+        "consistency": "sync",
+        "workers": {"min": 2, "max": 2},
+        "seed": 7
+    })
+}
+
+/// The word after `marker` in `line`.
+fn after<'a>(line: &'a str, marker: &str) -> &'a str {
+    line.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ',']).next())
+        .unwrap_or_else(|| panic!("{marker:?} in {line:?}"))
+}
+
+/// The executor name of each role of job `id`: (shard primary, its
+/// standby, the workers).
+fn roles(p: &Platform, id: &str) -> Option<(String, String, Vec<String>)> {
+    let a = p.get(&format!("/v1/jobs/{id}/assignments"));
+    let shard = a["parameter_servers"].get(0)?;
+    let primary = shard["executor"]["name"].as_str()?.to_owned();
+    let standby = shard["standby"]["name"].as_str()?.to_owned();
+    let workers = a["workers"]
+        .as_array()?
+        .iter()
+        .filter_map(|w| w["executor"]["name"].as_str().map(str::to_owned))
+        .collect();
+    Some((primary, standby, workers))
+}
+
+#[test]
+fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_free_run() {
+    let p = Platform::start();
+    let mut execs: Vec<(String, Proc)> = (0..4)
+        .map(|i| {
+            let name = format!("rep-{i}");
+            let proc_ = p.executor(&name);
+            (name, proc_)
+        })
+        .collect();
+
+    // Fault-free.
+    let clean = p.submit(&replicated_digits("replicas-clean"));
+    let job = p.wait_end(&clean);
+    assert_eq!(job["state"], "succeeded", "{job} {:?}", p.logs(&clean));
+
+    // The same job; the primary's executor dies after the first steps.
+    let faulty = p.submit(&replicated_digits("replicas-killed"));
+    let (primary, standby, workers) = eventually(Duration::from_secs(60), || {
+        let m = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"));
+        (m["steps_recorded"].as_i64().unwrap_or(0) >= 20)
+            .then(|| roles(&p, &faulty))
+            .flatten()
+    })
+    .unwrap_or_else(|| panic!("the job trains with a standby: {:?}", p.logs(&faulty)));
+    assert_ne!(primary, standby, "a standby on its shard's executor");
+    // Only the shard dies: the workers (and so the data split) stay.
+    assert!(
+        !workers.contains(&primary),
+        "the primary shares {primary} with a worker: {workers:?}"
+    );
+    let generation = p.get(&format!("/v1/jobs/{faulty}"))["generation"]
+        .as_i64()
+        .unwrap();
+    // Rank 0 reported this many steps: it pulled version `seen - 1`, so
+    // that version was published, so the standby has it.
+    let seen = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"))["steps_recorded"]
+        .as_u64()
+        .unwrap();
+    let at = execs.iter().position(|(n, _)| *n == primary).unwrap();
+    let (_, victim) = execs.remove(at);
+    trainyard_e2e::kill9(victim.pid());
+    let job = p.wait_end(&faulty);
+    assert_eq!(job["state"], "succeeded", "{job} {:?}", p.logs(&faulty));
+
+    // The scheduler promoted the standby and said so.
+    let promoted = p
+        .events(&faulty)
+        .into_iter()
+        .filter(|e| e["kind"] == "placement")
+        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .find(|r| r.contains("standby on") && r.contains("promoted"))
+        .unwrap_or_else(|| {
+            panic!(
+                "a placement event for the promotion: {:?}",
+                p.events(&faulty)
+            )
+        });
+    println!("promotion (after generation {generation}): {promoted}");
+    assert!(
+        promoted.contains(&format!("primary on executor {primary}"))
+            && promoted.contains(&format!("standby on {standby} promoted")),
+        "{promoted}"
+    );
+    // The shard was not restored from a checkpoint or a worker's pull: the
+    // promoted standby served on from a version workers had seen.
+    let lines = p.logs(&faulty);
+    assert!(
+        !lines.iter().any(|l| l.contains("restored from")),
+        "{lines:?}"
+    );
+    let resumed_at: u64 = lines
+        .iter()
+        .filter(|l| l.starts_with("PS shard 0 serves"))
+        .find(|l| {
+            let g: i64 = after(l, "(generation ")
+                .trim_end_matches(')')
+                .parse()
+                .unwrap();
+            g > generation
+        })
+        .map(|l| after(l, " at version ").parse().unwrap())
+        .unwrap_or_else(|| panic!("the promoted shard's first line: {lines:?}"));
+    println!("rank 0 had reported {seen} steps at the kill; the promoted shard served from version {resumed_at}");
+    assert!(
+        resumed_at + 1 >= seen,
+        "the promoted shard started at version {resumed_at}, behind what workers had seen ({seen} steps)"
+    );
+
+    let (a, b) = (p.weights(&clean), p.weights(&faulty));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let differing: Vec<&String> = a.keys().filter(|k| a[*k] != b[*k]).collect();
+    let values: usize = a.values().map(Vec::len).sum();
+    println!("final weights: {values} values, tensors that differ: {differing:?}");
+    assert!(
+        differing.is_empty(),
+        "the final weights differ from the fault-free run's in {differing:?}"
+    );
+}

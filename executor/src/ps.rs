@@ -1678,3 +1678,202 @@ fn exchange_push(
     });
     results.into_iter().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use trainyard_common::cluster::{RoleKey, RoleKind as Role, WorkerPeer};
+    use trainyard_common::spec::Strategy;
+
+    const LEN: u64 = 46;
+
+    fn assignment(plane: &DataPlane, index: u32, consistency: serde_json::Value) -> Assignment {
+        let spec: trainyard_common::JobSpec = serde_json::from_value(json!({
+            "name": "standby", "model": {"kind": "mlp", "inputs": 8, "hidden": [4], "outputs": 2},
+            "dataset": {"kind": "classification", "samples": 100, "features": 8, "classes": 2},
+            "loss": "cross_entropy", "optimizer": {"kind": "adam", "lr": 0.01, "grad_clip": 0.5},
+            "batch_size": 4, "steps": 10, "strategy": "parameter_server", "replicas": 1,
+            "consistency": consistency, "workers": {"min": 2, "max": 2}
+        }))
+        .unwrap();
+        let address = plane.local_addr().to_string();
+        let ranges = vec![Range {
+            param: "w".into(),
+            start: 0,
+            end: LEN,
+        }];
+        let peer = |shard| PsPeer {
+            shard,
+            executor_id: uuid::Uuid::nil(),
+            address: address.clone(),
+            ranges: ranges.clone(),
+        };
+        Assignment {
+            key: RoleKey {
+                job_id: uuid::Uuid::from_u128(7),
+                generation: 3,
+                role: Role::Ps,
+                index,
+            },
+            device: None,
+            strategy: Strategy::ParameterServer,
+            secret: "s3cret".into(),
+            spec: spec.into(),
+            workers: (0..2)
+                .map(|rank| WorkerPeer {
+                    rank,
+                    executor_id: uuid::Uuid::nil(),
+                    address: address.clone(),
+                    device: 0,
+                })
+                .collect(),
+            parameter_servers: vec![peer(0), peer(STANDBY_INDEX_BASE)],
+            resume: None,
+        }
+    }
+
+    /// A connection to `to` as `from`, speaking the PS protocol.
+    fn dial(plane: &DataPlane, from: u32, to: u32) -> TcpStream {
+        let hello = Hello {
+            job: uuid::Uuid::from_u128(7),
+            generation: 3,
+            kind: RoleKind::ParameterServer as u8,
+            from,
+            to,
+        };
+        let s = plane::connect(
+            &plane.local_addr().to_string(),
+            &hello,
+            b"s3cret",
+            Instant::now() + Duration::from_secs(10),
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s
+    }
+
+    fn call(s: &mut TcpStream, h: Header, payload: &[f32], buf: &mut Vec<f32>) -> Header {
+        ps::write(s, h, payload).unwrap();
+        let reply = ps::read_header(s).unwrap();
+        if reply.kind == Kind::Weights {
+            ps::read_payload(s, &reply, LEN as usize, buf).unwrap();
+        }
+        reply
+    }
+
+    fn grad(seed: u32) -> Vec<f32> {
+        (0..LEN as u32)
+            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 997.0 - 0.5)
+            .collect()
+    }
+
+    /// Two workers train three sync steps (and three async ones) through a
+    /// shard with a standby: the standby ends with the shard's very bits
+    /// (values, Adam's moments and step count, version, cursor), and it
+    /// refuses an update that does not follow from its version.
+    #[test]
+    fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_follow() {
+        for consistency in [json!("sync"), json!("async")] {
+            let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+            let primary = assignment(&plane, 0, consistency.clone());
+            let standby = assignment(&plane, STANDBY_INDEX_BASE, consistency.clone());
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let stop = AtomicBool::new(false);
+            let (shard, copy) = std::thread::scope(|scope| {
+                let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
+                let pr = scope.spawn(|| {
+                    serve_shard(&primary, &stop, &tx, &plane, None, Err("no store".into()))
+                });
+                let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
+                let mut buf = Vec::new();
+                let init: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
+                let ack = call(&mut w[0], Header::new(Kind::Init, 3), &init, &mut buf);
+                assert_eq!((ack.kind, ack.samples), (Kind::Ack, 1));
+                for step in 0..3u32 {
+                    for (r, link) in w.iter_mut().enumerate() {
+                        let mut pull = Header::new(Kind::Pull, 3);
+                        pull.version = if consistency == "sync" {
+                            u64::from(step)
+                        } else {
+                            0
+                        };
+                        let got = call(link, pull, &[], &mut buf);
+                        assert_eq!(got.kind, Kind::Weights);
+                        let mut push = Header::new(Kind::Push, 3);
+                        push.version = got.version;
+                        push.samples = 4;
+                        push.lr = 0.01;
+                        (push.epoch, push.offset) = (0, u64::from(step + 1) * 8);
+                        let g = grad(step * 2 + r as u32);
+                        assert_eq!(call(link, push, &g, &mut buf).kind, Kind::Ack);
+                    }
+                }
+                // The latest version is published: the standby has it.
+                let mut pull = Header::new(Kind::Pull, 3);
+                pull.version = if consistency == "sync" { 3 } else { 6 };
+                let last = call(&mut w[0], pull, &[], &mut buf);
+                assert_eq!(last.kind, Kind::Weights);
+                // An update the standby cannot follow is refused.
+                let mut odd = dial(&plane, 0, STANDBY_INDEX_BASE);
+                let mut h = Header::new(Kind::Update, 3);
+                h.version = 999;
+                let reply = call(&mut odd, h, &grad(9), &mut buf);
+                assert_eq!(reply.kind, Kind::Reject);
+                assert_eq!(reply.version, last.version);
+                stop.store(true, Ordering::Relaxed);
+                (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
+            });
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (a, b) = (shard.weights.unwrap(), copy.weights.unwrap());
+            assert_eq!(bits(&a), bits(&b), "{consistency}");
+            assert_ne!(
+                bits(&a),
+                bits(&(0..LEN).map(|i| i as f32 / 100.0).collect::<Vec<_>>())
+            );
+            for (x, y) in shard.opt.state().iter().zip(copy.opt.state()) {
+                assert_eq!(bits(x), bits(y));
+            }
+            assert_eq!(shard.opt.t, copy.opt.t);
+            assert_eq!(shard.version, copy.version);
+            assert_eq!(
+                (shard.cursor.epoch, shard.cursor.offset),
+                (copy.cursor.epoch, copy.cursor.offset)
+            );
+            let want = if consistency == "sync" { 3 } else { 6 };
+            assert_eq!(shard.version, want, "{consistency}");
+        }
+    }
+
+    /// A whole state sent out of order, or a payload of the wrong length,
+    /// ends the connection without touching the standby's state.
+    #[test]
+    fn a_standby_refuses_malformed_state() {
+        let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+        let standby = assignment(&plane, STANDBY_INDEX_BASE, json!("sync"));
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let stop = AtomicBool::new(false);
+        let copy = std::thread::scope(|scope| {
+            let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
+            // Part 1 of 3 before part 0.
+            let mut s = dial(&plane, 0, STANDBY_INDEX_BASE);
+            let mut h = Header::new(Kind::State, 3);
+            h.checkpoint = (3 << 32) | 1;
+            ps::write(&mut s, h, &vec![1.0; LEN as usize]).unwrap();
+            assert!(ps::read_header(&mut s).is_err());
+            // Part 0 one value short.
+            let mut s = dial(&plane, 0, STANDBY_INDEX_BASE);
+            h.checkpoint = 3 << 32;
+            ps::write(&mut s, h, &vec![1.0; LEN as usize - 1]).unwrap();
+            assert!(ps::read_header(&mut s).is_err());
+            // A worker's message.
+            let mut s = dial(&plane, 0, STANDBY_INDEX_BASE);
+            ps::write(&mut s, Header::new(Kind::Pull, 3), &[]).unwrap();
+            assert!(ps::read_header(&mut s).is_err());
+            stop.store(true, Ordering::Relaxed);
+            sb.join().unwrap().unwrap()
+        });
+        assert!(copy.weights.is_none());
+    }
+}

@@ -90,6 +90,16 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
     pub request_timeout_secs: u64,
 
+    /// Longest a client may take to send a request's headers, in seconds
+    /// (also how long an idle keep-alive connection stays open).
+    #[arg(long, env = "TRAINYARD_HEADER_READ_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub header_read_timeout_secs: u64,
+
+    /// Most client connections served at once (more wait in the kernel's
+    /// backlog).
+    #[arg(long, env = "TRAINYARD_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
     /// Most Postgres connections in the pool.
     #[arg(long, env = "TRAINYARD_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -208,6 +218,8 @@ impl Config {
             no_scheduler: false,
             max_body_bytes: 1 << 20,
             request_timeout_secs: 30,
+            max_connections: 4096,
+            header_read_timeout_secs: 30,
             db_max_connections: 8,
             db_acquire_timeout_secs: 5,
             log_format: LogFormat::Text,

@@ -3,7 +3,8 @@
 //! [`Application::build`] wires the production server from a [`Config`]:
 //! a Postgres pool (migrations from `migrations/` applied on start-up), the
 //! routes of [`routes`] (jobs, executors, tokens, health, metrics) behind
-//! the callers' credentials and roles of [`auth`], the scheduler
+//! the callers' credentials and roles of [`auth`], served by [`serve`]
+//! (header timeout, connection cap, graceful drain), the scheduler
 //! loop (unless `--no-scheduler`; see `trainyard-scheduler`), the OpenAPI document of
 //! [`openapi`] with an interactive page at `/docs`, and the web UI of
 //! [`web`] (kept live by [`routes::stream`]). Every error leaves as
@@ -23,6 +24,7 @@ pub mod extract;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod serve;
 pub mod web;
 
 use anyhow::Context;
@@ -164,14 +166,18 @@ impl Application {
             }
             events.close();
         };
-        axum::serve(
+        let config = self.state.config.clone();
+        serve::serve(
             self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
+            self.router,
+            serve::Limits {
+                header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
+                max_connections: config.max_connections as usize,
+                drain_limit: Duration::from_secs(config.request_timeout_secs + 5),
+            },
+            shutdown,
         )
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving HTTP")?;
+        .await;
         db.close().await;
         Ok(())
     }

@@ -143,3 +143,47 @@ async fn web_page_and_docs_are_served() {
     let r = app.get("/docs/swagger-ui-bundle.js").await;
     assert_eq!(r.status(), 200);
 }
+
+/// A client that never finishes its headers is cut off after the header
+/// timeout, and the connection cap makes others wait for a free slot
+/// instead of piling up: with one slot held by a silent client, a request
+/// is served once that client has been closed.
+#[tokio::test]
+async fn silent_clients_are_closed_and_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(|c| {
+        c.header_read_timeout_secs = 3;
+        c.max_connections = 1;
+    })
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    silent
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // The only slot is taken: this request is served after the silent one
+    // is closed.
+    let served = tokio::spawn({
+        let url = app.url("/healthz");
+        async move { reqwest::get(url).await.unwrap().status().as_u16() }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !served.is_finished(),
+        "a second connection was served while the only slot was held"
+    );
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(30), silent.read(&mut buf))
+        .await
+        .expect("the silent connection is closed by the server");
+    // Closed: EOF, a reset, or hyper's 408 before closing.
+    if let Ok(n) = n {
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), served)
+        .await
+        .expect("the waiting request is served")
+        .unwrap();
+    assert_eq!(status, 200);
+}

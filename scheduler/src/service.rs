@@ -679,13 +679,23 @@ fn describe(
     let name = |id: &Uuid| world.executor_label(id);
     match (old, new) {
         (None, Some(n)) => format!(
-            "placed {} PS shard(s) and {} worker(s) on {} executor(s)",
+            "placed {} PS shard(s){} and {} worker(s) on {} executor(s)",
             n.parameter_servers.len(),
+            match n
+                .parameter_servers
+                .iter()
+                .filter(|p| p.standby.is_some())
+                .count()
+            {
+                0 => String::new(),
+                k => format!(" with {k} standby(s)"),
+            },
             n.workers.len(),
             n.workers
                 .iter()
                 .map(|w| w.executor)
                 .chain(n.parameter_servers.iter().map(|p| p.executor))
+                .chain(n.parameter_servers.iter().filter_map(|p| p.standby))
                 .collect::<BTreeSet<_>>()
                 .len()
         ),

@@ -108,6 +108,11 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_DB_ACQUIRE_TIMEOUT_SECS", default_value_t = 5)]
     pub db_acquire_timeout_secs: u64,
 
+    /// Longest any one SQL statement of the server may run, in seconds
+    /// (migrations excepted).
+    #[arg(long, env = "TRAINYARD_DB_STATEMENT_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub db_statement_timeout_secs: u64,
+
     /// Log format.
     #[arg(long, env = "TRAINYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -222,6 +227,7 @@ impl Config {
             header_read_timeout_secs: 30,
             db_max_connections: 8,
             db_acquire_timeout_secs: 5,
+            db_statement_timeout_secs: 30,
             log_format: LogFormat::Text,
             provisioner: ProvisionerKind::None,
             provision_max_executors: 4,

@@ -95,6 +95,16 @@ impl From<sqlx::Error> for ApiError {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
                 ApiError::Unavailable(format!("database unavailable: {e}"))
             }
+            // Connection exceptions (08…), a statement timeout or a server
+            // shutting down (57…), too many connections (53300): the
+            // database is away or overloaded for now, not a bug here.
+            sqlx::Error::Database(ref d)
+                if d.code().is_some_and(|c| {
+                    c.starts_with("08") || c.starts_with("57") || c == "53300"
+                }) =>
+            {
+                ApiError::Unavailable(format!("database unavailable: {e}"))
+            }
             e => ApiError::Internal(e.into()),
         }
     }

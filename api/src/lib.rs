@@ -29,8 +29,9 @@ pub mod web;
 
 use anyhow::Context;
 pub use config::Config;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+use sqlx::{Connection, PgConnection};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,13 +78,29 @@ impl Application {
     /// address (port 0 picks a free port).
     pub async fn build(config: Config, database_url: &str) -> anyhow::Result<Application> {
         config.check_auth().map_err(|e| anyhow::anyhow!(e))?;
+        let options: PgConnectOptions = database_url.parse().context("parsing the Postgres URL")?;
+        // Migrations run on a connection of their own, without the
+        // statement timeout (an index on a large table may take a while).
+        let mut migrating = PgConnection::connect_with(&options)
+            .await
+            .context("connecting to Postgres")?;
+        MIGRATOR
+            .run(&mut migrating)
+            .await
+            .context("applying migrations")?;
+        migrating.close().await.ok();
+        // Every statement of the server is bounded: a lock wait or a stuck
+        // query becomes an error (a 503 to the caller) instead of a request
+        // that never ends.
         let db = PgPoolOptions::new()
             .max_connections(config.db_max_connections)
             .acquire_timeout(Duration::from_secs(config.db_acquire_timeout_secs))
-            .connect(database_url)
+            .connect_with(options.options([(
+                "statement_timeout",
+                format!("{}s", config.db_statement_timeout_secs),
+            )]))
             .await
             .context("connecting to Postgres")?;
-        MIGRATOR.run(&db).await.context("applying migrations")?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;

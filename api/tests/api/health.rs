@@ -187,3 +187,25 @@ async fn silent_clients_are_closed_and_connections_are_capped() {
         .unwrap();
     assert_eq!(status, 200);
 }
+
+/// Every statement of the server is bounded: one that runs past the
+/// statement timeout is cancelled by Postgres, and handlers turn that into
+/// a 503 rather than a 500.
+#[tokio::test]
+async fn statements_past_the_timeout_are_cancelled_and_unavailable() {
+    let app = spawn_app_with(|c| c.db_statement_timeout_secs = 1).await;
+    let err = sqlx::query("SELECT pg_sleep(3)")
+        .execute(&app.db)
+        .await
+        .expect_err("a 3 s statement outlives a 1 s timeout");
+    let code = err
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("57014"), "{err}");
+    let api_err = trainyard_api::error::ApiError::from(err);
+    assert!(
+        matches!(api_err, trainyard_api::error::ApiError::Unavailable(_)),
+        "{api_err:?}"
+    );
+}

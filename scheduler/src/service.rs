@@ -699,10 +699,27 @@ fn describe(
                 .collect::<BTreeSet<_>>()
                 .len()
         ),
-        (Some(_), None) => format!(
-            "released every role: {}",
-            waiting.map_or("no longer placeable", |w| w.as_str())
-        ),
+        (Some(o), None) => {
+            let why = waiting.map_or("no longer placeable", |w| w.as_str());
+            // A placed job loses its minimum set when executors holding its
+            // roles are gone: name them, so the release is explained.
+            let gone: BTreeSet<String> = o
+                .workers
+                .iter()
+                .map(|w| w.executor)
+                .chain(o.parameter_servers.iter().map(|p| p.executor))
+                .filter(|e| world.executors.get(e).is_none_or(|(_, s)| s != "live"))
+                .map(|e| name(&e))
+                .collect();
+            if gone.is_empty() {
+                format!("released every role: {why}")
+            } else {
+                format!(
+                    "released every role: {why} (its roles on {} are gone)",
+                    gone.into_iter().collect::<Vec<_>>().join(", ")
+                )
+            }
+        }
         (None, None) => "nothing to place".into(),
         (Some(o), Some(n)) => {
             let mut parts = Vec::new();
@@ -920,4 +937,67 @@ fn job_view(
         },
         current,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(executors: &[(Uuid, &str, &str)]) -> World {
+        World {
+            jobs: Vec::new(),
+            live: Vec::new(),
+            meta: HashMap::new(),
+            executors: executors
+                .iter()
+                .map(|(id, name, state)| (*id, ((*name).to_owned(), (*state).to_owned())))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_release_names_the_executors_whose_loss_caused_it() {
+        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let w = world(&[
+            (a, "ex-a", "live"),
+            (b, "ex-b", "lost"),
+            (c, "ex-c", "left"),
+        ]);
+        let old = Placement {
+            strategy: Strategy::ParameterServer,
+            workers: vec![
+                WorkerRole {
+                    rank: 0,
+                    executor: a,
+                    device: 0,
+                },
+                WorkerRole {
+                    rank: 1,
+                    executor: b,
+                    device: 0,
+                },
+            ],
+            parameter_servers: vec![PsRole {
+                shard: 0,
+                executor: c,
+                ranges: Vec::new(),
+                standby: None,
+            }],
+        };
+        let why = "needs 2 cpu worker device(s) with 384 MiB free, has 1".to_owned();
+        assert_eq!(
+            describe(&w, Some(&old), None, Some(&why)),
+            format!("released every role: {why} (its roles on ex-b (lost), ex-c (left) are gone)")
+        );
+        // Nothing gone (a higher-priority job took the room): no names.
+        let w = world(&[
+            (a, "ex-a", "live"),
+            (b, "ex-b", "live"),
+            (c, "ex-c", "live"),
+        ]);
+        assert_eq!(
+            describe(&w, Some(&old), None, Some(&why)),
+            format!("released every role: {why}")
+        );
+    }
 }

@@ -1,0 +1,699 @@
+//! The chaos suite: jobs of both patterns (ring all-reduce and parameter
+//! server) train while a seeded random schedule of faults hits the
+//! platform under them — SIGKILL of executors that hold ring ranks, PS
+//! shards or PS workers, SIGKILL and restart of the API process, and stop
+//! and start of Postgres.
+//!
+//! What must hold afterwards: every job succeeded; its held-out accuracy
+//! is within one point of the same spec trained without faults (on a
+//! second, undisturbed platform at the same time); no job is missing from
+//! the job list, and each keeps its whole event history (the submit, an
+//! unbroken chain of state changes, one result, the end); every executor
+//! kill that hit a job is explained in that job's events (the placement
+//! that repaired it names the executor as lost), and no executor the test
+//! did not kill is declared lost (restarts of the API and of Postgres are
+//! invisible to training).
+//!
+//! The chaos platform runs on a Postgres cluster of its own
+//! ([`TestPostgres`]), so restarting it disturbs no other test. Executors
+//! that die are replaced by new ones (joining at any time is part of the
+//! product), so capacity comes back. The seed is printed;
+//! `TRAINYARD_CHAOS_SEED=<n>` replays a schedule. The closing summary
+//! (`chaos: … faults injected …`) is printed and written to
+//! `target/chaos-summary.txt`, which `scripts/test` prints at its end.
+
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use trainyard_e2e::{
+    eventually, free_port, fresh_database, kill9, repo_root, start_executor, start_server, tail,
+    ApiClient, Proc, TestPostgres,
+};
+
+const JOIN: &str = "e2e-chaos-token";
+
+/// Heartbeats (200 ms) an executor may miss before it is lost: 3 s.
+const MISSES: u32 = 15;
+
+/// RAM each executor offers; a worker asks for [`WORKER_MB`]. An
+/// executor's one (CPU) device takes one worker, of any job; PS shards
+/// take RAM only and sit beside workers.
+const EXECUTOR_MB: u32 = 2048;
+const WORKER_MB: u64 = 384;
+
+/// Executors of the fault-free platform: one per worker the jobs want at
+/// least (an executor's device takes one worker).
+const EXECUTORS: usize = 5;
+
+/// Executors of the chaos platform: one more, so that a kill leaves every
+/// job's minimum until the replacement joins.
+const CHAOS_EXECUTORS: usize = EXECUTORS + 1;
+
+/// Optimizer steps of every job.
+const STEPS: u64 = 3000;
+
+/// Every worker sleeps this long after each step (`TRAINYARD_SLOW_WORKER`):
+/// the jobs run long enough for the schedule while leaving the two cores
+/// mostly idle. Both patterns train synchronously here, so the pause
+/// changes no result.
+const STEP_PAUSE: &str = "*:20";
+
+/// Faults are injected only while every unfinished job is below this share
+/// of its steps, so that each one lands on training that is going on.
+const INJECT_BELOW: f64 = 0.75;
+
+/// Bounds of the phases (generous: the suite shares two cores with the
+/// other end-to-end tests).
+const FIRST_PLACEMENT: Duration = Duration::from_secs(120);
+const RECOVERY: Duration = Duration::from_secs(60);
+const TRAINING: Duration = Duration::from_secs(300);
+
+/// The job specs, trained on both platforms: a ring and two PS jobs on the
+/// digits dataset, with checkpoints (a lost PS shard is restored from the
+/// newest one).
+fn specs() -> Vec<(&'static str, Value)> {
+    let digits = format!("file://{}", repo_root().join("data/digits.npz").display());
+    let base = |name: &str, workers: (u32, u32), seed: u64| {
+        json!({
+            "name": name,
+            "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
+            "dataset": {"kind": "file", "url": digits},
+            "loss": "cross_entropy",
+            "optimizer": {"kind": "adamw", "lr": 0.005, "weight_decay": 0.0001,
+                          "schedule": {"kind": "warmup_cosine", "warmup_steps": 20}},
+            "batch_size": 32,
+            "steps": STEPS,
+            "eval_fraction": 0.2,
+            "strategy": "allreduce",
+            "workers": {"min": workers.0, "max": workers.1},
+            "resources": {"memory_mb": WORKER_MB},
+            "checkpoint": {"every_steps": 50, "keep": 2},
+            "seed": seed
+        })
+    };
+    let ps = |name: &str, shards: u32, workers: (u32, u32), seed: u64| {
+        let mut s = base(name, workers, seed);
+        s["strategy"] = json!("parameter_server");
+        s["parameter_servers"] = json!(shards);
+        s["consistency"] = json!("sync");
+        s
+    };
+    vec![
+        ("ring", base("ring", (2, 3), 3)),
+        ("ps-2-shards", ps("ps-2-shards", 2, (2, 2), 7)),
+        ("ps-1-shard", ps("ps-1-shard", 1, (1, 2), 11)),
+    ]
+}
+
+/// splitmix64: a small seeded generator, so a schedule replays exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// Which executor a kill looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Target {
+    RingRank,
+    PsShard,
+    PsWorker,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill(Target),
+    Api,
+    Postgres(&'static str),
+}
+
+/// The seeded schedule: four executor kills (a ring rank, a PS shard, a
+/// PS worker, and one more of any kind), two API restarts, and two
+/// Postgres restarts (one `fast`, one `immediate`), in a random order.
+fn schedule(rng: &mut Rng) -> Vec<Fault> {
+    let targets = [Target::RingRank, Target::PsShard, Target::PsWorker];
+    let extra = targets[rng.below(3) as usize];
+    let mut faults = vec![
+        Fault::Kill(Target::RingRank),
+        Fault::Kill(Target::PsShard),
+        Fault::Kill(Target::PsWorker),
+        Fault::Kill(extra),
+        Fault::Api,
+        Fault::Api,
+        Fault::Postgres("fast"),
+        Fault::Postgres("immediate"),
+    ];
+    for i in (1..faults.len()).rev() {
+        faults.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    faults
+}
+
+/// An API with its executors.
+struct Platform {
+    label: &'static str,
+    db: String,
+    port: u16,
+    data: PathBuf,
+    api: Proc,
+    client: ApiClient,
+    executors: BTreeMap<String, Proc>,
+    /// Output of processes that were killed: (what, the last lines).
+    dead: Vec<(String, String)>,
+    started: usize,
+}
+
+impl Platform {
+    fn start(label: &'static str, db: String, executors: usize) -> Platform {
+        let port = free_port().unwrap();
+        let data =
+            std::env::temp_dir().join(format!("ty-chaos-{label}-{}-{port}", std::process::id()));
+        let api = start_api(&db, port, &data);
+        let mut p = Platform {
+            label,
+            db,
+            port,
+            data,
+            api,
+            client: ApiClient::new(port),
+            executors: BTreeMap::new(),
+            dead: Vec::new(),
+            started: 0,
+        };
+        for _ in 0..executors {
+            p.add_executor();
+        }
+        // Every executor registered before the jobs come: the planner
+        // grows the first jobs into free capacity and does not take it
+        // back for a later job's start.
+        eventually(FIRST_PLACEMENT, || {
+            (p.client.live_executors().len() == executors).then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{label}: the executors did not all register:\n{}",
+                p.diagnostics()
+            )
+        });
+        p
+    }
+
+    /// Starts one more executor (a new name each time); its name.
+    fn add_executor(&mut self) -> String {
+        let name = format!("{}-{}", self.label, self.started);
+        self.started += 1;
+        let proc_ = start_executor(
+            &self.client.base,
+            JOIN,
+            &name,
+            EXECUTOR_MB,
+            &[("TRAINYARD_SLOW_WORKER", STEP_PAUSE)],
+        )
+        .unwrap();
+        self.executors.insert(name.clone(), proc_);
+        name
+    }
+
+    fn kill_executor(&mut self, name: &str) {
+        let mut p = self.executors.remove(name).expect("a running executor");
+        kill9(p.pid());
+        let _ = p.wait_exit(Duration::from_secs(10));
+        self.dead
+            .push((format!("executor {name} (killed)"), tail(&p.output(), 30)));
+    }
+
+    /// SIGKILLs the API, waits `down`, starts it again on the same port
+    /// against the same database, and waits until it is ready.
+    fn restart_api(&mut self, down: Duration) {
+        kill9(self.api.pid());
+        let _ = self.api.wait_exit(Duration::from_secs(10));
+        std::thread::sleep(down);
+        let old = std::mem::replace(&mut self.api, start_api(&self.db, self.port, &self.data));
+        self.dead
+            .push(("API (killed)".into(), tail(&old.output(), 30)));
+    }
+
+    fn get(&self, path: &str) -> Value {
+        self.client.get(path)
+    }
+
+    fn job(&self, id: &str) -> Value {
+        self.get(&format!("/v1/jobs/{id}"))
+    }
+
+    fn state(&self, id: &str) -> String {
+        self.job(id)["state"].as_str().unwrap_or("?").to_owned()
+    }
+
+    /// Every event of job `id`, oldest first, over all pages.
+    fn events(&self, id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = 0i64;
+        loop {
+            let page = self.get(&format!("/v1/jobs/{id}/events?after={after}&limit=1000"));
+            out.extend(page["events"].as_array().expect("events").iter().cloned());
+            match page["next_after"].as_i64() {
+                Some(a) => after = a,
+                None => return out,
+            }
+        }
+    }
+
+    /// The share of its steps job `id` has done, by its metrics.
+    fn progress(&self, id: &str) -> f64 {
+        let m = self.get(&format!("/v1/jobs/{id}/metrics?max_points=1"));
+        let step = m["points"]
+            .as_array()
+            .and_then(|p| p.last())
+            .and_then(|p| p["step"].as_i64())
+            .unwrap_or(0);
+        step as f64 / STEPS as f64
+    }
+
+    /// Executor name → the jobs (of `ids`) it holds a role of, and the
+    /// names holding each kind of role, by job.
+    fn holders(&self, ids: &[String]) -> BTreeMap<String, BTreeMap<Target, Vec<String>>> {
+        let mut out = BTreeMap::new();
+        for id in ids {
+            let a = self.get(&format!("/v1/jobs/{id}/assignments"));
+            let ring = a["strategy"] == "allreduce";
+            let names = |key: &str| -> Vec<String> {
+                a[key]
+                    .as_array()
+                    .map(|v| {
+                        v.iter()
+                            .filter_map(|r| r["executor"]["name"].as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let mut by_kind = BTreeMap::new();
+            if ring {
+                by_kind.insert(Target::RingRank, names("workers"));
+            } else {
+                by_kind.insert(Target::PsWorker, names("workers"));
+                by_kind.insert(Target::PsShard, names("parameter_servers"));
+            }
+            out.insert(id.clone(), by_kind);
+        }
+        out
+    }
+
+    /// The last lines of every process's output, for a failure message.
+    fn diagnostics(&self) -> String {
+        let mut s = format!(
+            "=== {} API (running) ===\n{}\n",
+            self.label,
+            tail(&self.api.output(), 40)
+        );
+        for (what, out) in &self.dead {
+            s.push_str(&format!("=== {} {what} ===\n{out}\n", self.label));
+        }
+        for (name, p) in &self.executors {
+            s.push_str(&format!(
+                "=== {} executor {name} ===\n{}\n",
+                self.label,
+                tail(&p.output(), 20)
+            ));
+        }
+        s
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
+    start_server(db, port, data, JOIN, MISSES, &["--provisioner", "none"]).unwrap()
+}
+
+/// What one injected fault did.
+struct Injected {
+    fault: Fault,
+    /// For a kill: the executor and the jobs it held roles of.
+    victim: Option<(String, BTreeSet<String>)>,
+}
+
+/// Polls until every job of `ids` is placed and running.
+fn wait_running(p: &Platform, ids: &[String]) {
+    eventually(FIRST_PLACEMENT, || {
+        ids.iter().all(|id| p.state(id) == "running").then_some(())
+    })
+    .unwrap_or_else(|| {
+        let states: Vec<String> = ids.iter().map(|id| p.job(id).to_string()).collect();
+        panic!("the {} jobs are not all running: {states:?}", p.label)
+    });
+}
+
+/// Polls until every job of `ids` has ended; their final JSON.
+fn wait_ended(p: &Platform, ids: &[String]) -> Vec<Value> {
+    eventually(TRAINING, || {
+        let jobs: Vec<Value> = ids.iter().map(|id| p.job(id)).collect();
+        jobs.iter()
+            .all(|j| {
+                ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or(""))
+            })
+            .then_some(jobs)
+    })
+    .unwrap_or_else(|| {
+        let jobs: Vec<String> = ids.iter().map(|id| p.job(id).to_string()).collect();
+        panic!("the {} jobs did not all end: {jobs:?}", p.label)
+    })
+}
+
+fn accuracy(events: &[Value]) -> Option<f64> {
+    events
+        .iter()
+        .find(|e| e["kind"] == "result")
+        .and_then(|e| e["data"]["eval_accuracy"].as_f64())
+}
+
+/// Checks that `events` is a whole history: increasing ids, the submit
+/// first, state changes that each leave the state the previous one
+/// entered, one result, and the end in `succeeded`.
+fn check_history(name: &str, events: &[Value]) {
+    assert!(
+        events
+            .windows(2)
+            .all(|w| w[0]["id"].as_i64() < w[1]["id"].as_i64()),
+        "{name}: event ids do not increase: {events:?}"
+    );
+    let first = events
+        .first()
+        .unwrap_or_else(|| panic!("{name}: no events"));
+    assert_eq!(first["kind"], "submitted", "{name}: {first}");
+    assert_eq!(first["to_state"], "queued", "{name}: {first}");
+    let mut state = "queued".to_owned();
+    for e in events.iter().filter(|e| e["kind"] == "transition") {
+        assert_eq!(
+            e["from_state"].as_str(),
+            Some(state.as_str()),
+            "{name}: a state change is missing before {e}"
+        );
+        state = e["to_state"].as_str().unwrap_or("?").to_owned();
+    }
+    assert_eq!(state, "succeeded", "{name}: the history ends in {state}");
+    let results = events.iter().filter(|e| e["kind"] == "result").count();
+    assert_eq!(results, 1, "{name}: {results} result events: {events:?}");
+}
+
+/// The executors the reasons of `events` declare lost ("NAME (lost)").
+fn declared_lost(events: &[Value]) -> BTreeSet<String> {
+    events
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .flat_map(|r| {
+            r.match_indices(" (lost)")
+                .map(|(at, _)| {
+                    r[..at]
+                        .rsplit([' ', ','])
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn summary_path() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+        .join("chaos-summary.txt")
+}
+
+#[test]
+fn jobs_of_both_patterns_survive_killed_executors_api_and_postgres_restarts() {
+    let seed = std::env::var("TRAINYARD_CHAOS_SEED")
+        .ok()
+        .map(|s| s.parse::<u64>().expect("TRAINYARD_CHAOS_SEED is a number"))
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("chaos: seed {seed} (replay with TRAINYARD_CHAOS_SEED={seed})");
+    eprintln!("chaos: seed {seed} (replay with TRAINYARD_CHAOS_SEED={seed})");
+    let _ = std::fs::remove_file(summary_path());
+    let mut rng = Rng(seed);
+    let faults = schedule(&mut rng);
+
+    let pg = TestPostgres::start().unwrap();
+    let chaos_db = pg.create_database("chaos").unwrap();
+    let reference_db = fresh_database().unwrap();
+    let mut chaos = Platform::start("chaos", chaos_db, CHAOS_EXECUTORS);
+    let mut reference = Platform::start("calm", reference_db.clone(), EXECUTORS);
+
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run(&mut chaos, &mut reference, &pg, &mut rng, &faults, seed)
+    }));
+    if let Err(panic) = outcome {
+        eprintln!(
+            "chaos: failed (seed {seed}); the processes' last lines:\n{}\n{}\n=== Postgres ===\n{}",
+            chaos.diagnostics(),
+            reference.diagnostics(),
+            pg.log_tail(30)
+        );
+        drop(reference);
+        trainyard_e2e::drop_database(&reference_db);
+        std::panic::resume_unwind(panic);
+    }
+    drop(reference);
+    trainyard_e2e::drop_database(&reference_db);
+}
+
+fn run(
+    chaos: &mut Platform,
+    reference: &mut Platform,
+    pg: &TestPostgres,
+    rng: &mut Rng,
+    faults: &[Fault],
+    seed: u64,
+) {
+    let specs = specs();
+    let mut ids = Vec::new();
+    let mut reference_ids = Vec::new();
+    for (_, spec) in &specs {
+        ids.push(chaos.client.submit(spec));
+        reference_ids.push(reference.client.submit(spec));
+    }
+    let names: BTreeMap<String, &str> = ids
+        .iter()
+        .cloned()
+        .zip(specs.iter().map(|(n, _)| *n))
+        .collect();
+    wait_running(chaos, &ids);
+
+    let started = Instant::now();
+    let mut injected: Vec<Injected> = Vec::new();
+    for &fault in faults {
+        std::thread::sleep(rng.millis(1000, 3000));
+        // Only while every unfinished job has a good part of its training left.
+        let late = ids
+            .iter()
+            .filter(|id| !["succeeded", "failed", "cancelled"].contains(&chaos.state(id).as_str()))
+            .any(|id| chaos.progress(id) >= INJECT_BELOW);
+        if late {
+            eprintln!("chaos: training is too far along; {fault:?} and the rest are not injected");
+            break;
+        }
+        let at = started.elapsed();
+        match fault {
+            Fault::Kill(target) => {
+                let live: Vec<String> = ids
+                    .iter()
+                    .filter(|id| {
+                        ["running", "recovering", "scheduling"].contains(&chaos.state(id).as_str())
+                    })
+                    .cloned()
+                    .collect();
+                let holders = chaos.holders(&live);
+                let running: Vec<&String> = chaos.executors.keys().collect();
+                let mut candidates: Vec<String> = holders
+                    .values()
+                    .filter_map(|k| k.get(&target))
+                    .flatten()
+                    .filter(|n| running.contains(n))
+                    .cloned()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                if candidates.is_empty() {
+                    // No job has such a role right now: any role holder.
+                    candidates = holders
+                        .values()
+                        .flat_map(|k| k.values().flatten())
+                        .filter(|n| running.contains(n))
+                        .cloned()
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                }
+                let Some(victim) = candidates
+                    .get(rng.below(candidates.len() as u64) as usize)
+                    .cloned()
+                else {
+                    eprintln!("chaos: {fault:?}: no executor holds a role; skipped");
+                    continue;
+                };
+                let hit: BTreeSet<String> = holders
+                    .iter()
+                    .filter(|(_, k)| k.values().flatten().any(|n| *n == victim))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                chaos.kill_executor(&victim);
+                let replacement = chaos.add_executor();
+                eprintln!(
+                    "chaos: {at:.1?}: SIGKILL {victim} ({target:?}; roles of {:?}); {replacement} joins",
+                    hit.iter().map(|id| names[id]).collect::<Vec<_>>()
+                );
+                injected.push(Injected {
+                    fault,
+                    victim: Some((victim, hit)),
+                });
+            }
+            Fault::Api => {
+                let down = rng.millis(500, 4500);
+                eprintln!("chaos: {at:.1?}: SIGKILL the API, down for {down:.1?}");
+                chaos.restart_api(down);
+                injected.push(Injected {
+                    fault,
+                    victim: None,
+                });
+            }
+            Fault::Postgres(mode) => {
+                let down = rng.millis(500, 3000);
+                eprintln!("chaos: {at:.1?}: Postgres stops ({mode}), down for {down:.1?}");
+                pg.stop(mode).unwrap();
+                std::thread::sleep(down);
+                pg.start_again().unwrap();
+                trainyard_e2e::wait_ready(
+                    &format!("{}/readyz", chaos.client.base),
+                    &mut chaos.api,
+                    RECOVERY,
+                )
+                .unwrap_or_else(|e| panic!("the API is not ready after Postgres came back: {e}"));
+                injected.push(Injected {
+                    fault,
+                    victim: None,
+                });
+            }
+        }
+    }
+
+    let reference_ended = wait_ended(reference, &reference_ids);
+    // Their memory goes back to the machine (the chaos run may go on).
+    reference.executors.clear();
+    let ended = wait_ended(chaos, &ids);
+
+    // What each job says, and the summary (written before the assertions,
+    // so a failing run reports its counts too).
+    let histories: Vec<Vec<Value>> = ids.iter().map(|id| chaos.events(id)).collect();
+    let reference_histories: Vec<Vec<Value>> = reference_ids
+        .iter()
+        .map(|id| reference.events(id))
+        .collect();
+    let survived = ended.iter().filter(|j| j["state"] == "succeeded").count();
+    let deltas: Vec<(String, Option<f64>, Option<f64>)> = specs
+        .iter()
+        .zip(histories.iter().zip(&reference_histories))
+        .map(|((name, _), (h, r))| ((*name).to_owned(), accuracy(h), accuracy(r)))
+        .collect();
+    let count = |f: fn(&Fault) -> bool| injected.iter().filter(|i| f(&i.fault)).count();
+    let summary = format!(
+        "chaos: {} faults injected ({} executor kills, {} API restarts, {} Postgres restarts), {survived}/{} jobs survived, accuracy deltas {} (seed {seed})",
+        injected.len(),
+        count(|f| matches!(f, Fault::Kill(_))),
+        count(|f| matches!(f, Fault::Api)),
+        count(|f| matches!(f, Fault::Postgres(_))),
+        ids.len(),
+        deltas
+            .iter()
+            .map(|(n, a, r)| match (a, r) {
+                (Some(a), Some(r)) => format!("{n} {:+.2} ({:.2}% vs {:.2}%)", (a - r) * 100.0, a * 100.0, r * 100.0),
+                _ => format!("{n} n/a"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("{summary}");
+    eprintln!("{summary}");
+    let _ = std::fs::write(summary_path(), format!("{summary}\n"));
+
+    // Every job succeeded, on both platforms.
+    for (j, r) in ended.iter().zip(&reference_ended) {
+        assert_eq!(j["state"], "succeeded", "under chaos: {j}");
+        assert_eq!(r["state"], "succeeded", "without faults: {r}");
+    }
+    // Within a point of the fault-free run.
+    for (name, a, r) in &deltas {
+        let (a, r) = (a.expect("an accuracy"), r.expect("an accuracy"));
+        assert!(
+            (a - r).abs() <= 0.01,
+            "{name}: held-out accuracy {a:.4} under chaos, {r:.4} without faults"
+        );
+    }
+    // No job lost: all listed, each with its whole history.
+    let listed: BTreeSet<String> = chaos.get("/v1/jobs?limit=500")["jobs"]
+        .as_array()
+        .expect("a job list")
+        .iter()
+        .filter_map(|j| j["id"].as_str().map(str::to_owned))
+        .collect();
+    for (id, h) in ids.iter().zip(&histories) {
+        assert!(listed.contains(id), "{} is not listed", names[id]);
+        check_history(names[id], h);
+    }
+    // Each kill that hit a job is explained in its events; nothing else
+    // was declared lost.
+    let killed: BTreeSet<String> = injected
+        .iter()
+        .filter_map(|i| i.victim.as_ref().map(|v| v.0.clone()))
+        .collect();
+    for i in &injected {
+        let Some((victim, hit)) = &i.victim else {
+            continue;
+        };
+        for id in hit {
+            let h = &histories[ids.iter().position(|x| x == id).expect("a job")];
+            let why = h.iter().find(|e| {
+                e["kind"] == "placement"
+                    && e["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains(&format!("{victim} (lost)")))
+            });
+            assert!(
+                why.is_some(),
+                "{}: no event explains the loss of {victim}: {:?}",
+                names[id],
+                h.iter().map(|e| e["reason"].clone()).collect::<Vec<_>>()
+            );
+        }
+    }
+    for (id, h) in ids.iter().zip(&histories) {
+        let lost = declared_lost(h);
+        assert!(
+            lost.is_subset(&killed),
+            "{}: executors the test did not kill were declared lost: {:?} (killed {killed:?})",
+            names[id],
+            lost.difference(&killed).collect::<Vec<_>>()
+        );
+    }
+}

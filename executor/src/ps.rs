@@ -151,11 +151,6 @@ impl Shard {
         }
     }
 
-    /// The version it holds.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
     /// Takes over the shard's pieces of a committed checkpoint.
     fn restore(&mut self, l: &crate::checkpoint::Loaded) {
         self.weights = Some(Arc::new(l.tensors[0].clone()));
@@ -284,30 +279,60 @@ impl StandbyLink {
             if self.failed_at.is_some_and(|t| t.elapsed() < STANDBY_RETRY) {
                 return Err("the standby was unreachable moments ago".into());
             }
-            let hello = Hello {
-                job: self.job,
-                generation: self.generation,
-                kind: RoleKind::ParameterServer as u8,
-                from: self.shard,
-                to: STANDBY_INDEX_BASE + self.shard,
-            };
-            let stream = plane::connect(
-                &self.address,
-                &hello,
-                &self.secret,
-                Instant::now() + STANDBY_TIMEOUT,
-                stop,
-            )
-            .map_err(|e| format!("cannot reach the standby at {}: {e}", self.address))?;
-            stream
-                .set_read_timeout(Some(Duration::from_millis(50)))
-                .and_then(|()| stream.set_write_timeout(Some(STANDBY_TIMEOUT)))
-                .and_then(|()| stream.set_nodelay(true))
-                .map_err(|e| e.to_string())?;
-            self.stream = Some(stream);
-            self.synced = false;
+            if let Err(e) = self.connect(stop) {
+                self.failed_at = Some(Instant::now());
+                self.failures += 1;
+                return Err(e);
+            }
         }
-        let result = match change {
+        let result = self.deliver(s, change, stop);
+        match &result {
+            Ok(()) => {
+                self.synced = true;
+                self.acked += 1;
+            }
+            Err(_) => {
+                self.stream = None;
+                self.synced = false;
+                self.failed_at = Some(Instant::now());
+                self.failures += 1;
+            }
+        }
+        result
+    }
+
+    /// Opens the connection (the handshake proves the job's secret and
+    /// names this generation).
+    fn connect(&mut self, stop: &AtomicBool) -> Result<(), String> {
+        let hello = Hello {
+            job: self.job,
+            generation: self.generation,
+            kind: RoleKind::ParameterServer as u8,
+            from: self.shard,
+            to: STANDBY_INDEX_BASE + self.shard,
+        };
+        let stream = plane::connect(
+            &self.address,
+            &hello,
+            &self.secret,
+            Instant::now() + STANDBY_TIMEOUT,
+            stop,
+        )
+        .map_err(|e| format!("cannot reach the standby at {}: {e}", self.address))?;
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .and_then(|()| stream.set_write_timeout(Some(STANDBY_TIMEOUT)))
+            .and_then(|()| stream.set_nodelay(true))
+            .map_err(|e| e.to_string())?;
+        self.stream = Some(stream);
+        self.synced = false;
+        Ok(())
+    }
+
+    /// Sends `change` on the open connection, the whole state where the
+    /// standby may not follow it.
+    fn deliver(&mut self, s: &Shard, change: Change<'_>, stop: &AtomicBool) -> Result<(), String> {
+        match change {
             Change::Update {
                 grad,
                 before,
@@ -327,20 +352,7 @@ impl StandbyLink {
                 }
             }
             _ => self.whole(s, stop),
-        };
-        match &result {
-            Ok(()) => {
-                self.synced = true;
-                self.acked += 1;
-            }
-            Err(_) => {
-                self.stream = None;
-                self.synced = false;
-                self.failed_at = Some(Instant::now());
-                self.failures += 1;
-            }
         }
-        result
     }
 
     /// Sends the whole state: the values, then each optimizer state tensor.

@@ -6,7 +6,9 @@
 //! role instance and sequence number), so an executor that retries after a
 //! lost answer duplicates nothing. An outcome is accepted only from a role
 //! of the job's current generation: it ends the job (`succeeded` with its
-//! result, or `failed` with the role's reason).
+//! result, or `failed` with the role's reason). An outcome for a job that
+//! has already ended (a retry whose answer was lost) changes nothing: a
+//! job has one result.
 
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
@@ -162,6 +164,30 @@ pub async fn report(
         .rows_affected();
     }
     let mut outcome_applied = false;
+    // The job's row is locked before the outcome is judged, so that two
+    // deliveries of one outcome are serialised.
+    let state: Option<JobState> = match &r.outcome {
+        None => None,
+        Some(_) => {
+            sqlx::query_scalar::<_, String>("SELECT state::text FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(key.job_id)
+                .fetch_one(&mut *tx)
+                .await?
+                .parse()
+                .ok()
+        }
+    };
+    if state.is_some_and(JobState::is_terminal) {
+        // The job has ended: this is a retry of the outcome that ended it
+        // (its answer was lost with the API or the database connection) or
+        // a late one. It changes nothing and writes no second result.
+        tx.commit().await?;
+        return Ok(Json(ReportAck {
+            metrics_stored,
+            logs_stored,
+            outcome_applied: false,
+        }));
+    }
     if let Some(outcome) = &r.outcome {
         let current: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM assignments a JOIN jobs j ON j.id = a.job_id
@@ -227,25 +253,18 @@ pub async fn report(
         .await?;
         // A short job can finish before its roles' heartbeats moved it to
         // `running`: it ran, so it passes through `running` first.
-        if to == JobState::Succeeded {
-            let state: String =
-                sqlx::query_scalar("SELECT state::text FROM jobs WHERE id = $1 FOR UPDATE")
-                    .bind(key.job_id)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            if state == JobState::Scheduling.as_str() {
-                lifecycle::transition(
-                    &mut tx,
-                    key.job_id,
-                    JobState::Running,
-                    "its roles ran (the outcome arrived before their heartbeats)",
-                )
-                .await
-                .map_err(|e| match e {
-                    TransitionError::Database(e) => ApiError::from(e),
-                    other => ApiError::Conflict(other.to_string()),
-                })?;
-            }
+        if to == JobState::Succeeded && state == Some(JobState::Scheduling) {
+            lifecycle::transition(
+                &mut tx,
+                key.job_id,
+                JobState::Running,
+                "its roles ran (the outcome arrived before their heartbeats)",
+            )
+            .await
+            .map_err(|e| match e {
+                TransitionError::Database(e) => ApiError::from(e),
+                other => ApiError::Conflict(other.to_string()),
+            })?;
         }
         match lifecycle::transition(&mut tx, key.job_id, to, &reason).await {
             Ok(_) => outcome_applied = true,

@@ -573,3 +573,56 @@ async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
         .clone();
     assert_eq!(result["data"]["final_loss"], Value::Null, "{result}");
 }
+
+#[tokio::test]
+async fn a_retried_outcome_ends_the_job_once() {
+    let app = spawn_app().await;
+    let (id, token) = register(&app, "retrier").await;
+    let mut spec = digits_spec("retried");
+    spec["strategy"] = json!("allreduce");
+    spec["workers"] = json!({"min": 1, "max": 1});
+    spec.as_object_mut().unwrap().remove("parameter_servers");
+    spec.as_object_mut().unwrap().remove("consistency");
+    let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    let mut placed = false;
+    for _ in 0..100 {
+        let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
+        if j["generation"] == 1 {
+            placed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(placed, "the job was not placed");
+    // The executor sends its outcome again when the answer is lost (the
+    // API or its database connection died after the commit).
+    let report = json!({
+        "key": {"job_id": job, "generation": 1, "role": "worker", "index": 0},
+        "outcome": {"succeeded": {"steps": 920, "final_loss": 0.01, "eval_loss": 0.1,
+                    "eval_accuracy": 0.975, "weights_url": "file:///tmp/w.safetensors"}}
+    });
+    let url = format!("/v1/executors/{id}/reports");
+    let r = app.post_as(&url, &token, &report).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let first: Value = r.json().await.unwrap();
+    assert_eq!(first["outcome_applied"], true);
+    let r = app.post_as(&url, &token, &report).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let again: Value = r.json().await.unwrap();
+    assert_eq!(again["outcome_applied"], false, "{again}");
+    let ev: Value = app.get_json(&format!("/v1/jobs/{job}/events")).await;
+    let events = ev["events"].as_array().unwrap();
+    assert_eq!(
+        events.iter().filter(|e| e["kind"] == "result").count(),
+        1,
+        "{ev}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["to_state"] == "succeeded")
+            .count(),
+        1,
+        "{ev}"
+    );
+}

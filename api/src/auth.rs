@@ -116,6 +116,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
     }
 }
 
+/// Longest user name.
+pub const MAX_USER_CHARS: usize = 64;
+
+/// Whether `name` is a user name: 1–64 of `a-z 0-9 . _ -`, starting with a
+/// letter or digit (the `api_tokens.owner` check, said once in Rust).
+pub fn valid_user_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_USER_CHARS
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
+}
+
 /// The bearer token of a request, if any.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers

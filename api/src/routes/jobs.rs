@@ -489,6 +489,16 @@ pub async fn list(
     let limit = parse_limit(q.limit.as_deref(), DEFAULT_PAGE, MAX_PAGE)?;
     let states = parse_states(q.state.as_deref())?;
     let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    if let Some(o) = q
+        .owner
+        .as_deref()
+        .filter(|o| !crate::auth::valid_user_name(o))
+    {
+        return Err(ApiError::bad_field(
+            "owner",
+            format!("not a user name (1 to 64 of a-z 0-9 . _ -), got {o:?}"),
+        ));
+    }
     // A user sees its own jobs whatever `owner` says (another user's name
     // gives an empty page, as a user without jobs would).
     let owner = match who.scope() {

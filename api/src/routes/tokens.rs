@@ -6,7 +6,7 @@
 //! makes it. Revoking is immediate (every request looks its token up) and
 //! idempotent. See [`crate::auth`] for how tokens are checked.
 
-use crate::auth::{hash_token, Principal, Role};
+use crate::auth::{hash_token, valid_user_name, Principal, Role, MAX_USER_CHARS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes};
 use crate::routes::executors::parse_body;
@@ -24,8 +24,6 @@ use uuid::Uuid;
 
 /// Longest token label.
 pub const MAX_LABEL_CHARS: usize = 128;
-/// Longest user name.
-pub const MAX_OWNER_CHARS: usize = 64;
 /// Longest lifetime of a token, in seconds (ten years).
 pub const MAX_EXPIRES_IN_SECS: u64 = 10 * 365 * 24 * 3600;
 /// Most tokens one listing returns (newest first).
@@ -131,17 +129,11 @@ fn check(t: &NewToken) -> Vec<Violation> {
             message,
         })
     };
-    let o = t.owner.as_bytes();
-    let ok_char = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c);
-    if o.is_empty()
-        || o.len() > MAX_OWNER_CHARS
-        || !o.iter().all(ok_char)
-        || !(o[0].is_ascii_lowercase() || o[0].is_ascii_digit())
-    {
+    if !valid_user_name(&t.owner) {
         bad(
             "owner",
             format!(
-                "must be 1 to {MAX_OWNER_CHARS} of a-z 0-9 . _ -, starting with a letter or digit; got {:?}",
+                "must be 1 to {MAX_USER_CHARS} of a-z 0-9 . _ -, starting with a letter or digit; got {:?}",
                 t.owner
             ),
         );
@@ -151,6 +143,8 @@ fn check(t: &NewToken) -> Vec<Violation> {
             "label",
             format!("must be at most {MAX_LABEL_CHARS} characters"),
         );
+    } else if t.label.chars().any(char::is_control) {
+        bad("label", "must not contain control characters".into());
     }
     if let Some(s) = t.expires_in_secs {
         if s == 0 || s > MAX_EXPIRES_IN_SECS {

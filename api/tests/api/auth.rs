@@ -693,6 +693,10 @@ async fn token_requests_are_validated_field_by_field() {
             json!({"owner": "x", "role": "user", "expires_in_secs": 0}),
             "expires_in_secs",
         ),
+        (
+            json!({"owner": "x", "role": "user", "label": "a\u{0}b"}),
+            "label",
+        ),
         (json!({"owner": "x", "role": "root"}), "role"),
         (json!({"owner": "x", "role": "user", "extra": 1}), ""),
     ] {

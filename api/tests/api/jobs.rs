@@ -420,6 +420,8 @@ async fn bad_list_queries_are_400_naming_the_parameter() {
         ("state=queued,", "state"),
         ("cursor=xyz", "cursor"),
         ("colour=red", "query"),
+        ("owner=%3ElR%00+%08", "owner"),
+        ("owner=Alice", "owner"),
     ] {
         let p = assert_problem(app.get(&format!("/v1/jobs?{q}")).await, 400, Some(field)).await;
         if field == "query" {

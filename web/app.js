@@ -219,7 +219,18 @@ async function streamEvents() {
 
 // ---------- routing ----------
 
+// Who the server takes this tab for (GET /v1/whoami), beside the token button.
+async function showWho() {
+  try {
+    const me = await api("/v1/whoami");
+    $("#whoami").textContent = me.open ? "open server (admin)" : `${me.user} (${me.role})`;
+  } catch (e) {
+    $("#whoami").textContent = "";
+  }
+}
+
 function route() {
+  showWho();
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean);
   if (current) current.dispose();
   showError(null);

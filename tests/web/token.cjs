@@ -32,6 +32,8 @@ async function main() {
     await page.waitForFunction(() => document.body.dataset.live === "1" && !document.querySelector("#token-dialog").open);
     await page.waitForSelector('#jobs tr[data-job]');
     assert.match(await page.textContent("#jobs"), /token-job/);
+    // The header says who the token is (the bootstrap admin here).
+    await page.waitForFunction(() => document.querySelector("#whoami").textContent === "admin (admin)");
     assert.deepEqual(errors, []);
     console.log("token prompt: wrong token refused, right token accepted, jobs listed, live");
   } finally {

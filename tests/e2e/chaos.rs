@@ -697,3 +697,82 @@ fn run(
         );
     }
 }
+
+/// The names of the events `/v1/events/stream` of the API on `port` sends,
+/// collected by a thread until the stream ends.
+fn watch_stream(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use std::io::BufRead;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = seen.clone();
+    std::thread::spawn(move || {
+        let client = reqwest::blocking::Client::builder()
+            .timeout(None)
+            .build()
+            .expect("a client");
+        let Ok(r) = client
+            .get(format!("http://127.0.0.1:{port}/v1/events/stream"))
+            .send()
+        else {
+            return;
+        };
+        for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+            if let Some(name) = line.strip_prefix("event: ") {
+                if let Ok(mut s) = out.lock() {
+                    s.push(name.trim().to_owned());
+                }
+            }
+        }
+    });
+    seen
+}
+
+fn count(seen: &std::sync::Mutex<Vec<String>>, name: &str) -> usize {
+    seen.lock()
+        .map_or(0, |s| s.iter().filter(|n| *n == name).count())
+}
+
+/// The event stream's `LISTEN` session dies under it (its backend is
+/// terminated, as a Postgres restart or a network cut would end it) and
+/// comes back at once: its open streams are told to resync, since what
+/// was notified meanwhile is gone.
+#[test]
+fn an_event_stream_is_told_to_resync_when_its_listen_session_is_lost() {
+    let db = fresh_database().unwrap();
+    let port = free_port().unwrap();
+    let data = std::env::temp_dir().join(format!("ty-stream-{}-{port}", std::process::id()));
+    let api = start_api(&db, port, &data);
+    let seen = watch_stream(port);
+    // `ready`, then the resync of the hub's first LISTEN.
+    eventually(Duration::from_secs(30), || {
+        (count(&seen, "ready") == 1 && count(&seen, "resync") >= 1).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the stream opened: {:?}\n{}", seen, tail(&api.output(), 30)));
+    let before = count(&seen, "resync");
+    let name = db.rsplit('/').next().unwrap_or_default();
+    let out = std::process::Command::new("psql")
+        .args([trainyard_e2e::admin_url().as_str(), "-Atqc"])
+        .arg(format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = '{name}' AND query LIKE 'LISTEN%'"
+        ))
+        .output()
+        .expect("psql");
+    let ended: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(ended >= 1, "no LISTEN session to end: {out:?}");
+    eventually(Duration::from_secs(30), || {
+        (count(&seen, "resync") > before).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no resync after the LISTEN session was lost: {:?}\n{}",
+            seen,
+            tail(&api.output(), 30)
+        )
+    });
+    drop(api);
+    let _ = std::fs::remove_dir_all(&data);
+    trainyard_e2e::drop_database(&db);
+}

@@ -13,7 +13,8 @@
 //!
 //! Events (`data` is JSON): `ready` (subscribed: fetch what you show),
 //! `job` `{"id"}`, `executor` `{"id"}`, `progress` `{"job","step"}`, and
-//! `resync` (notifications may have been missed: refetch everything). The
+//! `resync` (notifications may have been missed — the hub's `LISTEN`
+//! session started, or was lost and opened again: refetch everything). The
 //! stream ends when the server shuts down ([`EventHub::close`]), so a
 //! graceful shutdown is not held open by browsers.
 //!
@@ -159,11 +160,17 @@ impl EventHub {
                 continue;
             };
             tokio::select! {
-                n = l.recv() => match n {
-                    Ok(n) => {
+                // `try_recv`, not `recv`: `recv` reconnects a lost session
+                // silently, and what was notified meanwhile is gone unsaid.
+                n = l.try_recv() => match n {
+                    Ok(Some(n)) => {
                         if let Some(change) = change_of(n.channel(), n.payload()) {
                             let _ = self.inner.changes.send(change);
                         }
+                    }
+                    Ok(None) => {
+                        tracing::warn!("event stream: LISTEN session lost and opened again; streams resync");
+                        let _ = self.inner.changes.send(Change::Resync);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "event stream: LISTEN session failed; reconnecting");

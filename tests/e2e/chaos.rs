@@ -21,6 +21,9 @@
 //! `TRAINYARD_CHAOS_SEED=<n>` replays a schedule. The closing summary
 //! (`chaos: … faults injected …`) is printed and written to
 //! `target/chaos-summary.txt`, which `scripts/test` prints at its end.
+//!
+//! Beside it, a focused test of what a lost Postgres session means for the
+//! event stream: open streams are told to resync.
 
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -59,9 +62,11 @@ const STEPS: u64 = 3000;
 /// changes no result.
 const STEP_PAUSE: &str = "*:20";
 
-/// Faults are injected only while every unfinished job is below this share
-/// of its steps, so that each one lands on training that is going on.
-const INJECT_BELOW: f64 = 0.75;
+/// The faults are spread over the first part of training: fault `i` of
+/// `n` comes once the furthest job has done `(i + 1) / (n + 1)` of this
+/// share of its steps (and a random moment more), so that every one lands
+/// on training that is going on, however fast the machine.
+const INJECT_BY: f64 = 0.7;
 
 /// Bounds of the phases (generous: the suite shares two cores with the
 /// other end-to-end tests).
@@ -503,17 +508,15 @@ fn run(
 
     let started = Instant::now();
     let mut injected: Vec<Injected> = Vec::new();
-    for &fault in faults {
-        std::thread::sleep(rng.millis(1000, 3000));
-        // Only while every unfinished job has a good part of its training left.
-        let late = ids
-            .iter()
-            .filter(|id| !["succeeded", "failed", "cancelled"].contains(&chaos.state(id).as_str()))
-            .any(|id| chaos.progress(id) >= INJECT_BELOW);
-        if late {
-            eprintln!("chaos: training is too far along; {fault:?} and the rest are not injected");
-            break;
-        }
+    for (i, &fault) in faults.iter().enumerate() {
+        let mark = INJECT_BY * (i + 1) as f64 / (faults.len() + 1) as f64;
+        eventually(TRAINING, || {
+            ids.iter()
+                .any(|id| chaos.progress(id) >= mark)
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("no job reached {:.0}% of its steps", mark * 100.0));
+        std::thread::sleep(rng.millis(0, 1000));
         let at = started.elapsed();
         match fault {
             Fault::Kill(target) => {
@@ -637,6 +640,11 @@ fn run(
     eprintln!("{summary}");
     let _ = std::fs::write(summary_path(), format!("{summary}\n"));
 
+    assert_eq!(
+        injected.len(),
+        faults.len(),
+        "not every fault of the schedule was injected: {faults:?}"
+    );
     // Every job succeeded, on both platforms.
     for (j, r) in ended.iter().zip(&reference_ended) {
         assert_eq!(j["state"], "succeeded", "under chaos: {j}");

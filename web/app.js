@@ -570,7 +570,7 @@ function drawCluster(root, a) {
     });
     root.append(s);
     const table = el("table", { class: "grid ranges" }, el("thead", {}, el("tr", {}, el("th", { text: "shard" }), el("th", { text: "executor" }), el("th", { text: "parameter ranges (flattened tensor elements)" }))),
-      el("tbody", {}, a.parameter_servers.map((p) => el("tr", {}, el("td", { text: String(p.shard) }), el("td", { text: `${p.executor.name} (${p.executor.state})` }),
+      el("tbody", {}, a.parameter_servers.map((p) => el("tr", {}, el("td", { text: String(p.shard) }), el("td", { text: `${p.executor.name} (${p.executor.state})` + (p.standby ? ` · standby on ${p.standby.name} (${p.standby.state})` : "") }),
         el("td", { text: p.ranges.map((r) => `${r.param} [${r.start}, ${r.end})`).join(", ") })))));
     root.append(table);
   } else {
@@ -638,7 +638,7 @@ function executorsView(main) {
         el("td", { text: e.address }),
         el("td", {}, e.resources.devices.map((d) => el("div", { text: `${d.kind}:${d.index} ${d.name} (${bytes(d.memory_bytes)})` }))),
         el("td", { text: `${e.resources.cpu_cores} cores · ${bytes(e.resources.ram_bytes)}` }),
-        el("td", { class: "roles" }, e.roles.length ? e.roles.map((r) => el("a", { href: "#/jobs/" + r.job_id, title: r.job_id, text: `${r.role === "ps" ? "PS shard" : "worker"} ${r.index} · job ${short(r.job_id)} · g${r.generation}` })) : el("span", { class: "muted", text: "idle" })),
+        el("td", { class: "roles" }, e.roles.length ? e.roles.map((r) => el("a", { href: "#/jobs/" + r.job_id, title: r.job_id, text: `${r.role === "ps" ? (r.standby ? "standby of PS shard" : "PS shard") : "worker"} ${r.index} · job ${short(r.job_id)} · g${r.generation}` })) : el("span", { class: "muted", text: "idle" })),
         hb);
     }));
     $("#executors-empty").hidden = list.executors.length > 0;

@@ -462,8 +462,9 @@ pub async fn executors(args: ExecutorsArgs) -> Result<u8, CliError> {
             .map(|r| {
                 let job = r["job_id"].as_str().unwrap_or("");
                 format!(
-                    "{}{}@{}",
+                    "{}{}{}@{}",
                     r["role"].as_str().unwrap_or("?"),
+                    if r["standby"] == true { "-standby" } else { "" },
                     r["index"],
                     &job[job.len().saturating_sub(6)..]
                 )

@@ -68,6 +68,9 @@ pub struct RoleInfo {
     pub role: RoleKind,
     /// Shard or rank.
     pub index: u32,
+    /// Whether this PS role is its shard's hot standby (jobs with
+    /// `replicas`) rather than the shard itself.
+    pub standby: bool,
     /// Device index, for workers.
     pub device: Option<u32>,
 }
@@ -142,11 +145,19 @@ async fn roles_of(db: &sqlx::PgPool, ids: &[Uuid]) -> ApiResult<HashMap<Uuid, Ve
         .fetch_all(db)
         .await?
     {
+        let role = if r.try_get::<String, _>("role")? == "ps" { RoleKind::Ps } else { RoleKind::Worker };
+        let raw = r.try_get::<i32, _>("index")? as u32;
+        // A standby is stored as a PS row of its own; show its shard.
+        let (index, standby) = match role {
+            RoleKind::Ps => trainyard_common::cluster::ps_index_shard(raw),
+            RoleKind::Worker => (raw, false),
+        };
         out.entry(r.try_get("executor_id")?).or_default().push(RoleInfo {
             job_id: r.try_get("job_id")?,
             generation: r.try_get("generation")?,
-            role: if r.try_get::<String, _>("role")? == "ps" { RoleKind::Ps } else { RoleKind::Worker },
-            index: r.try_get::<i32, _>("index")? as u32,
+            role,
+            index,
+            standby,
             device: r.try_get::<Option<i32>, _>("device")?.map(|d| d as u32),
         });
     }

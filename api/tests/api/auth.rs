@@ -152,14 +152,7 @@ impl World {
     }
 
     async fn call(&self, c: Caller, method: Method, path: &str, body: Option<&Value>) -> Response {
-        let mut req = self.app.client.request(method, self.app.url(path));
-        if let Some(t) = self.token(c) {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        req.send().await.unwrap()
+        self.app.send_as(method, path, self.token(c), body).await
     }
 }
 
@@ -169,25 +162,15 @@ async fn make_token(app: &TestApp, owner: &str, role: &str, extra: Value) -> Val
         body[k] = v.clone();
     }
     let r = app
-        .client
-        .post(app.url("/v1/tokens"))
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+        .send_as(Method::POST, "/v1/tokens", Some(ADMIN), Some(&body))
+        .await;
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
     r.json().await.unwrap()
 }
 
 async fn submit_as(app: &TestApp, token: &str, spec: &Value) -> Response {
-    app.client
-        .post(app.url("/v1/jobs"))
-        .bearer_auth(token)
-        .json(spec)
-        .send()
+    app.send_as(Method::POST, "/v1/jobs", Some(token), Some(spec))
         .await
-        .unwrap()
 }
 
 async fn world() -> World {
@@ -195,13 +178,8 @@ async fn world() -> World {
     let alice = make_token(&app, "alice", "user", json!({})).await;
     let bob = make_token(&app, "bob", "user", json!({})).await;
     let revoked = make_token(&app, "alice", "user", json!({})).await;
-    let r = app
-        .client
-        .delete(app.url(&format!("/v1/tokens/{}", revoked["id"].as_str().unwrap())))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
+    let path = format!("/v1/tokens/{}", revoked["id"].as_str().unwrap());
+    let r = app.send_as(Method::DELETE, &path, Some(ADMIN), None).await;
     assert_eq!(r.status(), 200);
     let expired = make_token(&app, "alice", "user", json!({"expires_in_secs": 1})).await;
     // The one the table's DELETE revokes.
@@ -415,28 +393,14 @@ async fn every_endpoint_allows_exactly_its_callers() {
 
     // The other user's cancel did nothing; the owner's (run last) did.
     let job = w
-        .call(
-            Caller::Admin,
-            Method::GET,
-            &format!("/v1/jobs/{}", w.job),
-            None,
-        )
-        .await
-        .json::<Value>()
-        .await
-        .unwrap();
+        .app
+        .get_json_as(&format!("/v1/jobs/{}", w.job), ADMIN)
+        .await;
     assert_eq!(job["state"], "cancelled", "{job}");
     let events = w
-        .call(
-            Caller::Admin,
-            Method::GET,
-            &format!("/v1/jobs/{}/events", w.job),
-            None,
-        )
-        .await
-        .json::<Value>()
-        .await
-        .unwrap();
+        .app
+        .get_json_as(&format!("/v1/jobs/{}/events", w.job), ADMIN)
+        .await;
     let cancels = events["events"]
         .as_array()
         .unwrap()
@@ -458,17 +422,7 @@ async fn users_see_only_their_own_jobs_and_admins_see_all() {
     let list = |t: String, q: &'static str| {
         let w = &w;
         async move {
-            let v: Value = w
-                .app
-                .client
-                .get(w.app.url(&format!("/v1/jobs{q}")))
-                .bearer_auth(t)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = w.app.get_json_as(&format!("/v1/jobs{q}"), &t).await;
             v["jobs"]
                 .as_array()
                 .unwrap()
@@ -486,17 +440,7 @@ async fn users_see_only_their_own_jobs_and_admins_see_all() {
 
     // whoami says who each token is.
     for (t, user, role) in [(&alice, "alice", "user"), (&bob, "bob", "user")] {
-        let me: Value = w
-            .app
-            .client
-            .get(w.app.url("/v1/whoami"))
-            .bearer_auth(t)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let me = w.app.get_json_as("/v1/whoami", t).await;
         assert_eq!(
             (me["user"].as_str(), me["role"].as_str()),
             (Some(user), Some(role))
@@ -640,24 +584,10 @@ async fn submits_over_the_rate_or_the_waiting_cap_are_429_with_retry_after() {
         submit_as(&app, bob, &digits_spec("bobs")).await.status(),
         201
     );
-    let page: Value = app
-        .client
-        .get(app.url("/v1/jobs"))
-        .bearer_auth(alice)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page = app.get_json_as("/v1/jobs", alice).await;
     let first = page["jobs"][0]["id"].as_str().unwrap().to_owned();
-    let r = app
-        .client
-        .post(app.url(&format!("/v1/jobs/{first}/cancel")))
-        .bearer_auth(alice)
-        .send()
-        .await
-        .unwrap();
+    let path = format!("/v1/jobs/{first}/cancel");
+    let r = app.send_as(Method::POST, &path, Some(alice), None).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         submit_as(&app, alice, &digits_spec("room")).await.status(),
@@ -671,13 +601,8 @@ async fn token_requests_are_validated_field_by_field() {
     let post = |body: Value| {
         let app = &app;
         async move {
-            app.client
-                .post(app.url("/v1/tokens"))
-                .bearer_auth(ADMIN)
-                .json(&body)
-                .send()
+            app.send_as(Method::POST, "/v1/tokens", Some(ADMIN), Some(&body))
                 .await
-                .unwrap()
         }
     };
     for (body, field) in [
@@ -719,37 +644,29 @@ async fn token_requests_are_validated_field_by_field() {
     let ops = make_token(&app, "ops", "admin", json!({})).await;
     assert_eq!(ops["role"], "admin");
     assert!(ops["token"].as_str().unwrap().starts_with("ty_"));
+    let dave = json!({"owner": "dave", "role": "user"});
     let r = app
-        .client
-        .post(app.url("/v1/tokens"))
-        .bearer_auth(ops["token"].as_str().unwrap())
-        .json(&json!({"owner": "dave", "role": "user"}))
-        .send()
-        .await
-        .unwrap();
+        .send_as(
+            Method::POST,
+            "/v1/tokens",
+            ops["token"].as_str(),
+            Some(&dave),
+        )
+        .await;
     assert_eq!(r.status(), 201);
     let made: Value = r.json().await.unwrap();
     assert_eq!(made["created_by"], "ops");
     // Revoking is idempotent; a missing token is a 404.
     let id = made["id"].as_str().unwrap();
-    for _ in 0..2 {
-        let r = app
-            .client
-            .delete(app.url(&format!("/v1/tokens/{id}")))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+    for path in [
+        format!("/v1/tokens/{id}"),
+        format!("/v1/tokens/{id}"),
+        format!("/v1/tokens/{}", uuid::Uuid::now_v7()),
+    ] {
+        let r = app.send_as(Method::DELETE, &path, Some(ADMIN), None).await;
+        let missing = !path.contains(id);
+        assert_eq!(r.status(), if missing { 404 } else { 200 }, "{path}");
     }
-    let r = app
-        .client
-        .delete(app.url(&format!("/v1/tokens/{}", uuid::Uuid::now_v7())))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    assert_problem(r, 404, None).await;
 }
 
 #[tokio::test]
@@ -777,12 +694,8 @@ async fn an_open_server_is_loopback_only_and_everyone_is_admin() {
     );
     // A token that is presented must still be valid.
     let r = app
-        .client
-        .get(app.url("/v1/jobs"))
-        .bearer_auth("made-up")
-        .send()
-        .await
-        .unwrap();
+        .send_as(Method::GET, "/v1/jobs", Some("made-up"), None)
+        .await;
     assert_problem(r, 401, Some("Authorization")).await;
 }
 

@@ -94,6 +94,34 @@ impl TestApp {
             .unwrap()
     }
 
+    /// Sends `method path` with the bearer `token` (none: no header) and a
+    /// JSON `body`.
+    pub async fn send_as(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Response {
+        let mut req = self.client.request(method, self.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// GET `path` with the bearer `token`, as JSON (whatever the status).
+    pub async fn get_json_as(&self, path: &str, token: &str) -> Value {
+        self.send_as(reqwest::Method::GET, path, Some(token), None)
+            .await
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn post_json(&self, path: &str, body: &Value) -> Response {
         self.client
             .post(self.url(path))

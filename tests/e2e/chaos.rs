@@ -12,7 +12,8 @@
 //! kill that hit a job is explained in that job's events (the placement
 //! that repaired it names the executor as lost), and no executor the test
 //! did not kill is declared lost (restarts of the API and of Postgres are
-//! invisible to training).
+//! invisible to training). An event stream kept open through each
+//! Postgres restart is told to resync after it.
 //!
 //! The chaos platform runs on a Postgres cluster of its own
 //! ([`TestPostgres`]), so restarting it disturbs no other test. Executors
@@ -506,6 +507,9 @@ fn run(
         .collect();
     wait_running(chaos, &ids);
 
+    // An open event stream, as the web UI keeps one (opened again after
+    // each API restart): a Postgres restart must make it resync.
+    let mut stream = watch_stream(chaos.port);
     let started = Instant::now();
     let mut injected: Vec<Injected> = Vec::new();
     for (i, &fault) in faults.iter().enumerate() {
@@ -576,6 +580,7 @@ fn run(
                 let down = rng.millis(500, 4500);
                 eprintln!("chaos: {at:.1?}: SIGKILL the API, down for {down:.1?}");
                 chaos.restart_api(down);
+                stream = watch_stream(chaos.port);
                 injected.push(Injected {
                     fault,
                     victim: None,
@@ -584,6 +589,12 @@ fn run(
             Fault::Postgres(mode) => {
                 let down = rng.millis(500, 3000);
                 eprintln!("chaos: {at:.1?}: Postgres stops ({mode}), down for {down:.1?}");
+                // The stream is open and has had the resync of its hub's start.
+                eventually(RECOVERY, || {
+                    (count(&stream, "ready") == 1 && count(&stream, "resync") >= 1).then_some(())
+                })
+                .unwrap_or_else(|| panic!("the event stream did not open: {stream:?}"));
+                let resyncs = count(&stream, "resync");
                 pg.stop(mode).unwrap();
                 std::thread::sleep(down);
                 pg.start_again().unwrap();
@@ -593,6 +604,10 @@ fn run(
                     RECOVERY,
                 )
                 .unwrap_or_else(|e| panic!("the API is not ready after Postgres came back: {e}"));
+                eventually(RECOVERY, || (count(&stream, "resync") > resyncs).then_some(()))
+                    .unwrap_or_else(|| {
+                        panic!("the open event stream was not told to resync after Postgres came back: {stream:?}")
+                    });
                 injected.push(Injected {
                     fault,
                     victim: None,
@@ -707,7 +722,7 @@ fn run(
 }
 
 /// The names of the events `/v1/events/stream` of the API on `port` sends,
-/// collected by a thread until the stream ends.
+/// collected by a thread until the stream ends (the API stops).
 fn watch_stream(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
     use std::io::BufRead;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -160,7 +160,7 @@ impl EventHub {
                 continue;
             };
             tokio::select! {
-                // `try_recv`, not `recv`: `recv` reconnects a lost session
+                // `try_recv`, not `recv`: `recv` reopens a lost session
                 // silently, and what was notified meanwhile is gone unsaid.
                 n = l.try_recv() => match n {
                     Ok(Some(n)) => {
@@ -169,8 +169,11 @@ impl EventHub {
                         }
                     }
                     Ok(None) => {
-                        tracing::warn!("event stream: LISTEN session lost and opened again; streams resync");
-                        let _ = self.inner.changes.send(Change::Resync);
+                        // Opened again above, and only then do the streams
+                        // resync: what changes before the new LISTEN is
+                        // covered by the refetch.
+                        tracing::warn!("event stream: LISTEN session lost; reconnecting");
+                        listener = None;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "event stream: LISTEN session failed; reconnecting");
@@ -216,6 +219,11 @@ impl EventHub {
 
 async fn connect(db: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut l = PgListener::connect_with(db).await?;
+    // A lost session makes `try_recv` return `None` at once instead of
+    // being reopened inside it: that reopening waits for the pool (long
+    // while Postgres is down), and the `select!` in `run` would cancel it
+    // and with it the only sign that notifications were missed.
+    l.eager_reconnect(false);
     l.listen_all([JOB_CHANNEL, EXECUTOR_CHANNEL]).await?;
     Ok(l)
 }

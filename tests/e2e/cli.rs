@@ -434,3 +434,119 @@ fn cli_errors_are_one_clear_line_and_a_non_zero_exit() {
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     assert!(text(&o.stderr).contains("is not a job id"), "{}", show(&o));
 }
+
+/// A TLS server in Python that answers every GET with a `whoami` body
+/// naming the bearer token it was sent.
+const TLS_SERVER: &str = r#"
+import http.server, json, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"user": "via-tls", "role": "user", "token_id": None, "open": False,
+                           "seen": self.headers.get("Authorization")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", int(sys.argv[3])), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+s.socket = ctx.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+"#;
+
+/// The client speaks TLS to an `https://` API (behind a TLS-terminating
+/// proxy, tokens do not cross the network in clear) and checks the
+/// server's certificate against the system's roots, or `SSL_CERT_FILE`.
+#[test]
+fn cli_reaches_an_https_api_and_checks_its_certificate() {
+    let dir = std::env::temp_dir().join(format!("trainyard-cli-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let o = Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("openssl (scripts/test installs it)");
+        assert!(o.status.success(), "openssl {args:?}: {}", show(&o));
+    };
+    // A private CA, and a certificate it signs for 127.0.0.1.
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=trainyard-test-ca",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let port = free_port().unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", TLS_SERVER, "leaf.pem", "leaf.key", &port.to_string()])
+        .current_dir(&dir);
+    let _server = Proc::spawn(cmd).unwrap();
+    let api = format!("https://127.0.0.1:{port}");
+    let whoami = |ca: Option<&str>| {
+        let mut cmd = Command::new(binary("trainyard").unwrap());
+        cmd.args(["whoami", "--api", &api, "--token", "tls-token"])
+            .env_remove("SSL_CERT_FILE");
+        if let Some(ca) = ca {
+            cmd.env("SSL_CERT_FILE", dir.join(ca));
+        }
+        cmd.output().unwrap()
+    };
+    // Trusting the private CA: the request goes through, token and all.
+    let ok = eventually(Duration::from_secs(30), || {
+        let o = whoami(Some("ca.pem"));
+        o.status.success().then_some(o)
+    })
+    .expect("whoami over TLS");
+    assert_eq!(text(&ok.stdout).trim(), "via-tls (user)", "{}", show(&ok));
+    // Without it the certificate is refused, and the error says so.
+    let o = whoami(None);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(text(&o.stderr).contains("certificate"), "{}", show(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

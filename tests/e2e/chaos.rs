@@ -148,7 +148,8 @@ enum Fault {
 
 /// The seeded schedule: four executor kills (a ring rank, a PS shard, a
 /// PS worker, and one more of any kind), two API restarts, and two
-/// Postgres restarts (one `fast`, one `immediate`), in a random order.
+/// Postgres restarts (one `fast`, one `immediate`), in a random order. A
+/// kill waits until the previous victim has been declared lost.
 fn schedule(rng: &mut Rng) -> Vec<Fault> {
     let targets = [Target::RingRank, Target::PsShard, Target::PsWorker];
     let extra = targets[rng.below(3) as usize];
@@ -524,6 +525,18 @@ fn run(
         let at = started.elapsed();
         match fault {
             Fault::Kill(target) => {
+                // The previous victim is declared lost first: two deaths the
+                // scheduler notices in one round would leave the second's
+                // roles unnamed when the first releases the job they share.
+                if let Some((previous, _)) = injected.iter().rev().find_map(|i| i.victim.as_ref()) {
+                    eventually(RECOVERY, || {
+                        chaos.get("/v1/executors?state=lost")["executors"]
+                            .as_array()
+                            .is_some_and(|a| a.iter().any(|e| e["name"] == previous.as_str()))
+                            .then_some(())
+                    })
+                    .unwrap_or_else(|| panic!("{previous} was not declared lost"));
+                }
                 let live: Vec<String> = ids
                     .iter()
                     .filter(|id| {

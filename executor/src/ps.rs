@@ -39,9 +39,21 @@
 //! ([`crate::roles`] keys PS state by shard, primary or standby alike),
 //! which serves the workers from the version they were at; a worker whose
 //! push was lost with the old primary pulls that version again and
-//! recomputes the same gradient from the same data. If the standby cannot
-//! be reached the shard stops publishing versions until it can, or until
-//! the next generation assigns another standby (or none).
+//! recomputes the same gradient from the same data. With several shards
+//! in sync mode the others may have completed the next version: a worker
+//! keeps its last step's gradient ([`LastStep`], across generations) and
+//! pushes it again to the shards that are behind before it pulls (one
+//! that has none pushes a zero gradient over no samples), and never trains
+//! on shards at different versions. A push is acknowledged — and a
+//! checkpoint of its update taken — only once the standby has the update.
+//! If the standby cannot be reached the shard stops publishing versions
+//! until it can, until the next generation assigns another standby (or
+//! none), or for at most [`STANDBY_GIVE_UP`]: then it gives the standby up
+//! for the rest of the generation, says so in an error-level line of the
+//! job's log, and publishes unreplicated. A standby promoted before it
+//! received any state says so at error level too. Not covered: in async
+//! and bounded modes an update the standby applied whose acknowledgement
+//! died with the primary is recomputed and applied again.
 //!
 //! A **worker** pulls every shard concurrently, computes its gradient on its
 //! share of the global batch (the data cursor travels with the shard
@@ -52,7 +64,7 @@
 
 use crate::checkpoint::{Policy, Snapshot, Storage, Uploader};
 use crate::report::Item;
-use crate::train::data::{self, Cursor};
+use crate::train::data::Cursor;
 use crate::train::optim::{slice_norm, FlatOptimizer, SliceOptimizer};
 use crate::train::{self, Replica, TrainError};
 use std::collections::BTreeSet;
@@ -83,6 +95,11 @@ pub const STANDBY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Least time between two attempts to reach an unreachable standby (each
 /// holds the shard's lock while it waits).
 pub const STANDBY_RETRY: Duration = Duration::from_millis(500);
+
+/// How long a shard keeps failing to reach its standby before it gives it
+/// up for the rest of the generation (an error-level line in the job's
+/// log says so) and publishes its versions unreplicated.
+pub const STANDBY_GIVE_UP: Duration = Duration::from_secs(30);
 
 /// One shard's state; it outlives generations on its executor.
 pub struct Shard {
@@ -121,6 +138,9 @@ pub struct Shard {
     unreplicated: bool,
     /// The gradient sum of a sync update for the standby (reused).
     sum: Vec<f32>,
+    /// Kept by a standby (set when its generation ends): a shard server
+    /// that takes it over is the promoted standby.
+    was_standby: bool,
 }
 
 impl Shard {
@@ -148,6 +168,7 @@ impl Shard {
             drain_asked: false,
             unreplicated: false,
             sum: Vec::new(),
+            was_standby: false,
         }
     }
 
@@ -237,6 +258,9 @@ struct Served {
     uploader: Option<Uploader>,
     /// The link to this shard's standby, where it has one.
     standby: Option<Mutex<StandbyLink>>,
+    /// The role's report channel (a standby given up is logged there).
+    tx: UnboundedSender<Item>,
+    job: uuid::Uuid,
 }
 
 /// A shard's connection to its standby.
@@ -251,6 +275,10 @@ struct StandbyLink {
     synced: bool,
     /// When the last attempt failed.
     failed_at: Option<Instant>,
+    /// Since when every attempt failed.
+    failing_since: Option<Instant>,
+    /// Given up for this generation after [`STANDBY_GIVE_UP`] of failures.
+    abandoned: bool,
     /// Messages it acknowledged, and failures, for the log.
     acked: u64,
     failures: u64,
@@ -434,6 +462,10 @@ fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBo
         return;
     }
     let mut link = link.lock().unwrap_or_else(|p| p.into_inner());
+    if link.abandoned {
+        s.unreplicated = false;
+        return;
+    }
     // An update the standby cannot follow (it missed an earlier one) is
     // sent as the whole state.
     let change = if s.unreplicated {
@@ -443,6 +475,7 @@ fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBo
     };
     match link.send(s, change, stop) {
         Ok(()) => {
+            link.failing_since = None;
             if s.unreplicated {
                 tracing::info!(
                     shard = served.index,
@@ -453,6 +486,23 @@ fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBo
             s.unreplicated = false;
         }
         Err(e) => {
+            let since = *link.failing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= STANDBY_GIVE_UP {
+                // Bounded: the job goes on, and says plainly what it lost.
+                link.abandoned = true;
+                s.unreplicated = false;
+                let msg = format!(
+                    "PS shard {}: its standby at {} has been unreachable for {} s ({e}); the shard goes on WITHOUT a standby for the rest of generation {}: versions from {} on are not replicated and are lost if this executor is",
+                    served.index,
+                    link.address,
+                    since.elapsed().as_secs(),
+                    link.generation,
+                    s.version
+                );
+                tracing::error!(job = %served.job, "{msg}");
+                let _ = served.tx.send(Item::Log(LogLevel::Error, msg));
+                return;
+            }
             if !s.unreplicated {
                 tracing::warn!(
                     shard = served.index,
@@ -500,6 +550,18 @@ pub fn serve_shard(
         Some(s) if s.ranges == me.ranges => s,
         _ => Shard::new(a, me.ranges.clone()),
     };
+    if std::mem::take(&mut shard.was_standby) && shard.weights.is_none() {
+        // Promoted before its primary ever reached it: whatever the
+        // primary applied is gone; the values come from the newest
+        // checkpoint, else from rank 0's newest pull.
+        log(
+            LogLevel::Error,
+            format!(
+                "PS shard {} was promoted from a standby that never received the shard's state (generation {}): updates its primary applied are lost; the shard restarts from the newest checkpoint or rank 0's newest pull",
+                a.key.index, a.key.generation
+            ),
+        );
+    }
     // A shard without values (a new PS executor, or the whole fleet was
     // lost) takes its ranges from the newest committed checkpoint.
     if let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
@@ -569,6 +631,8 @@ pub fn serve_shard(
         shards: primaries.len() as u32,
         numel,
         uploader,
+        tx: tx.clone(),
+        job: a.key.job_id,
         standby: standby.map(|p| {
             Mutex::new(StandbyLink {
                 job: a.key.job_id,
@@ -579,15 +643,16 @@ pub fn serve_shard(
                 stream: None,
                 synced: false,
                 failed_at: None,
+                failing_since: None,
+                abandoned: false,
                 acked: 0,
                 failures: 0,
             })
         }),
     });
-    if served.standby.is_some() {
-        let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
-        replicate(&served, &mut s, Change::Whole, stop);
-    }
+    // The standby gets the whole state when it is first needed (the first
+    // pull or push), not here: an unreachable standby must not keep the
+    // shard from registering its endpoint.
     let endpoint = plane.register(
         EndpointKey {
             job: a.key.job_id,
@@ -738,7 +803,8 @@ pub fn serve_standby(
         }
     });
     drop(endpoint);
-    let shard = shared.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut shard = shared.into_inner().unwrap_or_else(|p| p.into_inner());
+    shard.was_standby = true;
     log(
         LogLevel::Info,
         format!(
@@ -969,7 +1035,12 @@ fn connection(
             Kind::Push => {
                 ps::read_payload(&mut r, &h, len, &mut buf)?;
                 served.bytes_in.fetch_add(len as u64 * 4, Ordering::Relaxed);
-                let (accepted, version, snap, ask) = push(served, from, &h, &buf, stop);
+                let Some((accepted, version, snap, ask)) = push(served, from, &h, &buf, stop)
+                else {
+                    return Err(WireError::Protocol(
+                        "stopped before the standby acknowledged the update".into(),
+                    ));
+                };
                 let mut out =
                     Header::new(if accepted { Kind::Ack } else { Kind::Reject }, generation);
                 out.version = version;
@@ -997,12 +1068,31 @@ fn push(
     h: &Header,
     grad: &[f32],
     stop: &AtomicBool,
-) -> (bool, u64, Option<Snapshot>, bool) {
+) -> Option<(bool, u64, Option<Snapshot>, bool)> {
     let mut s = served.shard.lock().unwrap_or_else(|p| p.into_inner());
     let before = s.version;
     let accepted = take(&mut s, served, from, h, grad, stop);
     if accepted && h.checkpoint != 0 {
         s.checkpoint_at = Some(h.checkpoint);
+    }
+    // An update is acknowledged (and checkpointed) only once its standby
+    // has it — or the standby was given up ([`STANDBY_GIVE_UP`]), which
+    // bounds this wait.
+    while s.version > before && s.unreplicated && !stop.load(Ordering::Relaxed) {
+        replicate(served, &mut s, Change::Whole, stop);
+        if s.unreplicated {
+            s = served
+                .changed
+                .wait_timeout(s, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        } else {
+            served.changed.notify_all();
+        }
+    }
+    if s.version > before && s.unreplicated {
+        // Stopping with an update its standby does not have: no answer.
+        return None;
     }
     // The update the flagged push was part of is applied: checkpoint it.
     let snap = if s.version > before {
@@ -1017,7 +1107,7 @@ fn push(
     if ask && from == 0 {
         s.drain_asked = true;
     }
-    (accepted, s.version, snap, ask && from == 0)
+    Some((accepted, s.version, snap, ask && from == 0))
 }
 
 fn take(
@@ -1231,8 +1321,26 @@ impl Link {
 /// What a PS worker's step measured.
 struct Exchange {
     versions: Vec<u64>,
+    /// Each shard's data cursor.
+    cursors: Vec<Cursor>,
     cursor: Cursor,
     bytes: u64,
+}
+
+/// A sync PS worker's last step, kept across generations on its device:
+/// the gradient slice it pushed to each shard, computed at `version`, and
+/// what the pushes carried. When a lost primary left its (promoted) shard
+/// at `version` while the other shards moved on to `version + 1`, the
+/// worker pushes the slice again to the shards that are behind (a sync
+/// shard takes one push per worker and version, so nothing is applied
+/// twice) before it pulls: the shards never end at different versions.
+pub struct LastStep {
+    version: u64,
+    slices: Vec<Vec<f32>>,
+    samples: u64,
+    lr: f64,
+    next: Cursor,
+    checkpoint: u64,
 }
 
 /// Runs a PS worker for one generation. `replica` carries the model (and
@@ -1242,6 +1350,7 @@ pub fn work(
     rank: u32,
     device: tch::Device,
     replica: &mut Option<Replica>,
+    last_step: &mut Option<LastStep>,
     stop: &AtomicBool,
     tx: &UnboundedSender<Item>,
 ) -> Result<Option<train::Outcome>, TrainError> {
@@ -1352,6 +1461,25 @@ pub fn work(
         let mut comm = pulled.elapsed().as_secs_f64();
         let mut comm_bytes = ex.bytes;
         let version = ex.versions[0];
+        if consistency == Consistency::Sync && ex.versions.iter().any(|v| *v != version) {
+            // A lost primary left its shard a version behind the others:
+            // it gets this version's gradients again, then all are pulled
+            // at the same version.
+            let hi = catch_up(
+                &mut links,
+                &ex,
+                last_step,
+                generation,
+                &map,
+                a,
+                rank,
+                rep.total_steps(world),
+                stop,
+                &log,
+            )?;
+            expect.fill(hi);
+            continue;
+        }
         if consistency == Consistency::Sync {
             rep.step = version;
             rep.cursor = ex.cursor;
@@ -1409,18 +1537,38 @@ pub fn work(
         }
         let pushed = Instant::now();
         let skipped_before = accepted.clone();
-        let acks = exchange_push(
-            &mut links,
-            &ex.versions,
-            &accepted,
-            generation,
-            &map,
-            &grad,
-            &b,
+        let step = LastStep {
+            version,
+            slices: (0..links.len())
+                .map(|s| {
+                    if accepted[s] {
+                        Vec::new()
+                    } else {
+                        map.gather(s, &grad)
+                    }
+                })
+                .collect(),
+            samples: b.samples as u64,
             lr,
-            flag.unwrap_or(0),
-            stop,
-        )?;
+            next: b.next,
+            checkpoint: flag.unwrap_or(0),
+        };
+        let headers: Vec<Option<Header>> = ex
+            .versions
+            .iter()
+            .zip(&accepted)
+            .map(|(v, skip)| (!skip).then(|| step.header(generation, *v)))
+            .collect();
+        let acks = exchange_push(&mut links, &headers, &step.slices, generation, stop);
+        if consistency == Consistency::Sync {
+            *last_step = Some(step);
+        }
+        let mut acks = acks?;
+        for ((h, skipped), v) in acks.iter_mut().zip(&skipped_before).zip(&ex.versions) {
+            if *skipped {
+                h.version = v + 1;
+            }
+        }
         asked |= acks
             .iter()
             .any(|h| h.kind == Kind::Ack && h.checkpoint != 0);
@@ -1606,6 +1754,7 @@ fn apply_pull(
     rep: &mut Replica,
 ) -> Result<Exchange, TrainError> {
     let mut versions = Vec::new();
+    let mut cursors = Vec::new();
     let mut cursor = Cursor::default();
     let mut bytes = 0;
     for (s, r) in results.into_iter().enumerate() {
@@ -1622,60 +1771,151 @@ fn apply_pull(
             at += n;
         }
         bytes += map.lens[s] as u64 * 4;
+        let at = Cursor {
+            epoch: h.epoch,
+            offset: h.offset,
+        };
         if s == 0 {
-            cursor = Cursor {
-                epoch: h.epoch,
-                offset: h.offset,
-            };
+            cursor = at;
         }
+        cursors.push(at);
         versions.push(h.version);
     }
     Ok(Exchange {
         versions,
+        cursors,
         cursor,
         bytes,
     })
 }
 
+impl LastStep {
+    /// The push of this step's slice to a shard at `version`.
+    fn header(&self, generation: i64, version: u64) -> Header {
+        let mut h = Header::new(Kind::Push, generation);
+        h.version = version;
+        h.samples = self.samples;
+        h.lr = self.lr;
+        h.checkpoint = self.checkpoint;
+        (h.epoch, h.offset) = (self.next.epoch, self.next.offset);
+        h
+    }
+}
+
+/// Sync: brings the shards that are a version behind the others (a lost
+/// primary's promoted standby) to the others' version by pushing them
+/// this worker's gradient of that version again — or, where this worker
+/// has none (it joined since, or its last step was another version), a
+/// zero gradient over no samples, which counts it as a contributor and
+/// changes neither the sum nor the samples. Returns the version all shards
+/// are to be pulled at.
 #[allow(clippy::too_many_arguments)]
-fn exchange_push(
+fn catch_up(
     links: &mut [Link],
-    versions: &[u64],
-    skip: &[bool],
+    ex: &Exchange,
+    last_step: &Option<LastStep>,
     generation: i64,
     map: &ShardMap,
-    grad: &[f32],
-    b: &data::Batch,
-    lr: f64,
-    checkpoint: u64,
+    a: &Assignment,
+    rank: u32,
+    total: u64,
+    stop: &AtomicBool,
+    log: &dyn Fn(LogLevel, String),
+) -> Result<u64, TrainError> {
+    let lo = ex.versions.iter().copied().min().unwrap_or(0);
+    let (ahead, hi) = ex
+        .versions
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by_key(|(_, v)| *v)
+        .unwrap_or((0, 0));
+    if hi > lo + 1 {
+        return Err(TrainError::Unsupported(format!(
+            "the PS shards are at versions {:?}: more than one version apart, which sync training cannot reconcile",
+            ex.versions
+        )));
+    }
+    let mine = last_step
+        .as_ref()
+        .filter(|l| l.version == lo && l.slices.len() == links.len())
+        .filter(|l| {
+            ex.versions
+                .iter()
+                .zip(&l.slices)
+                .zip(&map.lens)
+                .all(|((v, sl), n)| *v != lo || sl.len() == *n)
+        });
+    let zeros: Vec<Vec<f32>>;
+    let (step, slices) = match mine {
+        Some(l) => (
+            LastStep {
+                slices: Vec::new(),
+                ..*l
+            },
+            &l.slices,
+        ),
+        None => {
+            zeros = map.lens.iter().map(|n| vec![0.0; *n]).collect();
+            (
+                LastStep {
+                    version: lo,
+                    slices: Vec::new(),
+                    samples: 0,
+                    lr: train::learning_rate(&a.spec, lo + 1, total),
+                    next: ex.cursors[ahead],
+                    checkpoint: 0,
+                },
+                &zeros,
+            )
+        }
+    };
+    let behind: Vec<usize> = (0..links.len()).filter(|s| ex.versions[*s] == lo).collect();
+    log(
+        LogLevel::Warn,
+        format!(
+            "worker {rank}: PS shard(s) {behind:?} are at version {lo}, the others at {hi} (a lost primary's standby): {} them this worker's gradient of version {lo} again",
+            if mine.is_some() { "pushing" } else { "it has none; pushing" }
+        ),
+    );
+    let headers: Vec<Option<Header>> = ex
+        .versions
+        .iter()
+        .map(|v| (*v == lo).then(|| step.header(generation, lo)))
+        .collect();
+    let acks = exchange_push(links, &headers, slices, generation, stop)?;
+    for (s, h) in acks.iter().enumerate() {
+        if ex.versions[s] == lo && h.kind != Kind::Ack {
+            return Err(TrainError::Unsupported(format!(
+                "PS shard {s} answered {:?} to version {lo}'s gradient while the others are at {hi}",
+                h.kind
+            )));
+        }
+    }
+    Ok(hi)
+}
+
+/// Pushes `payloads[s]` with `headers[s]` to every shard that has a header
+/// (the others took this batch already: acknowledged as they are).
+fn exchange_push(
+    links: &mut [Link],
+    headers: &[Option<Header>],
+    payloads: &[Vec<f32>],
+    generation: i64,
     stop: &AtomicBool,
 ) -> Result<Vec<Header>, TrainError> {
     let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
         let joins: Vec<_> = links
             .iter_mut()
-            .enumerate()
-            .map(|(s, link)| {
-                let mut h = Header::new(Kind::Push, generation);
-                h.version = versions[s];
-                h.samples = b.samples as u64;
-                h.lr = lr;
-                h.checkpoint = checkpoint;
-                (h.epoch, h.offset) = (b.next.epoch, b.next.offset);
-                let skipped = skip[s];
-                let payload = if skipped {
-                    Vec::new()
-                } else {
-                    map.gather(s, grad)
-                };
-                scope.spawn(move || {
-                    if skipped {
-                        // Took this batch already: nothing to send, and no
-                        // staleness to count again.
-                        let mut ack = Header::new(Kind::Ack, generation);
-                        ack.version = h.version + 1;
-                        return Ok(ack);
-                    }
-                    link.call(h, &payload, 0, stop)
+            .zip(headers)
+            .zip(payloads)
+            .map(|((link, h), payload)| {
+                let h = *h;
+                scope.spawn(move || match h {
+                    // Took this batch already: nothing to send, and no
+                    // staleness to count again.
+                    None => Ok(Header::new(Kind::Ack, generation)),
+                    Some(h) => link.call(h, payload, 0, stop),
                 })
             })
             .collect();
@@ -1747,9 +1987,14 @@ mod tests {
 
     /// A connection to `to` as `from`, speaking the PS protocol.
     fn dial(plane: &DataPlane, from: u32, to: u32) -> TcpStream {
+        dial_at(plane, from, to, 3)
+    }
+
+    /// [`dial`] in `generation`.
+    fn dial_at(plane: &DataPlane, from: u32, to: u32, generation: i64) -> TcpStream {
         let hello = Hello {
             job: uuid::Uuid::from_u128(7),
-            generation: 3,
+            generation,
             kind: RoleKind::ParameterServer as u8,
             from,
             to,
@@ -1856,6 +2101,121 @@ mod tests {
             let want = if consistency == "sync" { 3 } else { 6 };
             assert_eq!(shard.version, want, "{consistency}");
         }
+    }
+
+    /// The primary dies after its standby applied an update but before
+    /// the last worker read its acknowledgement: the standby, promoted (it
+    /// becomes the shard on its executor at the next generation), serves
+    /// the version the primary had reached, with the primary's very bits;
+    /// the worker's push of the version already applied is refused, never
+    /// applied twice; and the shard trains on. A standby promoted before
+    /// it ever received state says so in an error-level line.
+    #[test]
+    fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice() {
+        let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+        let primary = assignment(&plane, 0, json!("sync"));
+        let standby = assignment(&plane, STANDBY_INDEX_BASE, json!("sync"));
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let stop = AtomicBool::new(false);
+        let init: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
+        let push_at = |version: u64, r: u32, generation: i64| {
+            let mut push = Header::new(Kind::Push, generation);
+            push.version = version;
+            push.samples = 4;
+            push.lr = 0.01;
+            (push.epoch, push.offset) = (0, (version + 1) * 8);
+            (push, grad(version as u32 * 2 + r))
+        };
+        let (dead, copy) = std::thread::scope(|scope| {
+            let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
+            let pr = scope
+                .spawn(|| serve_shard(&primary, &stop, &tx, &plane, None, Err("no store".into())));
+            let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
+            let mut buf = Vec::new();
+            call(&mut w[0], Header::new(Kind::Init, 3), &init, &mut buf);
+            let (h, g) = push_at(0, 0, 3);
+            assert_eq!(call(&mut w[0], h, &g, &mut buf).kind, Kind::Ack);
+            // The last push completes version 1; its answer is never read.
+            let (h, g) = push_at(0, 1, 3);
+            ps::write(&mut w[1], h, &g).unwrap();
+            // Version 1 exists once the standby has it.
+            let mut pull = Header::new(Kind::Pull, 3);
+            pull.version = 1;
+            assert_eq!(call(&mut w[0], pull, &[], &mut buf).version, 1);
+            stop.store(true, Ordering::Relaxed);
+            (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
+        });
+        assert_eq!((dead.version, copy.version), (1, 1));
+
+        // Generation 4: the standby's executor holds the shard, no standby.
+        let mut promoted = assignment(&plane, 0, json!("sync"));
+        promoted.key.generation = 4;
+        promoted.parameter_servers.retain(|p| p.shard == 0);
+        let stop = AtomicBool::new(false);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let shard = std::thread::scope(|scope| {
+            let sh = scope.spawn(|| {
+                serve_shard(
+                    &promoted,
+                    &stop,
+                    &tx,
+                    &plane,
+                    Some(copy),
+                    Err("no store".into()),
+                )
+            });
+            let mut w: Vec<TcpStream> = (0..2).map(|r| dial_at(&plane, r, 0, 4)).collect();
+            let mut buf = Vec::new();
+            let got = call(&mut w[1], Header::new(Kind::Pull, 4), &[], &mut buf);
+            assert_eq!((got.kind, got.version), (Kind::Weights, 1));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&buf), bits(dead.weights.as_ref().unwrap()));
+            // The push whose acknowledgement was lost, again: refused.
+            let (h, g) = push_at(0, 1, 4);
+            let again = call(&mut w[1], h, &g, &mut buf);
+            assert_eq!((again.kind, again.version), (Kind::Reject, 1));
+            // Training goes on from version 1.
+            for (r, link) in w.iter_mut().enumerate() {
+                let (h, g) = push_at(1, r as u32, 4);
+                assert_eq!(call(link, h, &g, &mut buf).kind, Kind::Ack);
+            }
+            let mut pull = Header::new(Kind::Pull, 4);
+            pull.version = 2;
+            assert_eq!(call(&mut w[0], pull, &[], &mut buf).version, 2);
+            stop.store(true, Ordering::Relaxed);
+            sh.join().unwrap().unwrap()
+        });
+        assert_eq!((shard.version, shard.applied), (2, 2));
+        let mut errors = || {
+            let mut out = Vec::new();
+            while let Ok(item) = rx.try_recv() {
+                if let Item::Log(LogLevel::Error, m) = item {
+                    out.push(m);
+                }
+            }
+            out
+        };
+        assert!(errors().is_empty());
+
+        // A standby that never got its shard's state, promoted.
+        let mut empty = Shard::new(&promoted, shard.ranges.clone());
+        empty.was_standby = true;
+        let stop = AtomicBool::new(true);
+        serve_shard(
+            &promoted,
+            &stop,
+            &tx,
+            &plane,
+            Some(empty),
+            Err("no store".into()),
+        );
+        let errors = errors();
+        assert!(
+            errors
+                .iter()
+                .any(|m| m.contains("never received the shard's state")),
+            "{errors:?}"
+        );
     }
 
     /// A whole state sent out of order, or a payload of the wrong length,

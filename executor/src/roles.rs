@@ -65,6 +65,9 @@ struct Parked {
     replica: Option<Replica>,
     broke_at: Option<Instant>,
     shard: Option<crate::ps::Shard>,
+    /// A PS worker's last sync step (its gradient per shard), for shards
+    /// a lost primary left a version behind.
+    ps_step: Option<crate::ps::LastStep>,
 }
 
 /// Whose state a hand-over carries: a worker's (by device) or a PS shard's
@@ -344,6 +347,7 @@ fn worker(
     let Parked {
         mut replica,
         mut broke_at,
+        ps_step,
         ..
     } = parked;
     let log = |level, msg: String| {
@@ -392,7 +396,7 @@ fn worker(
         ),
     );
     if a.strategy == Strategy::ParameterServer {
-        return ps_worker(&a, rank, device, replica, &stop, &tx, &storage);
+        return ps_worker(&a, rank, device, replica, ps_step, &stop, &tx, &storage);
     }
     let mut ckpt = match &storage {
         Ok(s) => Some(Checkpointing {
@@ -462,6 +466,7 @@ fn worker(
                 replica,
                 broke_at,
                 shard: None,
+                ps_step: None,
             };
         }
         let mut ring = if world == 1 {
@@ -481,6 +486,7 @@ fn worker(
                             replica,
                             broke_at,
                             shard: None,
+                            ps_step: None,
                         };
                     }
                     continue;
@@ -589,6 +595,7 @@ fn worker(
                         replica,
                         broke_at,
                         shard: None,
+                        ps_step: None,
                     };
                 }
                 // The other ranks stay joinable until the job ends: if rank
@@ -600,6 +607,7 @@ fn worker(
                         replica,
                         broke_at,
                         shard: None,
+                        ps_step: None,
                     };
                 }
             }
@@ -609,6 +617,7 @@ fn worker(
                     replica,
                     broke_at,
                     shard: None,
+                    ps_step: None,
                 };
             }
             Err(TrainError::Ring(e)) => {
@@ -618,6 +627,7 @@ fn worker(
                         replica,
                         broke_at,
                         shard: None,
+                        ps_step: None,
                     };
                 }
                 broke_at.get_or_insert_with(Instant::now);
@@ -634,6 +644,7 @@ fn worker(
                         replica,
                         broke_at,
                         shard: None,
+                        ps_step: None,
                     };
                 }
             }
@@ -644,11 +655,13 @@ fn worker(
 
 /// A PS worker's life in one generation: trains until done, retrying when a
 /// shard is unreachable (until the scheduler's next generation).
+#[allow(clippy::too_many_arguments)]
 fn ps_worker(
     a: &Assignment,
     rank: u32,
     device: tch::Device,
     mut replica: Option<Replica>,
+    mut ps_step: Option<crate::ps::LastStep>,
     stop: &AtomicBool,
     tx: &UnboundedSender<Item>,
     storage: &Result<Arc<Storage>, String>,
@@ -661,28 +674,33 @@ fn ps_worker(
         if stop.load(Ordering::Relaxed) {
             return Parked {
                 replica,
+                ps_step,
                 ..Parked::default()
             };
         }
-        let result = guarded(|| crate::ps::work(a, rank, device, &mut replica, stop, tx));
+        let result =
+            guarded(|| crate::ps::work(a, rank, device, &mut replica, &mut ps_step, stop, tx));
         match result {
             // The finished model is kept for a generation that may still come.
             Ok(Some(out)) => {
                 finish(a, &out, storage, tx);
                 return Parked {
                     replica,
+                    ps_step,
                     ..Parked::default()
                 };
             }
             Ok(None) => {
                 return Parked {
                     replica,
+                    ps_step,
                     ..Parked::default()
                 }
             }
             Err(TrainError::Stopped) => {
                 return Parked {
                     replica,
+                    ps_step,
                     ..Parked::default()
                 }
             }
@@ -696,6 +714,7 @@ fn ps_worker(
                 if pause(Duration::from_millis(500), stop) {
                     return Parked {
                         replica,
+                        ps_step,
                         ..Parked::default()
                     };
                 }

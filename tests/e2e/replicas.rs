@@ -1,7 +1,15 @@
 //! Replicated parameter-server shards (`replicas: 1`): a sync-mode PS job
-//! whose shard primary's executor is SIGKILLed mid-training continues on the
-//! shard's standby, which the scheduler promotes, and ends with the very
-//! weights of the same job run without faults — no update was lost.
+//! (one shard, and two shards) whose shard primary's executor is SIGKILLed
+//! mid-training continues on the shard's standby, which the scheduler
+//! promotes, and ends with the very weights of the same job run without
+//! faults — no update was lost, and with two shards the one that survived
+//! never runs a version ahead of the promoted one for good.
+//!
+//! The executors declare two RAM sizes so that placement is determined by
+//! the planner's rules, not by tie-breaking: workers go best-fit (the small
+//! executors), shards where the most RAM is (the big ones). The test still
+//! picks as its victim an executor that holds a shard primary and no worker
+//! (the data split must not change), and says so if none does.
 
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
@@ -20,13 +28,15 @@ struct Platform {
 }
 
 impl Platform {
-    /// An API that declares an executor lost after 10 silent 200 ms beats.
+    /// An API that declares an executor lost after 40 silent 200 ms beats
+    /// (8 s: a busy CI machine must not make a live worker look lost,
+    /// which would change the data split).
     fn start() -> Platform {
         let db = fresh_database().unwrap();
         let port = free_port().unwrap();
         let data =
             std::env::temp_dir().join(format!("trainyard-replicas-{}-{port}", std::process::id()));
-        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 10, &[]).unwrap();
+        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 40, &[]).unwrap();
         Platform {
             _api: api,
             base: format!("http://127.0.0.1:{port}"),
@@ -41,12 +51,12 @@ impl Platform {
 
     /// An executor whose workers sleep 60 ms after each step, so that a
     /// kill after the first steps lands mid-training.
-    fn executor(&self, name: &str) -> Proc {
+    fn executor(&self, name: &str, ram_mb: u32) -> Proc {
         trainyard_e2e::start_executor(
             &self.base,
             JOIN,
             name,
-            2048,
+            ram_mb,
             &[("TRAINYARD_SLOW_WORKER", "*:60")],
         )
         .unwrap()
@@ -144,8 +154,8 @@ impl Drop for Platform {
 }
 
 /// Sync PS with Adam (optimizer state and step count travel to the
-/// standby too), two workers, one shard with one standby.
-fn replicated_digits(name: &str) -> Value {
+/// standby too), two workers, `shards` shards with one standby each.
+fn replicated_digits(name: &str, shards: u32) -> Value {
     json!({
         "name": name,
         "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
@@ -156,7 +166,7 @@ fn replicated_digits(name: &str) -> Value {
         "steps": 200,
         "eval_fraction": 0.2,
         "strategy": "parameter_server",
-        "parameter_servers": 1,
+        "parameter_servers": shards,
         "replicas": 1,
         "consistency": "sync",
         "workers": {"min": 2, "max": 2},
@@ -172,35 +182,68 @@ fn after<'a>(line: &'a str, marker: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{marker:?} in {line:?}"))
 }
 
-/// The executor name of each role of job `id`: (shard primary, its
-/// standby, the workers).
-fn roles(p: &Platform, id: &str) -> Option<(String, String, Vec<String>)> {
+/// Where the roles of job `id` are, by executor name.
+struct Roles {
+    /// Per shard: (primary, standby).
+    shards: Vec<(String, String)>,
+    workers: Vec<String>,
+}
+
+fn roles(p: &Platform, id: &str, shards: usize) -> Option<Roles> {
     let a = p.get(&format!("/v1/jobs/{id}/assignments"));
-    let shard = a["parameter_servers"].get(0)?;
-    let primary = shard["executor"]["name"].as_str()?.to_owned();
-    let standby = shard["standby"]["name"].as_str()?.to_owned();
+    let list = a["parameter_servers"].as_array()?;
+    let mut out = Vec::new();
+    for i in 0..shards {
+        let shard = list
+            .iter()
+            .find(|s| s["shard"].as_u64() == Some(i as u64))?;
+        let primary = shard["executor"]["name"].as_str()?.to_owned();
+        let standby = shard["standby"]["name"].as_str()?.to_owned();
+        out.push((primary, standby));
+    }
     let workers = a["workers"]
         .as_array()?
         .iter()
         .filter_map(|w| w["executor"]["name"].as_str().map(str::to_owned))
         .collect();
-    Some((primary, standby, workers))
+    Some(Roles {
+        shards: out,
+        workers,
+    })
 }
+
+/// Steps of the spec.
+const STEPS: u64 = 200;
+
+/// One at a time: each test runs four executors on a small machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_free_run() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    kill_a_primary(1);
+}
+
+#[test]
+fn with_two_shards_a_killed_primary_leaves_no_shard_a_version_ahead() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    kill_a_primary(2);
+}
+
+fn kill_a_primary(shards: u32) {
     let p = Platform::start();
+    // Two small executors (the workers, best fit) and two big ones (the
+    // shards, where the most RAM is; their standbys avoid them).
     let mut execs: Vec<(String, Proc)> = (0..4)
         .map(|i| {
             let name = format!("rep-{i}");
-            let proc_ = p.executor(&name);
+            let proc_ = p.executor(&name, if i < 2 { 1536 } else { 4096 });
             (name, proc_)
         })
         .collect();
 
     // Every executor is in before the first plan, so each job is placed
-    // alike: workers on two executors, the shard and its standby on the
-    // other two.
+    // alike.
     eventually(Duration::from_secs(60), || {
         let live = p.get("/v1/executors?state=live")["executors"]
             .as_array()
@@ -209,26 +252,48 @@ fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_
     })
     .expect("four live executors");
 
-    // Fault-free.
-    let clean = p.submit(&replicated_digits("replicas-clean"));
+    // Fault-free, in one generation (else a false loss changed the split
+    // and the comparison below would fail for that reason).
+    let clean = p.submit(&replicated_digits("replicas-clean", shards));
     let job = p.wait_end(&clean);
     assert_eq!(job["state"], "succeeded", "{job} {:?}", p.logs(&clean));
+    let clean_placements = p
+        .events(&clean)
+        .into_iter()
+        .filter(|e| e["kind"] == "placement")
+        .count();
+    assert_eq!(
+        clean_placements,
+        1,
+        "the fault-free run changed membership: {:?}",
+        p.events(&clean)
+    );
 
-    // The same job; the primary's executor dies after the first steps.
-    let faulty = p.submit(&replicated_digits("replicas-killed"));
-    let (primary, standby, workers) = eventually(Duration::from_secs(60), || {
+    // The same job; a primary's executor dies after the first steps.
+    let faulty = p.submit(&replicated_digits("replicas-killed", shards));
+    let r = eventually(Duration::from_secs(60), || {
         let m = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"));
         (m["steps_recorded"].as_i64().unwrap_or(0) >= 10)
-            .then(|| roles(&p, &faulty))
+            .then(|| roles(&p, &faulty, shards as usize))
             .flatten()
     })
-    .unwrap_or_else(|| panic!("the job trains with a standby: {:?}", p.logs(&faulty)));
-    assert_ne!(primary, standby, "a standby on its shard's executor");
-    // Only the shard dies: the workers (and so the data split) stay.
-    assert!(
-        !workers.contains(&primary),
-        "the primary shares {primary} with a worker: {workers:?}"
-    );
+    .unwrap_or_else(|| panic!("the job trains with standbys: {:?}", p.logs(&faulty)));
+    for (primary, standby) in &r.shards {
+        assert_ne!(primary, standby, "a standby on its shard's executor");
+    }
+    // Only shards die: the workers (and so the data split) stay.
+    let (victim_shard, (primary, standby)) = r
+        .shards
+        .iter()
+        .enumerate()
+        .find(|(_, (primary, _))| !r.workers.contains(primary))
+        .map(|(i, ps)| (i, ps.clone()))
+        .unwrap_or_else(|| {
+            panic!(
+                "every shard primary shares its executor with a worker: shards {:?}, workers {:?}",
+                r.shards, r.workers
+            )
+        });
     let generation = p.get(&format!("/v1/jobs/{faulty}"))["generation"]
         .as_i64()
         .unwrap();
@@ -258,8 +323,9 @@ fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_
         });
     println!("promotion (after generation {generation}): {promoted}");
     assert!(
-        promoted.contains(&format!("primary on executor {primary}"))
-            && promoted.contains(&format!("standby on {standby} promoted")),
+        promoted.contains(&format!(
+            "ps shard {victim_shard} primary on executor {primary}"
+        )) && promoted.contains(&format!("standby on {standby} promoted")),
         "{promoted}"
     );
     // The shard was not restored from a checkpoint or a worker's pull: the
@@ -271,7 +337,7 @@ fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_
     );
     let resumed_at: u64 = lines
         .iter()
-        .filter(|l| l.starts_with("PS shard 0 serves"))
+        .filter(|l| l.starts_with(&format!("PS shard {victim_shard} serves")))
         .find(|l| {
             let g: i64 = after(l, "(generation ")
                 .trim_end_matches(')')
@@ -281,11 +347,36 @@ fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_
         })
         .map(|l| after(l, " at version ").parse().unwrap())
         .unwrap_or_else(|| panic!("the promoted shard's first line: {lines:?}"));
-    println!("rank 0 had reported {seen} steps at the kill; the promoted shard served from version {resumed_at}");
+    println!("rank 0 had reported {seen} steps at the kill; the promoted shard {victim_shard} served from version {resumed_at}");
     assert!(
         resumed_at + 1 >= seen,
         "the promoted shard started at version {resumed_at}, behind what workers had seen ({seen} steps)"
     );
+    // Whether a surviving shard had completed a version the promoted one
+    // had not (timing decides; either way the weights must match).
+    let caught_up = lines
+        .iter()
+        .filter(|l| l.contains("this worker's gradient of version"))
+        .count();
+    println!("workers that pushed a step again to a shard left behind: {caught_up}");
+    // The kill landed mid-training, and training went on after it on the
+    // promoted shard.
+    assert!(
+        resumed_at < STEPS,
+        "the kill landed after the last step ({resumed_at} of {STEPS})"
+    );
+    let finished: u64 = lines
+        .iter()
+        .filter(|l| l.starts_with("worker 0 done at step "))
+        .map(|l| {
+            after(l, "done at step ")
+                .trim_end_matches(';')
+                .parse()
+                .unwrap()
+        })
+        .max()
+        .unwrap_or_else(|| panic!("rank 0's last line: {lines:?}"));
+    assert_eq!(finished, STEPS, "{lines:?}");
 
     let (a, b) = (p.weights(&clean), p.weights(&faulty));
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());

@@ -149,7 +149,7 @@ fn state_of(server: &Server, id: &str) -> String {
     text(&o.stdout)
         .lines()
         .find(|l| l.starts_with(id))
-        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|l| l.split_whitespace().nth(3)) // ID NAME OWNER STATE …
         .unwrap_or_default()
         .to_owned()
 }
@@ -257,7 +257,10 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
     eventually(Duration::from_secs(180), || {
         (state_of(&server, &long_id) == "running").then_some(())
     })
-    .expect("the long job runs");
+    .unwrap_or_else(|| {
+        let jobs = server.cli(&["jobs"]);
+        panic!("the long job never ran:\n{}", show(&jobs))
+    });
     let mut follower = Command::new(binary("trainyard").unwrap());
     follower
         .args(["job", &long_id])

@@ -261,6 +261,8 @@ struct Served {
     /// The role's report channel (a standby given up is logged there).
     tx: UnboundedSender<Item>,
     job: uuid::Uuid,
+    /// Test hook ([`slow_standby`]): a pause before each update is sent.
+    slow_standby: Option<Duration>,
 }
 
 /// A shard's connection to its standby.
@@ -461,6 +463,9 @@ fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBo
     if s.weights.is_none() {
         return;
     }
+    if let (Some(pause), Change::Update { .. }) = (served.slow_standby, &change) {
+        std::thread::sleep(pause);
+    }
     let mut link = link.lock().unwrap_or_else(|p| p.into_inner());
     if link.abandoned {
         s.unreplicated = false;
@@ -513,6 +518,16 @@ fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBo
             s.unreplicated = true;
         }
     }
+}
+
+/// Test hook: `TRAINYARD_SLOW_STANDBY=shard:ms` makes that shard pause
+/// before it sends each applied update to its standby — a window in which
+/// the other shards have published a version this one has not, for a kill
+/// to land in.
+fn slow_standby(shard: u32) -> Option<Duration> {
+    let v = std::env::var("TRAINYARD_SLOW_STANDBY").ok()?;
+    let (s, ms) = v.split_once(':')?;
+    (s.parse::<u32>().ok()? == shard).then(|| ms.parse().ok().map(Duration::from_millis))?
 }
 
 /// Elements of a shard's ranges.
@@ -632,6 +647,7 @@ pub fn serve_shard(
         numel,
         uploader,
         tx: tx.clone(),
+        slow_standby: slow_standby(a.key.index),
         job: a.key.job_id,
         standby: standby.map(|p| {
             Mutex::new(StandbyLink {

@@ -9,7 +9,10 @@
 //! the planner's rules, not by tie-breaking: workers go best-fit (the small
 //! executors), shards where the most RAM is (the big ones). The test still
 //! picks as its victim an executor that holds a shard primary and no worker
-//! (the data split must not change), and says so if none does.
+//! (the data split must not change), and says so if none does. In the
+//! two-shard case shard 1 pauses before replicating each update (the
+//! `TRAINYARD_SLOW_STANDBY` test hook), so that the kill of its primary
+//! most likely lands while shard 0 is a version ahead.
 
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
@@ -50,16 +53,11 @@ impl Platform {
     }
 
     /// An executor whose workers sleep 60 ms after each step, so that a
-    /// kill after the first steps lands mid-training.
-    fn executor(&self, name: &str, ram_mb: u32) -> Proc {
-        trainyard_e2e::start_executor(
-            &self.base,
-            JOIN,
-            name,
-            ram_mb,
-            &[("TRAINYARD_SLOW_WORKER", "*:60")],
-        )
-        .unwrap()
+    /// kill after the first steps lands mid-training, with `env` added.
+    fn executor(&self, name: &str, ram_mb: u32, env: &[(&str, &str)]) -> Proc {
+        let mut env = env.to_vec();
+        env.push(("TRAINYARD_SLOW_WORKER", "*:60"));
+        trainyard_e2e::start_executor(&self.base, JOIN, name, ram_mb, &env).unwrap()
     }
 
     fn get(&self, path: &str) -> Value {
@@ -155,7 +153,7 @@ impl Drop for Platform {
 
 /// Sync PS with Adam (optimizer state and step count travel to the
 /// standby too), two workers, `shards` shards with one standby each.
-fn replicated_digits(name: &str, shards: u32) -> Value {
+fn replicated_digits(name: &str, shards: u32, steps: u64) -> Value {
     json!({
         "name": name,
         "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
@@ -163,7 +161,7 @@ fn replicated_digits(name: &str, shards: u32) -> Value {
         "loss": "cross_entropy",
         "optimizer": {"kind": "adam", "lr": 0.003},
         "batch_size": 32,
-        "steps": 200,
+        "steps": steps,
         "eval_fraction": 0.2,
         "strategy": "parameter_server",
         "parameter_servers": shards,
@@ -212,32 +210,35 @@ fn roles(p: &Platform, id: &str, shards: usize) -> Option<Roles> {
     })
 }
 
-/// Steps of the spec.
-const STEPS: u64 = 200;
-
 /// One at a time: each test runs four executors on a small machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_killed_ps_primary_is_replaced_by_its_standby_and_the_weights_equal_a_fault_free_run() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    kill_a_primary(1);
+    kill_a_primary(1, 200, &[]);
 }
 
 #[test]
 fn with_two_shards_a_killed_primary_leaves_no_shard_a_version_ahead() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    kill_a_primary(2);
+    // Shard 1 pauses 500 ms before it replicates each update: for most of
+    // each step shard 0 has published a version shard 1's standby does not
+    // have yet, and the victim is shard 1's primary.
+    kill_a_primary(2, 60, &[("TRAINYARD_SLOW_STANDBY", "1:500")]);
 }
 
-fn kill_a_primary(shards: u32) {
+/// Trains the job fault-free, then again killing the executor of a shard
+/// primary (the last shard's where it shares no executor with a worker)
+/// after 10 steps, and compares the final weights bit for bit.
+fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     let p = Platform::start();
     // Two small executors (the workers, best fit) and two big ones (the
     // shards, where the most RAM is; their standbys avoid them).
     let mut execs: Vec<(String, Proc)> = (0..4)
         .map(|i| {
             let name = format!("rep-{i}");
-            let proc_ = p.executor(&name, if i < 2 { 1536 } else { 4096 });
+            let proc_ = p.executor(&name, if i < 2 { 1536 } else { 4096 }, env);
             (name, proc_)
         })
         .collect();
@@ -254,7 +255,7 @@ fn kill_a_primary(shards: u32) {
 
     // Fault-free, in one generation (else a false loss changed the split
     // and the comparison below would fail for that reason).
-    let clean = p.submit(&replicated_digits("replicas-clean", shards));
+    let clean = p.submit(&replicated_digits("replicas-clean", shards, steps));
     let job = p.wait_end(&clean);
     assert_eq!(job["state"], "succeeded", "{job} {:?}", p.logs(&clean));
     let clean_placements = p
@@ -270,7 +271,7 @@ fn kill_a_primary(shards: u32) {
     );
 
     // The same job; a primary's executor dies after the first steps.
-    let faulty = p.submit(&replicated_digits("replicas-killed", shards));
+    let faulty = p.submit(&replicated_digits("replicas-killed", shards, steps));
     let r = eventually(Duration::from_secs(60), || {
         let m = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"));
         (m["steps_recorded"].as_i64().unwrap_or(0) >= 10)
@@ -286,6 +287,7 @@ fn kill_a_primary(shards: u32) {
         .shards
         .iter()
         .enumerate()
+        .rev()
         .find(|(_, (primary, _))| !r.workers.contains(primary))
         .map(|(i, ps)| (i, ps.clone()))
         .unwrap_or_else(|| {
@@ -362,8 +364,8 @@ fn kill_a_primary(shards: u32) {
     // The kill landed mid-training, and training went on after it on the
     // promoted shard.
     assert!(
-        resumed_at < STEPS,
-        "the kill landed after the last step ({resumed_at} of {STEPS})"
+        resumed_at < steps,
+        "the kill landed after the last step ({resumed_at} of {steps})"
     );
     let finished: u64 = lines
         .iter()
@@ -376,7 +378,7 @@ fn kill_a_primary(shards: u32) {
         })
         .max()
         .unwrap_or_else(|| panic!("rank 0's last line: {lines:?}"));
-    assert_eq!(finished, STEPS, "{lines:?}");
+    assert_eq!(finished, steps, "{lines:?}");
 
     let (a, b) = (p.weights(&clean), p.weights(&faulty));
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());

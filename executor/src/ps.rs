@@ -1457,6 +1457,7 @@ pub fn work(
     let mut flag: Option<u64> = None;
     let mut asked = false;
     let mut last_log = Instant::now();
+    let mut mixed_warned = false;
     log(
         LogLevel::Info,
         format!(
@@ -1477,7 +1478,9 @@ pub fn work(
         let mut comm = pulled.elapsed().as_secs_f64();
         let mut comm_bytes = ex.bytes;
         let version = ex.versions[0];
-        if consistency == Consistency::Sync && ex.versions.iter().any(|v| *v != version) {
+        let lo = ex.versions.iter().copied().min().unwrap_or(0);
+        let hi = ex.versions.iter().copied().max().unwrap_or(0);
+        if consistency == Consistency::Sync && hi == lo + 1 {
             // A lost primary left its shard a version behind the others:
             // it gets this version's gradients again, then all are pulled
             // at the same version.
@@ -1495,6 +1498,18 @@ pub fn work(
             )?;
             expect.fill(hi);
             continue;
+        }
+        if consistency == Consistency::Sync && hi > lo + 1 && !mixed_warned {
+            // Only a shard restored from a checkpoint gets here; nothing
+            // can reconcile it with the others' versions.
+            mixed_warned = true;
+            log(
+                LogLevel::Warn,
+                format!(
+                    "worker {rank}: the PS shards are at versions {:?}, more than one apart (a shard restored from a checkpoint): training goes on from shard 0's version",
+                    ex.versions
+                ),
+            );
         }
         if consistency == Consistency::Sync {
             rep.step = version;
@@ -1824,7 +1839,7 @@ impl LastStep {
 /// has none (it joined since, or its last step was another version), a
 /// zero gradient over no samples, which counts it as a contributor and
 /// changes neither the sum nor the samples. Returns the version all shards
-/// are to be pulled at.
+/// are to be pulled at. The shards are at most one version apart.
 #[allow(clippy::too_many_arguments)]
 fn catch_up(
     links: &mut [Link],
@@ -1846,12 +1861,6 @@ fn catch_up(
         .enumerate()
         .max_by_key(|(_, v)| *v)
         .unwrap_or((0, 0));
-    if hi > lo + 1 {
-        return Err(TrainError::Unsupported(format!(
-            "the PS shards are at versions {:?}: more than one version apart, which sync training cannot reconcile",
-            ex.versions
-        )));
-    }
     let mine = last_step
         .as_ref()
         .filter(|l| l.version == lo && l.slices.len() == links.len())

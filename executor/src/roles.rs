@@ -160,7 +160,10 @@ impl Roles {
                         InspectionResult::Error(format!("inspection crashed: {e}"))
                     });
                 let report = InspectionReport { job_id, result };
-                for attempt in 0..20u32 {
+                // Until the API takes it (or refuses it for good, a 4xx):
+                // giving up would leave the job `inspecting` for ever, and
+                // the API may be down for a while (restarts, Postgres).
+                for attempt in 0u32.. {
                     let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
                     let res = sink
                         .client
@@ -175,6 +178,9 @@ impl Roles {
                             return;
                         }
                         _ => {
+                            if attempt % 20 == 19 {
+                                tracing::warn!(job = %job_id, attempts = attempt + 1, "the API has not taken the inspection yet; still trying");
+                            }
                             tokio::time::sleep(std::time::Duration::from_millis(
                                 200 << attempt.min(4),
                             ))

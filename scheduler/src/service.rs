@@ -733,7 +733,7 @@ fn describe(
                         None => (ps.executor.to_string(), "lost"),
                     };
                     parts.push(format!(
-                        "ps shard {} primary on executor {was} {why}; standby on {} promoted",
+                        "PS shard {} primary on {was} ({why}): standby on {} promoted",
                         ps.shard,
                         name(&t)
                     ));

@@ -326,7 +326,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     println!("promotion (after generation {generation}): {promoted}");
     assert!(
         promoted.contains(&format!(
-            "ps shard {victim_shard} primary on executor {primary}"
+            "PS shard {victim_shard} primary on {primary} (lost)"
         )) && promoted.contains(&format!("standby on {standby} promoted")),
         "{promoted}"
     );

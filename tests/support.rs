@@ -368,6 +368,34 @@ impl ApiClient {
     }
 }
 
+/// The float32 tensors of a safetensors file at a `file://` URL (a job's
+/// final weights), by name.
+pub fn safetensors_f32(url: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let off = v["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            let vals = data[a..b]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (k.clone(), vals)
+        })
+        .collect()
+}
+
 /// The last `n` lines of `text` (for failure messages).
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
@@ -399,15 +427,8 @@ const PG_CTL_WAIT_SECS: &str = "60";
 impl TestPostgres {
     /// Creates the cluster and starts it.
     pub fn start() -> anyhow::Result<TestPostgres> {
-        let bin = postgres_bin_dir()?;
-        let run_as =
-            if effective_uid()? == 0 {
-                Some(passwd_ids("postgres").context(
-                    "running as root, PostgreSQL needs the unprivileged `postgres` user",
-                )?)
-            } else {
-                None
-            };
+        let bin = trainyard_api::embedded_pg::find_bin_dir()?;
+        let run_as = trainyard_api::embedded_pg::server_user()?;
         let dir = std::env::temp_dir().join(format!(
             "ty-test-pg-{}-{}",
             std::process::id(),
@@ -540,51 +561,4 @@ impl Drop for TestPostgres {
         let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", PG_CTL_WAIT_SECS]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The folder of `initdb` and `pg_ctl`: the newest Debian major version in
-/// `/usr/lib/postgresql`, else a folder on `PATH` that has both.
-fn postgres_bin_dir() -> anyhow::Result<PathBuf> {
-    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let major = e.file_name().to_string_lossy().parse().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((major, bin))
-        })
-        .collect();
-    debian.sort();
-    if let Some((_, bin)) = debian.pop() {
-        return Ok(bin);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .find(|d| d.join("initdb").exists() && d.join("pg_ctl").exists())
-        .context("PostgreSQL's initdb and pg_ctl not found (Debian: apt-get install postgresql)")
-}
-
-fn effective_uid() -> anyhow::Result<u32> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .and_then(|uid| uid.parse().ok())
-        .context("reading the effective uid")
-}
-
-/// The uid and gid of `user` from `/etc/passwd`.
-fn passwd_ids(user: &str) -> anyhow::Result<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd")?;
-    passwd
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.first() == Some(&user) && f.len() > 3)
-                .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
-                .flatten()
-        })
-        .with_context(|| format!("no `{user}` user in /etc/passwd"))
 }

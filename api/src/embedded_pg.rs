@@ -41,14 +41,7 @@ impl EmbeddedPostgres {
     /// Creates (once) and starts the cluster for `data_dir`.
     pub async fn start(data_dir: &Path) -> anyhow::Result<EmbeddedPostgres> {
         let bin = find_bin_dir()?;
-        let run_as =
-            if current_uid()? == 0 {
-                Some(postgres_user().context(
-                    "running as root, PostgreSQL needs the unprivileged `postgres` user",
-                )?)
-            } else {
-                None
-            };
+        let run_as = server_user()?;
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating {}", data_dir.display()))?;
         let abs = std::fs::canonicalize(data_dir)?;
@@ -226,8 +219,9 @@ async fn connect_retrying(url: &str) -> anyhow::Result<sqlx::PgConnection> {
 }
 
 /// The folder holding `initdb` and `pg_ctl`: the newest Debian major
-/// version, else wherever `PATH` has them.
-fn find_bin_dir() -> anyhow::Result<PathBuf> {
+/// version, else wherever `PATH` has them. (The end-to-end tests' private
+/// cluster uses it too.)
+pub fn find_bin_dir() -> anyhow::Result<PathBuf> {
     let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
@@ -257,6 +251,18 @@ fn reachable_by_others(dir: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     dir.ancestors()
         .all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+}
+
+/// The uid and gid a Postgres server started by this process must run as:
+/// none (this process's own) unless this process is root, which PostgreSQL
+/// refuses; then the `postgres` user's.
+pub fn server_user() -> anyhow::Result<Option<(u32, u32)>> {
+    if current_uid()? != 0 {
+        return Ok(None);
+    }
+    postgres_user()
+        .context("running as root, PostgreSQL needs the unprivileged `postgres` user")
+        .map(Some)
 }
 
 fn current_uid() -> anyhow::Result<u32> {

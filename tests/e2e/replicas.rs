@@ -14,18 +14,19 @@
 //! `TRAINYARD_SLOW_STANDBY` test hook), so that the kill of its primary
 //! most likely lands while shard 0 is a version ahead.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, Proc};
+use trainyard_e2e::{
+    eventually, free_port, fresh_database, repo_root, safetensors_f32, ApiClient, Proc,
+};
 
 const JOIN: &str = "e2e-replicas-token";
 
 struct Platform {
     _api: Proc,
     base: String,
-    client: Client,
+    api: ApiClient,
     data: std::path::PathBuf,
     db: String,
 }
@@ -43,10 +44,7 @@ impl Platform {
         Platform {
             _api: api,
             base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap(),
+            api: ApiClient::new(port),
             data,
             db,
         }
@@ -61,26 +59,11 @@ impl Platform {
     }
 
     fn get(&self, path: &str) -> Value {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
+        self.api.get(path)
     }
 
     fn submit(&self, spec: &Value) -> String {
-        let r = self
-            .client
-            .post(format!("{}/v1/jobs", self.base))
-            .json(spec)
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 201, "{}", r.text().unwrap());
-        r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        self.api.submit(spec)
     }
 
     fn events(&self, id: &str) -> Vec<Value> {
@@ -118,28 +101,9 @@ impl Platform {
             .into_iter()
             .find(|e| e["kind"] == "result")
             .unwrap_or_else(|| panic!("a result event of {id}"));
-        let url = result["data"]["weights_url"].as_str().unwrap().to_owned();
-        let bytes = std::fs::read(url.strip_prefix("file://").unwrap()).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-        let data = &bytes[8 + n..];
-        header
-            .as_object()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| *k != "__metadata__")
-            .map(|(k, v)| {
-                let off = v["data_offsets"].as_array().unwrap();
-                let (a, b) = (
-                    off[0].as_u64().unwrap() as usize,
-                    off[1].as_u64().unwrap() as usize,
-                );
-                let bits = data[a..b]
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                    .collect();
-                (k.clone(), bits)
-            })
+        safetensors_f32(result["data"]["weights_url"].as_str().unwrap())
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().map(f32::to_bits).collect()))
             .collect()
     }
 }

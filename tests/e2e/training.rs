@@ -780,32 +780,6 @@ fn bounded_staleness_rejects_a_slow_workers_stale_pushes_and_applies_none_older_
     }
 }
 
-/// Reads a safetensors file's float32 tensors.
-fn safetensors(url: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
-    let bytes = std::fs::read(url.strip_prefix("file://").unwrap()).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let data = &bytes[8 + n..];
-    header
-        .as_object()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| *k != "__metadata__")
-        .map(|(k, v)| {
-            let off = v["data_offsets"].as_array().unwrap();
-            let (a, b) = (
-                off[0].as_u64().unwrap() as usize,
-                off[1].as_u64().unwrap() as usize,
-            );
-            let vals = data[a..b]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            (k.clone(), vals)
-        })
-        .collect()
-}
-
 fn weights_url(p: &Platform, id: &str) -> String {
     result(p, id)["weights_url"].as_str().unwrap().to_owned()
 }
@@ -836,8 +810,8 @@ fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches()
         "succeeded"
     );
     let (a, b) = (
-        safetensors(&weights_url(&p, &ps)),
-        safetensors(&weights_url(&p, &one)),
+        trainyard_e2e::safetensors_f32(&weights_url(&p, &ps)),
+        trainyard_e2e::safetensors_f32(&weights_url(&p, &one)),
     );
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     let mut worst = 0f64;

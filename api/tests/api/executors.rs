@@ -525,17 +525,17 @@ async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
     assert_eq!(m["rejected_pushes"], 3);
 }
 
-#[tokio::test]
-async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
+/// A fresh app with one executor and a one-rank ring job placed on it at
+/// generation 1: the app, the executor's id and credential, the job's id.
+async fn one_rank_job_placed(name: &str) -> (TestApp, String, String, String) {
     let app = spawn_app().await;
-    let (id, token) = register(&app, "late-joiner").await;
-    let mut spec = digits_spec("late");
+    let (id, token) = register(&app, &format!("{name}-executor")).await;
+    let mut spec = digits_spec(name);
     spec["strategy"] = json!("allreduce");
     spec["workers"] = json!({"min": 1, "max": 1});
     spec.as_object_mut().unwrap().remove("parameter_servers");
     spec.as_object_mut().unwrap().remove("consistency");
     let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
-    // Placed on the one executor at generation 1.
     let mut placed = false;
     for _ in 0..100 {
         let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
@@ -546,6 +546,12 @@ async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(placed, "the job was not placed");
+    (app, id, token, job)
+}
+
+#[tokio::test]
+async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
+    let (app, id, token, job) = one_rank_job_placed("late").await;
     // A rank that joined after the last step reports f64::MAX: no loss of
     // its own (JSON has no NaN).
     let report = json!({
@@ -576,24 +582,7 @@ async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
 
 #[tokio::test]
 async fn a_retried_outcome_ends_the_job_once() {
-    let app = spawn_app().await;
-    let (id, token) = register(&app, "retrier").await;
-    let mut spec = digits_spec("retried");
-    spec["strategy"] = json!("allreduce");
-    spec["workers"] = json!({"min": 1, "max": 1});
-    spec.as_object_mut().unwrap().remove("parameter_servers");
-    spec.as_object_mut().unwrap().remove("consistency");
-    let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
-    let mut placed = false;
-    for _ in 0..100 {
-        let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
-        if j["generation"] == 1 {
-            placed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(placed, "the job was not placed");
+    let (app, id, token, job) = one_rank_job_placed("retried").await;
     // The executor sends its outcome again when the answer is lost (the
     // API or its database connection died after the commit).
     let report = json!({

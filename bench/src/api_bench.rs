@@ -22,7 +22,7 @@
 use anyhow::{bail, Context};
 use std::path::Path;
 use std::process::Command;
-use trainyard_api::routes::jobs::JOB_COLUMNS;
+use trainyard_api::routes::jobs::{insert_job_sql, INSERT_SUBMITTED_EVENT, JOB_COLUMNS};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_bench::server::Server;
 use trainyard_e2e::repo_root;
@@ -99,14 +99,41 @@ fn main() -> anyhow::Result<()> {
 
     // The same SQL through pgbench, with the API stopped.
     let insert_sql = work.join("insert.sql");
+    // The handler's own statements, with pgbench variables for its binds
+    // (the open server's user is `admin`, without an idempotency key).
+    let bind = |sql: &str, values: &[&str]| {
+        values
+            .iter()
+            .enumerate()
+            .rev()
+            .fold(sql.to_owned(), |q, (i, v)| {
+                q.replace(&format!("${}", i + 1), v)
+            })
+            .replace('\n', " ")
+    };
+    let insert = bind(
+        &insert_job_sql(),
+        &[
+            "gen_random_uuid()",
+            "'digits-ring'",
+            "'admin'",
+            ":spec",
+            "NULL",
+            "NULL",
+            "0",
+        ],
+    );
+    let event = bind(
+        INSERT_SUBMITTED_EVENT,
+        &[
+            ":id",
+            "'{\"strategy\": \"allreduce\", \"idempotency_key\": null, \"owner\": \"admin\"}'",
+        ],
+    );
     std::fs::write(
         &insert_sql,
         format!(
-            "BEGIN;\n\
-             INSERT INTO jobs (id, name, spec, idempotency_key, request_hash, priority) VALUES (gen_random_uuid(), 'digits-ring', :spec, NULL, NULL, 0) ON CONFLICT (idempotency_key) DO NOTHING RETURNING {JOB_COLUMNS} \\gset\n\
-             INSERT INTO job_events (job_id, kind, to_state, reason, data) VALUES (:id, 'submitted', 'queued', 'submitted', '{{\"strategy\": \"allreduce\", \"idempotency_key\": null}}');\n\
-             SELECT pg_notify('{JOB_CHANNEL}', :id);\n\
-             END;\n"
+            "BEGIN;\n{insert} \\gset\n{event};\nSELECT pg_notify('{JOB_CHANNEL}', :id);\nEND;\n"
         ),
     )?;
     let pg_insert = pgbench(

@@ -145,6 +145,23 @@ pub struct AfterQuery {
 /// SQL through `pgbench` as its baseline).
 pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
 
+/// The submit's insert: `$1` id, `$2` name, `$3` owner, `$4` spec, `$5`
+/// idempotency key, `$6` request hash, `$7` priority (the API-load
+/// benchmark runs this very statement through `pgbench`).
+pub fn insert_job_sql() -> String {
+    format!(
+        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (owner, idempotency_key) DO NOTHING
+         RETURNING {JOB_COLUMNS}"
+    )
+}
+
+/// The submit's event: `$1` job, `$2` data.
+pub const INSERT_SUBMITTED_EVENT: &str =
+    "INSERT INTO job_events (job_id, kind, to_state, reason, data)
+     VALUES ($1, 'submitted', 'queued', 'submitted', $2)";
+
 fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored spec does not decode: {e}")))?;
@@ -339,28 +356,20 @@ pub async fn submit(
             }
         }
     }
-    let inserted = sqlx::query(&format!(
-        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (owner, idempotency_key) DO NOTHING
-         RETURNING {JOB_COLUMNS}"
-    ))
-    .bind(Uuid::now_v7())
-    .bind(&spec.name)
-    .bind(&who.user)
-    .bind(&spec_json)
-    .bind(&key)
-    .bind(&hash)
-    .bind(spec.priority)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let inserted = sqlx::query(&insert_job_sql())
+        .bind(Uuid::now_v7())
+        .bind(&spec.name)
+        .bind(&who.user)
+        .bind(&spec_json)
+        .bind(&key)
+        .bind(&hash)
+        .bind(spec.priority)
+        .fetch_optional(&mut *tx)
+        .await?;
 
     if let Some(row) = inserted {
         let job = job_from_row(&row)?;
-        sqlx::query(
-            "INSERT INTO job_events (job_id, kind, to_state, reason, data)
-             VALUES ($1, 'submitted', 'queued', 'submitted', $2)",
-        )
+        sqlx::query(INSERT_SUBMITTED_EVENT)
         .bind(job.id)
         .bind(serde_json::json!({ "strategy": job.strategy, "idempotency_key": key, "owner": job.owner }))
         .execute(&mut *tx)

@@ -1,0 +1,431 @@
+//! The rules of a valid job spec. [`check`] walks a [`JobSpecInput`] and
+//! records every broken bound or cross-field rule in a [`Checker`], each
+//! with its field path, so a user sees all of them at once.
+
+use super::*;
+use std::fmt;
+
+/// Every rule `input` breaks, in the order the fields are checked.
+pub(super) fn violations(input: &JobSpecInput) -> Vec<Violation> {
+    let mut v = Checker::default();
+    check(input, &mut v);
+    v.0
+}
+
+/// Collects violations; its helpers check one kind of field each.
+#[derive(Default)]
+struct Checker(Vec<Violation>);
+
+impl Checker {
+    fn fail(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Violation {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn range<T: PartialOrd + fmt::Display + Copy>(&mut self, field: &str, value: T, lo: T, hi: T) {
+        if value < lo || value > hi {
+            self.fail(field, format!("must be between {lo} and {hi}, got {value}"));
+        }
+    }
+
+    fn url(&mut self, field: &str, url: &str) {
+        if url.chars().count() > MAX_URL_CHARS {
+            return self.fail(field, format!("must be at most {MAX_URL_CHARS} characters"));
+        }
+        if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return self.fail(field, "must not contain whitespace or control characters");
+        }
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return self.fail(
+                field,
+                format!(
+                    "must be a URL such as file:///path or s3://bucket/key (schemes: {})",
+                    URL_SCHEMES.join(", ")
+                ),
+            );
+        };
+        if !URL_SCHEMES.contains(&scheme) {
+            return self.fail(
+                field,
+                format!(
+                    "unsupported scheme {scheme:?}; expected one of {}",
+                    URL_SCHEMES.join(", ")
+                ),
+            );
+        }
+        if scheme == "file" && !rest.starts_with('/') {
+            return self.fail(field, "a file URL needs an absolute path: file:///path");
+        }
+        let path = if scheme == "file" {
+            rest
+        } else {
+            rest.split_once('/').map_or("", |(_, p)| p)
+        };
+        if rest.is_empty() || path.is_empty() || path.ends_with('/') {
+            self.fail(field, "must name an object, not a bucket or a folder");
+        }
+    }
+}
+
+fn check(s: &JobSpecInput, v: &mut Checker) {
+    let name_len = s.name.chars().count();
+    if s.name.trim().is_empty() {
+        v.fail("name", "must not be empty");
+    } else if name_len > MAX_NAME_CHARS {
+        v.fail(
+            "name",
+            format!("must be at most {MAX_NAME_CHARS} characters, got {name_len}"),
+        );
+    } else if s.name.chars().any(char::is_control) {
+        v.fail("name", "must not contain control characters");
+    }
+
+    let before = v.0.len();
+    check_model(&s.model, v);
+    let model_ok = v.0.len() == before;
+    let dataset_ok = check_dataset(&s.dataset, v);
+    if model_ok && dataset_ok {
+        check_model_fits_data(s, v);
+    }
+
+    // Optimizer.
+    let o = &s.optimizer;
+    if !(o.lr > 0.0 && o.lr <= MAX_LR) {
+        v.fail(
+            "optimizer.lr",
+            format!("must be greater than 0 and at most {MAX_LR}, got {}", o.lr),
+        );
+    }
+    if !(0.0..=1.0).contains(&o.weight_decay) {
+        v.fail(
+            "optimizer.weight_decay",
+            format!("must be between 0 and 1, got {}", o.weight_decay),
+        );
+    }
+    match (o.kind, o.momentum) {
+        (OptimizerKind::Momentum, Some(m)) if !(0.0..1.0).contains(&m) => {
+            v.fail("optimizer.momentum", format!("must be in [0, 1), got {m}"))
+        }
+        (OptimizerKind::Momentum, _) | (_, None) => {}
+        (_, Some(_)) => v.fail("optimizer.momentum", "applies only to kind \"momentum\""),
+    }
+    match (o.kind, o.betas) {
+        (OptimizerKind::Adam | OptimizerKind::Adamw, Some(b)) => {
+            for (i, beta) in b.iter().enumerate() {
+                if !(0.0..1.0).contains(beta) {
+                    v.fail(
+                        format!("optimizer.betas[{i}]"),
+                        format!("must be in [0, 1), got {beta}"),
+                    );
+                }
+            }
+        }
+        (_, None) => {}
+        (_, Some(_)) => v.fail(
+            "optimizer.betas",
+            "applies only to kinds \"adam\" and \"adamw\"",
+        ),
+    }
+    if let Some(c) = o.grad_clip {
+        if !(c > 0.0 && c <= 1e6) {
+            v.fail(
+                "optimizer.grad_clip",
+                format!("must be greater than 0 and at most 1000000, got {c}"),
+            );
+        }
+    }
+    if let Schedule::WarmupCosine { warmup_steps } = o.schedule {
+        v.range(
+            "optimizer.schedule.warmup_steps",
+            warmup_steps,
+            0,
+            MAX_STEPS,
+        );
+        if let Some(steps) = s.steps {
+            if warmup_steps >= steps {
+                v.fail(
+                    "optimizer.schedule.warmup_steps",
+                    format!("must be less than steps ({steps}), got {warmup_steps}"),
+                );
+            }
+        }
+    }
+
+    v.range("batch_size", s.batch_size, 1, MAX_BATCH);
+    match (s.epochs, s.steps) {
+        (None, None) => v.fail("epochs", "give exactly one of epochs and steps"),
+        (Some(_), Some(_)) => v.fail("steps", "give exactly one of epochs and steps, not both"),
+        (Some(e), None) => v.range("epochs", e, 1, MAX_EPOCHS),
+        (None, Some(n)) => v.range("steps", n, 1, MAX_STEPS),
+    }
+
+    v.range("workers.min", s.workers.min, 1, MAX_WORKERS);
+    v.range("workers.max", s.workers.max, 1, MAX_WORKERS);
+    if s.workers.max < s.workers.min {
+        v.fail(
+            "workers.max",
+            format!(
+                "must be at least workers.min ({}), got {}",
+                s.workers.min, s.workers.max
+            ),
+        );
+    }
+    if s.strategy == Strategy::Allreduce {
+        if s.parameter_servers.is_some() {
+            v.fail(
+                "parameter_servers",
+                "applies only to strategies parameter_server and auto",
+            );
+        }
+        if s.consistency.is_some() {
+            v.fail(
+                "consistency",
+                "applies only to strategies parameter_server and auto",
+            );
+        }
+        if s.replicas.is_some() {
+            v.fail(
+                "replicas",
+                "applies only to strategies parameter_server and auto",
+            );
+        }
+    }
+    if let Some(n) = s.replicas {
+        v.range("replicas", n, 0, MAX_PS_REPLICAS);
+    }
+    if let Some(n) = s.parameter_servers {
+        v.range("parameter_servers", n, 1, MAX_PARAMETER_SERVERS);
+    }
+    if let Some(Consistency::Bounded { staleness }) = s.consistency {
+        v.range("consistency.bounded.staleness", staleness, 0, MAX_STALENESS);
+    }
+
+    v.range("priority", s.priority, -MAX_PRIORITY, MAX_PRIORITY);
+
+    let c = &s.checkpoint;
+    if let Some(n) = c.every_steps {
+        v.range("checkpoint.every_steps", n, 1, MAX_STEPS);
+    }
+    if let Some(t) = c.every_seconds {
+        v.range("checkpoint.every_seconds", t, 1, MAX_CHECKPOINT_SECONDS);
+    }
+    v.range("checkpoint.keep", c.keep, 1, MAX_CHECKPOINTS_KEPT);
+
+    v.range(
+        "resources.memory_mb",
+        s.resources.memory_mb,
+        MIN_MEMORY_MB,
+        MAX_MEMORY_MB,
+    );
+    if !(0.0..=MAX_EVAL_FRACTION).contains(&s.eval_fraction) {
+        v.fail(
+            "eval_fraction",
+            format!(
+                "must be between 0 and {MAX_EVAL_FRACTION}, got {}",
+                s.eval_fraction
+            ),
+        );
+    }
+
+    if v.0.is_empty() {
+        check_memory(s, v);
+    }
+}
+
+fn check_model(m: &ModelSpec, v: &mut Checker) {
+    match m {
+        ModelSpec::Mlp(m) => {
+            v.range("model.inputs", m.inputs, 1, MAX_WIDTH);
+            v.range("model.outputs", m.outputs, 1, MAX_WIDTH);
+            if m.hidden.len() > MAX_MLP_LAYERS {
+                v.fail(
+                    "model.hidden",
+                    format!("at most {MAX_MLP_LAYERS} layers, got {}", m.hidden.len()),
+                );
+            }
+            for (i, &h) in m.hidden.iter().enumerate() {
+                v.range(&format!("model.hidden[{i}]"), h, 1, MAX_WIDTH);
+            }
+        }
+        ModelSpec::Cnn(c) => {
+            v.range("model.channels", c.channels, 1, MAX_IMAGE_CHANNELS);
+            v.range("model.height", c.height, 1, MAX_IMAGE_SIDE);
+            v.range("model.width", c.width, 1, MAX_IMAGE_SIDE);
+            v.range("model.hidden", c.hidden, 1, MAX_WIDTH);
+            v.range("model.classes", c.classes, 2, MAX_WIDTH);
+            let n = c.conv_channels.len();
+            if n == 0 || n > MAX_CNN_CONVS {
+                v.fail(
+                    "model.conv_channels",
+                    format!("needs 1 to {MAX_CNN_CONVS} convolutions, got {n}"),
+                );
+            } else {
+                for (i, &ch) in c.conv_channels.iter().enumerate() {
+                    v.range(&format!("model.conv_channels[{i}]"), ch, 1, 4096);
+                }
+                let side = c.height.min(c.width);
+                if side >> n == 0 {
+                    v.fail("model.conv_channels", format!("{n} pooled convolutions shrink a {}×{} image to nothing; use at most {}", c.height, c.width, side.max(1).ilog2()));
+                }
+            }
+        }
+        ModelSpec::Transformer(t) => {
+            v.range("model.vocab", t.vocab, 2, MAX_VOCAB);
+            v.range("model.context", t.context, 1, MAX_CONTEXT);
+            v.range("model.layers", t.layers, 1, MAX_TRANSFORMER_LAYERS);
+            v.range("model.heads", t.heads, 1, MAX_HEADS);
+            v.range("model.width", t.width, 1, MAX_TRANSFORMER_WIDTH);
+            if t.heads > 0 && t.width % t.heads != 0 {
+                v.fail(
+                    "model.width",
+                    format!(
+                        "must be a multiple of model.heads ({}), got {}",
+                        t.heads, t.width
+                    ),
+                );
+            }
+        }
+        ModelSpec::Torchscript(t) => v.url("model.url", &t.url),
+    }
+}
+
+/// Returns whether the dataset's own fields are valid (so that cross checks
+/// against the model make sense).
+fn check_dataset(d: &DatasetSpec, v: &mut Checker) -> bool {
+    let before = v.0.len();
+    match d {
+        DatasetSpec::Classification(c) => {
+            v.range("dataset.samples", c.samples, 2, MAX_SAMPLES);
+            v.range("dataset.features", c.features, 1, MAX_WIDTH);
+            v.range("dataset.classes", c.classes, 2, MAX_WIDTH);
+        }
+        DatasetSpec::Regression(r) => {
+            v.range("dataset.samples", r.samples, 2, MAX_SAMPLES);
+            v.range("dataset.features", r.features, 1, MAX_WIDTH);
+            v.range("dataset.targets", r.targets, 1, MAX_WIDTH);
+        }
+        DatasetSpec::Text(t) => v.range("dataset.characters", t.characters, 2, MAX_SAMPLES * 100),
+        DatasetSpec::File(f) => {
+            v.url("dataset.url", &f.url);
+            if f.format.is_none() && file_format_from_url(&f.url).is_none() {
+                v.fail("dataset.format", "cannot tell the format from the URL's extension (.npz, .safetensors, .txt); give format");
+            }
+        }
+    }
+    v.0.len() == before
+}
+
+fn check_model_fits_data(s: &JobSpecInput, v: &mut Checker) {
+    let (features, outputs, classification) = match &s.dataset {
+        DatasetSpec::Classification(c) => (Some(c.features), Some(c.classes), true),
+        DatasetSpec::Regression(r) => (Some(r.features), Some(r.targets), false),
+        DatasetSpec::Text(_) => (None, None, true),
+        DatasetSpec::File(f) => {
+            let fmt = f.format.or_else(|| file_format_from_url(&f.url));
+            if fmt == Some(FileFormat::Text)
+                && !matches!(
+                    s.model,
+                    ModelSpec::Transformer(_) | ModelSpec::Torchscript(_)
+                )
+            {
+                v.fail(
+                    "dataset.format",
+                    "a text dataset trains a transformer (or TorchScript) model",
+                );
+            }
+            if fmt != Some(FileFormat::Text) && matches!(s.model, ModelSpec::Transformer(_)) {
+                v.fail("dataset", "a transformer language model trains on text (kind text, or a file of format text)");
+            }
+            return;
+        }
+    };
+    let is_text = matches!(s.dataset, DatasetSpec::Text(_));
+    match &s.model {
+        ModelSpec::Mlp(m) => {
+            if is_text {
+                v.fail(
+                    "dataset.kind",
+                    "an MLP trains on classification or regression data, not text",
+                );
+            }
+            if let Some(f) = features.filter(|&f| f != m.inputs) {
+                v.fail(
+                    "model.inputs",
+                    format!("must equal dataset.features ({f}), got {}", m.inputs),
+                );
+            }
+            if let Some(o) = outputs.filter(|&o| o != m.outputs) {
+                let what = if classification {
+                    "dataset.classes"
+                } else {
+                    "dataset.targets"
+                };
+                v.fail(
+                    "model.outputs",
+                    format!("must equal {what} ({o}), got {}", m.outputs),
+                );
+            }
+        }
+        ModelSpec::Cnn(c) => {
+            if !classification || is_text {
+                v.fail("dataset.kind", "a CNN trains on classification data");
+            }
+            let pixels = u64::from(c.channels) * u64::from(c.height) * u64::from(c.width);
+            if let Some(f) = features.filter(|&f| u64::from(f) != pixels) {
+                v.fail(
+                    "dataset.features",
+                    format!("must equal model.channels × height × width ({pixels}), got {f}"),
+                );
+            }
+            if let Some(o) = outputs.filter(|&o| o != c.classes) {
+                v.fail(
+                    "model.classes",
+                    format!("must equal dataset.classes ({o}), got {}", c.classes),
+                );
+            }
+        }
+        ModelSpec::Transformer(_) => {
+            if !is_text {
+                v.fail(
+                    "dataset.kind",
+                    "a transformer language model trains on text",
+                );
+            }
+        }
+        ModelSpec::Torchscript(_) => {}
+    }
+    let wants_ce = classification;
+    match (s.loss, wants_ce) {
+        (Loss::Mse, true) => v.fail(
+            "loss",
+            "classification and text data train with cross_entropy",
+        ),
+        (Loss::CrossEntropy, false) => v.fail("loss", "regression data trains with mse"),
+        _ => {}
+    }
+}
+
+fn check_memory(s: &JobSpecInput, v: &mut Checker) {
+    let Some(e) = s.estimate() else { return };
+    let params = e.parameters;
+    let have = s.memory_bytes();
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    let shards = s.parameter_servers.unwrap_or(1);
+    match s.strategy {
+        Strategy::Allreduce if e.allreduce_worker_bytes > have => v.fail(
+            "resources.memory_mb",
+            format!("an allreduce worker needs {} MiB for {params} parameters (weights, gradients, optimizer state), got {}; use strategy parameter_server or more memory", mib(e.allreduce_worker_bytes), s.resources.memory_mb),
+        ),
+        Strategy::ParameterServer | Strategy::Auto if e.allreduce_worker_bytes > have || s.strategy == Strategy::ParameterServer => {
+            if e.ps_worker_bytes > have {
+                v.fail("resources.memory_mb", format!("a worker needs at least {} MiB for {params} parameters (weights and gradients), got {}", mib(e.ps_worker_bytes), s.resources.memory_mb));
+            } else if e.ps_shard_bytes(shards) > have {
+                let need = e.ps_tier_bytes.div_ceil(have.max(1));
+                v.fail("parameter_servers", format!("{shards} shard(s) of {} MiB each exceed resources.memory_mb ({}); use at least {need}", mib(e.ps_shard_bytes(shards)), s.resources.memory_mb));
+            }
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,490 @@
+//! The job spec's wire types: [`JobSpecInput`] and everything it nests, as
+//! users write them in JSON (unknown fields rejected at every level), with
+//! their defaults and the values derived from them (memory estimate, shard
+//! and replica counts, consistency mode). Nothing here is validated; that is
+//! [`JobSpec::parse`](super::JobSpec::parse)'s job.
+
+use crate::model::{self, MemoryEstimate};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A training job as the user writes it. Optional fields have the defaults
+/// shown; unknown fields anywhere are an error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = JobSpec)]
+pub struct JobSpecInput {
+    /// A human name (1–128 characters, no control characters).
+    #[schema(example = "digits-mlp")]
+    pub name: String,
+    /// The model to train.
+    pub model: ModelSpec,
+    /// The data to train on.
+    pub dataset: DatasetSpec,
+    /// The loss.
+    pub loss: Loss,
+    /// The optimizer and its learning-rate schedule.
+    pub optimizer: OptimizerSpec,
+    /// Samples per worker per step (1–65536).
+    pub batch_size: u32,
+    /// Passes over the training split (1–100000). Exactly one of `epochs`
+    /// and `steps` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<u32>,
+    /// Optimizer steps (1–100000000). Exactly one of `epochs` and `steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// How workers combine gradients; `auto` picks by the memory arithmetic.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// How many workers: the job starts with `min` and grows to `max`.
+    #[serde(default)]
+    pub workers: WorkerRange,
+    /// Parameter-server shards (1–256, default 1); only for `parameter_server`
+    /// and `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_servers: Option<u32>,
+    /// Hot standbys per PS shard (0–1, default 0); only for
+    /// `parameter_server` and `auto`. A standby runs on another executor,
+    /// receives every update its shard applies (a sync shard publishes a
+    /// version only once its standby has it) and takes over the shard when
+    /// the shard's executor is lost: no update is lost. It costs one more
+    /// executor's RAM per shard and one more copy of each update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    /// Update consistency of the PS pattern (default `sync`); only for
+    /// `parameter_server` and `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<Consistency>,
+    /// Gradients on the wire: `none` (fp32, the default) or `bf16` (half
+    /// the bytes; sums still accumulate in fp32).
+    #[serde(default)]
+    pub compression: Compression,
+    /// When checkpoints are written and how many are kept.
+    #[serde(default)]
+    pub checkpoint: CheckpointPolicy,
+    /// Start from another job's committed checkpoint (the same model; any
+    /// number of workers or PS shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<ResumeFrom>,
+    /// What each worker needs.
+    #[serde(default)]
+    pub resources: Resources,
+    /// Fraction of the dataset held out for evaluation (0–0.5, default 0.1).
+    #[serde(default = "default_eval_fraction")]
+    pub eval_fraction: f64,
+    /// Seed of initialisation, data split and shuffling.
+    #[serde(default)]
+    pub seed: u64,
+    /// Queue priority (−1000–1000, default 0): higher is placed first.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+fn default_eval_fraction() -> f64 {
+    0.1
+}
+
+/// A built-in model sized by its fields, or a TorchScript file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ModelSpec {
+    /// Fully connected layers with ReLU between them.
+    Mlp(MlpSpec),
+    /// 3×3 convolutions, each followed by ReLU and 2×2 max-pooling, then two
+    /// linear layers.
+    Cnn(CnnSpec),
+    /// A character-level decoder-only transformer language model.
+    Transformer(TransformerSpec),
+    /// A TorchScript module (`torch.jit.script(model).save(...)`) at a URL.
+    Torchscript(TorchscriptSpec),
+}
+
+/// Sizes of an MLP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MlpSpec {
+    /// Input features.
+    #[schema(example = 64)]
+    pub inputs: u32,
+    /// Widths of the hidden layers (at most 32).
+    #[serde(default)]
+    #[schema(example = json!([128, 64]))]
+    pub hidden: Vec<u32>,
+    /// Outputs (classes, or regression targets).
+    #[schema(example = 10)]
+    pub outputs: u32,
+}
+
+/// Sizes of a small CNN for image tensors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CnnSpec {
+    /// Image channels.
+    pub channels: u32,
+    /// Image height.
+    pub height: u32,
+    /// Image width.
+    pub width: u32,
+    /// Output channels of each convolution (1–8 of them).
+    pub conv_channels: Vec<u32>,
+    /// Width of the hidden linear layer.
+    pub hidden: u32,
+    /// Classes.
+    pub classes: u32,
+}
+
+/// Sizes of a transformer language model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransformerSpec {
+    /// Vocabulary size (256 for bytes).
+    pub vocab: u32,
+    /// Context length in tokens.
+    pub context: u32,
+    /// Transformer blocks.
+    pub layers: u32,
+    /// Attention heads; `width` must be a multiple.
+    pub heads: u32,
+    /// Model width.
+    pub width: u32,
+}
+
+/// A TorchScript model file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TorchscriptSpec {
+    /// Object-store URL of the `.pt` file.
+    #[schema(example = "s3://models/net.pt")]
+    pub url: String,
+}
+
+/// A built-in generator or a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DatasetSpec {
+    /// Gaussian clusters, one per class.
+    Classification(ClassificationData),
+    /// A noisy random linear map.
+    Regression(RegressionData),
+    /// Generated text for language models.
+    Text(TextData),
+    /// A file at an object-store URL.
+    File(FileData),
+}
+
+/// A generated classification set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClassificationData {
+    /// Samples.
+    pub samples: u64,
+    /// Features per sample.
+    pub features: u32,
+    /// Classes.
+    pub classes: u32,
+}
+
+/// A generated regression set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegressionData {
+    /// Samples.
+    pub samples: u64,
+    /// Features per sample.
+    pub features: u32,
+    /// Targets per sample (default 1).
+    #[serde(default = "one")]
+    pub targets: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Generated text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TextData {
+    /// Characters of text.
+    pub characters: u64,
+}
+
+/// A dataset file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileData {
+    /// Object-store URL.
+    #[schema(example = "file:///data/digits.npz")]
+    pub url: String,
+    /// File format; taken from the URL's extension when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<FileFormat>,
+}
+
+/// Dataset file formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    /// NumPy `.npz` with arrays `x` and `y`.
+    Npz,
+    /// `.safetensors` with tensors `x` and `y`.
+    Safetensors,
+    /// Plain text, for the language model.
+    Text,
+}
+
+/// Training loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// Cross-entropy over class logits (classification, language models).
+    CrossEntropy,
+    /// Mean squared error (regression).
+    Mse,
+}
+
+/// Optimizer kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    /// Plain SGD.
+    Sgd,
+    /// SGD with momentum.
+    Momentum,
+    /// Adam (weight decay added to the gradient).
+    Adam,
+    /// AdamW (decoupled weight decay).
+    Adamw,
+}
+
+/// Optimizer settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSpec {
+    /// The algorithm.
+    pub kind: OptimizerKind,
+    /// Peak learning rate (0 < lr ≤ 10).
+    #[schema(example = 0.001)]
+    pub lr: f64,
+    /// Weight decay (0–1, default 0).
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Momentum (0–1, default 0.9); only for `momentum`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<f64>,
+    /// Adam's β₁ and β₂ (each in [0, 1), default [0.9, 0.999]); only for
+    /// `adam` and `adamw`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub betas: Option<[f64; 2]>,
+    /// Learning-rate schedule (default constant).
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// Clip the global gradient norm to this value (> 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_clip: Option<f64>,
+}
+
+/// Learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Schedule {
+    /// The same rate throughout.
+    #[default]
+    Constant,
+    /// Linear warm-up to `lr`, then cosine decay to zero at the last step.
+    WarmupCosine {
+        /// Steps of linear warm-up.
+        warmup_steps: u64,
+    },
+}
+
+/// How workers combine their gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Sharded parameter servers hold weights and optimizer state.
+    ParameterServer,
+    /// Every worker holds the model; gradients are summed around a ring.
+    Allreduce,
+    /// `allreduce` when a replica with its optimizer state fits a worker's
+    /// memory, otherwise `parameter_server`.
+    #[default]
+    Auto,
+}
+
+/// Bounds of the worker count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerRange {
+    /// Workers needed to start (1–1024).
+    pub min: u32,
+    /// Workers the job grows to (min–1024).
+    pub max: u32,
+}
+
+impl Default for WorkerRange {
+    fn default() -> Self {
+        WorkerRange { min: 1, max: 1 }
+    }
+}
+
+/// How gradients travel between workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// fp32, exact.
+    #[default]
+    None,
+    /// bfloat16 (round to nearest even) on the wire, fp32 accumulation.
+    Bf16,
+}
+
+/// Update consistency of the parameter-server pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Consistency {
+    /// Each shard averages one gradient from every worker per version.
+    Sync,
+    /// Gradients are applied as they arrive.
+    Async,
+    /// Accepted iff `current_version − gradient_version ≤ staleness`.
+    Bounded {
+        /// Largest accepted version lag (0–10000).
+        staleness: u32,
+    },
+}
+
+/// Which checkpoint a new job starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeFrom {
+    /// The job whose checkpoint it is.
+    pub job_id: uuid::Uuid,
+    /// Its step (default: that job's newest committed checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+}
+
+/// Checkpoint policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointPolicy {
+    /// Checkpoint every N steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_steps: Option<u64>,
+    /// Checkpoint every T seconds (at most a week).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_seconds: Option<u64>,
+    /// Newest checkpoints kept (1–1000, default 3).
+    #[serde(default = "default_keep")]
+    pub keep: u32,
+    /// Write a checkpoint when training ends (default true).
+    #[serde(default = "yes")]
+    pub at_end: bool,
+}
+
+fn default_keep() -> u32 {
+    3
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        CheckpointPolicy {
+            every_steps: None,
+            every_seconds: None,
+            keep: default_keep(),
+            at_end: true,
+        }
+    }
+}
+
+/// Where a worker trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    /// CPU.
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU.
+    Cuda,
+}
+
+/// What each worker needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Device kind.
+    #[serde(default)]
+    pub device: Device,
+    /// Memory per worker and per PS shard, in MiB (16 MiB–4 TiB, default 1024).
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+}
+
+fn default_memory_mb() -> u64 {
+    1024
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            device: Device::Cpu,
+            memory_mb: default_memory_mb(),
+        }
+    }
+}
+
+impl JobSpecInput {
+    /// The memory each role needs, for built-in models.
+    pub fn estimate(&self) -> Option<MemoryEstimate> {
+        let params = model::parameter_count(&self.model)?;
+        Some(
+            MemoryEstimate::new(params, self.optimizer.kind, self.is_sync())
+                .with_ps_replicas(self.ps_replicas()),
+        )
+    }
+
+    /// Parameter-server shards (1 unless given).
+    pub fn parameter_server_count(&self) -> u32 {
+        self.parameter_servers.unwrap_or(1)
+    }
+
+    /// Hot standbys per PS shard (0 unless given).
+    pub fn ps_replicas(&self) -> u32 {
+        self.replicas.unwrap_or(0)
+    }
+
+    /// The consistency mode (sync unless given).
+    pub fn consistency_mode(&self) -> Consistency {
+        self.consistency.unwrap_or(Consistency::Sync)
+    }
+
+    fn is_sync(&self) -> bool {
+        self.consistency_mode() == Consistency::Sync
+    }
+
+    pub(super) fn memory_bytes(&self) -> u64 {
+        self.resources.memory_mb.saturating_mul(1 << 20)
+    }
+}
+
+/// The format a dataset URL's extension names, if any.
+pub fn file_format_from_url(url: &str) -> Option<FileFormat> {
+    let ext = url
+        .rsplit('/')
+        .next()?
+        .rsplit_once('.')?
+        .1
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "npz" => Some(FileFormat::Npz),
+        "safetensors" => Some(FileFormat::Safetensors),
+        "txt" | "text" => Some(FileFormat::Text),
+        _ => None,
+    }
+}

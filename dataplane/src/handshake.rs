@@ -30,7 +30,7 @@ pub struct Hello {
     pub job: Uuid,
     /// The generation the caller belongs to.
     pub generation: i64,
-    /// The role kind of the endpoint ([`crate::RoleKind`] as a byte).
+    /// The role kind of the endpoint ([`crate::EndpointRole`] as a byte).
     pub kind: u8,
     /// The caller's rank (or shard index).
     pub from: u32,

@@ -25,5 +25,5 @@ pub mod plane;
 pub mod ps;
 pub mod ring;
 
-pub use plane::{DataPlane, Endpoint, EndpointKey, RoleKind};
+pub use plane::{DataPlane, Endpoint, EndpointKey, EndpointRole};
 pub use ring::{Ring, RingConfig, RingError, Wire};

@@ -24,21 +24,23 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Handshakes served at once.
 pub const MAX_HANDSHAKES: usize = 64;
 
-/// The kind of endpoint a connection is for.
+/// The kind of endpoint a connection is for (a data-plane endpoint's role;
+/// not the scheduler's `trainyard_common::cluster::RoleKind`, which names
+/// the role an executor is assigned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
-pub enum RoleKind {
+pub enum EndpointRole {
     /// A rank of a ring all-reduce.
     Ring = 1,
     /// A parameter-server shard.
     ParameterServer = 2,
 }
 
-impl RoleKind {
-    fn from_byte(b: u8) -> Option<RoleKind> {
+impl EndpointRole {
+    fn from_byte(b: u8) -> Option<EndpointRole> {
         match b {
-            1 => Some(RoleKind::Ring),
-            2 => Some(RoleKind::ParameterServer),
+            1 => Some(EndpointRole::Ring),
+            2 => Some(EndpointRole::ParameterServer),
             _ => None,
         }
     }
@@ -50,7 +52,7 @@ pub struct EndpointKey {
     /// The job.
     pub job: Uuid,
     /// The role kind.
-    pub kind: RoleKind,
+    pub kind: EndpointRole,
     /// The rank or shard index.
     pub rank: u32,
 }
@@ -257,7 +259,7 @@ fn judge(
     let Some(hello) = Hello::decode(&h) else {
         return (Status::Refused, 0, None);
     };
-    let Some(kind) = RoleKind::from_byte(hello.kind) else {
+    let Some(kind) = EndpointRole::from_byte(hello.kind) else {
         return (Status::Refused, 0, None);
     };
     let key = EndpointKey {
@@ -327,7 +329,7 @@ mod tests {
         Hello {
             job,
             generation,
-            kind: RoleKind::Ring as u8,
+            kind: EndpointRole::Ring as u8,
             from: 0,
             to: 1,
         }
@@ -340,7 +342,7 @@ mod tests {
         let job = Uuid::new_v4();
         let key = EndpointKey {
             job,
-            kind: RoleKind::Ring,
+            kind: EndpointRole::Ring,
             rank: 1,
         };
         let stop = AtomicBool::new(false);

@@ -79,7 +79,7 @@ use trainyard_common::spec::Consistency;
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, Header, Kind, WireError};
-use trainyard_dataplane::{plane, DataPlane, EndpointKey, RoleKind};
+use trainyard_dataplane::{plane, DataPlane, EndpointKey, EndpointRole};
 
 /// How long a worker waits for a shard's answer (a sync pull waits for the
 /// slowest worker's push).
@@ -337,7 +337,7 @@ impl StandbyLink {
         let hello = Hello {
             job: self.job,
             generation: self.generation,
-            kind: RoleKind::ParameterServer as u8,
+            kind: EndpointRole::ParameterServer as u8,
             from: self.shard,
             to: STANDBY_INDEX_BASE + self.shard,
         };
@@ -672,7 +672,7 @@ pub fn serve_shard(
     let endpoint = plane.register(
         EndpointKey {
             job: a.key.job_id,
-            kind: RoleKind::ParameterServer,
+            kind: EndpointRole::ParameterServer,
             rank: a.key.index,
         },
         a.key.generation,
@@ -785,7 +785,7 @@ pub fn serve_standby(
     let endpoint = plane.register(
         EndpointKey {
             job: a.key.job_id,
-            kind: RoleKind::ParameterServer,
+            kind: EndpointRole::ParameterServer,
             rank: STANDBY_INDEX_BASE + shard_index,
         },
         a.key.generation,
@@ -1389,7 +1389,7 @@ pub fn work(
         let hello = Hello {
             job: a.key.job_id,
             generation: a.key.generation,
-            kind: RoleKind::ParameterServer as u8,
+            kind: EndpointRole::ParameterServer as u8,
             from: rank,
             to: p.shard,
         };
@@ -2020,7 +2020,7 @@ mod tests {
         let hello = Hello {
             job: uuid::Uuid::from_u128(7),
             generation,
-            kind: RoleKind::ParameterServer as u8,
+            kind: EndpointRole::ParameterServer as u8,
             from,
             to,
         };

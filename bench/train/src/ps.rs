@@ -147,7 +147,7 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> (f64, f64, f64) {
                         let hello = Hello {
                             job: tier.job,
                             generation: 1,
-                            kind: trainyard_dataplane::RoleKind::ParameterServer as u8,
+                            kind: trainyard_dataplane::EndpointRole::ParameterServer as u8,
                             from: rank,
                             to: p.shard,
                         };

@@ -1,8 +1,11 @@
 //! Fuzz target: whatever bytes a peer sends, the data plane's decoders
 //! (ring frame headers, the handshake's hello, PS headers and payloads read
-//! from a stream) answer with a value or an error, never a panic, and never
-//! buffer more than they are allowed to: a ring frame's length is bounded by
-//! `MAX_PAYLOAD`, a PS payload must be exactly the shard's length.
+//! from a stream, typed as PS messages) answer with a value or an error,
+//! never a panic, and never buffer more than they are allowed to: a ring
+//! frame's length is bounded by `MAX_PAYLOAD`, a PS payload must be exactly
+//! the shard's length, and a PS message that carries no values carries no
+//! payload. A message that decodes encodes back to a header that decodes
+//! to the same message.
 
 #![no_main]
 
@@ -26,14 +29,30 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(handshake::Hello::decode(&hello.encode()), Some(hello));
         }
     }
-    // A PS connection: headers and payloads one after the other.
+    if let Some(b) = data.get(..ps::HEADER_LEN) {
+        let b: [u8; ps::HEADER_LEN] = b.try_into().expect("sliced to length");
+        if let Some(h) = ps::Header::decode(&b) {
+            if let Ok(m) = ps::Message::decode(&h) {
+                assert!(m.carries_values() || h.len == 0);
+                let again = ps::Message::decode(&m.header(h.generation, h.len))
+                    .expect("an encoded message decodes");
+                // Debug form: a NaN learning rate is not equal to itself.
+                assert_eq!(format!("{again:?}"), format!("{m:?}"));
+            }
+        }
+    }
+    // A PS connection: messages and their values one after the other.
     let mut stream = std::io::Cursor::new(data);
     let mut buf = Vec::new();
     for _ in 0..8 {
-        let Ok(h) = ps::read_header(&mut stream) else {
+        let Ok(m) = ps::read_message(&mut stream) else {
             break;
         };
-        if ps::read_payload(&mut stream, &h, SHARD, &mut buf).is_err() {
+        if !m.message.carries_values() {
+            assert_eq!(m.len, 0);
+            continue;
+        }
+        if ps::read_values(&mut stream, &m, SHARD, &mut buf).is_err() {
             break;
         }
         assert_eq!(buf.len(), SHARD);

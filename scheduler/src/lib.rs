@@ -6,14 +6,19 @@
 //! * [`shard`] — the byte-balanced PS shard map.
 //! * [`service`] — the loop around the planner: leader lease (Postgres
 //!   advisory lock), lost-executor detection, one transaction per
-//!   membership change (new assignments, generation + 1, event).
+//!   membership change (new assignments, generation + 1, event). Its parts:
+//!   `world` (what a round reads), `describe` (the sentence of a placement
+//!   event), `membership` (writing one job's change, `→ running` once its
+//!   roles run), `inspection` (TorchScript jobs to an inspector), `metrics`
+//!   and `error`; `service/mod.rs` holds the lease and the round.
 //! * [`provision`] — capacity on demand: how many executors the queue's
 //!   unmet demand needs, which idle ones to release (pure, property-tested);
 //!   [`fleet`] carries it out through a [`fleet::Provisioner`], of which
 //!   [`local`] starts executor processes on this machine.
 //! * [`lifecycle`] — the one function through which every job state change
 //!   is made, checked against [`JobState::can_move_to`](trainyard_common::JobState::can_move_to)
-//!   and written with its event row.
+//!   and written with its event row; the other event rows and the job
+//!   channel's notifications.
 //!
 //! The API runs the loop in-process by default.
 

@@ -100,3 +100,22 @@ pub async fn notify(tx: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> 
         .await?;
     Ok(())
 }
+
+/// Writes an event of `kind` (not a state change: a placement, a strategy
+/// decision, an inspection handed over) to job `job`'s log.
+pub async fn event(
+    tx: &mut PgConnection,
+    job: Uuid,
+    kind: &str,
+    reason: &str,
+    data: serde_json::Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
+        .bind(job)
+        .bind(kind)
+        .bind(reason)
+        .bind(data)
+        .execute(tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Writing a job's membership change (new assignments, `generation + 1`,
+//! the state change and the events saying why), and moving jobs whose every
+//! role reported running to `running`.
+//!
+//! Every write re-checks the job's generation under its row lock, so a
+//! leader that lost its lease mid-round cannot overwrite a newer plan.
+
+use super::describe::describe;
+use super::error::{db_err, SchedulerError};
+use super::metrics::SchedulerMetrics;
+use super::world::World;
+use crate::lifecycle::{self, event, transition};
+use crate::plan::{JobView, Placement, Plan};
+use serde_json::json;
+use sqlx::{PgPool, Row};
+use trainyard_common::cluster::STANDBY_INDEX_BASE;
+use trainyard_common::spec::Strategy;
+use trainyard_common::JobState;
+use uuid::Uuid;
+
+/// Writes job `job`'s new placement from `plan`, if it changed: in one
+/// transaction, under the job's row lock and only if its generation is
+/// still the one `world` saw, the new assignments, `generation + 1`, the
+/// state change that follows and the events saying why. An unchanged job
+/// only gets its waiting reason refreshed.
+pub(super) async fn apply(
+    db: &PgPool,
+    metrics: &SchedulerMetrics,
+    world: &World,
+    plan: &Plan,
+    job: &JobView,
+) -> Result<(), SchedulerError> {
+    let meta = &world.meta[&job.id];
+    let new = plan.placements.get(&job.id);
+    if new == job.current.as_ref() {
+        if let Some(why) = plan.waiting.get(&job.id) {
+            let reason = format!("waiting: {why}");
+            if meta.state_reason != reason {
+                sqlx::query(
+                    "UPDATE jobs SET state_reason = $2, updated_at = clock_timestamp()
+                 WHERE id = $1 AND state_reason <> $2 AND generation = $3
+                   AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                )
+                .bind(job.id)
+                .bind(&reason)
+                .bind(meta.generation)
+                .execute(db)
+                .await?;
+                let mut conn = db.acquire().await?;
+                lifecycle::notify(&mut conn, job.id).await?;
+            }
+        }
+        return Ok(());
+    }
+
+    let mut tx = db.begin().await?;
+    let row =
+        sqlx::query("SELECT generation, state::text AS state FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(job.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(row) = row else { return Ok(()) };
+    let generation: i64 = row.get("generation");
+    let state: JobState = row
+        .get::<String, _>("state")
+        .parse()
+        .unwrap_or(JobState::Failed);
+    if generation != meta.generation || state.is_terminal() {
+        return Ok(()); // Changed under us: the next round sees the new truth.
+    }
+    let next = generation + 1;
+    let reason = describe(world, job.current.as_ref(), new, plan.waiting.get(&job.id));
+    sqlx::query("DELETE FROM assignments WHERE job_id = $1")
+        .bind(job.id)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(p) = new {
+        for w in &p.workers {
+            sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, device) VALUES ($1, $2, 'worker', $3, $4, $5)")
+                .bind(job.id)
+                .bind(next)
+                .bind(w.rank as i32)
+                .bind(w.executor)
+                .bind(w.device as i32)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for ps in &p.parameter_servers {
+            sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
+                .bind(job.id)
+                .bind(next)
+                .bind(ps.shard as i32)
+                .bind(ps.executor)
+                .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
+                .execute(&mut *tx)
+                .await?;
+            // A standby is a PS role of its own (index: see
+            // `STANDBY_INDEX_BASE`) with its shard's ranges.
+            if let Some(sb) = ps.standby {
+                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
+                    .bind(job.id)
+                    .bind(next)
+                    .bind((STANDBY_INDEX_BASE + ps.shard) as i32)
+                    .bind(sb)
+                    .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+    }
+    let strategy = new.map(|p| strategy_name(p.strategy));
+    sqlx::query(
+        "UPDATE jobs SET generation = $2, updated_at = clock_timestamp(),
+                strategy = coalesce($3, strategy), secret = coalesce(secret, $4)
+         WHERE id = $1",
+    )
+    .bind(job.id)
+    .bind(next)
+    .bind(strategy)
+    .bind(new_secret())
+    .execute(&mut *tx)
+    .await?;
+    if let Some(why) = plan.decisions.get(&job.id) {
+        event(&mut tx, job.id, "strategy", why, json!({})).await?;
+    }
+    event(
+        &mut tx,
+        job.id,
+        "placement",
+        &reason,
+        placement_json(next, new),
+    )
+    .await?;
+    match (state, new.is_some()) {
+        (JobState::Queued, true) => {
+            transition(&mut tx, job.id, JobState::Scheduling, &reason)
+                .await
+                .map_err(db_err)?;
+        }
+        (JobState::Scheduling | JobState::Running | JobState::Recovering, false) => {
+            transition(&mut tx, job.id, JobState::Queued, &reason)
+                .await
+                .map_err(db_err)?;
+        }
+        (JobState::Running, true) => {
+            transition(&mut tx, job.id, JobState::Recovering, &reason)
+                .await
+                .map_err(db_err)?;
+        }
+        _ => {
+            sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1")
+                .bind(job.id)
+                .bind(&reason)
+                .execute(&mut *tx)
+                .await?;
+            lifecycle::notify(&mut tx, job.id).await?;
+        }
+    }
+    tx.commit().await?;
+    metrics.replans.inc();
+    if job.current.is_none() && new.is_some() {
+        let waited = (chrono::Utc::now() - meta.created_at)
+            .num_milliseconds()
+            .max(0) as f64
+            / 1000.0;
+        metrics.placement_latency.observe(waited);
+    }
+    tracing::info!(job = %job.id, generation = next, "{reason}");
+    Ok(())
+}
+
+/// Moves jobs whose every role runs at the current generation to `running`.
+pub(super) async fn promote_acknowledged(db: &PgPool) -> Result<(), SchedulerError> {
+    let ready: Vec<(Uuid, i64, i64)> = sqlx::query_as(
+        "SELECT j.id, j.generation, count(*)
+         FROM jobs j JOIN assignments a ON a.job_id = j.id AND a.generation = j.generation
+         JOIN executors e ON e.id = a.executor_id
+         WHERE j.state IN ('scheduling', 'recovering')
+         GROUP BY j.id, j.generation
+         HAVING bool_and(e.reported @> jsonb_build_array(jsonb_build_object(
+             'job_id', a.job_id, 'generation', a.generation, 'role', a.role, 'index', a.index)))",
+    )
+    .fetch_all(db)
+    .await?;
+    for (id, generation, roles) in ready {
+        let mut tx = db.begin().await?;
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT generation FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if current != Some(generation) {
+            continue;
+        }
+        let reason = format!("all {roles} role(s) running at generation {generation}");
+        match transition(&mut tx, id, JobState::Running, &reason).await {
+            Ok(_) => tx.commit().await?,
+            Err(lifecycle::TransitionError::Illegal { .. }) => {}
+            Err(e) => return Err(db_err(e)),
+        }
+    }
+    Ok(())
+}
+
+fn strategy_name(s: Strategy) -> &'static str {
+    match s {
+        Strategy::Allreduce => "allreduce",
+        _ => "parameter_server",
+    }
+}
+
+/// 32 random bytes (from two v4 UUIDs, which use the OS's CSPRNG).
+pub fn new_secret() -> Vec<u8> {
+    let mut s = Uuid::new_v4().as_bytes().to_vec();
+    s.extend_from_slice(Uuid::new_v4().as_bytes());
+    s
+}
+
+fn placement_json(generation: i64, p: Option<&Placement>) -> serde_json::Value {
+    match p {
+        None => json!({ "generation": generation, "workers": [], "parameter_servers": [] }),
+        Some(p) => json!({
+            "generation": generation,
+            "strategy": strategy_name(p.strategy),
+            "workers": p.workers.iter().map(|w| json!({"rank": w.rank, "executor": w.executor, "device": w.device})).collect::<Vec<_>>(),
+            "parameter_servers": p.parameter_servers.iter().map(|s| json!({"shard": s.shard, "executor": s.executor, "standby": s.standby})).collect::<Vec<_>>(),
+        }),
+    }
+}

@@ -1,0 +1,176 @@
+//! What one round sees: the unfinished jobs with their current placements
+//! (as the planner's [`JobView`]s), the live executors (as
+//! [`ExecutorView`]s), and the names and states of every executor a job
+//! still refers to, read from Postgres in three queries.
+
+use crate::plan::{Demand, DeviceSlot, ExecutorView, JobView, Placement, PsRole, WorkerRole};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use std::collections::{BTreeMap, HashMap};
+use trainyard_common::cluster::{ps_index_shard, ExecutorResources, Range};
+use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
+use trainyard_common::spec::{JobSpecInput, Strategy};
+use uuid::Uuid;
+
+/// What the round remembers of a job besides its [`JobView`].
+pub(super) struct JobMeta {
+    pub(super) generation: i64,
+    pub(super) state_reason: String,
+    pub(super) created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// What one round sees.
+pub(super) struct World {
+    pub(super) jobs: Vec<JobView>,
+    pub(super) live: Vec<ExecutorView>,
+    pub(super) meta: HashMap<Uuid, JobMeta>,
+    pub(super) executors: HashMap<Uuid, (String, String)>,
+}
+
+impl World {
+    /// Reads the round's view from the database.
+    pub(super) async fn load(db: &PgPool) -> Result<World, sqlx::Error> {
+        let mut executors = HashMap::new();
+        let mut live = Vec::new();
+        for r in sqlx::query("SELECT id, name, state::text AS state, resources, labels FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
+            .fetch_all(db)
+            .await?
+        {
+            let id: Uuid = r.get("id");
+            let state: String = r.get("state");
+            executors.insert(id, (r.get::<String, _>("name"), state.clone()));
+            if state != "live" {
+                continue;
+            }
+            let Ok(res) = serde_json::from_value::<ExecutorResources>(r.get("resources")) else { continue };
+            let labels: BTreeMap<String, String> = serde_json::from_value(r.get("labels")).unwrap_or_default();
+            live.push(ExecutorView {
+                id,
+                host: labels.get("host").cloned(),
+                ram_bytes: res.ram_bytes,
+                devices: res.devices.iter().map(|d| DeviceSlot { kind: d.kind, index: d.index, memory_bytes: d.memory_bytes }).collect(),
+            });
+        }
+
+        let mut assigned: HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)> = HashMap::new();
+        let mut standbys: Vec<(Uuid, u32, Uuid)> = Vec::new();
+        for r in sqlx::query("SELECT job_id, role, index, executor_id, device, ranges FROM assignments ORDER BY job_id, role, index")
+            .fetch_all(db)
+            .await?
+        {
+            let entry = assigned.entry(r.get("job_id")).or_default();
+            let index = r.get::<i32, _>("index") as u32;
+            if r.get::<String, _>("role") == "worker" {
+                entry.0.push(WorkerRole { rank: index, executor: r.get("executor_id"), device: r.get::<Option<i32>, _>("device").unwrap_or(0) as u32 });
+            } else if let (shard, true) = ps_index_shard(index) {
+                standbys.push((r.get("job_id"), shard, r.get("executor_id")));
+            } else {
+                let ranges: Vec<Range> = serde_json::from_value(r.get("ranges")).unwrap_or_default();
+                entry.1.push(PsRole { shard: index, executor: r.get("executor_id"), ranges, standby: None });
+            }
+        }
+        for (job, shard, executor) in standbys {
+            let primary = assigned
+                .get_mut(&job)
+                .and_then(|e| e.1.iter_mut().find(|p| p.shard == shard));
+            if let Some(p) = primary {
+                p.standby = Some(executor);
+            }
+        }
+
+        let mut jobs = Vec::new();
+        let mut meta = HashMap::new();
+        for r in sqlx::query(
+            "SELECT id, spec, priority, created_at, generation, state_reason, strategy, params
+             FROM jobs WHERE state IN ('queued', 'scheduling', 'running', 'recovering')",
+        )
+        .fetch_all(db)
+        .await?
+        {
+            let Some(job) = job_view(&r, &mut assigned) else {
+                continue;
+            };
+            meta.insert(
+                job.id,
+                JobMeta {
+                    generation: r.get("generation"),
+                    state_reason: r.get("state_reason"),
+                    created_at: r.get("created_at"),
+                },
+            );
+            jobs.push(job);
+        }
+        Ok(World {
+            jobs,
+            live,
+            meta,
+            executors,
+        })
+    }
+
+    /// An executor's name, with its state when it is not live (its id
+    /// when it is gone from the table).
+    pub(super) fn executor_label(&self, id: &Uuid) -> String {
+        match self.executors.get(id) {
+            Some((name, state)) if state != "live" => format!("{name} ({state})"),
+            Some((name, _)) => name.clone(),
+            None => id.to_string(),
+        }
+    }
+}
+
+fn job_view(
+    r: &PgRow,
+    assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)>,
+) -> Option<JobView> {
+    let id: Uuid = r.get("id");
+    let spec: JobSpecInput = match serde_json::from_value(r.get("spec")) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(job = %id, error = %e, "stored spec does not decode; skipping");
+            return None;
+        }
+    };
+    let created: chrono::DateTime<chrono::Utc> = r.get("created_at");
+    // TorchScript models are planned from what their inspection reported.
+    let params = match parameters(&spec.model) {
+        Some(p) => p,
+        None => r
+            .get::<Option<serde_json::Value>, _>("params")
+            .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())?,
+    };
+    let count: u64 = params
+        .iter()
+        .map(ParamInfo::numel)
+        .fold(0, u64::saturating_add);
+    let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
+    let current = assigned
+        .remove(&id)
+        .map(|(workers, parameter_servers)| Placement {
+            strategy: match r.get::<Option<String>, _>("strategy").as_deref() {
+                Some("allreduce") => Strategy::Allreduce,
+                _ => Strategy::ParameterServer,
+            },
+            workers,
+            parameter_servers,
+        });
+    Some(JobView {
+        id,
+        priority: r.get("priority"),
+        seq: created.timestamp_micros(),
+        demand: Demand {
+            strategy: spec.strategy,
+            device: spec.resources.device,
+            min_workers: spec.workers.min,
+            max_workers: spec.workers.max,
+            parameter_servers: spec.parameter_server_count(),
+            memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
+            estimate: Some(
+                MemoryEstimate::new(count, spec.optimizer.kind, sync)
+                    .with_ps_replicas(spec.ps_replicas()),
+            ),
+            params: Some(params),
+        },
+        current,
+    })
+}

@@ -28,44 +28,16 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// The user name of the bootstrap admin token and of open mode.
 pub const BOOTSTRAP_USER: &str = "admin";
 
-/// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Manages tokens and executors; sees and controls every job.
-    Admin,
-    /// Sees and controls only its own jobs.
-    User,
-}
-
-impl Role {
-    /// The name stored in Postgres.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::User => "user",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Role> {
-        match s {
-            "admin" => Some(Role::Admin),
-            "user" => Some(Role::User),
-            _ => None,
-        }
-    }
-}
+pub use trainyard_common::api::Role;
 
 /// The authenticated caller of a user-facing request.
 #[derive(Debug, Clone, PartialEq, Eq)]

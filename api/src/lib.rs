@@ -8,10 +8,12 @@
 //! loop (unless `--no-scheduler`; see `trainyard-scheduler`), the OpenAPI document of
 //! [`openapi`] with an interactive page at `/docs`, and the web UI of
 //! [`web`] (kept live by [`routes::stream`]). Every error leaves as
-//! `application/problem+json` through [`error::ApiError`]. `main.rs` is a
-//! thin shell over this, and the integration tests build the same
-//! [`Application`] on port 0 against a fresh database, so they exercise the
-//! production wiring.
+//! `application/problem+json` through [`error::ApiError`]. `trainyard
+//! serve` (crate `trainyard-cli`) is a thin shell over this, and the
+//! integration tests build the same [`Application`] on port 0 against a
+//! fresh database, so they exercise the production wiring. The resources
+//! the routes answer with are `trainyard_common::api`'s, shared with the
+//! typed client (`trainyard-client`).
 //!
 //! When no `DATABASE_URL` is given, [`embedded_pg`] runs a private Postgres
 //! cluster in the data folder with the machine's PostgreSQL binaries.

@@ -16,70 +16,9 @@ use crate::routes::jobs::fetch_job;
 use crate::AppState;
 use axum::extract::State;
 use axum::Json;
-use serde::{Deserialize, Serialize};
 use sqlx::Row;
+pub use trainyard_common::api::{JobAssignments, PsShard, RoleHost, WorkerRole};
 use trainyard_common::cluster::{ps_index_shard, ExecutorState, Range};
-use trainyard_common::spec::Strategy;
-use trainyard_common::JobState;
-use utoipa::ToSchema;
-use uuid::Uuid;
-
-/// A job's roles at its current generation.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct JobAssignments {
-    /// Job id.
-    pub job_id: Uuid,
-    /// The job's state.
-    pub state: JobState,
-    /// The job's current generation (0 before its first placement).
-    pub generation: i64,
-    /// The strategy the job runs with (the spec's until it is placed).
-    pub strategy: Strategy,
-    /// Parameter-server shards in shard order (empty for a ring).
-    pub parameter_servers: Vec<PsShard>,
-    /// Workers in rank order: for `allreduce`, the ring's order.
-    pub workers: Vec<WorkerRole>,
-}
-
-/// The executor a role runs on.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct RoleHost {
-    /// Executor id.
-    pub id: Uuid,
-    /// Its name.
-    pub name: String,
-    /// Its data-plane address.
-    pub address: String,
-    /// Its state (`live`, `draining`, `lost`, `left`).
-    pub state: ExecutorState,
-}
-
-/// One PS shard.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct PsShard {
-    /// Shard number.
-    pub shard: u32,
-    /// Where it runs.
-    pub executor: RoleHost,
-    /// The tensor ranges it owns.
-    pub ranges: Vec<Range>,
-    /// Elements it owns in all (the sum of its ranges).
-    pub elements: u64,
-    /// Where its hot standby runs (jobs with `replicas`; none while it has
-    /// no standby).
-    pub standby: Option<RoleHost>,
-}
-
-/// One worker.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WorkerRole {
-    /// Rank.
-    pub rank: u32,
-    /// Where it runs.
-    pub executor: RoleHost,
-    /// Device index on that executor.
-    pub device: u32,
-}
 
 /// A job's current roles and where they run.
 #[utoipa::path(

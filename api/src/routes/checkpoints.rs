@@ -22,52 +22,20 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use std::collections::BTreeSet;
+pub use trainyard_common::api::{CheckpointInfo, CheckpointList};
 use trainyard_common::checkpoint::{
-    manifest_key, model_key, parse_step_dir, shard_key, step_dir, CheckpointRef, CursorState,
-    Manifest, ShardUploaded,
+    manifest_key, model_key, parse_step_dir, shard_key, step_dir, CheckpointRef, Manifest,
+    ShardUploaded,
 };
 use trainyard_common::cluster::RoleKey;
 use trainyard_common::JobSpecInput;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// Most shards one checkpoint may have.
 pub const MAX_SHARDS: u32 = 4096;
-
-/// One committed checkpoint.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CheckpointInfo {
-    /// Global step.
-    pub step: u64,
-    /// Generation whose cluster wrote it.
-    pub generation: i64,
-    /// Shards.
-    pub shards: u32,
-    /// Bytes of all shards.
-    pub bytes: u64,
-    /// The data cursor after the step.
-    pub cursor: CursorState,
-    /// The manifest's URL.
-    pub manifest_url: String,
-    /// When it was committed.
-    pub committed_at: DateTime<Utc>,
-}
-
-/// `GET /v1/jobs/{id}/checkpoints`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CheckpointList {
-    /// Job id.
-    pub job_id: Uuid,
-    /// How many the job keeps.
-    pub keep: u32,
-    /// Committed checkpoints, newest first.
-    pub checkpoints: Vec<CheckpointInfo>,
-}
 
 /// Checks the shard reports of a role report; names the first bad field.
 pub fn validate(key: &RoleKey, shards: &[ShardUploaded]) -> ApiResult<()> {

@@ -16,71 +16,21 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::collections::{BTreeMap, HashMap};
+pub use trainyard_common::api::{ExecutorInfo, ExecutorList, RoleInfo};
 use trainyard_common::cluster::{
-    Assignment, ExecutorResources, ExecutorState, HeartbeatRequest, HeartbeatResponse, Inspection,
-    InspectionReport, InspectionResult, PsPeer, Range, RegisterRequest, RegisterResponse, RoleKey,
-    RoleKind, WorkerPeer, MAX_REPORTED_ROLES,
+    Assignment, ExecutorState, HeartbeatRequest, HeartbeatResponse, Inspection, InspectionReport,
+    InspectionResult, PsPeer, Range, RegisterRequest, RegisterResponse, RoleKey, RoleKind,
+    WorkerPeer, MAX_REPORTED_ROLES,
 };
 use trainyard_common::spec::{JobSpecInput, Strategy, Violation};
 use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
-
-/// An executor as users see it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ExecutorInfo {
-    /// Executor id.
-    pub id: Uuid,
-    /// Its name.
-    pub name: String,
-    /// Data-plane address.
-    pub address: String,
-    /// `live`, `draining`, `lost` or `left`.
-    pub state: ExecutorState,
-    /// What it offers.
-    pub resources: ExecutorResources,
-    /// Its labels.
-    pub labels: BTreeMap<String, String>,
-    /// Roles assigned to it now.
-    pub roles: Vec<RoleInfo>,
-    /// When it registered.
-    pub registered_at: DateTime<Utc>,
-    /// When it last heartbeat.
-    pub last_heartbeat_at: DateTime<Utc>,
-    /// Seconds since its last heartbeat.
-    pub seconds_since_heartbeat: f64,
-}
-
-/// A role held by an executor.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct RoleInfo {
-    /// Job id.
-    pub job_id: Uuid,
-    /// The job's generation.
-    pub generation: i64,
-    /// `ps` or `worker`.
-    pub role: RoleKind,
-    /// Shard or rank.
-    pub index: u32,
-    /// Whether this PS role is its shard's hot standby (jobs with
-    /// `replicas`) rather than the shard itself.
-    pub standby: bool,
-    /// Device index, for workers.
-    pub device: Option<u32>,
-}
-
-/// Executors, newest first.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ExecutorList {
-    /// The executors.
-    pub executors: Vec<ExecutorInfo>,
-}
 
 /// Query of `GET /v1/executors`.
 #[derive(Debug, Deserialize, IntoParams)]

@@ -16,15 +16,15 @@ use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
-use trainyard_common::model::MemoryEstimate;
+pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
 use trainyard_common::spec::{JobSpecInput, Strategy};
 use trainyard_common::{JobSpec, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 /// Default page size of the job list.
@@ -42,78 +42,6 @@ pub const MAX_IDEMPOTENCY_KEY: usize = 255;
 pub const WAITING_CAP_RETRY_SECS: u64 = 30;
 /// Header set on a submit that returned an existing job.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-
-/// A job as the API shows it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Job {
-    /// Job id.
-    pub id: Uuid,
-    /// The spec's name.
-    pub name: String,
-    /// The user who submitted it (`admin` for the bootstrap token and open
-    /// mode).
-    pub owner: String,
-    /// Lifecycle state.
-    pub state: JobState,
-    /// Why the job is in this state.
-    pub state_reason: String,
-    /// Membership generation (the data plane's fencing token).
-    pub generation: i64,
-    /// The strategy the job runs with: the scheduler's decision once placed
-    /// (`auto` is decided then, by the memory arithmetic over the live
-    /// devices), before that the spec's.
-    pub strategy: Strategy,
-    /// Memory each role needs (built-in models only).
-    pub estimate: Option<MemoryEstimate>,
-    /// The spec as submitted, with defaults filled in.
-    pub spec: JobSpecInput,
-    /// When it was submitted.
-    pub created_at: DateTime<Utc>,
-    /// When it last changed.
-    pub updated_at: DateTime<Utc>,
-    /// When it first ran.
-    pub started_at: Option<DateTime<Utc>>,
-    /// When it ended.
-    pub finished_at: Option<DateTime<Utc>>,
-}
-
-/// A page of jobs, newest first.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct JobPage {
-    /// The jobs.
-    pub jobs: Vec<Job>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    pub next_cursor: Option<String>,
-}
-
-/// One entry of a job's event log.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct JobEvent {
-    /// Position in the log (increasing).
-    pub id: i64,
-    /// When it happened.
-    pub at: DateTime<Utc>,
-    /// `submitted`, `transition`, or a later capability's kind.
-    pub kind: String,
-    /// The state left, for transitions.
-    pub from_state: Option<JobState>,
-    /// The state entered, for transitions and the submit.
-    pub to_state: Option<JobState>,
-    /// Why.
-    pub reason: String,
-    /// Details of the event.
-    #[schema(value_type = Object)]
-    pub data: serde_json::Value,
-}
-
-/// A page of a job's events, oldest first.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct EventPage {
-    /// The events.
-    pub events: Vec<JobEvent>,
-    /// Pass as `after` for the next page; absent when there are no more yet.
-    pub next_after: Option<i64>,
-}
 
 /// Query of `GET /v1/jobs`.
 #[derive(Debug, Deserialize, IntoParams)]

@@ -11,85 +11,12 @@ use crate::routes::jobs::parse_limit;
 use crate::AppState;
 use axum::extract::State;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::Row;
-use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
-
-/// The provisioner's settings, as the server runs it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ProvisionerSettings {
-    /// `local` (executor processes on the API's machine) or `none`.
-    pub kind: String,
-    /// Most executors it runs at once (its own limit, clamped to the CPU
-    /// and memory budget).
-    pub max_executors: u32,
-    /// Most new executors one job may need; larger jobs stay queued.
-    pub max_per_job: u32,
-    /// Seconds an executor it started may hold no role before it goes.
-    pub idle_timeout_secs: u64,
-    /// Seconds a started executor may take to register.
-    pub start_timeout_secs: u64,
-    /// CPU cores it may use for executors.
-    pub cpu_budget: f64,
-    /// Memory it may give executors, in MiB.
-    pub memory_budget_mb: u64,
-    /// CPU cores each executor gets (its libtorch threads, rounded down).
-    pub executor_cpus: f64,
-    /// RAM each executor offers, in MiB.
-    pub executor_memory_mb: u64,
-}
-
-/// An executor the provisioner started.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ProvisionedExecutor {
-    /// The name it registers under.
-    pub name: String,
-    /// `starting`, `running`, `stopping`, `stopped`, `exited`, `failed` or `gone`.
-    pub state: String,
-    /// Its process id on the provisioner's host.
-    pub pid: Option<i32>,
-    /// The machine that started it.
-    pub host: String,
-    /// Its executor id once it registered.
-    pub executor_id: Option<Uuid>,
-    /// Why it is in its state, where known.
-    pub reason: Option<String>,
-    /// When it was started.
-    pub started_at: chrono::DateTime<chrono::Utc>,
-    /// When it ended.
-    pub stopped_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// One provisioning decision.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ProvisionerEvent {
-    /// Increasing id.
-    pub id: i64,
-    /// When.
-    pub at: chrono::DateTime<chrono::Utc>,
-    /// `start`, `release`, `stopped`, `exited`, `failed`, `blocked` or `adopted`.
-    pub kind: String,
-    /// The executor concerned.
-    pub executor: Option<String>,
-    /// The job concerned (a `blocked` decision).
-    pub job_id: Option<Uuid>,
-    /// Why, in a sentence.
-    pub reason: String,
-    /// Details (`start`: the executors and the jobs they are for).
-    pub data: serde_json::Value,
-}
-
-/// The provisioner's state.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ProvisionerStatus {
-    /// Its settings (`kind: none` when executors are only started by hand).
-    pub settings: ProvisionerSettings,
-    /// Executors it runs, then the most recent ended ones (up to 50).
-    pub executors: Vec<ProvisionedExecutor>,
-    /// Its decisions, newest first.
-    pub events: Vec<ProvisionerEvent>,
-}
+pub use trainyard_common::api::{
+    ProvisionedExecutor, ProvisionerEvent, ProvisionerSettings, ProvisionerStatus,
+};
+use utoipa::IntoParams;
 
 /// Query of `GET /v1/provisioner`.
 #[derive(Debug, Deserialize, IntoParams)]

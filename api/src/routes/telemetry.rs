@@ -19,31 +19,23 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::Row;
+pub use trainyard_common::api::{JobLogLine, LogPage, MetricSample, MetricSeries, ReportAck};
+use sqlx::PgConnection;
 use trainyard_common::cluster::{
-    LogLevel, RoleOutcome, RoleReport, MAX_LOG_CHARS, MAX_REPORT_ITEMS,
+    LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_LOG_CHARS,
+    MAX_REPORT_ITEMS,
 };
 use trainyard_common::JobState;
 use trainyard_scheduler::lifecycle::{self, TransitionError};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 /// Default number of points `GET …/metrics` returns at most.
 pub const DEFAULT_MAX_POINTS: i64 = 500;
 /// Largest `max_points`.
 pub const MAX_POINTS: i64 = 10_000;
-
-/// What a report did.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ReportAck {
-    /// Metric points stored (duplicates of earlier reports are not).
-    pub metrics_stored: u64,
-    /// Log lines stored.
-    pub logs_stored: u64,
-    /// Whether the outcome ended the job.
-    pub outcome_applied: bool,
-}
 
 /// Text from an executor as Postgres can store it: at most
 /// `MAX_LOG_CHARS` characters, without NUL (which `text` columns refuse).
@@ -82,6 +74,37 @@ pub async fn report(
 ) -> ApiResult<Json<ReportAck>> {
     authorize_executor(&st, &headers, executor).await?;
     let r: RoleReport = parse_body(&body)?;
+    check_report(&r)?;
+    let key = r.key;
+    ensure_job(&st.db, key.job_id).await?;
+    // Checkpoints first: a checkpoint written at the end is committed
+    // before the outcome ends the job.
+    crate::routes::checkpoints::record(&st, key.job_id, &r.checkpoints).await?;
+    let mut tx = st.db.begin().await?;
+    let metrics_stored = store_metrics(&mut tx, &key, &r.metrics).await?;
+    let logs_stored = store_logs(&mut tx, executor, &key, &r.logs).await?;
+    let verdict = match &r.outcome {
+        Some(outcome) => apply_outcome(&mut tx, executor, &key, outcome).await?,
+        None => Verdict::Ignored,
+    };
+    // Metrics and logs are kept even when a stale outcome is refused.
+    tx.commit().await?;
+    if verdict == Verdict::Stale {
+        return Err(ApiError::Conflict(format!(
+            "generation {} of job {} is not current for this role: the outcome is ignored",
+            key.generation, key.job_id
+        )));
+    }
+    Ok(Json(ReportAck {
+        metrics_stored,
+        logs_stored,
+        outcome_applied: verdict == Verdict::Applied,
+    }))
+}
+
+/// The report's bounds, beyond its shape: item counts, steps from 1, and
+/// its checkpoint shards.
+fn check_report(r: &RoleReport) -> ApiResult<()> {
     if r.metrics.len() > MAX_REPORT_ITEMS || r.logs.len() > MAX_REPORT_ITEMS {
         return Err(ApiError::invalid_field(
             "metrics",
@@ -98,47 +121,61 @@ pub async fn report(
             "must be at least 1",
         ));
     }
-    let key = r.key;
-    crate::routes::checkpoints::validate(&key, &r.checkpoints)?;
-    ensure_job(&st.db, key.job_id).await?;
-    let rank = if key.role == trainyard_common::cluster::RoleKind::Worker {
+    crate::routes::checkpoints::validate(&r.key, &r.checkpoints)
+}
+
+/// Stores a worker's step metrics (a PS role's are ignored); returns how
+/// many were new.
+async fn store_metrics(
+    tx: &mut PgConnection,
+    key: &RoleKey,
+    metrics: &[MetricPoint],
+) -> ApiResult<u64> {
+    let rank = if key.role == RoleKind::Worker {
         key.index as i32
     } else {
         -1
     };
-    // Checkpoints first: a checkpoint written at the end is committed
-    // before the outcome ends the job.
-    crate::routes::checkpoints::record(&st, key.job_id, &r.checkpoints).await?;
-    let mut tx = st.db.begin().await?;
-    let mut metrics_stored = 0;
-    if rank >= 0 {
-        for m in &r.metrics {
-            let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
-            metrics_stored += sqlx::query(
-                "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
-            )
-            .bind(key.job_id)
-            .bind(rank)
-            .bind(m.step as i64)
-            .bind(clean(m.loss))
-            .bind(clean(m.lr))
-            .bind(clean(m.samples_per_sec))
-            .bind(clean(m.data_seconds))
-            .bind(clean(m.compute_seconds))
-            .bind(clean(m.comm_seconds))
-            .bind(finite(m.eval_loss))
-            .bind(finite(m.eval_accuracy))
-            .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
-            .bind(m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
-            .bind(i32::try_from(m.rejected).unwrap_or(i32::MAX))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        }
+    if rank < 0 {
+        return Ok(0);
     }
-    let mut logs_stored = 0;
-    for l in &r.logs {
+    let mut stored = 0;
+    for m in metrics {
+        let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
+        stored += sqlx::query(
+            "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
+        )
+        .bind(key.job_id)
+        .bind(rank)
+        .bind(m.step as i64)
+        .bind(clean(m.loss))
+        .bind(clean(m.lr))
+        .bind(clean(m.samples_per_sec))
+        .bind(clean(m.data_seconds))
+        .bind(clean(m.compute_seconds))
+        .bind(clean(m.comm_seconds))
+        .bind(finite(m.eval_loss))
+        .bind(finite(m.eval_accuracy))
+        .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
+        .bind(m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
+        .bind(i32::try_from(m.rejected).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    }
+    Ok(stored)
+}
+
+/// Stores a role's log lines; returns how many were new.
+async fn store_logs(
+    tx: &mut PgConnection,
+    executor: Uuid,
+    key: &RoleKey,
+    logs: &[LogLine],
+) -> ApiResult<u64> {
+    let mut stored = 0;
+    for l in logs {
         let at = DateTime::from_timestamp_millis(l.at_ms).unwrap_or_else(Utc::now);
         let message = text(&l.message);
         let level = match l.level {
@@ -146,7 +183,7 @@ pub async fn report(
             LogLevel::Warn => "warn",
             LogLevel::Error => "error",
         };
-        logs_stored += sqlx::query(
+        stored += sqlx::query(
             "INSERT INTO job_logs (job_id, executor_id, generation, role, index, seq, at, level, message)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
         )
@@ -163,168 +200,127 @@ pub async fn report(
         .await?
         .rows_affected();
     }
-    let mut outcome_applied = false;
-    // The job's row is locked before the outcome is judged, so that two
-    // deliveries of one outcome are serialised.
-    let state: Option<JobState> = match &r.outcome {
-        None => None,
-        Some(_) => {
-            sqlx::query_scalar::<_, String>("SELECT state::text FROM jobs WHERE id = $1 FOR UPDATE")
-                .bind(key.job_id)
-                .fetch_one(&mut *tx)
-                .await?
-                .parse()
-                .ok()
-        }
-    };
+    Ok(stored)
+}
+
+/// What became of a report's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// It ended the job.
+    Applied,
+    /// None was reported, the job had ended already (a retry whose answer
+    /// was lost, or a late one), or it was cancelled meanwhile.
+    Ignored,
+    /// It came from a role that is not the job's current generation: the
+    /// report is answered with a 409 (after its metrics and logs commit).
+    Stale,
+}
+
+/// Judges a role's outcome and, when it is the current generation's, ends
+/// the job with its result event. The job's row is locked first, so that
+/// two deliveries of one outcome are serialised: the second sees the job
+/// ended and changes nothing.
+async fn apply_outcome(
+    tx: &mut PgConnection,
+    executor: Uuid,
+    key: &RoleKey,
+    outcome: &RoleOutcome,
+) -> ApiResult<Verdict> {
+    let state: Option<JobState> =
+        sqlx::query_scalar::<_, String>("SELECT state::text FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(key.job_id)
+            .fetch_one(&mut *tx)
+            .await?
+            .parse()
+            .ok();
     if state.is_some_and(JobState::is_terminal) {
-        // The job has ended: this is a retry of the outcome that ended it
-        // (its answer was lost with the API or the database connection) or
-        // a late one. It changes nothing and writes no second result.
-        tx.commit().await?;
-        return Ok(Json(ReportAck {
-            metrics_stored,
-            logs_stored,
-            outcome_applied: false,
-        }));
+        // A job has one result: no second one is written.
+        return Ok(Verdict::Ignored);
     }
-    if let Some(outcome) = &r.outcome {
-        let current: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM assignments a JOIN jobs j ON j.id = a.job_id
-             WHERE a.job_id = $1 AND a.generation = $2 AND a.role = $3 AND a.index = $4 AND a.executor_id = $5 AND j.generation = $2)",
-        )
-        .bind(key.job_id)
-        .bind(key.generation)
-        .bind(key.role.as_str())
-        .bind(key.index as i32)
-        .bind(executor)
-        .fetch_one(&mut *tx)
-        .await?;
-        if !current {
-            tx.commit().await?;
-            return Err(ApiError::Conflict(format!(
-                "generation {} of job {} is not current for this role: the outcome is ignored",
-                key.generation, key.job_id
-            )));
-        }
-        let (to, reason, data) = match outcome {
-            RoleOutcome::Succeeded {
-                steps,
-                final_loss,
-                eval_loss,
-                eval_accuracy,
-                weights_url,
-            } => {
-                // `f64::MAX` is the executor's "no loss known" (JSON has no
-                // NaN): a rank that joined after the last step and received
-                // the finished state has trained no step of its own.
-                let known = final_loss.is_finite() && *final_loss < f64::MAX;
-                let loss = if known {
-                    format!("final loss {final_loss:.4}")
-                } else {
-                    "final loss not known to the reporting rank".into()
-                };
-                (
-                    JobState::Succeeded,
-                    match eval_accuracy {
-                        Some(a) => format!(
-                            "trained {steps} steps: {loss}, held-out accuracy {:.1}%",
-                            a * 100.0
-                        ),
-                        None => format!(
-                            "trained {steps} steps: {loss}, held-out loss {:.4}",
-                            eval_loss.unwrap_or(f64::NAN)
-                        ),
-                    },
-                    serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss).filter(|_| known)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
-                )
-            }
-            RoleOutcome::Failed { reason } => {
-                (JobState::Failed, text(reason), serde_json::json!({}))
-            }
-        };
-        sqlx::query(
-            "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)",
-        )
+    let current: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM assignments a JOIN jobs j ON j.id = a.job_id
+         WHERE a.job_id = $1 AND a.generation = $2 AND a.role = $3 AND a.index = $4 AND a.executor_id = $5 AND j.generation = $2)",
+    )
+    .bind(key.job_id)
+    .bind(key.generation)
+    .bind(key.role.as_str())
+    .bind(key.index as i32)
+    .bind(executor)
+    .fetch_one(&mut *tx)
+    .await?;
+    if !current {
+        return Ok(Verdict::Stale);
+    }
+    let (to, reason, data) = result_of(outcome);
+    sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)")
         .bind(key.job_id)
         .bind(&reason)
         .bind(data)
         .execute(&mut *tx)
         .await?;
-        // A short job can finish before its roles' heartbeats moved it to
-        // `running`: it ran, so it passes through `running` first.
-        if to == JobState::Succeeded && state == Some(JobState::Scheduling) {
-            lifecycle::transition(
-                &mut tx,
-                key.job_id,
-                JobState::Running,
-                "its roles ran (the outcome arrived before their heartbeats)",
-            )
-            .await
-            .map_err(|e| match e {
-                TransitionError::Database(e) => ApiError::from(e),
-                other => ApiError::Conflict(other.to_string()),
-            })?;
-        }
-        match lifecycle::transition(&mut tx, key.job_id, to, &reason).await {
-            Ok(_) => outcome_applied = true,
-            Err(TransitionError::Illegal { .. }) => {} // Cancelled meanwhile: the user's word stands.
-            Err(TransitionError::NotFound) => {
-                return Err(ApiError::NotFound(format!("no job with id {}", key.job_id)))
-            }
-            Err(TransitionError::Database(e)) => return Err(e.into()),
-        }
+    // A short job can finish before its roles' heartbeats moved it to
+    // `running`: it ran, so it passes through `running` first.
+    if to == JobState::Succeeded && state == Some(JobState::Scheduling) {
+        lifecycle::transition(
+            &mut *tx,
+            key.job_id,
+            JobState::Running,
+            "its roles ran (the outcome arrived before their heartbeats)",
+        )
+        .await
+        .map_err(|e| match e {
+            TransitionError::Database(e) => ApiError::from(e),
+            other => ApiError::Conflict(other.to_string()),
+        })?;
     }
-    tx.commit().await?;
-    Ok(Json(ReportAck {
-        metrics_stored,
-        logs_stored,
-        outcome_applied,
-    }))
+    match lifecycle::transition(&mut *tx, key.job_id, to, &reason).await {
+        Ok(_) => Ok(Verdict::Applied),
+        Err(TransitionError::Illegal { .. }) => Ok(Verdict::Ignored), // Cancelled meanwhile: the user's word stands.
+        Err(TransitionError::NotFound) => Err(ApiError::NotFound(format!(
+            "no job with id {}",
+            key.job_id
+        ))),
+        Err(TransitionError::Database(e)) => Err(e.into()),
+    }
 }
 
-/// One (possibly averaged) point of a job's training curve.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct MetricSample {
-    /// Last step of the bucket.
-    pub step: i64,
-    /// Mean training loss over the bucket.
-    pub loss: f64,
-    /// Mean learning rate.
-    pub lr: f64,
-    /// Mean samples per second (of rank 0).
-    pub samples_per_sec: f64,
-    /// Mean seconds waiting for data per step.
-    pub data_seconds: f64,
-    /// Mean seconds computing per step.
-    pub compute_seconds: f64,
-    /// Mean seconds exchanging gradients per step.
-    pub comm_seconds: f64,
-    /// Mean bytes rank 0 sent on the data plane per step.
-    pub comm_bytes: f64,
-    /// Bus bandwidth in GB/s: bytes sent over seconds communicating (for a
-    /// ring, nccl-tests' busbw); absent without communication.
-    pub bus_gbps: Option<f64>,
-    /// Latest held-out loss in the bucket.
-    pub eval_loss: Option<f64>,
-    /// Latest held-out accuracy in the bucket.
-    pub eval_accuracy: Option<f64>,
-}
-
-/// A job's training curve.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct MetricSeries {
-    /// Steps recorded (by rank 0).
-    pub steps_recorded: i64,
-    /// Whether points are averages over buckets of steps.
-    pub downsampled: bool,
-    /// The points, by step.
-    pub points: Vec<MetricSample>,
-    /// Parameter-server jobs: accepted pushes by staleness (index = versions
-    /// behind; the last entry counts that many or more), over all workers.
-    pub staleness_histogram: Vec<i64>,
-    /// Parameter-server jobs: pushes rejected as too stale, over all workers.
-    pub rejected_pushes: i64,
+/// The state an outcome moves the job to, the reason its result event and
+/// transition give, and the result's data.
+fn result_of(outcome: &RoleOutcome) -> (JobState, String, serde_json::Value) {
+    match outcome {
+        RoleOutcome::Succeeded {
+            steps,
+            final_loss,
+            eval_loss,
+            eval_accuracy,
+            weights_url,
+        } => {
+            // `f64::MAX` is the executor's "no loss known" (JSON has no
+            // NaN): a rank that joined after the last step and received
+            // the finished state has trained no step of its own.
+            let known = final_loss.is_finite() && *final_loss < f64::MAX;
+            let loss = if known {
+                format!("final loss {final_loss:.4}")
+            } else {
+                "final loss not known to the reporting rank".into()
+            };
+            (
+                JobState::Succeeded,
+                match eval_accuracy {
+                    Some(a) => format!(
+                        "trained {steps} steps: {loss}, held-out accuracy {:.1}%",
+                        a * 100.0
+                    ),
+                    None => format!(
+                        "trained {steps} steps: {loss}, held-out loss {:.4}",
+                        eval_loss.unwrap_or(f64::NAN)
+                    ),
+                },
+                serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss).filter(|_| known)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
+            )
+        }
+        RoleOutcome::Failed { reason } => (JobState::Failed, text(reason), serde_json::json!({})),
+    }
 }
 
 /// Buckets of [`MetricSeries::staleness_histogram`].
@@ -428,36 +424,6 @@ pub async fn metrics(
         staleness_histogram,
         rejected_pushes,
     }))
-}
-
-/// One stored log line.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct JobLogLine {
-    /// Position in the job's log.
-    pub id: i64,
-    /// When.
-    pub at: DateTime<Utc>,
-    /// Executor that ran the role.
-    pub executor_id: Uuid,
-    /// `ps` or `worker`.
-    pub role: String,
-    /// Shard or rank.
-    pub index: i32,
-    /// Generation of the role.
-    pub generation: i64,
-    /// `info`, `warn` or `error`.
-    pub level: String,
-    /// The line.
-    pub message: String,
-}
-
-/// A page of a job's logs.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct LogPage {
-    /// Lines, oldest first.
-    pub lines: Vec<JobLogLine>,
-    /// Pass as `after` for the next page; absent when there are no more yet.
-    pub next_after: Option<i64>,
 }
 
 /// Every role's log lines, oldest first.

@@ -14,12 +14,10 @@ use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
+pub use trainyard_common::api::{CreatedToken, NewToken, TokenInfo, TokenList, WhoAmI};
 use trainyard_common::spec::Violation;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// Longest token label.
@@ -28,77 +26,6 @@ pub const MAX_LABEL_CHARS: usize = 128;
 pub const MAX_EXPIRES_IN_SECS: u64 = 10 * 365 * 24 * 3600;
 /// Most tokens one listing returns (newest first).
 pub const MAX_LISTED: i64 = 10_000;
-
-/// What a new token is for.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewToken {
-    /// The user the token acts as: 1–64 of `a-z 0-9 . _ -`, starting with
-    /// a letter or digit. Jobs it submits belong to this user.
-    #[schema(example = "alice")]
-    pub owner: String,
-    /// `user` (its own jobs only) or `admin`.
-    pub role: Role,
-    /// What it is for, shown in listings (at most 128 characters).
-    #[serde(default)]
-    #[schema(example = "alice's laptop")]
-    pub label: String,
-    /// Seconds until it stops working (none: until revoked).
-    #[serde(default)]
-    pub expires_in_secs: Option<u64>,
-}
-
-/// A token as listings show it (never the token itself).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TokenInfo {
-    /// Token id (for revoking).
-    pub id: Uuid,
-    /// The user it acts as.
-    pub owner: String,
-    /// What it may do.
-    pub role: Role,
-    /// What it is for.
-    pub label: String,
-    /// Who made it.
-    pub created_by: String,
-    /// When it was made.
-    pub created_at: DateTime<Utc>,
-    /// When it stops working, if ever.
-    pub expires_at: Option<DateTime<Utc>>,
-    /// When it was revoked, if it was.
-    pub revoked_at: Option<DateTime<Utc>>,
-}
-
-/// A new token: its details, and the token itself (shown only here).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CreatedToken {
-    /// The token's details.
-    #[serde(flatten)]
-    pub info: TokenInfo,
-    /// The bearer token. Store it now: only its hash is kept.
-    pub token: String,
-}
-
-/// Every token, newest first.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TokenList {
-    /// The tokens (revoked ones too, with `revoked_at`).
-    pub tokens: Vec<TokenInfo>,
-}
-
-/// Who the server takes the caller for.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WhoAmI {
-    /// The user name (`admin` for the bootstrap token and open mode).
-    pub user: String,
-    /// The role.
-    pub role: Role,
-    /// The token's id, when the caller used one made by `POST /v1/tokens`.
-    pub token_id: Option<Uuid>,
-    /// Whether the server runs without an admin token (every caller is the
-    /// admin; loopback only).
-    pub open: bool,
-}
 
 const TOKEN_COLUMNS: &str =
     "id, owner, role, label, created_by, created_at, expires_at, revoked_at";

@@ -1,0 +1,154 @@
+//! The client commands' flags, and where the API is ([`Connection`]: the
+//! `--api`/`TRAINYARD_API` address, default `http://127.0.0.1:8080`, the
+//! server's default listen address, and the `--token`/`TRAINYARD_API_TOKEN`
+//! bearer token).
+
+use crate::error::CliError;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+use trainyard_client::Client;
+
+/// Longest wait for one answer of the API.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the API is and how to authenticate.
+#[derive(Debug, Clone, Args)]
+pub struct Connection {
+    /// Base URL of the Trainyard API.
+    #[arg(long, env = "TRAINYARD_API", default_value = "http://127.0.0.1:8080")]
+    pub api: String,
+    /// Bearer token: a user's or an admin's (`trainyard token create`, or
+    /// the server's `--admin-token`). Not needed by an open, loopback-only
+    /// server.
+    #[arg(long, env = "TRAINYARD_API_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// `trainyard submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The job spec (JSON); `-` reads it from standard input.
+    pub file: PathBuf,
+    /// Makes a retried submit return the same job instead of a second one.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Follow the job until it ends, as `trainyard job` does.
+    #[arg(long)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard jobs`.
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Only jobs in these states (comma-separated, e.g. `queued,running`).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// How many (newest first).
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// Commands that take a job id.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// The job id.
+    pub id: String,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard model`.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// The job id.
+    pub id: String,
+    /// Where to write the safetensors file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard executors`.
+#[derive(Debug, Args)]
+pub struct ExecutorsArgs {
+    /// Only executors in this state (`live`, `draining`, `lost`, `left`).
+    #[arg(long)]
+    pub state: Option<String>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard token`.
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+}
+
+/// What to do with tokens (admins only).
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Make a token and print it (shown only this once).
+    Create {
+        /// The user it acts as (its jobs belong to this name).
+        #[arg(long)]
+        owner: String,
+        /// `user` (its own jobs only) or `admin`.
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// What it is for.
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Seconds until it stops working (default: until revoked).
+        #[arg(long)]
+        expires_in: Option<u64>,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// List tokens (never the tokens themselves).
+    List {
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Revoke a token by its id.
+    Revoke {
+        /// The token's id (from `trainyard token list`).
+        id: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
+/// `trainyard whoami`.
+#[derive(Debug, Args)]
+pub struct WhoamiArgs {
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// Flags of `trainyard provisioner`.
+#[derive(Debug, clap::Args)]
+pub struct ProvisionerArgs {
+    /// How many recent decisions to print.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+impl Connection {
+    /// A client of the API this names (one attempt per request).
+    pub fn client(self) -> Result<Client, CliError> {
+        Client::builder(self.api)
+            .token(self.token)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| CliError::from_client(e, ""))
+    }
+}

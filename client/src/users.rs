@@ -1,0 +1,190 @@
+//! The user-facing endpoints: jobs and what they report, executors and the
+//! provisioner as admins see them, tokens, `whoami`, health.
+//!
+//! Each method is one request (retried as the client's [`RetryPolicy`]
+//! says, except the two that make something: a submit without an
+//! idempotency key, and making a token). Ids are [`Uuid`]s: a string that
+//! is not one never reaches a path.
+//!
+//! [`RetryPolicy`]: crate::RetryPolicy
+
+use crate::{Call, Client, ClientError};
+use reqwest::Method;
+use serde::Serialize;
+use trainyard_common::api::{
+    CheckpointList, CreatedToken, EventPage, ExecutorInfo, ExecutorList, Job, JobAssignments,
+    JobPage, LogPage, MetricSeries, NewToken, ProvisionerStatus, TokenInfo, TokenList, WhoAmI,
+};
+use uuid::Uuid;
+
+/// What `GET /v1/jobs` lists: every field optional, as the API's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobQuery {
+    /// Only jobs in these states (comma-separated, e.g. `queued,running`).
+    pub state: Option<String>,
+    /// Page size (the API's default is 50, at most 500).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Only this user's jobs (admins).
+    pub owner: Option<String>,
+}
+
+impl Client {
+    /// `POST /v1/jobs`: submits a job spec (a [`trainyard_common::JobSpecInput`]
+    /// or any JSON value). With an idempotency key a retried submit returns
+    /// the job the first one made, and only then is it retried.
+    pub async fn submit_job(
+        &self,
+        spec: &impl Serialize,
+        idempotency_key: Option<&str>,
+    ) -> Result<Job, ClientError> {
+        let bytes = serde_json::to_vec(spec)
+            .map_err(|e| ClientError::Setup(format!("cannot encode the spec: {e}")))?;
+        self.submit_job_json(bytes, idempotency_key).await
+    }
+
+    /// `POST /v1/jobs` with the spec as the caller wrote it (the API's
+    /// errors then point into that very text).
+    pub async fn submit_job_json(
+        &self,
+        spec: Vec<u8>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Job, ClientError> {
+        let mut call = Call::post("/v1/jobs".into()).raw_json(spec);
+        call.idempotency_key = idempotency_key;
+        call.repeatable = idempotency_key.is_some();
+        self.call(call).await
+    }
+
+    /// `GET /v1/jobs`: one page of jobs, newest first.
+    pub async fn jobs(&self, query: &JobQuery) -> Result<JobPage, ClientError> {
+        let call = Call::get("/v1/jobs".into())
+            .query("limit", query.limit)
+            .query("state", query.state.as_ref())
+            .query("cursor", query.cursor.as_ref())
+            .query("owner", query.owner.as_ref());
+        self.call(call).await
+    }
+
+    /// `GET /v1/jobs/{id}`.
+    pub async fn job(&self, id: Uuid) -> Result<Job, ClientError> {
+        self.call(Call::get(format!("/v1/jobs/{id}"))).await
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`: the job afterwards.
+    pub async fn cancel_job(&self, id: Uuid) -> Result<Job, ClientError> {
+        self.call(Call::post(format!("/v1/jobs/{id}/cancel"))).await
+    }
+
+    /// `GET /v1/jobs/{id}/events`: the events after `after`, oldest first,
+    /// at most `limit` (the API's default 500, at most 1000).
+    pub async fn job_events(
+        &self,
+        id: Uuid,
+        after: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<EventPage, ClientError> {
+        let call = Call::get(format!("/v1/jobs/{id}/events"))
+            .query("after", after)
+            .query("limit", limit);
+        self.call(call).await
+    }
+
+    /// `GET /v1/jobs/{id}/assignments`: who holds which role now.
+    pub async fn job_assignments(&self, id: Uuid) -> Result<JobAssignments, ClientError> {
+        self.call(Call::get(format!("/v1/jobs/{id}/assignments")))
+            .await
+    }
+
+    /// `GET /v1/jobs/{id}/metrics`: rank 0's training curve in at most
+    /// `max_points` points (the API's default 500).
+    pub async fn job_metrics(
+        &self,
+        id: Uuid,
+        max_points: Option<u32>,
+    ) -> Result<MetricSeries, ClientError> {
+        let call = Call::get(format!("/v1/jobs/{id}/metrics")).query("max_points", max_points);
+        self.call(call).await
+    }
+
+    /// `GET /v1/jobs/{id}/logs`: log lines after `after`, oldest first.
+    pub async fn job_logs(
+        &self,
+        id: Uuid,
+        after: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<LogPage, ClientError> {
+        let call = Call::get(format!("/v1/jobs/{id}/logs"))
+            .query("after", after)
+            .query("limit", limit);
+        self.call(call).await
+    }
+
+    /// `GET /v1/jobs/{id}/checkpoints`: the committed ones, newest first.
+    pub async fn job_checkpoints(&self, id: Uuid) -> Result<CheckpointList, ClientError> {
+        self.call(Call::get(format!("/v1/jobs/{id}/checkpoints")))
+            .await
+    }
+
+    /// `GET /v1/jobs/{id}/model`: the final weights (safetensors bytes).
+    pub async fn job_model(&self, id: Uuid) -> Result<Vec<u8>, ClientError> {
+        Ok(self
+            .send(Call::get(format!("/v1/jobs/{id}/model")))
+            .await?
+            .body)
+    }
+
+    /// `GET /v1/executors` (admins): newest first, only those in `state`
+    /// (`live`, `draining`, `lost`, `left`) if given.
+    pub async fn executors(&self, state: Option<&str>) -> Result<ExecutorList, ClientError> {
+        self.call(Call::get("/v1/executors".into()).query("state", state))
+            .await
+    }
+
+    /// `GET /v1/executors/{id}` (admins).
+    pub async fn executor(&self, id: Uuid) -> Result<ExecutorInfo, ClientError> {
+        self.call(Call::get(format!("/v1/executors/{id}"))).await
+    }
+
+    /// `GET /v1/provisioner`: its settings, executors, and its `limit` most
+    /// recent decisions (the API's default 100).
+    pub async fn provisioner(&self, limit: Option<u32>) -> Result<ProvisionerStatus, ClientError> {
+        self.call(Call::get("/v1/provisioner".into()).query("limit", limit))
+            .await
+    }
+
+    /// `POST /v1/tokens` (admins): the new token, shown only in this answer.
+    /// Never retried (a second attempt would make a second token).
+    pub async fn create_token(&self, token: &NewToken) -> Result<CreatedToken, ClientError> {
+        let mut call = Call::post("/v1/tokens".into()).json(token)?;
+        call.repeatable = false;
+        self.call(call).await
+    }
+
+    /// `GET /v1/tokens` (admins): every token, newest first.
+    pub async fn tokens(&self) -> Result<TokenList, ClientError> {
+        self.call(Call::get("/v1/tokens".into())).await
+    }
+
+    /// `DELETE /v1/tokens/{id}` (admins): the token, revoked.
+    pub async fn revoke_token(&self, id: Uuid) -> Result<TokenInfo, ClientError> {
+        self.call(Call::new(Method::DELETE, format!("/v1/tokens/{id}")))
+            .await
+    }
+
+    /// `GET /v1/whoami`: who the server takes this client's token for.
+    pub async fn whoami(&self) -> Result<WhoAmI, ClientError> {
+        self.call(Call::get("/v1/whoami".into())).await
+    }
+
+    /// `GET /healthz`: the process answers.
+    pub async fn healthz(&self) -> Result<(), ClientError> {
+        self.send(Call::get("/healthz".into())).await.map(drop)
+    }
+
+    /// `GET /readyz`: the API and its Postgres answer.
+    pub async fn readyz(&self) -> Result<(), ClientError> {
+        self.send(Call::get("/readyz".into())).await.map(drop)
+    }
+}

@@ -1,0 +1,502 @@
+//! The REST API's resources as clients see them: every response body (and
+//! the request bodies that are not already in [`crate::cluster`]) of the
+//! `/v1` routes.
+//!
+//! The server (`trainyard-api`) builds these from its rows and serializes
+//! them; the typed client (`trainyard-client`) and everything built on it
+//! (the `trainyard` command line, the executor, the tests and benchmarks)
+//! decode the same definitions, so a renamed field breaks the build instead
+//! of printing `?`. The `ToSchema` derives (and the doc comments, which
+//! become the schema's descriptions) make `openapi/openapi.json`: names
+//! and docs here are part of the published document.
+//!
+//! * jobs: [`Job`], [`JobPage`], [`JobEvent`], [`EventPage`],
+//!   [`JobAssignments`] (with [`PsShard`], [`WorkerRole`], [`RoleHost`]);
+//! * telemetry: [`MetricSeries`] of [`MetricSample`]s, [`LogPage`] of
+//!   [`JobLogLine`]s, and the [`ReportAck`] an executor's report gets;
+//! * checkpoints: [`CheckpointList`] of [`CheckpointInfo`]s;
+//! * executors: [`ExecutorList`] of [`ExecutorInfo`]s with their
+//!   [`RoleInfo`]s;
+//! * the provisioner: [`ProvisionerStatus`];
+//! * tokens: [`NewToken`] (the request), [`CreatedToken`], [`TokenList`] of
+//!   [`TokenInfo`]s, the [`Role`] a token has, and [`WhoAmI`].
+
+use crate::checkpoint::CursorState;
+use crate::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
+use crate::model::MemoryEstimate;
+use crate::spec::{JobSpecInput, Strategy};
+use crate::JobState;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A job as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Job {
+    /// Job id.
+    pub id: Uuid,
+    /// The spec's name.
+    pub name: String,
+    /// The user who submitted it (`admin` for the bootstrap token and open
+    /// mode).
+    pub owner: String,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Why the job is in this state.
+    pub state_reason: String,
+    /// Membership generation (the data plane's fencing token).
+    pub generation: i64,
+    /// The strategy the job runs with: the scheduler's decision once placed
+    /// (`auto` is decided then, by the memory arithmetic over the live
+    /// devices), before that the spec's.
+    pub strategy: Strategy,
+    /// Memory each role needs (built-in models only).
+    pub estimate: Option<MemoryEstimate>,
+    /// The spec as submitted, with defaults filled in.
+    pub spec: JobSpecInput,
+    /// When it was submitted.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// When it first ran.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A page of jobs, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobPage {
+    /// The jobs.
+    pub jobs: Vec<Job>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One entry of a job's event log.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    /// Position in the log (increasing).
+    pub id: i64,
+    /// When it happened.
+    pub at: DateTime<Utc>,
+    /// `submitted`, `transition`, or a later capability's kind.
+    pub kind: String,
+    /// The state left, for transitions.
+    pub from_state: Option<JobState>,
+    /// The state entered, for transitions and the submit.
+    pub to_state: Option<JobState>,
+    /// Why.
+    pub reason: String,
+    /// Details of the event.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+/// A page of a job's events, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventPage {
+    /// The events.
+    pub events: Vec<JobEvent>,
+    /// Pass as `after` for the next page; absent when there are no more yet.
+    pub next_after: Option<i64>,
+}
+
+/// A job's roles at its current generation.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobAssignments {
+    /// Job id.
+    pub job_id: Uuid,
+    /// The job's state.
+    pub state: JobState,
+    /// The job's current generation (0 before its first placement).
+    pub generation: i64,
+    /// The strategy the job runs with (the spec's until it is placed).
+    pub strategy: Strategy,
+    /// Parameter-server shards in shard order (empty for a ring).
+    pub parameter_servers: Vec<PsShard>,
+    /// Workers in rank order: for `allreduce`, the ring's order.
+    pub workers: Vec<WorkerRole>,
+}
+
+/// The executor a role runs on.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RoleHost {
+    /// Executor id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Its data-plane address.
+    pub address: String,
+    /// Its state (`live`, `draining`, `lost`, `left`).
+    pub state: ExecutorState,
+}
+
+/// One PS shard.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PsShard {
+    /// Shard number.
+    pub shard: u32,
+    /// Where it runs.
+    pub executor: RoleHost,
+    /// The tensor ranges it owns.
+    pub ranges: Vec<Range>,
+    /// Elements it owns in all (the sum of its ranges).
+    pub elements: u64,
+    /// Where its hot standby runs (jobs with `replicas`; none while it has
+    /// no standby).
+    pub standby: Option<RoleHost>,
+}
+
+/// One worker.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkerRole {
+    /// Rank.
+    pub rank: u32,
+    /// Where it runs.
+    pub executor: RoleHost,
+    /// Device index on that executor.
+    pub device: u32,
+}
+
+/// What a report did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReportAck {
+    /// Metric points stored (duplicates of earlier reports are not).
+    pub metrics_stored: u64,
+    /// Log lines stored.
+    pub logs_stored: u64,
+    /// Whether the outcome ended the job.
+    pub outcome_applied: bool,
+}
+
+/// One (possibly averaged) point of a job's training curve.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MetricSample {
+    /// Last step of the bucket.
+    pub step: i64,
+    /// Mean training loss over the bucket.
+    pub loss: f64,
+    /// Mean learning rate.
+    pub lr: f64,
+    /// Mean samples per second (of rank 0).
+    pub samples_per_sec: f64,
+    /// Mean seconds waiting for data per step.
+    pub data_seconds: f64,
+    /// Mean seconds computing per step.
+    pub compute_seconds: f64,
+    /// Mean seconds exchanging gradients per step.
+    pub comm_seconds: f64,
+    /// Mean bytes rank 0 sent on the data plane per step.
+    pub comm_bytes: f64,
+    /// Bus bandwidth in GB/s: bytes sent over seconds communicating (for a
+    /// ring, nccl-tests' busbw); absent without communication.
+    pub bus_gbps: Option<f64>,
+    /// Latest held-out loss in the bucket.
+    pub eval_loss: Option<f64>,
+    /// Latest held-out accuracy in the bucket.
+    pub eval_accuracy: Option<f64>,
+}
+
+/// A job's training curve.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MetricSeries {
+    /// Steps recorded (by rank 0).
+    pub steps_recorded: i64,
+    /// Whether points are averages over buckets of steps.
+    pub downsampled: bool,
+    /// The points, by step.
+    pub points: Vec<MetricSample>,
+    /// Parameter-server jobs: accepted pushes by staleness (index = versions
+    /// behind; the last entry counts that many or more), over all workers.
+    pub staleness_histogram: Vec<i64>,
+    /// Parameter-server jobs: pushes rejected as too stale, over all workers.
+    pub rejected_pushes: i64,
+}
+
+/// One stored log line.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobLogLine {
+    /// Position in the job's log.
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Executor that ran the role.
+    pub executor_id: Uuid,
+    /// `ps` or `worker`.
+    pub role: String,
+    /// Shard or rank.
+    pub index: i32,
+    /// Generation of the role.
+    pub generation: i64,
+    /// `info`, `warn` or `error`.
+    pub level: String,
+    /// The line.
+    pub message: String,
+}
+
+/// A page of a job's logs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LogPage {
+    /// Lines, oldest first.
+    pub lines: Vec<JobLogLine>,
+    /// Pass as `after` for the next page; absent when there are no more yet.
+    pub next_after: Option<i64>,
+}
+
+/// One committed checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointInfo {
+    /// Global step.
+    pub step: u64,
+    /// Generation whose cluster wrote it.
+    pub generation: i64,
+    /// Shards.
+    pub shards: u32,
+    /// Bytes of all shards.
+    pub bytes: u64,
+    /// The data cursor after the step.
+    pub cursor: CursorState,
+    /// The manifest's URL.
+    pub manifest_url: String,
+    /// When it was committed.
+    pub committed_at: DateTime<Utc>,
+}
+
+/// `GET /v1/jobs/{id}/checkpoints`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointList {
+    /// Job id.
+    pub job_id: Uuid,
+    /// How many the job keeps.
+    pub keep: u32,
+    /// Committed checkpoints, newest first.
+    pub checkpoints: Vec<CheckpointInfo>,
+}
+
+/// An executor as users see it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecutorInfo {
+    /// Executor id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Data-plane address.
+    pub address: String,
+    /// `live`, `draining`, `lost` or `left`.
+    pub state: ExecutorState,
+    /// What it offers.
+    pub resources: ExecutorResources,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Roles assigned to it now.
+    pub roles: Vec<RoleInfo>,
+    /// When it registered.
+    pub registered_at: DateTime<Utc>,
+    /// When it last heartbeat.
+    pub last_heartbeat_at: DateTime<Utc>,
+    /// Seconds since its last heartbeat.
+    pub seconds_since_heartbeat: f64,
+}
+
+/// A role held by an executor.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RoleInfo {
+    /// Job id.
+    pub job_id: Uuid,
+    /// The job's generation.
+    pub generation: i64,
+    /// `ps` or `worker`.
+    pub role: RoleKind,
+    /// Shard or rank.
+    pub index: u32,
+    /// Whether this PS role is its shard's hot standby (jobs with
+    /// `replicas`) rather than the shard itself.
+    pub standby: bool,
+    /// Device index, for workers.
+    pub device: Option<u32>,
+}
+
+/// Executors, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecutorList {
+    /// The executors.
+    pub executors: Vec<ExecutorInfo>,
+}
+
+/// The provisioner's settings, as the server runs it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProvisionerSettings {
+    /// `local` (executor processes on the API's machine) or `none`.
+    pub kind: String,
+    /// Most executors it runs at once (its own limit, clamped to the CPU
+    /// and memory budget).
+    pub max_executors: u32,
+    /// Most new executors one job may need; larger jobs stay queued.
+    pub max_per_job: u32,
+    /// Seconds an executor it started may hold no role before it goes.
+    pub idle_timeout_secs: u64,
+    /// Seconds a started executor may take to register.
+    pub start_timeout_secs: u64,
+    /// CPU cores it may use for executors.
+    pub cpu_budget: f64,
+    /// Memory it may give executors, in MiB.
+    pub memory_budget_mb: u64,
+    /// CPU cores each executor gets (its libtorch threads, rounded down).
+    pub executor_cpus: f64,
+    /// RAM each executor offers, in MiB.
+    pub executor_memory_mb: u64,
+}
+
+/// An executor the provisioner started.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProvisionedExecutor {
+    /// The name it registers under.
+    pub name: String,
+    /// `starting`, `running`, `stopping`, `stopped`, `exited`, `failed` or `gone`.
+    pub state: String,
+    /// Its process id on the provisioner's host.
+    pub pid: Option<i32>,
+    /// The machine that started it.
+    pub host: String,
+    /// Its executor id once it registered.
+    pub executor_id: Option<Uuid>,
+    /// Why it is in its state, where known.
+    pub reason: Option<String>,
+    /// When it was started.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// When it ended.
+    pub stopped_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// One provisioning decision.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProvisionerEvent {
+    /// Increasing id.
+    pub id: i64,
+    /// When.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// `start`, `release`, `stopped`, `exited`, `failed`, `blocked` or `adopted`.
+    pub kind: String,
+    /// The executor concerned.
+    pub executor: Option<String>,
+    /// The job concerned (a `blocked` decision).
+    pub job_id: Option<Uuid>,
+    /// Why, in a sentence.
+    pub reason: String,
+    /// Details (`start`: the executors and the jobs they are for).
+    pub data: serde_json::Value,
+}
+
+/// The provisioner's state.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProvisionerStatus {
+    /// Its settings (`kind: none` when executors are only started by hand).
+    pub settings: ProvisionerSettings,
+    /// Executors it runs, then the most recent ended ones (up to 50).
+    pub executors: Vec<ProvisionedExecutor>,
+    /// Its decisions, newest first.
+    pub events: Vec<ProvisionerEvent>,
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Manages tokens and executors; sees and controls every job.
+    Admin,
+    /// Sees and controls only its own jobs.
+    User,
+}
+
+impl Role {
+    /// The name stored in Postgres.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::User => "user",
+        }
+    }
+
+    /// The role named `s` as stored in Postgres.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "user" => Some(Role::User),
+            _ => None,
+        }
+    }
+}
+
+/// What a new token is for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewToken {
+    /// The user the token acts as: 1–64 of `a-z 0-9 . _ -`, starting with
+    /// a letter or digit. Jobs it submits belong to this user.
+    #[schema(example = "alice")]
+    pub owner: String,
+    /// `user` (its own jobs only) or `admin`.
+    pub role: Role,
+    /// What it is for, shown in listings (at most 128 characters).
+    #[serde(default)]
+    #[schema(example = "alice's laptop")]
+    pub label: String,
+    /// Seconds until it stops working (none: until revoked).
+    #[serde(default)]
+    pub expires_in_secs: Option<u64>,
+}
+
+/// A token as listings show it (never the token itself).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenInfo {
+    /// Token id (for revoking).
+    pub id: Uuid,
+    /// The user it acts as.
+    pub owner: String,
+    /// What it may do.
+    pub role: Role,
+    /// What it is for.
+    pub label: String,
+    /// Who made it.
+    pub created_by: String,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it stops working, if ever.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A new token: its details, and the token itself (shown only here).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedToken {
+    /// The token's details.
+    #[serde(flatten)]
+    pub info: TokenInfo,
+    /// The bearer token. Store it now: only its hash is kept.
+    pub token: String,
+}
+
+/// Every token, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenList {
+    /// The tokens (revoked ones too, with `revoked_at`).
+    pub tokens: Vec<TokenInfo>,
+}
+
+/// Who the server takes the caller for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WhoAmI {
+    /// The user name (`admin` for the bootstrap token and open mode).
+    pub user: String,
+    /// The role.
+    pub role: Role,
+    /// The token's id, when the caller used one made by `POST /v1/tokens`.
+    pub token_id: Option<Uuid>,
+    /// Whether the server runs without an admin token (every caller is the
+    /// admin; loopback only).
+    pub open: bool,
+}

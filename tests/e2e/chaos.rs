@@ -31,11 +31,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use trainyard_e2e::{
-    eventually, free_port, fresh_database, kill9, repo_root, start_executor, start_server, tail,
-    ApiClient, Proc, TestPostgres,
+    eventually, kill9, sse_events, tail, target_dir, ApiClient, Consistency, MlpSpec, Platform,
+    Proc, TestPostgres,
 };
-
-const JOIN: &str = "e2e-chaos-token";
 
 /// Heartbeats (200 ms) an executor may miss before it is lost: 3 s.
 const MISSES: u32 = 15;
@@ -79,36 +77,26 @@ const TRAINING: Duration = Duration::from_secs(300);
 /// digits dataset, with checkpoints (a lost PS shard is restored from the
 /// newest one).
 fn specs() -> Vec<(&'static str, Value)> {
-    let digits = format!("file://{}", repo_root().join("data/digits.npz").display());
     let base = |name: &str, workers: (u32, u32), seed: u64| {
-        json!({
-            "name": name,
-            "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
-            "dataset": {"kind": "file", "url": digits},
-            "loss": "cross_entropy",
-            "optimizer": {"kind": "adamw", "lr": 0.005, "weight_decay": 0.0001,
-                          "schedule": {"kind": "warmup_cosine", "warmup_steps": 20}},
-            "batch_size": 32,
-            "steps": STEPS,
-            "eval_fraction": 0.2,
-            "strategy": "allreduce",
-            "workers": {"min": workers.0, "max": workers.1},
-            "resources": {"memory_mb": WORKER_MB},
-            "checkpoint": {"every_steps": 50, "keep": 2},
-            "seed": seed
-        })
+        MlpSpec::digits(name)
+            .hidden(&[128])
+            .adamw_warmup(0.005)
+            .batch_size(32)
+            .steps(STEPS)
+            .workers(workers.0, workers.1)
+            .memory_mb(WORKER_MB)
+            .checkpoint(json!({"every_steps": 50, "keep": 2}))
+            .seed(seed)
     };
     let ps = |name: &str, shards: u32, workers: (u32, u32), seed: u64| {
-        let mut s = base(name, workers, seed);
-        s["strategy"] = json!("parameter_server");
-        s["parameter_servers"] = json!(shards);
-        s["consistency"] = json!("sync");
-        s
+        base(name, workers, seed)
+            .ps(shards)
+            .consistency(Consistency::Sync)
     };
     vec![
-        ("ring", base("ring", (2, 3), 3)),
-        ("ps-2-shards", ps("ps-2-shards", 2, (2, 2), 7)),
-        ("ps-1-shard", ps("ps-1-shard", 1, (1, 2), 11)),
+        ("ring", base("ring", (2, 3), 3).build()),
+        ("ps-2-shards", ps("ps-2-shards", 2, (2, 2), 7).build()),
+        ("ps-1-shard", ps("ps-1-shard", 1, (1, 2), 11).build()),
     ]
 }
 
@@ -169,67 +157,67 @@ fn schedule(rng: &mut Rng) -> Vec<Fault> {
     faults
 }
 
-/// An API with its executors.
-struct Platform {
+/// A platform with the executors the suite started on it.
+struct Fleet {
     label: &'static str,
-    db: String,
-    port: u16,
-    data: PathBuf,
-    api: Proc,
-    client: ApiClient,
+    p: Platform,
     executors: BTreeMap<String, Proc>,
     /// Output of processes that were killed: (what, the last lines).
     dead: Vec<(String, String)>,
     started: usize,
 }
 
-impl Platform {
-    fn start(label: &'static str, db: String, executors: usize) -> Platform {
-        let port = free_port().unwrap();
-        let data =
-            std::env::temp_dir().join(format!("ty-chaos-{label}-{}-{port}", std::process::id()));
-        let api = start_api(&db, port, &data);
-        let mut p = Platform {
+/// A fleet is used through its platform (and so its client).
+impl std::ops::Deref for Fleet {
+    type Target = Platform;
+
+    fn deref(&self) -> &Platform {
+        &self.p
+    }
+}
+
+/// The options of the suite's platforms: no provisioner (the suite starts
+/// and replaces executors itself), heartbeats lost after [`MISSES`].
+fn platform(label: &str) -> trainyard_e2e::PlatformBuilder {
+    Platform::builder(label)
+        .heartbeat_misses(MISSES)
+        .no_provisioner()
+        .executor_ram_mb(EXECUTOR_MB)
+        .executor_env("TRAINYARD_SLOW_WORKER", STEP_PAUSE)
+}
+
+impl Fleet {
+    fn start(label: &'static str, p: Platform, executors: usize) -> Fleet {
+        let mut f = Fleet {
             label,
-            db,
-            port,
-            data,
-            api,
-            client: ApiClient::new(port),
+            p,
             executors: BTreeMap::new(),
             dead: Vec::new(),
             started: 0,
         };
         for _ in 0..executors {
-            p.add_executor();
+            f.add_executor();
         }
         // Every executor registered before the jobs come: the planner
         // grows the first jobs into free capacity and does not take it
         // back for a later job's start.
         eventually(FIRST_PLACEMENT, || {
-            (p.client.live_executors().len() == executors).then_some(())
+            (f.live_executors().len() == executors).then_some(())
         })
         .unwrap_or_else(|| {
             panic!(
                 "{label}: the executors did not all register:\n{}",
-                p.diagnostics()
+                f.diagnostics()
             )
         });
-        p
+        f
     }
 
     /// Starts one more executor (a new name each time); its name.
     fn add_executor(&mut self) -> String {
         let name = format!("{}-{}", self.label, self.started);
         self.started += 1;
-        let proc_ = start_executor(
-            &self.client.base,
-            JOIN,
-            &name,
-            EXECUTOR_MB,
-            &[("TRAINYARD_SLOW_WORKER", STEP_PAUSE)],
-        )
-        .unwrap();
+        let proc_ = self.p.executor(&name);
         self.executors.insert(name.clone(), proc_);
         name
     }
@@ -245,38 +233,9 @@ impl Platform {
     /// SIGKILLs the API, waits `down`, starts it again on the same port
     /// against the same database, and waits until it is ready.
     fn restart_api(&mut self, down: Duration) {
-        kill9(self.api.pid());
-        let _ = self.api.wait_exit(Duration::from_secs(10));
-        std::thread::sleep(down);
-        let old = std::mem::replace(&mut self.api, start_api(&self.db, self.port, &self.data));
+        let old = self.p.crash_api(down);
         self.dead
             .push(("API (killed)".into(), tail(&old.output(), 30)));
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.client.get(path)
-    }
-
-    fn job(&self, id: &str) -> Value {
-        self.get(&format!("/v1/jobs/{id}"))
-    }
-
-    fn state(&self, id: &str) -> String {
-        self.job(id)["state"].as_str().unwrap_or("?").to_owned()
-    }
-
-    /// Every event of job `id`, oldest first, over all pages.
-    fn events(&self, id: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut after = 0i64;
-        loop {
-            let page = self.get(&format!("/v1/jobs/{id}/events?after={after}&limit=1000"));
-            out.extend(page["events"].as_array().expect("events").iter().cloned());
-            match page["next_after"].as_i64() {
-                Some(a) => after = a,
-                None => return out,
-            }
-        }
     }
 
     /// The share of its steps job `id` has done, by its metrics.
@@ -324,7 +283,7 @@ impl Platform {
         let mut s = format!(
             "=== {} API (running) ===\n{}\n",
             self.label,
-            tail(&self.api.output(), 40)
+            tail(&self.p.server.output(), 40)
         );
         for (what, out) in &self.dead {
             s.push_str(&format!("=== {} {what} ===\n{out}\n", self.label));
@@ -340,16 +299,6 @@ impl Platform {
     }
 }
 
-impl Drop for Platform {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
-}
-
-fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
-    start_server(db, port, data, JOIN, MISSES, &["--provisioner", "none"]).unwrap()
-}
-
 /// What one injected fault did.
 struct Injected {
     fault: Fault,
@@ -358,7 +307,7 @@ struct Injected {
 }
 
 /// Polls until every job of `ids` is placed and running.
-fn wait_running(p: &Platform, ids: &[String]) {
+fn wait_running(p: &Fleet, ids: &[String]) {
     eventually(FIRST_PLACEMENT, || {
         ids.iter().all(|id| p.state(id) == "running").then_some(())
     })
@@ -369,7 +318,7 @@ fn wait_running(p: &Platform, ids: &[String]) {
 }
 
 /// Polls until every job of `ids` has ended; their final JSON.
-fn wait_ended(p: &Platform, ids: &[String]) -> Vec<Value> {
+fn wait_ended(p: &Fleet, ids: &[String]) -> Vec<Value> {
     eventually(TRAINING, || {
         let jobs: Vec<Value> = ids.iter().map(|id| p.job(id)).collect();
         jobs.iter()
@@ -440,10 +389,7 @@ fn declared_lost(events: &[Value]) -> BTreeSet<String> {
 }
 
 fn summary_path() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"))
-        .join("chaos-summary.txt")
+    target_dir().join("chaos-summary.txt")
 }
 
 #[test]
@@ -464,9 +410,12 @@ fn jobs_of_both_patterns_survive_killed_executors_api_and_postgres_restarts() {
 
     let pg = TestPostgres::start().unwrap();
     let chaos_db = pg.create_database("chaos").unwrap();
-    let reference_db = fresh_database().unwrap();
-    let mut chaos = Platform::start("chaos", chaos_db, CHAOS_EXECUTORS);
-    let mut reference = Platform::start("calm", reference_db.clone(), EXECUTORS);
+    let mut chaos = Fleet::start(
+        "chaos",
+        platform("chaos").database(&chaos_db).start(),
+        CHAOS_EXECUTORS,
+    );
+    let mut reference = Fleet::start("calm", platform("calm").start(), EXECUTORS);
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         run(&mut chaos, &mut reference, &pg, &mut rng, &faults, seed)
@@ -479,16 +428,13 @@ fn jobs_of_both_patterns_survive_killed_executors_api_and_postgres_restarts() {
             pg.log_tail(30)
         );
         drop(reference);
-        trainyard_e2e::drop_database(&reference_db);
         std::panic::resume_unwind(panic);
     }
-    drop(reference);
-    trainyard_e2e::drop_database(&reference_db);
 }
 
 fn run(
-    chaos: &mut Platform,
-    reference: &mut Platform,
+    chaos: &mut Fleet,
+    reference: &mut Fleet,
     pg: &TestPostgres,
     rng: &mut Rng,
     faults: &[Fault],
@@ -510,7 +456,7 @@ fn run(
 
     // An open event stream, as the web UI keeps one (opened again after
     // each API restart): a Postgres restart must make it resync.
-    let mut stream = watch_stream(chaos.port);
+    let mut stream = watch_stream(&chaos.client);
     let started = Instant::now();
     let mut injected: Vec<Injected> = Vec::new();
     for (i, &fault) in faults.iter().enumerate() {
@@ -593,7 +539,7 @@ fn run(
                 let down = rng.millis(500, 4500);
                 eprintln!("chaos: {at:.1?}: SIGKILL the API, down for {down:.1?}");
                 chaos.restart_api(down);
-                stream = watch_stream(chaos.port);
+                stream = watch_stream(&chaos.client);
                 injected.push(Injected {
                     fault,
                     victim: None,
@@ -613,7 +559,7 @@ fn run(
                 pg.start_again().unwrap();
                 trainyard_e2e::wait_ready(
                     &format!("{}/readyz", chaos.client.base),
-                    &mut chaos.api,
+                    &mut chaos.p.server,
                     RECOVERY,
                 )
                 .unwrap_or_else(|e| panic!("the API is not ready after Postgres came back: {e}"));
@@ -734,28 +680,19 @@ fn run(
     }
 }
 
-/// The names of the events `/v1/events/stream` of the API on `port` sends,
-/// collected by a thread until the stream ends (the API stops).
-fn watch_stream(port: u16) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
-    use std::io::BufRead;
+/// The names of the events `/v1/events/stream` of `api` sends, collected
+/// by a thread until the stream ends (the API stops).
+fn watch_stream(api: &ApiClient) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let out = seen.clone();
+    let api = api.clone();
     std::thread::spawn(move || {
-        let client = reqwest::blocking::Client::builder()
-            .timeout(None)
-            .build()
-            .expect("a client");
-        let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/v1/events/stream"))
-            .send()
-        else {
+        let Ok(r) = api.event_stream() else {
             return;
         };
-        for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
-            if let Some(name) = line.strip_prefix("event: ") {
-                if let Ok(mut s) = out.lock() {
-                    s.push(name.trim().to_owned());
-                }
+        for (name, _) in sse_events(r) {
+            if let Ok(mut s) = out.lock() {
+                s.push(name);
             }
         }
     });
@@ -773,18 +710,21 @@ fn count(seen: &std::sync::Mutex<Vec<String>>, name: &str) -> usize {
 /// was notified meanwhile is gone.
 #[test]
 fn an_event_stream_is_told_to_resync_when_its_listen_session_is_lost() {
-    let db = fresh_database().unwrap();
-    let port = free_port().unwrap();
-    let data = std::env::temp_dir().join(format!("ty-stream-{}-{port}", std::process::id()));
-    let api = start_api(&db, port, &data);
-    let seen = watch_stream(port);
+    let p = platform("stream").start();
+    let seen = watch_stream(&p.client);
     // `ready`, then the resync of the hub's first LISTEN.
     eventually(Duration::from_secs(30), || {
         (count(&seen, "ready") == 1 && count(&seen, "resync") >= 1).then_some(())
     })
-    .unwrap_or_else(|| panic!("the stream opened: {:?}\n{}", seen, tail(&api.output(), 30)));
+    .unwrap_or_else(|| {
+        panic!(
+            "the stream opened: {:?}\n{}",
+            seen,
+            tail(&p.server.output(), 30)
+        )
+    });
     let before = count(&seen, "resync");
-    let name = db.rsplit('/').next().unwrap_or_default();
+    let name = p.db.rsplit('/').next().unwrap_or_default();
     let out = std::process::Command::new("psql")
         .args([trainyard_e2e::admin_url().as_str(), "-Atqc"])
         .arg(format!(
@@ -805,10 +745,7 @@ fn an_event_stream_is_told_to_resync_when_its_listen_session_is_lost() {
         panic!(
             "no resync after the LISTEN session was lost: {:?}\n{}",
             seen,
-            tail(&api.output(), 30)
+            tail(&p.server.output(), 30)
         )
     });
-    drop(api);
-    let _ = std::fs::remove_dir_all(&data);
-    trainyard_e2e::drop_database(&db);
 }

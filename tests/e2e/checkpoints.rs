@@ -4,270 +4,50 @@
 //! after every executor was SIGKILLed in the middle of an upload — and the
 //! final weights read back in Python with the accuracy the platform reported.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, Proc};
+use trainyard_e2e::{
+    binary, eventually, kill9, repo_root, safetensors_header, ApiClient, MlpSpec, Platform, Proc,
+    TestS3,
+};
 
-const JOIN: &str = "e2e-checkpoint-token";
-
-struct S3 {
-    url: String,
-    endpoint: String,
-    region: String,
-    key: String,
-    secret: String,
+/// A platform whose executors are lost after 5 silent heartbeats (1 s),
+/// with its objects in `s3` or else in its data folder.
+fn platform(s3: Option<&TestS3>) -> Platform {
+    let mut b = Platform::builder("ckpt")
+        .heartbeat_misses(5)
+        .client_timeout(Duration::from_secs(20));
+    if let Some(s3) = s3 {
+        b = b.s3(s3);
+    }
+    b.start()
 }
 
-impl S3 {
-    /// The test S3 server `scripts/test` started, under a fresh prefix.
-    fn from_env() -> S3 {
-        let var = |k: &str| {
-            std::env::var(k).unwrap_or_else(|_| {
-                panic!("{k} is not set: run ./scripts/test, which starts a Garage S3 server for these tests")
-            })
-        };
-        S3 {
-            url: format!(
-                "{}/e2e-{}",
-                var("TRAINYARD_TEST_S3_URL"),
-                uuid::Uuid::new_v4().simple()
-            ),
-            endpoint: var("TRAINYARD_TEST_S3_ENDPOINT"),
-            region: var("TRAINYARD_TEST_S3_REGION"),
-            key: var("TRAINYARD_TEST_S3_ACCESS_KEY_ID"),
-            secret: var("TRAINYARD_TEST_S3_SECRET_ACCESS_KEY"),
-        }
-    }
-
-    /// The standard AWS variables (how the API is configured here).
-    fn aws_env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ACCESS_KEY_ID", self.key.clone()),
-            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
-            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
-            ("AWS_REGION", self.region.clone()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-        ]
-    }
-
-    /// Object-store options (how the executors are configured here).
-    fn options(&self) -> String {
-        format!(
-            "aws_endpoint={},aws_region={},aws_access_key_id={},aws_secret_access_key={},aws_allow_http=true",
-            self.endpoint, self.region, self.key, self.secret
-        )
-    }
-
-    fn store(&self) -> (trainyard_store::Store, tokio::runtime::Runtime) {
-        let opts: Vec<(String, String)> = self
-            .options()
-            .split(',')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let store = trainyard_store::Store::open(&self.url, &opts).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        (store, rt)
-    }
-
-    /// Keys under `prefix`, read straight from the S3 server.
-    fn list(&self, prefix: &str) -> Vec<String> {
-        let (store, rt) = self.store();
-        rt.block_on(store.list(prefix))
-            .unwrap()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect()
-    }
-
-    /// Writes and reads back an object larger than one multipart part.
-    fn multipart_round_trip(&self) {
-        let (store, rt) = self.store();
-        let big: Vec<u8> = (0..trainyard_store::MULTIPART_PART * 2 + 17)
-            .map(|i| (i % 251) as u8)
-            .collect();
-        rt.block_on(store.put("multipart/big", big.clone().into()))
-            .unwrap();
-        assert_eq!(rt.block_on(store.get("multipart/big")).unwrap(), big);
-    }
-
-    /// Uploads a local file; returns its URL.
-    fn upload(&self, key: &str, file: &std::path::Path) -> String {
-        let (store, rt) = self.store();
-        rt.block_on(store.put(key, std::fs::read(file).unwrap().into()))
-            .unwrap();
-        store.url_of(key)
-    }
-}
-
-struct Platform {
-    _api: Proc,
-    base: String,
-    client: Client,
-    data: std::path::PathBuf,
-    executor_env: Vec<(&'static str, String)>,
-}
-
-impl Platform {
-    fn start(s3: Option<&S3>) -> Platform {
-        let db = fresh_database().unwrap();
-        let port = free_port().unwrap();
-        let data =
-            std::env::temp_dir().join(format!("trainyard-ckpt-{}-{port}", std::process::id()));
-        let mut extra = vec![];
-        let mut env = vec![];
-        let mut executor_env = vec![];
-        if let Some(s3) = s3 {
-            extra = vec!["--object-store".to_owned(), s3.url.clone()];
-            env = s3.aws_env();
-            executor_env.push(("TRAINYARD_OBJECT_STORE_OPTIONS", s3.options()));
-        }
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let api = trainyard_e2e::start_server_env(&db, port, &data, JOIN, 5, &extra, &env).unwrap();
-        Platform {
-            _api: api,
-            base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-            data,
-            executor_env,
-        }
-    }
-
-    fn executor(&self, name: &str, env: &[(&str, &str)]) -> Proc {
-        let mut all: Vec<(&str, &str)> = self
-            .executor_env
-            .iter()
-            .map(|(k, v)| (*k, v.as_str()))
-            .collect();
-        all.extend_from_slice(env);
-        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, &all).unwrap()
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    }
-
-    fn submit(&self, spec: &Value) -> String {
-        let r = self
-            .client
-            .post(format!("{}/v1/jobs", self.base))
-            .json(spec)
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 201, "{}", r.text().unwrap());
-        r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-
-    fn wait_end(&self, id: &str, limit: Duration) -> Value {
-        eventually(limit, || {
-            let j = self.get(&format!("/v1/jobs/{id}"));
-            ["succeeded", "failed", "cancelled"]
-                .contains(&j["state"].as_str().unwrap())
-                .then_some(j)
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "job {id} did not end: {} {:?}",
-                self.get(&format!("/v1/jobs/{id}")),
-                self.log_lines(id)
-            )
-        })
-    }
-
-    fn log_lines(&self, id: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut after = 0i64;
-        loop {
-            let page = self.get(&format!("/v1/jobs/{id}/logs?after={after}&limit=1000"));
-            out.extend(
-                page["lines"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|l| l["message"].as_str().unwrap().to_owned()),
-            );
-            match page["next_after"].as_i64() {
-                Some(a) => after = a,
-                None => return out,
-            }
-        }
-    }
-
-    fn result(&self, id: &str) -> Value {
-        let events = self.get(&format!("/v1/jobs/{id}/events"));
-        events["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["kind"] == "result")
-            .expect("a result event")["data"]
-            .clone()
-    }
-
-    /// Committed checkpoint steps, newest first.
-    fn checkpoint_steps(&self, id: &str) -> Vec<u64> {
-        self.get(&format!("/v1/jobs/{id}/checkpoints"))["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["step"].as_u64().unwrap())
-            .collect()
-    }
-
-    fn wait_checkpoints(&self, id: &str, want: &[u64]) {
-        let ok = eventually(Duration::from_secs(60), || {
-            (self.checkpoint_steps(id) == want).then_some(())
-        });
-        assert!(
-            ok.is_some(),
-            "checkpoints of {id}: {:?}, wanted {want:?}; events {}; logs {:?}",
-            self.checkpoint_steps(id),
-            self.get(&format!("/v1/jobs/{id}/events")),
-            self.log_lines(id)
-                .iter()
-                .filter(|l| !l.starts_with("step "))
-                .collect::<Vec<_>>()
-        );
-    }
-}
-
-impl Drop for Platform {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
-}
-
+/// A ring of two on digits for `steps` steps.
 fn digits(name: &str, steps: u64) -> Value {
-    json!({
-        "name": name,
-        "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
-        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
-        "loss": "cross_entropy",
-        "optimizer": {"kind": "adam", "lr": 0.003},
-        "batch_size": 64,
-        "steps": steps,
-        "eval_fraction": 0.2,
-        "strategy": "allreduce",
-        "workers": {"min": 2, "max": 2},
-        "seed": 5
-    })
+    MlpSpec::digits(name)
+        .steps(steps)
+        .workers(2, 2)
+        .seed(5)
+        .build()
+}
+
+/// Waits until job `id`'s committed checkpoints are `want` (newest first).
+fn wait_checkpoints(p: &ApiClient, id: &str, want: &[u64]) {
+    let ok = eventually(Duration::from_secs(60), || {
+        (p.checkpoint_steps(id) == want).then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "checkpoints of {id}: {:?}, wanted {want:?}; events {:?}; logs {:?}",
+        p.checkpoint_steps(id),
+        p.events(id),
+        p.log_messages(id)
+            .iter()
+            .filter(|l| !l.starts_with("step "))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// Step folders under a job's prefix and the files in each.
@@ -287,11 +67,9 @@ fn folders(keys: &[String]) -> BTreeMap<String, Vec<String>> {
 #[test]
 fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_with_another_shape()
 {
-    let s3 = S3::from_env();
-    let p = Platform::start(Some(&s3));
-    let _e: Vec<Proc> = (0..4)
-        .map(|i| p.executor(&format!("s3-{i}"), &[]))
-        .collect();
+    let s3 = TestS3::from_env();
+    let p = platform(Some(&s3));
+    let _e: Vec<Proc> = (0..4).map(|i| p.executor(&format!("s3-{i}"))).collect();
 
     // A ring of two: each rank writes its half; steps 40, 80, 120 and the
     // end (150); the newest two are kept. Its dataset is read from S3 too.
@@ -301,8 +79,8 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     ring["checkpoint"] = json!({"every_steps": 40, "keep": 2});
     let ring_id = p.submit(&ring);
     let job = p.wait_end(&ring_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&ring_id));
-    p.wait_checkpoints(&ring_id, &[150, 120]);
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&ring_id));
+    wait_checkpoints(&p, &ring_id, &[150, 120]);
     let listed = p.get(&format!("/v1/jobs/{ring_id}/checkpoints"));
     let newest = &listed["checkpoints"][0];
     assert_eq!(newest["shards"], 2, "{listed}");
@@ -327,15 +105,9 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
         );
     }
     // The final model streams from S3 through the API.
-    let model = p
-        .client
-        .get(format!("{}/v1/jobs/{ring_id}/model", p.base))
-        .send()
-        .unwrap();
+    let model = p.get_response(&format!("/v1/jobs/{ring_id}/model"));
     assert_eq!(model.status(), 200);
-    let bytes = model.bytes().unwrap();
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let header = safetensors_header(&model.bytes().unwrap());
     assert_eq!(header["fc0.weight"]["shape"], json!([64, 64]));
 
     // Two PS shards, two workers, sync: each shard writes its own ranges
@@ -346,8 +118,8 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     ps["checkpoint"] = json!({"every_steps": 40, "keep": 2});
     let ps_id = p.submit(&ps);
     let job = p.wait_end(&ps_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&ps_id));
-    p.wait_checkpoints(&ps_id, &[150, 120]);
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&ps_id));
+    wait_checkpoints(&p, &ps_id, &[150, 120]);
     let in_s3 = folders(&s3.list(&ps_id));
     assert_eq!(
         in_s3.keys().collect::<Vec<_>>(),
@@ -366,7 +138,7 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     ring3["resume_from"] = json!({"job_id": ps_id});
     let ring3_id = p.submit(&ring3);
     let job = p.wait_end(&ring3_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&ring3_id));
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&ring3_id));
     // Every rank says where it started (a rank's last lines may land just
     // after the job ended).
     let resumed = |lines: Vec<String>| {
@@ -374,9 +146,9 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
         lines.iter().filter(|l| l.contains(&want)).count()
     };
     let all_three = eventually(Duration::from_secs(30), || {
-        (resumed(p.log_lines(&ring3_id)) == 3).then_some(())
+        (resumed(p.log_messages(&ring3_id)) == 3).then_some(())
     });
-    assert!(all_three.is_some(), "{:?}", p.log_lines(&ring3_id));
+    assert!(all_three.is_some(), "{:?}", p.log_messages(&ring3_id));
     let metrics = p.get(&format!("/v1/jobs/{ring3_id}/metrics"));
     assert_eq!(
         metrics["points"][0]["step"].as_u64(),
@@ -392,46 +164,41 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     next["resume_from"] = json!({"job_id": ring_id});
     let next_id = p.submit(&next);
     let job = p.wait_end(&next_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&next_id));
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&next_id));
     let restored = |lines: Vec<String>| {
         let want = format!("restored from the checkpoint of step 150 (job {ring_id})");
         lines.iter().filter(|l| l.contains(&want)).count()
     };
     let both = eventually(Duration::from_secs(30), || {
-        (restored(p.log_lines(&next_id)) == 2).then_some(())
+        (restored(p.log_messages(&next_id)) == 2).then_some(())
     });
-    assert!(both.is_some(), "{:?}", p.log_lines(&next_id));
+    assert!(both.is_some(), "{:?}", p.log_messages(&next_id));
     let metrics = p.get(&format!("/v1/jobs/{next_id}/metrics"));
     let first = metrics["points"][0]["step"].as_u64().unwrap();
     assert_eq!(first, 151, "{metrics}");
-    let acc = p.result(&next_id)["eval_accuracy"].as_f64().unwrap();
+    let acc = p.result_accuracy(&next_id);
     assert!(acc >= 0.9, "accuracy {acc}");
 
     // A resume point that does not exist is refused, naming the field.
     let mut bad = digits("bad-resume", 10);
     bad["resume_from"] = json!({"job_id": ring_id, "step": 7});
-    let r = p
-        .client
-        .post(format!("{}/v1/jobs", p.base))
-        .json(&bad)
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 422);
-    let body: Value = r.json().unwrap();
+    let (status, body) = p.post("/v1/jobs", &bad);
+    assert_eq!(status, 422);
     assert_eq!(body["errors"][0]["field"], "resume_from.step", "{body}");
 }
 
 #[test]
 fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
-    let p = Platform::start(None);
+    let p = platform(None);
     let objects = p.data.join("objects");
     // One executor's uploads are held for 4 s after their local write, so
     // a checkpoint is half in the store for a while; steps are slowed so
     // the job is still running then.
     let mut first = vec![
-        p.executor("kill-a", &[("TRAINYARD_SLOW_WORKER", "*:15")]),
-        p.executor(
+        p.executor_with("kill-a", 2048, &[("TRAINYARD_SLOW_WORKER", "*:15")]),
+        p.executor_with(
             "kill-b",
+            2048,
             &[
                 ("TRAINYARD_SLOW_WORKER", "*:15"),
                 ("TRAINYARD_UPLOAD_DELAY_MS", "4000"),
@@ -468,11 +235,11 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
         panic!(
             "no half-uploaded checkpoint seen: {:?} {:?}",
             p.checkpoint_steps(&id),
-            p.log_lines(&id)
+            p.log_messages(&id)
         );
     };
     for e in &first {
-        trainyard_e2e::kill9(e.pid());
+        kill9(e.pid());
     }
     for e in &mut first {
         let _ = e.wait_exit(Duration::from_secs(10));
@@ -485,9 +252,9 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
     // A new fleet: the job resumes from the committed checkpoint, never
     // from the partial one, and succeeds. `kill-a` comes back on this
     // machine with its local cache tier: it reads the shard it wrote there.
-    let _second = [p.executor("kill-a", &[]), p.executor("kill-c", &[])];
+    let _second = [p.executor("kill-a"), p.executor("kill-c")];
     let job = p.wait_end(&id, Duration::from_secs(240));
-    let lines = p.log_lines(&id);
+    let lines = p.log_messages(&id);
     assert_eq!(job["state"], "succeeded", "{lines:?}");
     let resumed: Vec<&String> = lines
         .iter()
@@ -509,7 +276,7 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
             .all(|l| l.contains(&format!("step {committed} "))),
         "resumed from {resumed:?}, the last committed was {committed} (partial {partial})"
     );
-    p.wait_checkpoints(&id, &[400, 350, 300]);
+    wait_checkpoints(&p, &id, &[400, 350, 300]);
     // Nothing without a manifest is left behind.
     eventually(Duration::from_secs(30), || {
         let left: Vec<String> = std::fs::read_dir(&job_dir)
@@ -524,22 +291,22 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
 
 #[test]
 fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
-    let p = Platform::start(None);
-    let _e = p.executor("py-eval", &[]);
+    let p = platform(None);
+    let _e = p.executor("py-eval");
     let mut spec = digits("python-eval", 300);
     spec["workers"] = json!({"min": 1, "max": 1});
     spec["checkpoint"] = json!({"every_steps": 100});
     let id = p.submit(&spec);
     let job = p.wait_end(&id, Duration::from_secs(180));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_lines(&id));
-    let reported = p.result(&id)["eval_accuracy"].as_f64().unwrap();
+    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&id));
+    let reported = p.result_accuracy(&id);
 
     let dir = p.data.join("python");
     std::fs::create_dir_all(&dir).unwrap();
     // The command-line client lists the checkpoints and downloads the model.
     let model = dir.join("model.safetensors");
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(trainyard_e2e::binary("trainyard").unwrap())
+        let out = std::process::Command::new(binary("trainyard").unwrap())
             .args(args)
             .args(["--api", &p.base])
             .output()
@@ -582,19 +349,18 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
     assert!(acc > 0.9, "{acc}");
 
     // No final weights yet / no such job: a problem body, not a 500.
-    let r = p
-        .client
-        .get(format!("{}/v1/jobs/{}/model", p.base, uuid::Uuid::nil()))
-        .send()
-        .unwrap();
+    let r = p.get_response(&format!("/v1/jobs/{}/model", uuid::Uuid::nil()));
     assert_eq!(r.status(), 404);
 }
 
 #[test]
 fn a_drained_fleet_leaves_a_checkpoint_that_the_next_fleet_resumes_from() {
-    let p = Platform::start(None);
+    let p = platform(None);
     let slow = [("TRAINYARD_SLOW_WORKER", "*:10")];
-    let first = [p.executor("drain-a", &slow), p.executor("drain-b", &slow)];
+    let first = [
+        p.executor_with("drain-a", 2048, &slow),
+        p.executor_with("drain-b", 2048, &slow),
+    ];
     // No periodic checkpoints: only the drain writes one.
     let mut spec = digits("drained", 1500);
     spec["checkpoint"] = json!({"at_end": false});
@@ -612,15 +378,15 @@ fn a_drained_fleet_leaves_a_checkpoint_that_the_next_fleet_resumes_from() {
     }
     let steps = p.checkpoint_steps(&id);
     let Some(&saved) = steps.first() else {
-        panic!("no checkpoint after the drain: {:?}", p.log_lines(&id));
+        panic!("no checkpoint after the drain: {:?}", p.log_messages(&id));
     };
     // The spec asks for none: the drain did (the draining rank's vote makes
     // every rank write its slice at the next step; a rank stopped later
     // writes the whole state it holds).
     assert!(saved >= 100, "{steps:?}");
-    let _second = [p.executor("drain-c", &[]), p.executor("drain-d", &[])];
+    let _second = [p.executor("drain-c"), p.executor("drain-d")];
     let job = p.wait_end(&id, Duration::from_secs(240));
-    let lines = p.log_lines(&id);
+    let lines = p.log_messages(&id);
     assert_eq!(job["state"], "succeeded", "{lines:?}");
     assert!(
         lines

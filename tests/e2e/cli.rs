@@ -12,40 +12,31 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use trainyard_e2e::{binary, eventually, free_port, fresh_database, repo_root, Proc};
-
-const JOIN: &str = "e2e-cli-token";
+use trainyard_e2e::{binary, eventually, example_digits, free_port, Platform, Proc};
 
 /// Steps of the job that must succeed: a second or more of training, so
 /// that the follower shows it `running` with a moving bar before it ends (a
 /// few hundred steps of digits take well under a second).
 const STEPS: u64 = 3000;
 
-struct Server {
-    _api: Proc,
-    base: String,
-    data: PathBuf,
+/// A server for the CLI to talk to; `admin` is the token it requires.
+fn server(admin: Option<&str>) -> Platform {
+    let mut b = Platform::builder("cli");
+    if let Some(token) = admin {
+        b = b.admin_token(token);
+    }
+    b.start()
 }
 
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let db = fresh_database().unwrap();
-        let port = free_port().unwrap();
-        let data =
-            std::env::temp_dir().join(format!("trainyard-cli-{}-{port}", std::process::id()));
-        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 25, extra).unwrap();
-        Server {
-            _api: api,
-            base: format!("http://127.0.0.1:{port}"),
-            data,
-        }
-    }
-
-    fn executor(&self, name: &str) -> Proc {
-        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, &[]).unwrap()
-    }
-
+/// What these tests do with a platform.
+trait CliPlatform {
     /// `trainyard ARGS…` against this server (through `TRAINYARD_API`).
+    fn cli(&self, args: &[&str]) -> Output;
+    /// Writes `spec` to a file `NAME.json` in the data folder; its path.
+    fn spec_file(&self, name: &str, spec: &Value) -> PathBuf;
+}
+
+impl CliPlatform for Platform {
     fn cli(&self, args: &[&str]) -> Output {
         cli_at(&self.base, args, None)
     }
@@ -55,12 +46,6 @@ impl Server {
         let path = self.data.join(format!("{name}.json"));
         std::fs::write(&path, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
         path
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
     }
 }
 
@@ -135,16 +120,15 @@ fn submitted_id(o: &Output) -> String {
         .to_owned()
 }
 
+/// The README's demo job, named `name`, for `steps` steps.
 fn digits(name: &str, steps: u64) -> Value {
-    let raw = std::fs::read_to_string(repo_root().join("examples/digits-mlp.json")).unwrap();
-    let url = format!("file://{}", repo_root().join("data/digits.npz").display());
-    let mut spec: Value = serde_json::from_str(&raw.replace("@DIGITS@", &url)).unwrap();
+    let mut spec = example_digits();
     spec["name"] = json!(name);
     spec["steps"] = json!(steps);
     spec
 }
 
-fn state_of(server: &Server, id: &str) -> String {
+fn state_of(server: &Platform, id: &str) -> String {
     let o = server.cli(&["jobs", "--limit", "500"]);
     text(&o.stdout)
         .lines()
@@ -157,7 +141,7 @@ fn state_of(server: &Server, id: &str) -> String {
 #[test]
 fn cli_submits_follows_to_success_lists_and_cancels() {
     let started = Instant::now();
-    let server = Server::start(&[]);
+    let server = server(None);
     let _exec = server.executor("cli-ex1");
 
     // submit FILE, then follow it: exit 0 once it succeeded.
@@ -220,10 +204,7 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
     );
     let logs = server.cli(&["logs", &id]);
     assert!(logs.status.success(), "{}", show(&logs));
-    let api_lines = reqwest::blocking::get(format!("{}/v1/jobs/{id}/logs?limit=1000", server.base))
-        .unwrap()
-        .json::<Value>()
-        .unwrap()["lines"]
+    let api_lines = server.get(&format!("/v1/jobs/{id}/logs?limit=1000"))["lines"]
         .as_array()
         .unwrap()
         .len();
@@ -311,7 +292,7 @@ fn cli_errors_are_one_clear_line_and_a_non_zero_exit() {
     let o = cli_at("http://127.0.0.1:9", &["executors", "--api", &dead], None);
     assert!(text(&o.stderr).contains(&dead), "{}", show(&o));
 
-    let server = Server::start(&["--admin-token", "cli-secret"]);
+    let server = server(Some("cli-secret"));
     // A missing token: the 401, and what to do about it.
     let o = server.cli(&["jobs"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));

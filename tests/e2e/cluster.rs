@@ -2,118 +2,62 @@
 //! processes that register, heartbeat and get killed, and a second API
 //! process that takes over scheduling when the leader dies.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use trainyard_e2e::{eventually, free_port, fresh_database, kill9, Proc};
+use trainyard_e2e::{eventually, kill9, ApiClient, MlpSpec, Platform, Proc};
 
-const JOIN: &str = "e2e-join-token";
-
-fn api(db: &str, port: u16) -> Proc {
-    // Objects (weights of jobs that train) go to a folder of this run.
-    let data =
-        std::env::temp_dir().join(format!("trainyard-cluster-{}-{port}", std::process::id()));
-    trainyard_e2e::start_server(db, port, &data, JOIN, 10, &[]).unwrap()
+/// An API that loses an executor after 10 silent heartbeats (2 s), whose
+/// executors offer 1 GiB each.
+fn platform() -> Platform {
+    Platform::builder("cluster")
+        .heartbeat_misses(10)
+        .client_timeout(Duration::from_secs(5))
+        .executor_ram_mb(1024)
+        // The jobs here train for real; a step every 100 ms keeps them
+        // running, lightly, for as long as the scheduling scenario takes.
+        .executor_env("TRAINYARD_SLOW_WORKER", "*:100")
+        .start()
 }
 
-fn executor(api_port: u16, name: &str) -> Proc {
-    // The jobs here train for real; a step every 100 ms keeps them running,
-    // lightly, for as long as the scheduling scenario takes.
-    trainyard_e2e::start_executor(
-        &format!("http://127.0.0.1:{api_port}"),
-        JOIN,
-        name,
-        1024,
-        &[("TRAINYARD_SLOW_WORKER", "*:100")],
-    )
-    .unwrap()
+/// Executor name → its roles (`ps0`, `worker1`, …) for `job`.
+fn roles_of(api: &ApiClient, job: &str) -> BTreeMap<String, Vec<String>> {
+    let list = api.get("/v1/executors?state=live");
+    list["executors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let roles = e["roles"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["job_id"] == job)
+                .map(|r| format!("{}{}", r["role"].as_str().unwrap(), r["index"]))
+                .collect();
+            (e["name"].as_str().unwrap().to_owned(), roles)
+        })
+        .collect()
 }
 
-struct Api {
-    base: String,
-    client: Client,
-}
-
-impl Api {
-    fn new(port: u16) -> Api {
-        Api {
-            base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap(),
-        }
-    }
-    fn get(&self, path: &str) -> Value {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    }
-    fn submit(&self, spec: &Value) -> String {
-        let r = self
-            .client
-            .post(format!("{}/v1/jobs", self.base))
-            .json(spec)
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-    fn metrics(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap()
-    }
-    /// Executor name → its roles (`ps0`, `worker1`, …) for `job`.
-    fn roles(&self, job: &str) -> BTreeMap<String, Vec<String>> {
-        let list = self.get("/v1/executors?state=live");
-        list["executors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                let roles = e["roles"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|r| r["job_id"] == job)
-                    .map(|r| format!("{}{}", r["role"].as_str().unwrap(), r["index"]))
-                    .collect();
-                (e["name"].as_str().unwrap().to_owned(), roles)
-            })
-            .collect()
-    }
-}
-
+/// A PS job on synthetic data that trains until it is stopped.
 fn ps_spec(name: &str) -> Value {
-    json!({
-        "name": name,
-        "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
-        "dataset": {"kind": "classification", "samples": 1000, "features": 64, "classes": 10},
-        "loss": "cross_entropy",
-        "optimizer": {"kind": "adam", "lr": 0.001},
-        "batch_size": 32,
-        "steps": 1_000_000,
-        "strategy": "parameter_server",
-        "parameter_servers": 2,
-        "workers": {"min": 2, "max": 3},
-        "resources": {"memory_mb": 600}
-    })
+    MlpSpec::digits(name)
+        .hidden(&[128])
+        .classification(1000)
+        .adam(0.001)
+        .batch_size(32)
+        .steps(1_000_000)
+        .no_eval()
+        .ps(2)
+        .workers(2, 3)
+        .memory_mb(600)
+        .build()
 }
 
-fn job_state(api: &Api, id: &str) -> (String, i64, usize, usize) {
-    let j = api.get(&format!("/v1/jobs/{id}"));
-    let roles = api.roles(id);
+fn job_state(api: &ApiClient, id: &str) -> (String, i64, usize, usize) {
+    let j = api.job(id);
+    let roles = roles_of(api, id);
     let workers = roles
         .values()
         .flatten()
@@ -134,31 +78,29 @@ fn job_state(api: &Api, id: &str) -> (String, i64, usize, usize) {
 
 #[test]
 fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
-    let db = fresh_database().unwrap();
-    let port = free_port().unwrap();
-    let _server = api(&db, port);
-    let api = Api::new(port);
+    let p = platform();
+    let api = &p.client;
     let mut execs: BTreeMap<String, Proc> = (1..=4)
-        .map(|i| (format!("ex{i}"), executor(port, &format!("ex{i}"))))
+        .map(|i| (format!("ex{i}"), p.executor(&format!("ex{i}"))))
         .collect();
     let job = api.submit(&ps_spec("e2e-ps"));
 
     // 2 PS + 2 workers at least; with 4 executors of 1 GiB and 600 MiB
     // workers it grows to its maximum of 3, leaving one worker slot spare.
     let (_, g1, _, _) = eventually(Duration::from_secs(20), || {
-        let s = job_state(&api, &job);
+        let s = job_state(api, &job);
         (s.0 == "running" && s.2 == 3 && s.3 == 2).then_some(s)
     })
     .unwrap_or_else(|| {
         panic!(
             "not placed: {:?} {:?}",
-            job_state(&api, &job),
+            job_state(api, &job),
             api.get(&format!("/v1/jobs/{job}/events"))
         )
     });
 
     // SIGKILL an executor that holds only a worker: its role moves to the spare.
-    let roles = api.roles(&job);
+    let roles = roles_of(api, &job);
     let victim = roles
         .iter()
         .find(|(_, r)| r.len() == 1 && r[0].starts_with("worker"))
@@ -168,12 +110,12 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
     kill9(execs[&victim].pid());
     execs.remove(&victim);
     let (_, g2, _, _) = eventually(Duration::from_secs(5), || {
-        let s = job_state(&api, &job);
+        let s = job_state(api, &job);
         (s.1 > g1 && s.2 == 3 && s.3 == 2).then_some(s)
     })
-    .unwrap_or_else(|| panic!("not repaired within 5 s: {:?}", job_state(&api, &job)));
+    .unwrap_or_else(|| panic!("not repaired within 5 s: {:?}", job_state(api, &job)));
     let repaired_in = killed_at.elapsed();
-    let after = api.roles(&job);
+    let after = roles_of(api, &job);
     assert!(
         !after.contains_key(&victim),
         "the dead executor still holds roles"
@@ -193,13 +135,13 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
     );
     eprintln!("repaired in {repaired_in:?} (generation {g1} → {g2})");
     eventually(Duration::from_secs(10), || {
-        (job_state(&api, &job).0 == "running").then_some(())
+        (job_state(api, &job).0 == "running").then_some(())
     })
     .expect("running again");
 
     // Kill another worker-only executor: no spare left, the job runs with
     // its minimum of 2 workers.
-    let roles = api.roles(&job);
+    let roles = roles_of(api, &job);
     if let Some(victim) = roles
         .iter()
         .find(|(_, r)| r.len() == 1 && r[0].starts_with("worker"))
@@ -208,53 +150,55 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
         kill9(execs[&victim].pid());
         execs.remove(&victim);
         eventually(Duration::from_secs(10), || {
-            let s = job_state(&api, &job);
+            let s = job_state(api, &job);
             (s.2 == 2 && s.3 == 2 && s.1 > g2).then_some(())
         })
-        .unwrap_or_else(|| panic!("did not shrink to 2 workers: {:?}", job_state(&api, &job)));
+        .unwrap_or_else(|| panic!("did not shrink to 2 workers: {:?}", job_state(api, &job)));
     }
 
     // A new executor is absorbed: the job grows back to its maximum.
-    execs.insert("ex5".into(), executor(port, "ex5"));
+    execs.insert("ex5".into(), p.executor("ex5"));
     eventually(Duration::from_secs(10), || {
-        let s = job_state(&api, &job);
-        (s.2 == 3 && s.3 == 2 && api.roles(&job).get("ex5").is_some_and(|r| !r.is_empty()))
-            .then_some(())
+        let s = job_state(api, &job);
+        (s.2 == 3
+            && s.3 == 2
+            && roles_of(api, &job)
+                .get("ex5")
+                .is_some_and(|r| !r.is_empty()))
+        .then_some(())
     })
     .unwrap_or_else(|| {
         panic!(
             "ex5 not absorbed: {:?} {:?}",
-            job_state(&api, &job),
-            api.roles(&job)
+            job_state(api, &job),
+            roles_of(api, &job)
         )
     });
 }
 
-fn leader(api: &Api) -> bool {
-    api.metrics()
+fn leader(api: &ApiClient) -> bool {
+    api.get_text("/metrics")
         .lines()
         .any(|l| l == "trainyard_scheduler_leader 1")
 }
 
 #[test]
 fn two_api_processes_schedule_once_and_fail_over() {
-    let db = fresh_database().unwrap();
-    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
-    let a = api(&db, pa);
-    let api_a = Api::new(pa);
-    eventually(Duration::from_secs(10), || leader(&api_a).then_some(())).expect("A leads");
-    let _b = api(&db, pb);
-    let api_b = Api::new(pb);
+    let a = platform();
+    let api_a = &a.client;
+    eventually(Duration::from_secs(10), || leader(api_a).then_some(())).expect("A leads");
+    let b = a.another_api();
+    let api_b = &b.client;
     std::thread::sleep(Duration::from_millis(500));
-    assert!(!leader(&api_b), "only one process leads");
+    assert!(!leader(api_b), "only one process leads");
 
     // Executors talk to B, so they outlive A.
-    let _execs: Vec<Proc> = (1..=3).map(|i| executor(pb, &format!("fx{i}"))).collect();
+    let _execs: Vec<Proc> = (1..=3).map(|i| b.executor(&format!("fx{i}"))).collect();
     let mut spec = ps_spec("e2e-failover");
     spec["workers"] = json!({"min": 2, "max": 2});
     let job = api_b.submit(&spec);
     eventually(Duration::from_secs(20), || {
-        (job_state(&api_b, &job).0 == "running").then_some(())
+        (job_state(api_b, &job).0 == "running").then_some(())
     })
     .expect("placed");
     std::thread::sleep(Duration::from_secs(1));
@@ -266,13 +210,12 @@ fn two_api_processes_schedule_once_and_fail_over() {
         .filter(|e| e["kind"] == "placement")
         .count();
     assert_eq!(placements, 1, "scheduled twice: {events}");
-    assert_eq!(job_state(&api_b, &job).1, 1, "one generation");
+    assert_eq!(job_state(api_b, &job).1, 1, "one generation");
 
     // Kill the leader: B takes over and schedules the next job.
     let killed = Instant::now();
-    kill9(a.pid());
-    eventually(Duration::from_secs(5), || leader(&api_b).then_some(()))
-        .expect("B leads within 5 s");
+    kill9(a.server.pid());
+    eventually(Duration::from_secs(5), || leader(api_b).then_some(())).expect("B leads within 5 s");
     eprintln!("failover in {:?}", killed.elapsed());
     let mut small = ps_spec("after-failover");
     small["strategy"] = json!("allreduce");
@@ -280,7 +223,7 @@ fn two_api_processes_schedule_once_and_fail_over() {
     small["workers"] = json!({"min": 1, "max": 1});
     let second = api_b.submit(&small);
     eventually(Duration::from_secs(10), || {
-        (job_state(&api_b, &second).0 == "running").then_some(())
+        (job_state(api_b, &second).0 == "running").then_some(())
     })
     .unwrap_or_else(|| {
         panic!(
@@ -288,5 +231,4 @@ fn two_api_processes_schedule_once_and_fail_over() {
             api_b.get(&format!("/v1/jobs/{second}"))
         )
     });
-    drop(a);
 }

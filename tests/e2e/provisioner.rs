@@ -7,42 +7,37 @@
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, ApiClient, Proc};
+use trainyard_e2e::{binary, eventually, ApiClient, Consistency, MlpSpec, Platform};
 
-const JOIN: &str = "e2e-provisioner-join";
-
-fn server(port: u16, env: &[(&str, &str)]) -> Proc {
-    let db = fresh_database().unwrap();
-    let data = std::env::temp_dir().join(format!("ty-prov-{}-{port}", std::process::id()));
-    let mut all = vec![
-        ("TRAINYARD_PROVISIONER", "local"),
-        ("TRAINYARD_PROVISION_CPUS", "2"),
-        ("TRAINYARD_PROVISION_MEMORY_MB", "8192"),
-        ("TRAINYARD_PROVISION_EXECUTOR_MEMORY_MB", "1024"),
-        ("TRAINYARD_PROVISION_START_TIMEOUT_SECS", "120"),
-    ];
-    all.extend_from_slice(env);
-    trainyard_e2e::start_server_env(&db, port, &data, JOIN, 10, &[], &all).unwrap()
+/// An API with the local provisioner on a machine of 2 CPUs and 8 GiB that
+/// starts executors of 1 GiB, and `settings` of its own.
+fn platform(misses: u32, settings: &[(&str, &str)]) -> Platform {
+    let mut b = Platform::builder("prov")
+        .heartbeat_misses(misses)
+        .local_provisioner(2, 8192, 1024);
+    for (k, v) in settings {
+        b = b.env(k, v);
+    }
+    b.start()
 }
 
-fn digits(name: &str, strategy: &str, workers: u32, ps: u32, steps: u32) -> Value {
-    let mut spec = json!({
-        "name": name,
-        "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
-        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
-        "loss": "cross_entropy",
-        "optimizer": {"kind": "adam", "lr": 0.005},
-        "batch_size": 32,
-        "steps": steps,
-        "strategy": strategy,
-        "workers": {"min": workers, "max": workers},
-        "resources": {"memory_mb": 256},
-        "seed": 5
-    });
+/// The settings of the first two tests, beside their own.
+const START_TIMEOUT: (&str, &str) = ("TRAINYARD_PROVISION_START_TIMEOUT_SECS", "120");
+
+fn digits(name: &str, strategy: &str, workers: u32, ps: u32, steps: u64) -> Value {
+    let mut spec = MlpSpec::digits(name)
+        .adam(0.005)
+        .batch_size(32)
+        .steps(steps)
+        .no_eval()
+        .workers(workers, workers)
+        .memory_mb(256)
+        .seed(5);
     if ps > 0 {
-        spec["parameter_servers"] = json!(ps);
-        spec["consistency"] = json!("sync");
+        spec = spec.ps(ps).consistency(Consistency::Sync);
     }
+    let spec = spec.build();
+    assert_eq!(spec["strategy"], strategy);
     spec
 }
 
@@ -87,16 +82,16 @@ fn pid_alive(pid: i64) -> bool {
 
 #[test]
 fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
-    let port = free_port().unwrap();
-    let mut api_proc = server(
-        port,
+    let mut p = platform(
+        10,
         &[
+            START_TIMEOUT,
             ("TRAINYARD_PROVISION_MAX_EXECUTORS", "4"),
             ("TRAINYARD_PROVISION_EXECUTOR_CPUS", "0.5"),
             ("TRAINYARD_PROVISION_IDLE_TIMEOUT_SECS", "3"),
         ],
     );
-    let api = ApiClient::new(port);
+    let api = p.client.clone();
     let status = api.get("/v1/provisioner");
     assert_eq!(status["settings"]["kind"], "local", "{status}");
     assert_eq!(status["settings"]["max_executors"], 4, "{status}");
@@ -119,7 +114,7 @@ fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
             "a job failed: {:?} {:?}\n{}",
             state(&api, &ring),
             state(&api, &ps),
-            api_proc.output()
+            p.server.output()
         );
         (a == "succeeded" && b == "succeeded").then_some(())
     });
@@ -129,7 +124,7 @@ fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
         state(&api, &ring),
         state(&api, &ps),
         api.get("/v1/provisioner"),
-        api_proc.output()
+        p.server.output()
     );
     assert!(most <= 4, "{most} executors at once, limit 4");
     assert!(
@@ -194,7 +189,7 @@ fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
     }
 
     // The CLI shows the same.
-    let cli = std::process::Command::new(trainyard_e2e::binary("trainyard").unwrap())
+    let cli = std::process::Command::new(binary("trainyard").unwrap())
         .args(["provisioner", "--api", &api.base, "--limit", "1000"])
         .output()
         .unwrap();
@@ -210,27 +205,27 @@ fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
     );
 
     // A clean shutdown with nothing running leaves nothing behind.
-    api_proc.terminate().unwrap();
+    p.server.terminate().unwrap();
     assert_eq!(
-        api_proc.wait_exit(Duration::from_secs(30)).unwrap(),
+        p.server.wait_exit(Duration::from_secs(30)).unwrap(),
         Some(0)
     );
 }
 
 #[test]
 fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
-    let port = free_port().unwrap();
-    let mut api_proc = server(
-        port,
+    let mut p = platform(
+        10,
         &[
+            START_TIMEOUT,
             ("TRAINYARD_PROVISION_MAX_EXECUTORS", "1"),
             ("TRAINYARD_PROVISION_MAX_PER_JOB", "1"),
             ("TRAINYARD_PROVISION_EXECUTOR_CPUS", "1"),
             ("TRAINYARD_PROVISION_IDLE_TIMEOUT_SECS", "2"),
         ],
     );
-    let api = ApiClient::new(port);
-    let mut hand = trainyard_e2e::start_executor(&api.base, JOIN, "hand-1", 1024, &[]).unwrap();
+    let api = p.client.clone();
+    let mut hand = p.executor_with("hand-1", 1024, &[]);
     eventually(Duration::from_secs(60), || {
         (api.live_executors() == ["hand-1"]).then_some(())
     })
@@ -270,7 +265,7 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
         "{:?}; provisioner: {}\n{}",
         state(&api, &small),
         api.get("/v1/provisioner"),
-        api_proc.output()
+        p.server.output()
     );
     let ev = events(&api);
     let starts = of_kind(&ev, "start");
@@ -303,9 +298,9 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
 
     // Shutting the server down releases only what it started: hand-1 runs
     // on (retrying its heartbeats until an API answers again).
-    api_proc.terminate().unwrap();
+    p.server.terminate().unwrap();
     assert_eq!(
-        api_proc.wait_exit(Duration::from_secs(60)).unwrap(),
+        p.server.wait_exit(Duration::from_secs(60)).unwrap(),
         Some(0)
     );
     assert!(hand.running(), "hand-1 was stopped:\n{}", hand.output());
@@ -313,35 +308,27 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
 
 #[test]
 fn a_restarted_api_adopts_the_executors_its_crashed_predecessor_started() {
-    let port = free_port().unwrap();
-    let db = fresh_database().unwrap();
-    let data = std::env::temp_dir().join(format!("ty-prov-adopt-{}-{port}", std::process::id()));
-    let env = [
-        ("TRAINYARD_PROVISIONER", "local"),
-        ("TRAINYARD_PROVISION_CPUS", "2"),
-        ("TRAINYARD_PROVISION_MEMORY_MB", "8192"),
-        ("TRAINYARD_PROVISION_EXECUTOR_MEMORY_MB", "1024"),
-        ("TRAINYARD_PROVISION_EXECUTOR_CPUS", "1"),
-        ("TRAINYARD_PROVISION_MAX_EXECUTORS", "2"),
-        ("TRAINYARD_PROVISION_IDLE_TIMEOUT_SECS", "2"),
-        // Slow steps keep the job running through the crash.
-        ("TRAINYARD_SLOW_WORKER", "*:50"),
-    ];
-    let start = || trainyard_e2e::start_server_env(&db, port, &data, JOIN, 25, &[], &env).unwrap();
-    let api_proc = start();
-    let api = ApiClient::new(port);
+    let mut p = platform(
+        25,
+        &[
+            ("TRAINYARD_PROVISION_EXECUTOR_CPUS", "1"),
+            ("TRAINYARD_PROVISION_MAX_EXECUTORS", "2"),
+            ("TRAINYARD_PROVISION_IDLE_TIMEOUT_SECS", "2"),
+            // Slow steps keep the job running through the crash.
+            ("TRAINYARD_SLOW_WORKER", "*:50"),
+        ],
+    );
+    let api = p.client.clone();
     let job = api.submit(&digits("prov-adopt", "allreduce", 2, 0, 100_000));
     eventually(Duration::from_secs(120), || {
         (state(&api, &job).0 == "running").then_some(())
     })
-    .unwrap_or_else(|| panic!("{:?}\n{}", state(&api, &job), api_proc.output()));
+    .unwrap_or_else(|| panic!("{:?}\n{}", state(&api, &job), p.server.output()));
     let before: BTreeSet<String> = api.live_executors().into_iter().collect();
     assert_eq!(before.len(), 2, "{before:?}");
 
     // The API dies without releasing anything; its executors train on.
-    trainyard_e2e::kill9(api_proc.pid());
-    drop(api_proc);
-    let mut api_proc = start();
+    p.crash_api(Duration::ZERO);
     let adopted = eventually(Duration::from_secs(30), || {
         let ev = events(&api);
         let names: BTreeSet<String> = of_kind(&ev, "adopted")
@@ -354,7 +341,7 @@ fn a_restarted_api_adopts_the_executors_its_crashed_predecessor_started() {
         panic!(
             "no adoption: {}\n{}",
             api.get("/v1/provisioner"),
-            api_proc.output()
+            p.server.output()
         )
     });
     assert_eq!(adopted, before);
@@ -376,9 +363,9 @@ fn a_restarted_api_adopts_the_executors_its_crashed_predecessor_started() {
     })
     .unwrap_or_else(|| panic!("{}", api.get("/v1/provisioner")));
     assert!(api.live_executors().is_empty());
-    api_proc.terminate().unwrap();
+    p.server.terminate().unwrap();
     assert_eq!(
-        api_proc.wait_exit(Duration::from_secs(30)).unwrap(),
+        p.server.wait_exit(Duration::from_secs(30)).unwrap(),
         Some(0)
     );
 }

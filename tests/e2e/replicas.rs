@@ -14,126 +14,45 @@
 //! `TRAINYARD_SLOW_STANDBY` test hook), so that the kill of its primary
 //! most likely lands while shard 0 is a version ahead.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use trainyard_e2e::{
-    eventually, free_port, fresh_database, repo_root, safetensors_f32, ApiClient, Proc,
-};
+use trainyard_e2e::{eventually, kill9, safetensors_f32, Consistency, MlpSpec, Platform, Proc};
 
-const JOIN: &str = "e2e-replicas-token";
-
-struct Platform {
-    _api: Proc,
-    base: String,
-    api: ApiClient,
-    data: std::path::PathBuf,
-    db: String,
+/// An API that declares an executor lost after 40 silent 200 ms beats
+/// (8 s: a busy CI machine must not make a live worker look lost, which
+/// would change the data split), whose executors' workers sleep 60 ms after
+/// each step, so that a kill after the first steps lands mid-training.
+fn platform() -> Platform {
+    Platform::builder("replicas")
+        .heartbeat_misses(40)
+        .executor_env("TRAINYARD_SLOW_WORKER", "*:60")
+        .start()
 }
 
-impl Platform {
-    /// An API that declares an executor lost after 40 silent 200 ms beats
-    /// (8 s: a busy CI machine must not make a live worker look lost,
-    /// which would change the data split).
-    fn start() -> Platform {
-        let db = fresh_database().unwrap();
-        let port = free_port().unwrap();
-        let data =
-            std::env::temp_dir().join(format!("trainyard-replicas-{}-{port}", std::process::id()));
-        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 40, &[]).unwrap();
-        Platform {
-            _api: api,
-            base: format!("http://127.0.0.1:{port}"),
-            api: ApiClient::new(port),
-            data,
-            db,
-        }
-    }
-
-    /// An executor whose workers sleep 60 ms after each step, so that a
-    /// kill after the first steps lands mid-training, with `env` added.
-    fn executor(&self, name: &str, ram_mb: u32, env: &[(&str, &str)]) -> Proc {
-        let mut env = env.to_vec();
-        env.push(("TRAINYARD_SLOW_WORKER", "*:60"));
-        trainyard_e2e::start_executor(&self.base, JOIN, name, ram_mb, &env).unwrap()
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.api.get(path)
-    }
-
-    fn submit(&self, spec: &Value) -> String {
-        self.api.submit(spec)
-    }
-
-    fn events(&self, id: &str) -> Vec<Value> {
-        self.get(&format!("/v1/jobs/{id}/events?limit=1000"))["events"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn logs(&self, id: &str) -> Vec<String> {
-        self.get(&format!("/v1/jobs/{id}/logs?limit=1000"))["lines"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|l| l["message"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn wait_end(&self, id: &str) -> Value {
-        eventually(Duration::from_secs(240), || {
-            let j = self.get(&format!("/v1/jobs/{id}"));
-            ["succeeded", "failed", "cancelled"]
-                .contains(&j["state"].as_str().unwrap_or(""))
-                .then_some(j)
-        })
-        .unwrap_or_else(|| panic!("job {id} did not end: {:?}", self.logs(id)))
-    }
-
-    /// The final weights of a succeeded job, tensor by tensor, as raw bits.
-    fn weights(&self, id: &str) -> BTreeMap<String, Vec<u32>> {
-        let result = self
-            .events(id)
-            .into_iter()
-            .find(|e| e["kind"] == "result")
-            .unwrap_or_else(|| panic!("a result event of {id}"));
-        safetensors_f32(result["data"]["weights_url"].as_str().unwrap())
-            .into_iter()
-            .map(|(k, v)| (k, v.into_iter().map(f32::to_bits).collect()))
-            .collect()
-    }
+/// The final weights of a succeeded job, tensor by tensor, as raw bits.
+fn weights(p: &Platform, id: &str) -> BTreeMap<String, Vec<u32>> {
+    safetensors_f32(&p.weights_url(id))
+        .into_iter()
+        .map(|(k, v)| (k, v.into_iter().map(f32::to_bits).collect()))
+        .collect()
 }
 
-impl Drop for Platform {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
-        trainyard_e2e::drop_database(&self.db);
-    }
-}
+/// How long a job may take here.
+const JOB_LIMIT: Duration = Duration::from_secs(240);
 
 /// Sync PS with Adam (optimizer state and step count travel to the
 /// standby too), two workers, `shards` shards with one standby each.
 fn replicated_digits(name: &str, shards: u32, steps: u64) -> Value {
-    json!({
-        "name": name,
-        "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
-        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
-        "loss": "cross_entropy",
-        "optimizer": {"kind": "adam", "lr": 0.003},
-        "batch_size": 32,
-        "steps": steps,
-        "eval_fraction": 0.2,
-        "strategy": "parameter_server",
-        "parameter_servers": shards,
-        "replicas": 1,
-        "consistency": "sync",
-        "workers": {"min": 2, "max": 2},
-        "seed": 7
-    })
+    MlpSpec::digits(name)
+        .batch_size(32)
+        .steps(steps)
+        .ps(shards)
+        .replicas(1)
+        .consistency(Consistency::Sync)
+        .workers(2, 2)
+        .seed(7)
+        .build()
 }
 
 /// The word after `marker` in `line`.
@@ -196,13 +115,13 @@ fn with_two_shards_a_killed_primary_leaves_no_shard_a_version_ahead() {
 /// primary (the last shard's where it shares no executor with a worker)
 /// after 10 steps, and compares the final weights bit for bit.
 fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
-    let p = Platform::start();
+    let p = platform();
     // Two small executors (the workers, best fit) and two big ones (the
     // shards, where the most RAM is; their standbys avoid them).
     let mut execs: Vec<(String, Proc)> = (0..4)
         .map(|i| {
             let name = format!("rep-{i}");
-            let proc_ = p.executor(&name, if i < 2 { 1536 } else { 4096 }, env);
+            let proc_ = p.executor_with(&name, if i < 2 { 1536 } else { 4096 }, env);
             (name, proc_)
         })
         .collect();
@@ -210,18 +129,20 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     // Every executor is in before the first plan, so each job is placed
     // alike.
     eventually(Duration::from_secs(60), || {
-        let live = p.get("/v1/executors?state=live")["executors"]
-            .as_array()
-            .map_or(0, Vec::len);
-        (live == execs.len()).then_some(())
+        (p.live_executors().len() == execs.len()).then_some(())
     })
     .expect("four live executors");
 
     // Fault-free, in one generation (else a false loss changed the split
     // and the comparison below would fail for that reason).
     let clean = p.submit(&replicated_digits("replicas-clean", shards, steps));
-    let job = p.wait_end(&clean);
-    assert_eq!(job["state"], "succeeded", "{job} {:?}", p.logs(&clean));
+    let job = p.wait_end(&clean, JOB_LIMIT);
+    assert_eq!(
+        job["state"],
+        "succeeded",
+        "{job} {:?}",
+        p.log_messages(&clean)
+    );
     let clean_placements = p
         .events(&clean)
         .into_iter()
@@ -237,12 +158,16 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     // The same job; a primary's executor dies after the first steps.
     let faulty = p.submit(&replicated_digits("replicas-killed", shards, steps));
     let r = eventually(Duration::from_secs(60), || {
-        let m = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"));
-        (m["steps_recorded"].as_i64().unwrap_or(0) >= 10)
+        (p.steps_recorded(&faulty) >= 10)
             .then(|| roles(&p, &faulty, shards as usize))
             .flatten()
     })
-    .unwrap_or_else(|| panic!("the job trains with standbys: {:?}", p.logs(&faulty)));
+    .unwrap_or_else(|| {
+        panic!(
+            "the job trains with standbys: {:?}",
+            p.log_messages(&faulty)
+        )
+    });
     for (primary, standby) in &r.shards {
         assert_ne!(primary, standby, "a standby on its shard's executor");
     }
@@ -270,9 +195,14 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
         .unwrap();
     let at = execs.iter().position(|(n, _)| *n == primary).unwrap();
     let (_, victim) = execs.remove(at);
-    trainyard_e2e::kill9(victim.pid());
-    let job = p.wait_end(&faulty);
-    assert_eq!(job["state"], "succeeded", "{job} {:?}", p.logs(&faulty));
+    kill9(victim.pid());
+    let job = p.wait_end(&faulty, JOB_LIMIT);
+    assert_eq!(
+        job["state"],
+        "succeeded",
+        "{job} {:?}",
+        p.log_messages(&faulty)
+    );
 
     // The scheduler promoted the standby and said so.
     let promoted = p
@@ -296,7 +226,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     );
     // The shard was not restored from a checkpoint or a worker's pull: the
     // promoted standby served on from a version workers had seen.
-    let lines = p.logs(&faulty);
+    let lines = p.log_messages(&faulty);
     assert!(
         !lines.iter().any(|l| l.contains("restored from")),
         "{lines:?}"
@@ -344,7 +274,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
         .unwrap_or_else(|| panic!("rank 0's last line: {lines:?}"));
     assert_eq!(finished, steps, "{lines:?}");
 
-    let (a, b) = (p.weights(&clean), p.weights(&faulty));
+    let (a, b) = (weights(&p, &clean), weights(&p, &faulty));
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     let differing: Vec<&String> = a.keys().filter(|k| a[*k] != b[*k]).collect();
     let values: usize = a.values().map(Vec::len).sum();

@@ -2,12 +2,11 @@
 //! Postgres cluster, keeps jobs across a graceful restart, and stops the
 //! cluster when it stops.
 
-use reqwest::blocking::Client;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use trainyard_e2e::{binary, free_port, repo_root, wait_ready, Proc};
+use trainyard_e2e::{binary, example_digits, free_port, wait_ready, ApiClient, Proc};
 
 fn serve(data_dir: &Path, port: u16) -> Proc {
     let mut cmd = Command::new(binary("trainyard").unwrap());
@@ -36,13 +35,6 @@ fn log_fields(output: &str, message: &str) -> Option<Value> {
         .map(|v| v["fields"].clone())
 }
 
-fn demo_spec() -> Value {
-    let text = std::fs::read_to_string(repo_root().join("examples/digits-mlp.json")).unwrap();
-    let digits = repo_root().join("data/digits.npz");
-    serde_json::from_str(&text.replace("@DIGITS@", &format!("file://{}", digits.display())))
-        .unwrap()
-}
-
 struct Cleanup(Vec<PathBuf>);
 
 impl Drop for Cleanup {
@@ -59,10 +51,7 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
     let mut cleanup = Cleanup(vec![data.clone()]);
     let port = free_port().unwrap();
     let api = format!("http://127.0.0.1:{port}");
-    let client = Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let client = ApiClient::at(&api, Duration::from_secs(10));
 
     let mut server = serve(&data, port);
     wait_ready(
@@ -94,13 +83,8 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
         server.output()
     );
 
-    let r = client
-        .post(format!("{api}/v1/jobs"))
-        .json(&demo_spec())
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let job: Value = r.json().unwrap();
+    let (status, job) = client.post("/v1/jobs", &example_digits());
+    assert_eq!(status, 201);
     let id = job["id"].as_str().unwrap().to_owned();
 
     server.terminate().unwrap();
@@ -122,21 +106,11 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
         Duration::from_secs(120),
     )
     .unwrap();
-    let got: Value = client
-        .get(format!("{api}/v1/jobs/{id}"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let got = client.job(&id);
     assert_eq!(got["id"], job["id"]);
     assert_eq!(got["state"], "queued");
     assert_eq!(got["spec"], job["spec"]);
-    let events: Value = client
-        .get(format!("{api}/v1/jobs/{id}/events"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let events = client.get(&format!("/v1/jobs/{id}/events"));
     assert_eq!(events["events"][0]["kind"], "submitted");
     again.terminate().unwrap();
     assert_eq!(

@@ -3,168 +3,72 @@
 //! its weights in the object store — or `failed` with a reason that names
 //! the problem. Metrics and logs stay readable after the executors exit.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
-use std::process::Command;
 use std::time::Duration;
-use trainyard_e2e::{eventually, free_port, fresh_database, repo_root, Proc};
+use trainyard_e2e::{
+    eventually, example_digits, kill9, safetensors_f32, safetensors_header, torchscript,
+    write_torchscript, Consistency, MlpSpec, Platform, Proc,
+};
 
-const JOIN: &str = "e2e-train-token";
-
-struct Platform {
-    api: Proc,
-    base: String,
-    client: Client,
-    data: std::path::PathBuf,
-    db: String,
-    port: u16,
+/// A platform that declares an executor lost after 25 silent heartbeats
+/// (5 s).
+fn platform() -> Platform {
+    Platform::builder("train").start()
 }
 
-fn start_api(db: &str, port: u16, data: &std::path::Path) -> Proc {
-    start_api_with(db, port, data, 25)
-}
-
-fn start_api_with(db: &str, port: u16, data: &std::path::Path, misses: u32) -> Proc {
-    trainyard_e2e::start_server(db, port, data, JOIN, misses, &[]).unwrap()
-}
-
-impl Platform {
-    fn start() -> Platform {
-        Platform::start_with(25)
-    }
-
-    /// A platform that declares an executor lost after `misses` silent
-    /// 200 ms heartbeat intervals.
-    fn start_with(misses: u32) -> Platform {
-        let db = fresh_database().unwrap();
-        let port = free_port().unwrap();
-        let data =
-            std::env::temp_dir().join(format!("trainyard-train-{}-{port}", std::process::id()));
-        let api = start_api_with(&db, port, &data, misses);
-        Platform {
-            api,
-            base: format!("http://127.0.0.1:{port}"),
-            client: Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap(),
-            data,
-            db,
-            port,
-        }
-    }
-
-    /// SIGKILLs the API, waits `down`, and starts it again on the same port.
-    fn crash_api(&mut self, down: Duration) {
-        trainyard_e2e::kill9(self.api.pid());
-        let _ = self.api.wait_exit(Duration::from_secs(10));
-        std::thread::sleep(down);
-        self.api = start_api(&self.db, self.port, &self.data);
-    }
-
-    fn executor(&self, name: &str) -> Proc {
-        self.executor_env(name, &[])
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    }
-
-    fn submit(&self, spec: &Value) -> String {
-        let r = self
-            .client
-            .post(format!("{}/v1/jobs", self.base))
-            .json(spec)
-            .send()
-            .unwrap();
-        assert_eq!(r.status(), 201, "{}", r.text().unwrap());
-        r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-
-    fn wait_end(&self, id: &str, limit: Duration) -> Value {
-        eventually(limit, || {
-            let j = self.get(&format!("/v1/jobs/{id}"));
-            ["succeeded", "failed", "cancelled"]
-                .contains(&j["state"].as_str().unwrap())
-                .then_some(j)
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "job {id} did not end: {} {}",
-                self.get(&format!("/v1/jobs/{id}")),
-                self.get(&format!("/v1/jobs/{id}/logs"))
-            )
-        })
-    }
-}
-
-impl Drop for Platform {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
-}
-
+/// The digits MLP of these tests: one worker, 30 epochs.
 fn digits(name: &str) -> Value {
-    json!({
-        "name": name,
-        "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
-        "dataset": {"kind": "file", "url": format!("file://{}", repo_root().join("data/digits.npz").display())},
-        "loss": "cross_entropy",
-        "optimizer": {"kind": "adamw", "lr": 0.003, "weight_decay": 0.0001, "schedule": {"kind": "warmup_cosine", "warmup_steps": 20}},
-        "batch_size": 64,
-        "epochs": 30,
-        "eval_fraction": 0.2,
-        "strategy": "allreduce",
-        "workers": {"min": 1, "max": 1},
-        "seed": 3
-    })
+    MlpSpec::digits(name)
+        .hidden(&[128])
+        .adamw_warmup(0.003)
+        .epochs(30)
+        .seed(3)
+        .build()
+}
+
+/// [`digits`] on a ring of `workers` (min, max), batches of 32, at a higher
+/// learning rate.
+fn ring_digits(name: &str, workers: (u32, u32), epochs: u64) -> Value {
+    ring(name, workers, epochs).build()
+}
+
+fn ring(name: &str, workers: (u32, u32), epochs: u64) -> MlpSpec {
+    MlpSpec::digits(name)
+        .hidden(&[128])
+        .adamw_warmup(0.005)
+        .batch_size(32)
+        .epochs(epochs)
+        .workers(workers.0, workers.1)
+        .seed(3)
+}
+
+/// Two PS shards and three workers, 40 epochs.
+fn ps_digits(name: &str, consistency: Consistency) -> Value {
+    ring(name, (3, 3), 40)
+        .ps(2)
+        .consistency(consistency)
+        .build()
 }
 
 #[test]
 fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
-    let p = Platform::start();
+    let p = platform();
     let mut exec = p.executor("trainer");
     // The README's demo job, as `scripts/run` submits it.
-    let text = std::fs::read_to_string(repo_root().join("examples/digits-mlp.json")).unwrap();
-    let digits = repo_root().join("data/digits.npz");
-    let demo: Value =
-        serde_json::from_str(&text.replace("@DIGITS@", &format!("file://{}", digits.display())))
-            .unwrap();
-    let id = p.submit(&demo);
+    let id = p.submit(&example_digits());
     let job = p.wait_end(&id, Duration::from_secs(180));
     assert_eq!(job["state"], "succeeded", "{job}");
 
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    let result = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "result")
-        .expect("a result event")
-        .clone();
-    let acc = result["data"]["eval_accuracy"].as_f64().unwrap();
+    let acc = p.result_accuracy(&id);
     assert!(acc >= 0.95, "held-out accuracy {acc}");
-    let states: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["to_state"].as_str())
-        .collect();
-    assert_eq!(states, ["queued", "scheduling", "running", "succeeded"]);
+    assert_eq!(
+        p.states(&id),
+        ["queued", "scheduling", "running", "succeeded"]
+    );
 
     // The weights are a safetensors file with the model's tensors.
-    let url = result["data"]["weights_url"].as_str().unwrap();
-    let bytes = std::fs::read(url.strip_prefix("file://").unwrap()).unwrap();
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let url = p.weights_url(&id);
+    let header = safetensors_header(&std::fs::read(url.strip_prefix("file://").unwrap()).unwrap());
     assert_eq!(header["fc0.weight"]["shape"], json!([128, 64]));
     assert_eq!(header["fc1.bias"]["dtype"], "F32");
 
@@ -203,7 +107,7 @@ fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
 
 #[test]
 fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
-    let p = Platform::start();
+    let p = platform();
     let _exec = p.executor("failer");
     let mut missing = digits("missing-data");
     missing["dataset"]["url"] = json!("file:///nonexistent/trainyard/digits.npz");
@@ -241,79 +145,23 @@ fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
     );
 }
 
-/// Writes a TorchScript regression model with Python's torch (the venv's
-/// `python3` is first on PATH in `scripts/test`).
-fn write_torchscript(path: &std::path::Path) {
-    let script = r#"
-import sys, torch
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.hidden = torch.nn.Linear(8, 32)
-        self.out = torch.nn.Linear(32, 1)
-    def forward(self, x):
-        return self.out(torch.relu(self.hidden(x)))
-torch.manual_seed(0)
-torch.jit.script(Net()).save(sys.argv[1])
-"#;
-    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-    // torch.jit.script reads the class's source, so it must live in a file.
-    let file = path.with_extension("py");
-    std::fs::write(&file, script).unwrap();
-    let out = Command::new(&python)
-        .arg(&file)
-        .arg(path)
-        .output()
-        .expect("python3 with torch (run through scripts/test)");
-    assert!(
-        out.status.success(),
-        "python could not write the model: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn torchscript_job(name: &str, url: &str) -> Value {
-    json!({
-        "name": name,
-        "model": {"kind": "torchscript", "url": url},
-        "dataset": {"kind": "regression", "samples": 2000, "features": 8},
-        "loss": "mse",
-        "optimizer": {"kind": "adam", "lr": 0.01},
-        "batch_size": 64,
-        "epochs": 20,
-        "strategy": "allreduce",
-        "workers": {"min": 1, "max": 1}
-    })
-}
-
 #[test]
 fn a_torchscript_model_from_python_is_inspected_and_trained() {
-    let p = Platform::start();
+    let p = platform();
     let _exec = p.executor("scripter");
     std::fs::create_dir_all(&p.data).unwrap();
     let model = p.data.join("net.pt");
     write_torchscript(&model);
-    let id = p.submit(&torchscript_job(
-        "byom",
-        &format!("file://{}", model.display()),
-    ));
+    let id = p.submit(&torchscript("byom", &format!("file://{}", model.display())));
     let job = p.wait_end(&id, Duration::from_secs(120));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    let states: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["to_state"].as_str())
-        .collect();
+    let events = p.events(&id);
     assert_eq!(
-        states,
+        p.states(&id),
         ["queued", "inspecting", "scheduling", "running", "succeeded"],
-        "{events}"
+        "{events:?}"
     );
-    let inspected = events["events"]
-        .as_array()
-        .unwrap()
+    let inspected = events
         .iter()
         .find(|e| e["to_state"] == "scheduling")
         .unwrap();
@@ -336,12 +184,12 @@ fn a_torchscript_model_from_python_is_inspected_and_trained() {
 
 #[test]
 fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
-    let p = Platform::start();
+    let p = platform();
     let _exec = p.executor("inspector");
     std::fs::create_dir_all(&p.data).unwrap();
     let model = p.data.join("corrupt.pt");
     std::fs::write(&model, b"this is not a TorchScript archive").unwrap();
-    let id = p.submit(&torchscript_job(
+    let id = p.submit(&torchscript(
         "corrupt",
         &format!("file://{}", model.display()),
     ));
@@ -358,7 +206,7 @@ fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
 
 #[test]
 fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
-    let p = Platform::start();
+    let p = platform();
     let _exec = p.executor("lm");
     std::fs::create_dir_all(&p.data).unwrap();
     // A text with structure beyond letter frequencies.
@@ -401,15 +249,7 @@ fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
     }));
     let job = p.wait_end(&id, Duration::from_secs(240));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    let result = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "result")
-        .unwrap()
-        .clone();
-    let eval = result["data"]["eval_loss"].as_f64().unwrap();
+    let eval = p.result(&id)["eval_loss"].as_f64().unwrap();
     assert!(
         eval < entropy,
         "held-out loss {eval} nats ≥ unigram entropy {entropy} nats"
@@ -419,20 +259,13 @@ fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
 
 #[test]
 fn training_goes_on_through_an_api_crash_and_loses_no_metric() {
-    let mut p = Platform::start();
+    let mut p = platform();
     let _exec = p.executor("steady");
     let mut spec = digits("through-a-crash");
     spec.as_object_mut().unwrap().remove("epochs");
     spec["steps"] = json!(6000);
     let id = p.submit(&spec);
-    eventually(Duration::from_secs(60), || {
-        (p.get(&format!("/v1/jobs/{id}/metrics"))["steps_recorded"]
-            .as_i64()
-            .unwrap()
-            > 0)
-        .then_some(())
-    })
-    .expect("training started");
+    p.wait_steps(&id, 1, Duration::from_secs(60));
     let before = p.get(&format!("/v1/jobs/{id}"));
     assert_eq!(
         before["state"], "running",
@@ -463,38 +296,6 @@ fn training_goes_on_through_an_api_crash_and_loses_no_metric() {
     assert_eq!(executors["executors"][0]["state"], "live");
 }
 
-impl Platform {
-    /// Every log line of job `id`, oldest first.
-    fn logs(&self, id: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut after = 0i64;
-        loop {
-            let page = self.get(&format!("/v1/jobs/{id}/logs?after={after}&limit=1000"));
-            out.extend(page["lines"].as_array().unwrap().iter().cloned());
-            match page["next_after"].as_i64() {
-                Some(a) => after = a,
-                None => return out,
-            }
-        }
-    }
-
-    fn log_messages(&self, id: &str) -> Vec<String> {
-        self.logs(id)
-            .iter()
-            .map(|l| l["message"].as_str().unwrap().to_owned())
-            .collect()
-    }
-}
-
-fn ring_digits(name: &str, workers: (u32, u32), epochs: u32) -> Value {
-    let mut spec = digits(name);
-    spec["workers"] = json!({"min": workers.0, "max": workers.1});
-    spec["batch_size"] = json!(32);
-    spec["epochs"] = json!(epochs);
-    spec["optimizer"]["lr"] = json!(0.005);
-    spec
-}
-
 /// The SHA-256 each rank logged for its final weights, by executor.
 fn final_hashes(lines: &[String]) -> Vec<String> {
     lines
@@ -506,12 +307,12 @@ fn final_hashes(lines: &[String]) -> Vec<String> {
 
 #[test]
 fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
-    let p = Platform::start();
+    let p = platform();
     let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("ring-{i}"))).collect();
     let id = p.submit(&ring_digits("ring-4", (4, 4), 40));
     let job = p.wait_end(&id, Duration::from_secs(300));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let acc = result_accuracy(&p, &id);
+    let acc = p.result_accuracy(&id);
     assert!(acc >= 0.95, "held-out accuracy {acc}");
     let lines = eventually(Duration::from_secs(20), || {
         let l = p.log_messages(&id);
@@ -561,7 +362,7 @@ fn ring_size_of_generation(p: &Platform, id: &str, generation: i64) -> Option<us
 
 #[test]
 fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
-    let p = Platform::start_with(10);
+    let p = Platform::builder("train").heartbeat_misses(10).start();
     let mut execs: Vec<Proc> = (0..4)
         .map(|i| p.executor(&format!("elastic-{i}")))
         .collect();
@@ -569,22 +370,14 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     spec["model"]["hidden"] = json!([256, 256]);
     let id = p.submit(&spec);
     // Wait until the ring of 4 has trained a while.
-    let first = eventually(Duration::from_secs(120), || {
-        let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
-        (m["steps_recorded"].as_i64().unwrap_or(0) >= 30).then_some(())
-    });
-    assert!(
-        first.is_some(),
-        "the ring trains: {:?}",
-        p.log_messages(&id)
-    );
+    p.wait_steps(&id, 30, Duration::from_secs(120));
     let generation = p.get(&format!("/v1/jobs/{id}"))["generation"]
         .as_i64()
         .unwrap();
     assert_eq!(ring_size_of_generation(&p, &id, generation), Some(4));
 
     let victim = execs.remove(2);
-    trainyard_e2e::kill9(victim.pid());
+    kill9(victim.pid());
     let rebuilt = eventually(Duration::from_secs(60), || {
         p.log_messages(&id)
             .into_iter()
@@ -614,7 +407,7 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     );
     let job = p.wait_end(&id, Duration::from_secs(600));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let acc = result_accuracy(&p, &id);
+    let acc = p.result_accuracy(&id);
     println!(
         "elastic ring (4 → 3 → 4): held-out accuracy {:.2}%",
         acc * 100.0
@@ -649,30 +442,6 @@ where
     rest.split([' ', ',']).next().unwrap().parse().unwrap()
 }
 
-fn ps_digits(name: &str, consistency: Value) -> Value {
-    let mut spec = ring_digits(name, (3, 3), 40);
-    spec["strategy"] = json!("parameter_server");
-    spec["parameter_servers"] = json!(2);
-    spec["consistency"] = consistency;
-    spec
-}
-
-/// The data of job `id`'s result event.
-fn result(p: &Platform, id: &str) -> Value {
-    let events = p.get(&format!("/v1/jobs/{id}/events"));
-    events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "result")
-        .map(|e| e["data"].clone())
-        .unwrap_or_else(|| panic!("a result event: {events}"))
-}
-
-fn result_accuracy(p: &Platform, id: &str) -> f64 {
-    result(p, id)["eval_accuracy"].as_f64().unwrap()
-}
-
 /// The shards' closing statistics: (rejected, staleness histogram) each.
 fn shard_stats(lines: &[String]) -> Vec<(u64, Vec<u64>)> {
     lines
@@ -697,9 +466,9 @@ fn shard_stats(lines: &[String]) -> Vec<(u64, Vec<u64>)> {
 
 #[test]
 fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes() {
-    let p = Platform::start();
+    let p = platform();
     let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("ps-{i}"))).collect();
-    let sync = p.submit(&ps_digits("ps-sync", json!("sync")));
+    let sync = p.submit(&ps_digits("ps-sync", Consistency::Sync));
     let job = p.wait_end(&sync, Duration::from_secs(300));
     assert_eq!(
         job["state"],
@@ -707,7 +476,7 @@ fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes(
         "{job} {:?}",
         p.log_messages(&sync)
     );
-    let acc = result_accuracy(&p, &sync);
+    let acc = p.result_accuracy(&sync);
     println!(
         "PS sync, 2 shards × 3 workers: held-out accuracy {:.2}%",
         acc * 100.0
@@ -715,35 +484,32 @@ fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes(
     assert!(acc >= 0.95, "sync accuracy {acc}");
 
     for (name, consistency) in [
-        ("ps-async", json!("async")),
-        ("ps-bounded", json!({"bounded": {"staleness": 2}})),
+        ("ps-async", Consistency::Async),
+        ("ps-bounded", Consistency::Bounded(2)),
     ] {
         let id = p.submit(&ps_digits(name, consistency));
         let job = p.wait_end(&id, Duration::from_secs(300));
         assert_eq!(job["state"], "succeeded", "{job} {:?}", p.log_messages(&id));
-        let acc = result_accuracy(&p, &id);
+        let acc = p.result_accuracy(&id);
         println!("PS {name}: held-out accuracy {:.2}%", acc * 100.0);
         assert!(acc >= 0.93, "{name} accuracy {acc}");
     }
 }
 
-impl Platform {
-    fn executor_env(&self, name: &str, env: &[(&str, &str)]) -> Proc {
-        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, env).unwrap()
-    }
-}
-
 #[test]
 fn bounded_staleness_rejects_a_slow_workers_stale_pushes_and_applies_none_older_than_tau() {
-    let p = Platform::start();
+    let p = platform();
     // Rank 2 sleeps 30 ms after each accepted step; the others do not.
     let _execs: Vec<Proc> = (0..4)
-        .map(|i| p.executor_env(&format!("slow-{i}"), &[("TRAINYARD_SLOW_WORKER", "2:30")]))
+        .map(|i| {
+            p.executor_with(
+                &format!("slow-{i}"),
+                2048,
+                &[("TRAINYARD_SLOW_WORKER", "2:30")],
+            )
+        })
         .collect();
-    let id = p.submit(&ps_digits(
-        "ps-bounded-slow",
-        json!({"bounded": {"staleness": 2}}),
-    ));
+    let id = p.submit(&ps_digits("ps-bounded-slow", Consistency::Bounded(2)));
     let job = p.wait_end(&id, Duration::from_secs(300));
     assert_eq!(job["state"], "succeeded", "{job}");
     let stats = eventually(Duration::from_secs(30), || {
@@ -780,15 +546,11 @@ fn bounded_staleness_rejects_a_slow_workers_stale_pushes_and_applies_none_older_
     }
 }
 
-fn weights_url(p: &Platform, id: &str) -> String {
-    result(p, id)["weights_url"].as_str().unwrap().to_owned()
-}
-
 /// Sync SGD through 2 PS shards with 3 workers of batch 16 ends with the
 /// weights of one worker with batch 48 (the concatenation of theirs).
 #[test]
 fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches() {
-    let p = Platform::start();
+    let p = platform();
     let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("exact-{i}"))).collect();
     let sgd = |mut spec: Value, batch: u32| {
         spec["optimizer"] = json!({"kind": "sgd", "lr": 0.1});
@@ -797,7 +559,7 @@ fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches()
         spec["steps"] = json!(12);
         spec
     };
-    let ps = p.submit(&sgd(ps_digits("exact-ps", json!("sync")), 16));
+    let ps = p.submit(&sgd(ps_digits("exact-ps", Consistency::Sync), 16));
     assert_eq!(
         p.wait_end(&ps, Duration::from_secs(120))["state"],
         "succeeded"
@@ -810,8 +572,8 @@ fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches()
         "succeeded"
     );
     let (a, b) = (
-        trainyard_e2e::safetensors_f32(&weights_url(&p, &ps)),
-        trainyard_e2e::safetensors_f32(&weights_url(&p, &one)),
+        safetensors_f32(&p.weights_url(&ps)),
+        safetensors_f32(&p.weights_url(&one)),
     );
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     let mut worst = 0f64;
@@ -830,24 +592,17 @@ fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches()
 
 #[test]
 fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_executor() {
-    let p = Platform::start_with(10);
+    let p = Platform::builder("train").heartbeat_misses(10).start();
     let mut execs: Vec<(String, Proc)> = (0..3)
         .map(|i| (format!("psf-{i}"), p.executor(&format!("psf-{i}"))))
         .collect();
-    let mut spec = ps_digits("ps-faults", json!("sync"));
+    let mut spec = ps_digits("ps-faults", Consistency::Sync);
     spec["workers"] = json!({"min": 2, "max": 4});
     spec["epochs"] = json!(250);
     spec["model"]["hidden"] = json!([256, 256]);
     spec["checkpoint"] = json!({"every_steps": 20, "keep": 2});
     let id = p.submit(&spec);
-    let steps = |n: i64| {
-        eventually(Duration::from_secs(120), || {
-            let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
-            (m["steps_recorded"].as_i64().unwrap_or(0) >= n).then_some(())
-        })
-        .unwrap_or_else(|| panic!("the job trains: {:?}", p.log_messages(&id)))
-    };
-    steps(30);
+    p.wait_steps(&id, 30, Duration::from_secs(120));
     let hosts = p.get(&format!("/v1/jobs/{id}/assignments"));
     let ps_hosts: Vec<String> = hosts["parameter_servers"]
         .as_array()
@@ -861,7 +616,7 @@ fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_execut
         .position(|(n, _)| !ps_hosts.contains(n))
         .expect("an executor with a worker and no shard");
     let (name, proc_) = execs.remove(victim);
-    trainyard_e2e::kill9(proc_.pid());
+    kill9(proc_.pid());
     let g0 = p.get(&format!("/v1/jobs/{id}"))["generation"]
         .as_i64()
         .unwrap();
@@ -889,10 +644,10 @@ fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_execut
         .to_owned();
     let at = execs.iter().position(|(n, _)| *n == shard1).unwrap();
     let (_, ps_proc) = execs.remove(at);
-    trainyard_e2e::kill9(ps_proc.pid());
+    kill9(ps_proc.pid());
     let job = p.wait_end(&id, Duration::from_secs(600));
     assert_eq!(job["state"], "succeeded", "{job} {:?}", p.log_messages(&id));
-    let acc = result_accuracy(&p, &id);
+    let acc = p.result_accuracy(&id);
     let lines = p.log_messages(&id);
     // The lost shard's ranges come back from the newest committed
     // checkpoint (values and optimizer state), not from a worker's pull.
@@ -914,7 +669,7 @@ fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_execut
     let clean_id = p.submit(&clean);
     let job = p.wait_end(&clean_id, Duration::from_secs(600));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let clean_acc = result_accuracy(&p, &clean_id);
+    let clean_acc = p.result_accuracy(&clean_id);
     println!(
         "PS job through a killed worker, growth to 4 and a killed PS: held-out accuracy {:.2}%; the same spec without faults: {:.2}%",
         acc * 100.0,

@@ -13,7 +13,6 @@
 //! missing these tests fail, they never skip. The HTTP-level checks of the
 //! event stream and the assignments endpoint need no browser.
 
-use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -21,9 +20,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use trainyard_e2e::{eventually, free_port, fresh_database, kill9, repo_root, Proc};
-
-const JOIN: &str = "e2e-web-token";
+use trainyard_e2e::{eventually, kill9, repo_root, sse_events, tail, target_dir, Platform, Proc};
 
 /// `playwright-core`'s `node_modules` folder.
 fn node_modules() -> PathBuf {
@@ -58,75 +55,28 @@ fn chromium() -> PathBuf {
     path
 }
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"))
-}
-
-struct Platform {
-    api: Proc,
-    base: String,
-    data: PathBuf,
-    client: Client,
-}
-
-impl Platform {
-    fn start(extra: &[&str]) -> Platform {
-        let db = fresh_database().unwrap();
-        let port = free_port().unwrap();
-        let data =
-            std::env::temp_dir().join(format!("trainyard-web-{}-{port}", std::process::id()));
-        // 5 s of silence: quick enough to see a SIGKILL, slow enough for a
-        // loaded 2-core machine that also runs Chromium.
-        let api = trainyard_e2e::start_server(&db, port, &data, JOIN, 25, extra).unwrap();
-        Platform {
-            api,
-            base: format!("http://127.0.0.1:{port}"),
-            data,
-            client: Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap(),
-        }
+/// A server for the browser; `admin` is the token it requires. Executors
+/// are lost after 25 silent heartbeats (5 s): quick enough to see a
+/// SIGKILL, slow enough for a loaded 2-core machine that also runs
+/// Chromium.
+fn platform(admin: Option<&str>) -> Platform {
+    let mut b = Platform::builder("web");
+    if let Some(token) = admin {
+        b = b.admin_token(token);
     }
-
-    fn executor(&self, name: &str) -> Proc {
-        trainyard_e2e::start_executor(&self.base, JOIN, name, 2048, &[]).unwrap()
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    }
-
-    fn live_executors(&self) -> usize {
-        self.get("/v1/executors?state=live")["executors"]
-            .as_array()
-            .map_or(0, Vec::len)
-    }
-}
-
-impl Drop for Platform {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
+    b.start()
 }
 
 #[test]
 fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
     let (modules, browser) = (node_modules(), chromium());
     let started = Instant::now();
-    let p = Platform::start(&[]);
+    let p = platform(None);
     let mut executors: BTreeMap<String, Proc> = (1..=4)
         .map(|i| (format!("ex{i}"), p.executor(&format!("ex{i}"))))
         .collect();
     eventually(Duration::from_secs(60), || {
-        (p.live_executors() == 4).then_some(())
+        (p.live_executors().len() == 4).then_some(())
     })
     .expect("4 executors register");
 
@@ -192,15 +142,15 @@ fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
     let errors = err_rx
         .recv_timeout(Duration::from_secs(10))
         .unwrap_or_default();
-    let server = p.api.output();
-    let tail = last_lines(&server, 40);
+    let server = p.server.output();
+    let server_tail = tail(&server, 40);
     let executor_logs: String = executors
         .iter()
-        .map(|(name, e)| format!("--- {name} ---\n{}\n", last_lines(&e.output(), 15)))
+        .map(|(name, e)| format!("--- {name} ---\n{}\n", tail(&e.output(), 15)))
         .collect();
     assert!(
         status.success(),
-        "the browser test failed ({status}):\n{errors}\n--- transcript ---\n{transcript}\n--- server (last lines) ---\n{tail}\n{executor_logs}"
+        "the browser test failed ({status}):\n{errors}\n--- transcript ---\n{transcript}\n--- server (last lines) ---\n{server_tail}\n{executor_logs}"
     );
     for page in [
         "executors",
@@ -221,29 +171,21 @@ fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
     );
 }
 
-fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 #[test]
 fn browser_asks_for_the_token_when_the_api_needs_one() {
     let (modules, browser) = (node_modules(), chromium());
-    let p = Platform::start(&["--admin-token", "page-secret"]);
-    let r = p
-        .client
-        .post(format!("{}/v1/jobs", p.base))
-        .bearer_auth("page-secret")
-        .json(&json!({
+    let p = platform(Some("page-secret"));
+    let (status, _) = p.with_token("page-secret").post(
+        "/v1/jobs",
+        &json!({
             "name": "token-job",
             "model": {"kind": "mlp", "inputs": 8, "hidden": [8], "outputs": 2},
             "dataset": {"kind": "classification", "samples": 100, "features": 8, "classes": 2},
             "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
             "batch_size": 10, "steps": 5
-        }))
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 201);
+        }),
+    );
+    assert_eq!(status, 201);
     let out = Command::new("node")
         .arg(repo_root().join("tests/web/token.cjs"))
         .env("NODE_PATH", &modules)
@@ -259,25 +201,6 @@ fn browser_asks_for_the_token_when_the_api_needs_one() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Reads server-sent events from `resp` into a channel, as `(event, data)`.
-fn sse_events(resp: reqwest::blocking::Response) -> mpsc::Receiver<(String, Value)> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut kind = String::new();
-        for line in BufReader::new(resp).lines().map_while(Result::ok) {
-            if let Some(k) = line.strip_prefix("event:") {
-                kind = k.trim().to_owned();
-            } else if let Some(d) = line.strip_prefix("data:") {
-                let data = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
-                if tx.send((std::mem::take(&mut kind), data)).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    rx
 }
 
 fn wait_event(
@@ -298,22 +221,12 @@ fn wait_event(
 
 #[test]
 fn event_stream_announces_changes_needs_the_token_and_ends_at_shutdown() {
-    let mut p = Platform::start(&["--admin-token", "ui-secret"]);
-    let stream = |token: Option<&str>| {
-        let mut req = Client::builder()
-            .timeout(None)
-            .build()
-            .unwrap()
-            .get(format!("{}/v1/events/stream", p.base));
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        req.send().unwrap()
-    };
-    let denied = stream(None);
+    let mut p = platform(Some("ui-secret"));
+    let admin = p.with_token("ui-secret");
+    let denied = p.event_stream().unwrap();
     assert_eq!(denied.status(), 401);
     assert_eq!(denied.headers()["content-type"], "application/problem+json");
-    let ok = stream(Some("ui-secret"));
+    let ok = admin.event_stream().unwrap();
     assert_eq!(ok.status(), 200);
     assert!(ok.headers()["content-type"]
         .to_str()
@@ -330,26 +243,12 @@ fn event_stream_announces_changes_needs_the_token_and_ends_at_shutdown() {
         "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
         "batch_size": 10, "steps": 5, "strategy": "allreduce"
     });
-    let job: Value = p
-        .client
-        .post(format!("{}/v1/jobs", p.base))
-        .bearer_auth("ui-secret")
-        .json(&spec)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let (_, job) = admin.post("/v1/jobs", &spec);
     let id = job["id"].as_str().unwrap().to_owned();
     wait_event(&rx, |k, d| k == "job" && d["id"] == id.as_str());
 
     // The assignments of a job nobody holds yet; bad ids name the field.
-    let get = |path: &str| {
-        p.client
-            .get(format!("{}{path}", p.base))
-            .bearer_auth("ui-secret")
-            .send()
-            .unwrap()
-    };
+    let get = |path: &str| admin.get_response(path);
     let a: Value = get(&format!("/v1/jobs/{id}/assignments")).json().unwrap();
     assert_eq!(a["generation"], 0, "{a}");
     assert_eq!(a["workers"], json!([]));
@@ -364,26 +263,22 @@ fn event_stream_announces_changes_needs_the_token_and_ends_at_shutdown() {
 
     // A cancel is announced too, and the stream ends when the server stops
     // (a graceful shutdown is not held open by the page).
-    p.client
-        .post(format!("{}/v1/jobs/{id}/cancel", p.base))
-        .bearer_auth("ui-secret")
-        .send()
-        .unwrap();
+    admin.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
     wait_event(&rx, |k, d| k == "job" && d["id"] == id.as_str());
-    p.api.terminate().unwrap();
-    let code = p.api.wait_exit(Duration::from_secs(10)).unwrap();
-    assert_eq!(code, Some(0), "{}", p.api.output());
+    p.server.terminate().unwrap();
+    let code = p.server.wait_exit(Duration::from_secs(10)).unwrap();
+    assert_eq!(code, Some(0), "{}", p.server.output());
 }
 
 #[test]
 fn the_page_and_its_assets_are_served_from_the_binary() {
-    let p = Platform::start(&[]);
+    let p = platform(None);
     for (path, kind, needle) in [
         ("/", "text/html", "/assets/app.js"),
         ("/assets/app.js", "text/javascript", "/v1/events/stream"),
         ("/assets/app.css", "text/css", ".field-error"),
     ] {
-        let r = p.client.get(format!("{}{path}", p.base)).send().unwrap();
+        let r = p.get_response(path);
         assert_eq!(r.status(), 200, "{path}");
         assert!(
             r.headers()["content-type"]

@@ -1,0 +1,33 @@
+//! The end-to-end support library (crate `trainyard-e2e`): what the
+//! end-to-end tests in `e2e/` and the end-to-end benchmarks in `bench/`
+//! share to run the real binaries as processes.
+//!
+//! - [`process`]: find the built binaries, start them on free loopback
+//!   ports with their output collected, wait, signal, poll;
+//! - [`postgres`]: a fresh database per test, or a private cluster a test
+//!   may stop and start;
+//! - [`platform`]: the one harness, an API server (with its database and
+//!   object store) and the executors a test starts against it;
+//! - [`client`]: the one blocking JSON client of the API, with the reads
+//!   and waits the tests share;
+//! - [`spec`]: the job specs the tests submit;
+//! - [`s3`]: the test S3 server.
+//!
+//! The items are re-exported at the crate root.
+
+pub mod client;
+pub mod platform;
+pub mod postgres;
+pub mod process;
+pub mod s3;
+pub mod spec;
+
+pub use client::{safetensors_f32, safetensors_header, sse_events, ApiClient, TERMINAL};
+pub use platform::{Platform, PlatformBuilder, HEARTBEAT_MS};
+pub use postgres::{admin_url, drop_database, fresh_database, TestPostgres};
+pub use process::{
+    binary, eventually, free_port, kill9, repo_root, start_executor, tail, target_dir, wait_ready,
+    Proc,
+};
+pub use s3::TestS3;
+pub use spec::{digits_url, example_digits, torchscript, write_torchscript, Consistency, MlpSpec};

@@ -1,0 +1,234 @@
+//! Processes of the end-to-end tests: find the built binaries, start them
+//! on free loopback ports with their output collected, wait for them,
+//! signal them, and poll for a condition.
+//!
+//! The binaries come from the workspace's target folder (`cargo build
+//! --workspace --bins` first; `scripts/test` does that), or from
+//! `TRAINYARD_BIN_DIR` when set: the end-to-end benchmarks (`bench/`) use
+//! these helpers with the release binaries.
+
+use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Path of a built binary of the workspace: in `TRAINYARD_BIN_DIR` when
+/// set, else in the target folder's `debug/`.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("TRAINYARD_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => target_dir().join("debug"),
+    };
+    let path = dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The workspace's target folder (`CARGO_TARGET_DIR` when set).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+/// A free port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A child process whose output is collected, killed when dropped.
+pub struct Proc {
+    child: Child,
+    output: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr captured.
+    pub fn spawn(mut cmd: Command) -> anyhow::Result<Proc> {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning")?;
+        let output = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let out = output.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Ok(mut o) = out.lock() {
+                        o.push_str(&line);
+                        o.push('\n');
+                    }
+                }
+            });
+        }
+        Ok(Proc { child, output })
+    }
+
+    /// Everything printed so far.
+    pub fn output(&self) -> String {
+        self.output.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill -TERM failed");
+        }
+        Ok(())
+    }
+
+    /// Waits up to `limit` for the process to exit and returns its code.
+    pub fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<Option<i32>> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.code());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("still running after {limit:?}; output:\n{}", self.output())
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILLs it (if it still runs) and reaps it.
+    pub fn kill(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `url` until it answers 200 or `limit` passes (or `proc` exits).
+pub fn wait_ready(url: &str, proc: &mut Proc, limit: Duration) -> anyhow::Result<()> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if !proc.running() {
+            bail!(
+                "process exited before becoming ready; output:\n{}",
+                proc.output()
+            );
+        }
+        if client.get(url).send().is_ok_and(|r| r.status() == 200) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!(
+        "{url} not ready after {limit:?}; output:\n{}",
+        proc.output()
+    )
+}
+
+/// Sends SIGKILL to a process id.
+pub fn kill9(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}
+
+/// Polls `check` every 100 ms until it returns `Some` or `limit` passes.
+pub fn eventually<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(v) = check() {
+            return Some(v);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Starts `trainyard-executor` against the API at `api` with `ram_mb` of
+/// RAM, one libtorch thread (several executors share this machine's cores,
+/// and idle OpenMP threads spin) and the environment `env`. Its local cache
+/// tier is a folder of this test process named after the executor (unless
+/// `env` sets `TRAINYARD_CACHE_DIR`), so an executor restarted under the
+/// same name finds its cache warm.
+pub fn start_executor(
+    api: &str,
+    join: &str,
+    name: &str,
+    ram_mb: u32,
+    env: &[(&str, &str)],
+) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(binary("trainyard-executor")?);
+    cmd.args([
+        "--api",
+        api,
+        "--join-token",
+        join,
+        "--name",
+        name,
+        "--ram-mb",
+        &ram_mb.to_string(),
+        "--torch-threads",
+        "1",
+    ]);
+    cmd.env(
+        "TRAINYARD_CACHE_DIR",
+        std::env::temp_dir().join(format!("ty-e2e-cache-{}-{name}", std::process::id())),
+    );
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Proc::spawn(cmd)
+}
+
+/// The last `n` lines of `text` (for failure messages).
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,17 +1,34 @@
 //! The Trainyard executor: the agent that runs training roles on one machine.
 //!
-//! * [`agent`] — registration, heartbeats with backoff, drain and leave;
-//! * [`roles`] — the roles assigned to this executor, started and stopped
-//!   as generations change;
-//! * [`train`] — the training runtime on libtorch (models, data, loop);
-//! * [`ps`] — parameter-server shard servers and the workers that use them;
-//! * [`report`] — delivery of metrics, logs and outcomes to the API;
+//! Layers, from the bottom up (each uses only those above it in this list):
+//!
+//! * [`replica`] — one data-parallel replica on libtorch: model, data,
+//!   flat weights, optimizer, evaluation, and [`replica::progress`], what
+//!   every training loop shares; nothing about rings or shards;
+//! * [`storage`] — object storage: the job's store, files at object-store
+//!   URLs, final weights, checkpoints ([`storage::checkpoint`]);
+//! * [`context`] — what an executor's roles share (drain flag, pending
+//!   uploads, the fetcher, test hooks), passed explicitly;
+//! * [`error`] — why a role stopped ([`error::RoleError`]);
+//! * [`role`] — one role's thread's world and the steps all patterns share;
+//! * [`ring`] — the ring all-reduce pattern: step, join, loop, a rank's life;
+//! * [`ps`] — the parameter-server pattern: shard servers, standbys and the
+//!   workers that use them;
+//! * [`roles`] — the set of roles an executor runs, started, stopped and
+//!   handed over as generations change;
+//! * [`control`] — the control plane: registration, heartbeats, drain and
+//!   leave ([`control::agent`]), delivery of reports ([`control::report`]);
 //! * [`probe`] — proof of the libtorch link (`--probe`).
+//!
+//! `docs/architecture.md` follows one gradient through each pattern.
 
-pub mod agent;
-pub mod checkpoint;
+pub mod context;
+pub mod control;
+pub mod error;
 pub mod probe;
 pub mod ps;
-pub mod report;
+pub mod replica;
+pub mod ring;
+pub mod role;
 pub mod roles;
-pub mod train;
+pub mod storage;

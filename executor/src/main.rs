@@ -6,7 +6,7 @@
 //! libtorch link: it prints, as JSON, the version and path of the libtorch
 //! it loaded, whether CUDA is usable, and every device it sees.
 
-use trainyard_executor::{agent, probe};
+use trainyard_executor::{control::agent, probe};
 
 use anyhow::Context;
 use clap::Parser;
@@ -164,11 +164,11 @@ fn main() -> anyhow::Result<()> {
             join_token,
             registration,
             plane,
-            storage: trainyard_executor::roles::StorageSetup {
+            fetcher: trainyard_executor::storage::Fetcher::new(
                 options,
-                cache: std::sync::Arc::new(cache),
-                rt: tokio::runtime::Handle::current(),
-            },
+                std::sync::Arc::new(cache),
+                tokio::runtime::Handle::current(),
+            ),
         })
         .await
     })

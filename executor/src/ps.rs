@@ -62,11 +62,16 @@
 //! bounded modes each worker walks its own share of the data. Rank 0
 //! reports metrics, evaluates, and at the end writes the final weights.
 
-use crate::checkpoint::{Policy, Snapshot, Storage, Uploader};
-use crate::report::Item;
-use crate::train::data::Cursor;
-use crate::train::optim::{slice_norm, FlatOptimizer, SliceOptimizer};
-use crate::train::{self, Replica, TrainError};
+use crate::context::{Context, Drain};
+use crate::control::report::Item;
+use crate::error::{guarded, RoleError};
+use crate::replica::data::Cursor;
+use crate::replica::optim::{slice_norm, FlatOptimizer, SliceOptimizer};
+use crate::replica::progress::{self, accuracy_suffix, ProgressLine};
+use crate::replica::{self, Replica};
+use crate::role::Role;
+use crate::storage::checkpoint::{Policy, Snapshot, Uploader};
+use crate::storage::Storage;
 use std::collections::BTreeSet;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,7 +178,7 @@ impl Shard {
     }
 
     /// Takes over the shard's pieces of a committed checkpoint.
-    fn restore(&mut self, l: &crate::checkpoint::Loaded) {
+    fn restore(&mut self, l: &crate::storage::checkpoint::Loaded) {
         self.weights = Some(Arc::new(l.tensors[0].clone()));
         if l.tensors.len() == 1 + self.opt.state().len() {
             for (t, src) in self.opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
@@ -261,8 +266,13 @@ struct Served {
     /// The role's report channel (a standby given up is logged there).
     tx: UnboundedSender<Item>,
     job: uuid::Uuid,
-    /// Test hook ([`slow_standby`]): a pause before each update is sent.
+    /// Test hook (`TRAINYARD_SLOW_STANDBY`): a pause before each update is
+    /// sent — a window in which the other shards have published a version
+    /// this one has not, for a kill to land in.
     slow_standby: Option<Duration>,
+    /// Whether the executor drains (the shard then asks rank 0 for a
+    /// checkpoint).
+    drain: Drain,
 }
 
 /// A shard's connection to its standby.
@@ -520,16 +530,6 @@ fn replicate(served: &Served, s: &mut Shard, change: Change<'_>, stop: &AtomicBo
     }
 }
 
-/// Test hook: `TRAINYARD_SLOW_STANDBY=shard:ms` makes that shard pause
-/// before it sends each applied update to its standby — a window in which
-/// the other shards have published a version this one has not, for a kill
-/// to land in.
-fn slow_standby(shard: u32) -> Option<Duration> {
-    let v = std::env::var("TRAINYARD_SLOW_STANDBY").ok()?;
-    let (s, ms) = v.split_once(':')?;
-    (s.parse::<u32>().ok()? == shard).then(|| ms.parse().ok().map(Duration::from_millis))?
-}
-
 /// Elements of a shard's ranges.
 pub fn shard_len(ranges: &[Range]) -> usize {
     ranges.iter().map(|r| (r.end - r.start) as usize).sum()
@@ -544,6 +544,7 @@ pub fn serve_shard(
     plane: &DataPlane,
     parked: Option<Shard>,
     storage: Result<Arc<Storage>, String>,
+    ctx: &Context,
 ) -> Option<Shard> {
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
@@ -582,7 +583,7 @@ pub fn serve_shard(
     if let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
     {
         let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
-        match crate::checkpoint::load(st, at, &me.ranges, numel, states) {
+        match crate::storage::checkpoint::load(st, at, &me.ranges, numel, states) {
             Ok(l) => {
                 shard.restore(&l);
                 log(
@@ -603,7 +604,13 @@ pub fn serve_shard(
         }
     }
     let uploader = match &storage {
-        Ok(st) => Some(Uploader::start(st.clone(), a.key.job_id, tx.clone())),
+        Ok(st) => Some(Uploader::start(
+            st.clone(),
+            a.key.job_id,
+            tx.clone(),
+            ctx.uploads.clone(),
+            ctx.hooks.upload_delay,
+        )),
         Err(e) => {
             log(
                 LogLevel::Warn,
@@ -647,7 +654,8 @@ pub fn serve_shard(
         numel,
         uploader,
         tx: tx.clone(),
-        slow_standby: slow_standby(a.key.index),
+        slow_standby: ctx.hooks.slow_standby(a.key.index),
+        drain: ctx.drain.clone(),
         job: a.key.job_id,
         standby: standby.map(|p| {
             Mutex::new(StandbyLink {
@@ -1119,7 +1127,7 @@ fn push(
         None
     };
     // A draining shard server asks rank 0 for a checkpoint, once.
-    let ask = crate::checkpoint::DRAINING.load(Ordering::Relaxed) && !s.drain_asked;
+    let ask = served.drain.is_draining() && !s.drain_asked;
     if ask && from == 0 {
         s.drain_asked = true;
     }
@@ -1294,9 +1302,9 @@ impl Link {
         payload: &[f32],
         expect_len: usize,
         stop: &AtomicBool,
-    ) -> Result<Header, TrainError> {
+    ) -> Result<Header, RoleError> {
         let broken = |e: WireError| {
-            TrainError::Ring(trainyard_dataplane::RingError::Broken(format!(
+            RoleError::Ring(trainyard_dataplane::RingError::Broken(format!(
                 "parameter server: {e}"
             )))
         };
@@ -1361,6 +1369,7 @@ pub struct LastStep {
 
 /// Runs a PS worker for one generation. `replica` carries the model (and
 /// the newest pulled weights) to the next generation.
+#[allow(clippy::too_many_arguments)]
 pub fn work(
     a: &Assignment,
     rank: u32,
@@ -1369,7 +1378,8 @@ pub fn work(
     last_step: &mut Option<LastStep>,
     stop: &AtomicBool,
     tx: &UnboundedSender<Item>,
-) -> Result<Option<train::Outcome>, TrainError> {
+    ctx: &Context,
+) -> Result<Option<replica::Outcome>, RoleError> {
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
         let _ = tx.send(Item::Log(level, msg));
@@ -1377,12 +1387,12 @@ pub fn work(
     let world = a.workers.len() as u32;
     let consistency = a.spec.consistency_mode();
     if replica.is_none() {
-        *replica = Some(Replica::new(&a.spec, device)?);
+        *replica = Some(Replica::new(&a.spec, device, &ctx.fetcher)?);
     }
     let Some(rep) = replica.as_mut() else {
-        return Err(TrainError::Unsupported("no replica".into()));
+        return Err(RoleError::ps_fatal("no replica"));
     };
-    let map = ShardMap::new(a, rep).map_err(TrainError::Unsupported)?;
+    let map = ShardMap::new(a, rep).map_err(RoleError::ps_fatal)?;
     let deadline = Instant::now() + PS_TIMEOUT;
     let mut links = Vec::new();
     for (s, p) in map.peers.iter().enumerate() {
@@ -1395,13 +1405,13 @@ pub fn work(
         };
         let stream = plane::connect(&p.address, &hello, a.secret.as_bytes(), deadline, stop)
             .map_err(|e| {
-                TrainError::Ring(trainyard_dataplane::RingError::Connect(format!(
+                RoleError::Ring(trainyard_dataplane::RingError::Connect(format!(
                     "PS shard {} at {}: {e}",
                     p.shard, p.address
                 )))
             })?;
         let io = |e: std::io::Error| {
-            TrainError::Ring(trainyard_dataplane::RingError::Connect(e.to_string()))
+            RoleError::Ring(trainyard_dataplane::RingError::Connect(e.to_string()))
         };
         stream
             .set_read_timeout(Some(Duration::from_millis(50)))
@@ -1438,7 +1448,7 @@ pub fn work(
     let mut batches = rep.batches(rank, world, stream_at);
     let mut rejected = 0u64;
     let mut rejected_since = 0u32;
-    let mut prefetched: Option<Vec<Result<Header, TrainError>>> = None;
+    let mut prefetched: Option<Vec<Result<Header, RoleError>>> = None;
     // Prefetching makes every push at least one version stale: only where
     // that cannot turn into rejections (async, or a bound that leaves room
     // for every other worker's push and this one).
@@ -1453,10 +1463,10 @@ pub fn work(
     // Rank 0 decides when the shards checkpoint: it marks one step's pushes
     // (kept over re-pushes of that step) and every shard checkpoints the
     // values that step produces.
-    let mut policy = Policy::new(a.spec.checkpoint);
+    let mut policy = Policy::new(a.spec.checkpoint, ctx.drain.clone());
     let mut flag: Option<u64> = None;
     let mut asked = false;
-    let mut last_log = Instant::now();
+    let mut line = ProgressLine::default();
     let mut mixed_warned = false;
     log(
         LogLevel::Info,
@@ -1467,7 +1477,7 @@ pub fn work(
     );
     loop {
         if stop.load(Ordering::Relaxed) {
-            return Err(TrainError::Stopped);
+            return Err(RoleError::Stopped);
         }
         // Pull every shard at once.
         let pulled = Instant::now();
@@ -1527,7 +1537,7 @@ pub fn work(
         }
         let waited = Instant::now();
         let Ok(b) = batches.recv() else {
-            return Err(TrainError::Unsupported("the data loader stopped".into()));
+            return Err(RoleError::ps_fatal("the data loader stopped"));
         };
         stream_at = b.next;
         let data_seconds = waited.elapsed().as_secs_f64();
@@ -1550,10 +1560,8 @@ pub fn work(
         let (loss_sum, grad) = computed_grad?;
         let compute = computed.elapsed().as_secs_f64();
         let loss = loss_sum / b.samples.max(1) as f64;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged(rep.step + 1));
-        }
-        let lr = train::learning_rate(&a.spec, rep.step + 1, total);
+        progress::check_finite(loss, rep.step + 1)?;
+        let lr = progress::learning_rate(&a.spec, rep.step + 1, total);
         if rank == 0 && flag.is_none() {
             let step = if consistency == Consistency::Sync {
                 version + 1
@@ -1653,49 +1661,44 @@ pub fn work(
             }
         }
         rep.set_last_loss(loss);
-        {
-            let mut stats = train::StepStats {
-                step: if consistency == Consistency::Sync {
-                    version + 1
-                } else {
-                    rep.step
-                },
-                loss,
-                lr,
-                samples_per_sec: b.samples as f64 / (data_seconds + compute + comm).max(1e-9),
+        let step_done = if consistency == Consistency::Sync {
+            version + 1
+        } else {
+            rep.step
+        };
+        let mut stats = progress::step_stats(
+            step_done,
+            loss,
+            lr,
+            progress::Timings {
+                samples: b.samples,
                 data_seconds,
                 compute_seconds: compute,
                 comm_seconds: comm,
                 comm_bytes,
-                staleness: Some(u32::try_from(staleness).unwrap_or(u32::MAX)),
-                rejected: std::mem::take(&mut rejected_since),
-                eval_loss: None,
-                eval_accuracy: None,
-            };
-            if rank == 0 && stats.step % (total / train::EVALUATIONS).max(1) == 0 {
-                let (l, acc) = rep.evaluate_now();
-                (stats.eval_loss, stats.eval_accuracy) = (l, acc);
-            }
-            // Every worker reports (its rank keys the row); the curve is rank 0's.
-            let _ = tx.send(Item::Metric(stats));
-            if rank == 0
-                && (last_log.elapsed() >= Duration::from_secs(10) || stats.eval_loss.is_some())
-            {
-                last_log = Instant::now();
-                log(
-                    LogLevel::Info,
-                    format!(
-                        "step {}: loss {loss:.4}, pull+push {:.1} ms of {:.1} ms, {rejected} push(es) rejected so far{}",
-                        stats.step,
-                        comm * 1e3,
-                        (data_seconds + compute + comm) * 1e3,
-                        stats.eval_accuracy.map_or(String::new(), |a| format!(", held-out accuracy {:.1}%", a * 100.0))
-                    ),
-                );
-            }
+            },
+        );
+        stats.staleness = Some(u32::try_from(staleness).unwrap_or(u32::MAX));
+        stats.rejected = std::mem::take(&mut rejected_since);
+        if progress::evaluation_due(rank, stats.step, total, false) {
+            (stats.eval_loss, stats.eval_accuracy) = rep.evaluate_now();
         }
-        if let Some(ms) = slow_ms(rank) {
-            std::thread::sleep(Duration::from_millis(ms));
+        // Every worker reports (its rank keys the row); the curve is rank 0's.
+        let _ = tx.send(Item::Metric(stats));
+        if rank == 0 && line.due(&stats) {
+            log(
+                LogLevel::Info,
+                format!(
+                    "step {}: loss {loss:.4}, pull+push {:.1} ms of {:.1} ms, {rejected} push(es) rejected so far{}",
+                    stats.step,
+                    comm * 1e3,
+                    (data_seconds + compute + comm) * 1e3,
+                    accuracy_suffix(stats.eval_accuracy)
+                ),
+            );
+        }
+        if let Some(d) = ctx.hooks.slow_worker(rank) {
+            std::thread::sleep(d);
         }
     }
     log(
@@ -1714,25 +1717,67 @@ pub fn work(
         let zero = vec![0u64; links.len()];
         exchange_pull(&mut links, &zero, generation, &map, rep, stop)?;
     }
-    let (eval_loss, eval_accuracy) = rep.evaluate_now();
-    let out = train::Outcome {
-        steps: rep.step,
-        final_loss: rep.last_loss(),
-        eval_accuracy,
-        eval_loss,
-        weights: rep.weights(),
-        weights_sha256: rep.weights_sha256(),
-    };
-    Ok(Some(out))
+    rep.evaluate_now();
+    Ok(Some(rep.outcome()))
 }
 
-/// Test hook: `TRAINYARD_SLOW_WORKER=rank:ms` (`*` for every rank) makes
-/// that worker sleep after each step — to exercise bounded staleness, or to
-/// keep jobs running, lightly, through scheduling tests.
-pub fn slow_ms(rank: u32) -> Option<u64> {
-    let v = std::env::var("TRAINYARD_SLOW_WORKER").ok()?;
-    let (r, ms) = v.split_once(':')?;
-    (r == "*" || r.parse::<u32>().ok()? == rank).then(|| ms.parse().ok())?
+/// What a PS worker leaves for the next generation on its device.
+#[derive(Default)]
+pub struct KeptWorker {
+    /// The model, holding the newest weights it pulled.
+    pub replica: Option<Replica>,
+    /// Its last sync step, for shards a lost primary left a version behind.
+    pub last_step: Option<LastStep>,
+}
+
+/// A PS worker's life in one generation: trains until done, retrying when a
+/// shard is unreachable (until the scheduler's next generation).
+pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker) -> KeptWorker {
+    let KeptWorker {
+        mut replica,
+        mut last_step,
+    } = kept;
+    let a = &role.assignment;
+    loop {
+        if role.stopping() {
+            return KeptWorker { replica, last_step };
+        }
+        let result = guarded(|| {
+            work(
+                a,
+                rank,
+                device,
+                &mut replica,
+                &mut last_step,
+                &role.stop,
+                &role.tx,
+                &role.ctx,
+            )
+        });
+        match result {
+            // The finished model is kept for a generation that may still come.
+            Ok(Some(out)) => {
+                role.finish(&out);
+                return KeptWorker { replica, last_step };
+            }
+            Ok(None) | Err(RoleError::Stopped) => return KeptWorker { replica, last_step },
+            Err(e) if e.is_transient() => {
+                if !role.stopping() {
+                    role.log(
+                        LogLevel::Warn,
+                        format!("{e}: keeping the model and retrying until the next generation"),
+                    );
+                }
+                if role.pause(Duration::from_millis(500)) {
+                    return KeptWorker { replica, last_step };
+                }
+            }
+            Err(e) => {
+                role.fail(e.to_string());
+                return KeptWorker::default();
+            }
+        }
+    }
 }
 
 fn exchange_pull(
@@ -1742,7 +1787,7 @@ fn exchange_pull(
     map: &ShardMap,
     rep: &mut Replica,
     stop: &AtomicBool,
-) -> Result<Exchange, TrainError> {
+) -> Result<Exchange, RoleError> {
     let results = pull_all(links, expect, generation, map, stop);
     apply_pull(links, results, map, rep)
 }
@@ -1754,7 +1799,7 @@ fn pull_all(
     generation: i64,
     map: &ShardMap,
     stop: &AtomicBool,
-) -> Vec<Result<Header, TrainError>> {
+) -> Vec<Result<Header, RoleError>> {
     std::thread::scope(|scope| {
         let joins: Vec<_> = links
             .iter_mut()
@@ -1769,9 +1814,8 @@ fn pull_all(
         joins
             .into_iter()
             .map(|j| {
-                j.join().unwrap_or_else(|_| {
-                    Err(TrainError::Unsupported("a pull thread panicked".into()))
-                })
+                j.join()
+                    .unwrap_or_else(|_| Err(RoleError::ps_fatal("a pull thread panicked")))
             })
             .collect()
     })
@@ -1780,10 +1824,10 @@ fn pull_all(
 /// Loads pulled values into the replica's weights.
 fn apply_pull(
     links: &[Link],
-    results: Vec<Result<Header, TrainError>>,
+    results: Vec<Result<Header, RoleError>>,
     map: &ShardMap,
     rep: &mut Replica,
-) -> Result<Exchange, TrainError> {
+) -> Result<Exchange, RoleError> {
     let mut versions = Vec::new();
     let mut cursors = Vec::new();
     let mut cursor = Cursor::default();
@@ -1791,7 +1835,7 @@ fn apply_pull(
     for (s, r) in results.into_iter().enumerate() {
         let h = r?;
         if h.kind != Kind::Weights {
-            return Err(TrainError::Unsupported(format!(
+            return Err(RoleError::ps_fatal(format!(
                 "shard {s} answered a pull with {:?}",
                 h.kind
             )));
@@ -1852,7 +1896,7 @@ fn catch_up(
     total: u64,
     stop: &AtomicBool,
     log: &dyn Fn(LogLevel, String),
-) -> Result<u64, TrainError> {
+) -> Result<u64, RoleError> {
     let lo = ex.versions.iter().copied().min().unwrap_or(0);
     let (ahead, hi) = ex
         .versions
@@ -1887,7 +1931,7 @@ fn catch_up(
                     version: lo,
                     slices: Vec::new(),
                     samples: 0,
-                    lr: train::learning_rate(&a.spec, lo + 1, total),
+                    lr: progress::learning_rate(&a.spec, lo + 1, total),
                     next: ex.cursors[ahead],
                     checkpoint: 0,
                 },
@@ -1911,7 +1955,7 @@ fn catch_up(
     let acks = exchange_push(links, &headers, slices, generation, stop)?;
     for (s, h) in acks.iter().enumerate() {
         if ex.versions[s] == lo && h.kind != Kind::Ack {
-            return Err(TrainError::Unsupported(format!(
+            return Err(RoleError::ps_fatal(format!(
                 "PS shard {s} answered {:?} to version {lo}'s gradient while the others are at {hi}",
                 h.kind
             )));
@@ -1928,8 +1972,8 @@ fn exchange_push(
     payloads: &[Vec<f32>],
     generation: i64,
     stop: &AtomicBool,
-) -> Result<Vec<Header>, TrainError> {
-    let results: Vec<Result<Header, TrainError>> = std::thread::scope(|scope| {
+) -> Result<Vec<Header>, RoleError> {
+    let results: Vec<Result<Header, RoleError>> = std::thread::scope(|scope| {
         let joins: Vec<_> = links
             .iter_mut()
             .zip(headers)
@@ -1947,9 +1991,8 @@ fn exchange_push(
         joins
             .into_iter()
             .map(|j| {
-                j.join().unwrap_or_else(|_| {
-                    Err(TrainError::Unsupported("a push thread panicked".into()))
-                })
+                j.join()
+                    .unwrap_or_else(|_| Err(RoleError::ps_fatal("a push thread panicked")))
             })
             .collect()
     });
@@ -2066,7 +2109,15 @@ mod tests {
             let (shard, copy) = std::thread::scope(|scope| {
                 let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
                 let pr = scope.spawn(|| {
-                    serve_shard(&primary, &stop, &tx, &plane, None, Err("no store".into()))
+                    serve_shard(
+                        &primary,
+                        &stop,
+                        &tx,
+                        &plane,
+                        None,
+                        Err("no store".into()),
+                        &Context::for_tests(),
+                    )
                 });
                 let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
                 let mut buf = Vec::new();
@@ -2153,8 +2204,17 @@ mod tests {
         };
         let (dead, copy) = std::thread::scope(|scope| {
             let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
-            let pr = scope
-                .spawn(|| serve_shard(&primary, &stop, &tx, &plane, None, Err("no store".into())));
+            let pr = scope.spawn(|| {
+                serve_shard(
+                    &primary,
+                    &stop,
+                    &tx,
+                    &plane,
+                    None,
+                    Err("no store".into()),
+                    &Context::for_tests(),
+                )
+            });
             let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
             let mut buf = Vec::new();
             call(&mut w[0], Header::new(Kind::Init, 3), &init, &mut buf);
@@ -2187,6 +2247,7 @@ mod tests {
                     &plane,
                     Some(copy),
                     Err("no store".into()),
+                    &Context::for_tests(),
                 )
             });
             let mut w: Vec<TcpStream> = (0..2).map(|r| dial_at(&plane, r, 0, 4)).collect();
@@ -2233,6 +2294,7 @@ mod tests {
             &plane,
             Some(empty),
             Err("no store".into()),
+            &Context::for_tests(),
         );
         let errors = errors();
         assert!(

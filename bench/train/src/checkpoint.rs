@@ -1,7 +1,7 @@
 //! Checkpoint benchmark: what asynchronous checkpointing costs a training
 //! job. The same job (an MLP of 1.9 M parameters with Adam, so each
 //! checkpoint holds 22 MiB of weights and optimizer state) is trained by the
-//! executor's own loop (`train::train_with`, a ring of one) twice per round,
+//! executor's own loop (`ring::train_with`, a ring of one) twice per round,
 //! side by side in one invocation: without checkpoints, and with a
 //! checkpoint every `--every` steps going through the real path (snapshot,
 //! background uploader, safetensors, SHA-256, the local cache tier, then a
@@ -19,8 +19,12 @@ use tch::Device;
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::JobSpecInput;
 use trainyard_dataplane::Ring;
-use trainyard_executor::checkpoint::{Checkpointing, Policy, Storage, Uploader};
-use trainyard_executor::train::{self, Replica};
+use trainyard_executor::context::Context;
+use trainyard_executor::replica::Replica;
+use trainyard_executor::ring;
+use trainyard_executor::storage::checkpoint::{Checkpointing, Policy, Uploader};
+use trainyard_executor::storage::Fetcher;
+use trainyard_executor::storage::Storage;
 
 fn job(steps: u64, every: Option<u64>) -> JobSpecInput {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
@@ -44,16 +48,23 @@ fn job(steps: u64, every: Option<u64>) -> JobSpecInput {
 /// Trains `steps` steps; returns ms per step and the checkpoints written.
 fn run(steps: u64, every: Option<u64>, storage: &Arc<Storage>) -> (f64, u64) {
     let spec = job(steps, every);
-    let mut replica = Replica::new(&spec, Device::Cpu).expect("a replica");
+    let mut replica = Replica::new(&spec, Device::Cpu, &Fetcher::local_only()).expect("a replica");
     let stop = AtomicBool::new(false);
+    let ctx = Context::for_tests();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut ckpt = every.map(|_| Checkpointing {
-        policy: Policy::new(spec.checkpoint),
-        uploader: Uploader::start(storage.clone(), uuid::Uuid::new_v4(), tx.clone()),
+        policy: Policy::new(spec.checkpoint, ctx.drain.clone()),
+        uploader: Uploader::start(
+            storage.clone(),
+            uuid::Uuid::new_v4(),
+            tx.clone(),
+            ctx.uploads.clone(),
+            None,
+        ),
         generation: 1,
     });
     let started = Instant::now();
-    train::train_with(
+    ring::train_with(
         &mut replica,
         &mut Ring::solo(),
         &stop,
@@ -70,7 +81,10 @@ fn run(steps: u64, every: Option<u64>, storage: &Arc<Storage>) -> (f64, u64) {
     drop(tx);
     let mut written = 0;
     while let Ok(item) = rx.try_recv() {
-        if matches!(item, trainyard_executor::report::Item::Checkpoint(_)) {
+        if matches!(
+            item,
+            trainyard_executor::control::report::Item::Checkpoint(_)
+        ) {
             written += 1;
         }
     }

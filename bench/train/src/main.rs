@@ -1,6 +1,6 @@
 //! Training-step benchmark: the executor's own training step (its models,
 //! gradients flattened into one buffer, its flat Adam, the weights written
-//! back — `Replica::step_on`, what a worker runs minus the network) against
+//! back — `ring::step_on`, what a worker runs minus the network) against
 //! the same models, batch, optimizer and thread count in Python PyTorch eager
 //! on the same libtorch, run side by side in one invocation.
 //!
@@ -14,7 +14,9 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::{CnnSpec, JobSpecInput, MlpSpec, ModelSpec};
-use trainyard_executor::train::Replica;
+use trainyard_executor::replica::Replica;
+use trainyard_executor::ring;
+use trainyard_executor::storage::Fetcher;
 
 fn bench(
     spec: &ModelSpec,
@@ -35,7 +37,7 @@ fn bench(
     }))
     .expect("a valid spec")
     .into();
-    let mut replica = Replica::new(&job, Device::Cpu).expect("a replica");
+    let mut replica = Replica::new(&job, Device::Cpu, &Fetcher::local_only()).expect("a replica");
     let x = Tensor::randn([batch, features], (Kind::Float, Device::Cpu));
     let y = Tensor::randint(classes, [batch], (Kind::Int64, Device::Cpu));
     let mut start = Instant::now();
@@ -43,7 +45,7 @@ fn bench(
         if i == warmup {
             start = Instant::now();
         }
-        replica.step_on(&x, &y, 1e-3).expect("a step");
+        ring::step_on(&mut replica, &x, &y, 1e-3).expect("a step");
     }
     start.elapsed().as_secs_f64() * 1000.0 / steps as f64
 }

@@ -6,6 +6,8 @@
 //! the API is unreachable, so nothing is lost; the API stores each metric
 //! step and log line once however often a report is retried.
 
+use super::next_backoff;
+use crate::context::PendingUploads;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -33,6 +35,9 @@ pub struct Sink {
     pub session: Arc<RwLock<(Uuid, String)>>,
     /// Object-store URL the API gave at registration.
     pub object_store: Arc<RwLock<String>>,
+    /// Checkpoint shards not yet acknowledged: a delivered report takes its
+    /// shards off.
+    pub uploads: PendingUploads,
 }
 
 /// Something a role reports.
@@ -123,7 +128,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 pending.metrics.drain(..nm);
                 pending.logs.drain(..nl);
                 let sent = std::mem::take(&mut pending.checkpoints).len();
-                crate::checkpoint::PENDING.fetch_sub(sent, std::sync::atomic::Ordering::Relaxed);
+                sink.uploads.done(sent);
                 if last {
                     pending.outcome = None;
                 }
@@ -132,11 +137,11 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             }
             Ok(r) => {
                 tracing::warn!(status = %r.status(), "report refused; retrying");
-                backoff = (backoff * 2).clamp(FLUSH_EVERY, crate::agent::MAX_BACKOFF);
+                backoff = next_backoff(backoff, FLUSH_EVERY);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "report failed; retrying");
-                backoff = (backoff * 2).clamp(FLUSH_EVERY, crate::agent::MAX_BACKOFF);
+                backoff = next_backoff(backoff, FLUSH_EVERY);
             }
         }
         if !open

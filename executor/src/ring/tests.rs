@@ -1,8 +1,15 @@
-//! Training runs on real data on the CPU.
+//! Training runs on real data on the CPU, on rings of one and of several
+//! in-process replicas over loopback.
 
 use super::*;
+use crate::error::RoleError;
+use crate::replica::progress::learning_rate;
+use crate::replica::{Outcome, Replica, StepStats};
+use crate::storage::Fetcher;
 use serde_json::json;
 use std::sync::atomic::AtomicBool;
+use tch::{Kind, Tensor};
+use trainyard_common::spec::JobSpecInput;
 use trainyard_dataplane::Ring;
 
 fn spec(v: serde_json::Value) -> JobSpecInput {
@@ -15,11 +22,15 @@ fn digits_url() -> String {
     format!("file://{}", p.canonicalize().unwrap().display())
 }
 
-fn train(s: &JobSpecInput) -> Result<(Outcome, Vec<StepStats>), TrainError> {
+fn train(s: &JobSpecInput) -> Result<(Outcome, Vec<StepStats>), RoleError> {
     let mut steps = Vec::new();
-    let out = run(s, tch::Device::Cpu, &AtomicBool::new(false), &mut |st| {
-        steps.push(*st)
-    })?;
+    let out = run(
+        s,
+        tch::Device::Cpu,
+        &Fetcher::local_only(),
+        &AtomicBool::new(false),
+        &mut |st| steps.push(*st),
+    )?;
     Ok((out, steps))
 }
 
@@ -51,8 +62,8 @@ fn transformer_beats_the_unigram_entropy_of_its_text() {
         "batch_size": 32, "steps": 300, "seed": 1
     }));
     // Unigram entropy (nats) of the same generated text.
-    let mut rng = rng::Rng::new(s.seed, 0xDA7A);
-    let bytes = super::data::generated_text(40000, &mut rng);
+    let mut rng = crate::replica::rng::Rng::new(s.seed, 0xDA7A);
+    let bytes = crate::replica::data::generated_text(40000, &mut rng);
     let mut counts = [0f64; 256];
     for b in &bytes {
         counts[*b as usize] += 1.0;
@@ -174,7 +185,7 @@ fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
         .collect();
     let peers: Vec<String> = planes.iter().map(|p| p.local_addr().to_string()).collect();
     let replicas: Vec<Replica> = (0..world)
-        .map(|_| Replica::new(s, tch::Device::Cpu).unwrap())
+        .map(|_| Replica::new(s, tch::Device::Cpu, &Fetcher::local_only()).unwrap())
         .collect();
     let job = uuid::Uuid::new_v4();
     std::thread::scope(|scope| {
@@ -196,8 +207,16 @@ fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
                     };
                     let mut ring = Ring::connect(plane, &cfg, &stop).unwrap();
                     let mut slot = Some(replica);
-                    let source =
-                        join(&mut ring, &mut slot, s, tch::Device::Cpu, &stop, None).unwrap();
+                    let source = join(
+                        &mut ring,
+                        &mut slot,
+                        s,
+                        tch::Device::Cpu,
+                        &Fetcher::local_only(),
+                        &stop,
+                        None,
+                    )
+                    .unwrap();
                     assert_eq!(source, None, "equal fresh replicas need no broadcast");
                     super::train(slot.as_mut().unwrap(), &mut ring, &stop, &mut |_| {}).unwrap()
                 })
@@ -244,13 +263,13 @@ fn an_exported_state_resumes_bit_for_bit() {
         "optimizer": {"kind": "adam", "lr": 0.01}, "batch_size": 32, "steps": 20, "seed": 2
     }));
     let stop = AtomicBool::new(false);
-    let mut a = Replica::new(&s, tch::Device::Cpu).unwrap();
+    let mut a = Replica::new(&s, tch::Device::Cpu, &Fetcher::local_only()).unwrap();
     let mut half = s.clone();
     half.steps = Some(7);
-    a.spec = half;
+    *a.spec_mut() = half;
     super::train(&mut a, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
-    a.spec = s.clone();
-    let mut b = Replica::new(&s, tch::Device::Cpu).unwrap();
+    *a.spec_mut() = s.clone();
+    let mut b = Replica::new(&s, tch::Device::Cpu, &Fetcher::local_only()).unwrap();
     b.import(&a.export()).unwrap();
     assert_eq!((b.step, b.cursor), (7, a.cursor));
     // The last loss comes along: a replica that joins after the last step

@@ -14,9 +14,12 @@
 //! The data-plane listener is bound before registering so that the address
 //! peers receive is real.
 
-use crate::report::Sink;
+use super::report::Sink;
+use super::MAX_BACKOFF;
+use crate::context::Context;
 use crate::roles::Roles;
-use anyhow::Context;
+use crate::storage::Fetcher;
+use anyhow::Context as _;
 use reqwest::StatusCode;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -25,8 +28,6 @@ use trainyard_common::cluster::{
 };
 use uuid::Uuid;
 
-/// Longest wait between retries.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Timeout of each request to the API.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a drain waits for the scheduler to move roles away.
@@ -43,7 +44,7 @@ pub struct AgentConfig {
     /// The data-plane listener (its address is in the registration).
     pub plane: Arc<trainyard_dataplane::DataPlane>,
     /// How roles reach the object store and the local cache tier.
-    pub storage: crate::roles::StorageSetup,
+    pub fetcher: Fetcher,
 }
 
 struct Session {
@@ -58,13 +59,15 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .timeout(REQUEST_TIMEOUT)
         .build()?;
     let api = config.api.trim_end_matches('/').to_owned();
+    let ctx = Context::new(config.fetcher.clone());
     let sink = Sink {
         client: client.clone(),
         api: api.clone(),
         session: Arc::new(RwLock::new((Uuid::nil(), String::new()))),
         object_store: Arc::new(RwLock::new(String::new())),
+        uploads: ctx.uploads.clone(),
     };
-    let mut roles = Roles::new(sink.clone(), config.plane.clone(), config.storage.clone());
+    let mut roles = Roles::new(sink.clone(), config.plane.clone(), ctx.clone());
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
@@ -98,7 +101,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             () = &mut shutdown => break,
         }
     }
-    drain_and_leave(&client, &api, &session, &mut roles).await;
+    drain_and_leave(&client, &api, &session, &mut roles, &ctx).await;
     Ok(())
 }
 
@@ -174,7 +177,7 @@ async fn heartbeat(
             let hb: HeartbeatResponse = r.json().await.map_err(|e| Beat::Failed(e.into()))?;
             if hb.state == trainyard_common::cluster::ExecutorState::Draining {
                 // Roles checkpoint before they are moved away.
-                crate::checkpoint::DRAINING.store(true, std::sync::atomic::Ordering::Relaxed);
+                roles.context().drain.start();
             }
             roles.apply(&hb.assignments);
             roles.inspect(&hb.inspections);
@@ -190,9 +193,15 @@ async fn heartbeat(
     }
 }
 
-async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles: &mut Roles) {
+async fn drain_and_leave(
+    client: &reqwest::Client,
+    api: &str,
+    s: &Session,
+    roles: &mut Roles,
+    ctx: &Context,
+) {
     tracing::info!("draining: asking the scheduler to move this executor's roles away");
-    crate::checkpoint::DRAINING.store(true, std::sync::atomic::Ordering::Relaxed);
+    ctx.drain.start();
     let drained = client
         .post(format!("{api}/v1/executors/{}/drain", s.id))
         .bearer_auth(&s.token)
@@ -217,9 +226,7 @@ async fn drain_and_leave(client: &reqwest::Client, api: &str, s: &Session, roles
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     tokio::task::block_in_place(|| roles.wait_stopped(left));
     // Checkpoint shards still uploading or not yet reported go first.
-    while crate::checkpoint::PENDING.load(std::sync::atomic::Ordering::Relaxed) > 0
-        && tokio::time::Instant::now() < deadline
-    {
+    while ctx.uploads.count() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     match client

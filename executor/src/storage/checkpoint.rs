@@ -20,9 +20,11 @@
 //!   assembles the pieces: a checkpoint written by 4 ring ranks loads into 2,
 //!   or into 3 PS shards.
 
-use crate::report::Item;
+use super::{Storage, StorageError};
+use crate::context::{Drain, PendingUploads};
+use crate::control::report::Item;
 use bytes::Bytes;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,127 +34,26 @@ use trainyard_common::checkpoint::{
 };
 use trainyard_common::cluster::{LogLevel, Range};
 use trainyard_common::spec::CheckpointPolicy;
-use trainyard_store::cache::Cache;
-use trainyard_store::{shard, Store};
+use trainyard_store::shard;
 use uuid::Uuid;
-
-/// Set while this executor drains: roles write a checkpoint before they go.
-pub static DRAINING: AtomicBool = AtomicBool::new(false);
-
-/// Checkpoint shards handed to an uploader and not yet acknowledged by the
-/// API; a leaving executor waits for them.
-pub static PENDING: AtomicUsize = AtomicUsize::new(0);
-
-/// Test hook: `TRAINYARD_UPLOAD_DELAY_MS=ms` holds each shard between its
-/// local write and its upload (to kill executors in the middle of one).
-fn upload_delay() -> Option<Duration> {
-    std::env::var("TRAINYARD_UPLOAD_DELAY_MS")
-        .ok()?
-        .parse()
-        .ok()
-        .map(Duration::from_millis)
-}
-
-/// The object store and the local cache tier, usable from training threads.
-pub struct Storage {
-    /// The store.
-    pub store: Store,
-    /// The local cache tier.
-    pub cache: Arc<Cache>,
-    rt: tokio::runtime::Handle,
-}
-
-impl Storage {
-    /// Opens the store at `url`.
-    pub fn open(
-        url: &str,
-        options: &[(String, String)],
-        cache: Arc<Cache>,
-        rt: tokio::runtime::Handle,
-    ) -> Result<Storage, String> {
-        let store = Store::open(url, options).map_err(|e| e.to_string())?;
-        Ok(Storage { store, cache, rt })
-    }
-
-    /// Writes `bytes` at `key` in the store (not through the cache).
-    pub fn put(&self, key: &str, bytes: Bytes) -> Result<(), String> {
-        self.rt
-            .block_on(self.store.put(key, bytes))
-            .map_err(|e| e.to_string())
-    }
-
-    /// Reads `key` through the local cache (checked against `sha256`).
-    pub fn read(&self, key: &str, sha256: Option<&str>) -> Result<Bytes, String> {
-        self.rt
-            .block_on(self.cache.read_through(&self.store, key, sha256))
-            .map_err(|e| e.to_string())
-    }
-
-    /// Reads `key` from the store itself.
-    pub fn read_remote(&self, key: &str) -> Result<Bytes, String> {
-        self.rt
-            .block_on(self.store.get(key))
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// The object stores and cache that [`materialize`] uses (set once, when
-/// the executor starts).
-pub static FETCH: std::sync::OnceLock<crate::roles::StorageSetup> = std::sync::OnceLock::new();
-
-/// A local file holding the object at `url` (a dataset or a TorchScript
-/// model at an object-store URL): the file itself for `file://`, else the
-/// object fetched through the local cache tier (read from disk when it is
-/// already there).
-pub fn materialize(url: &str) -> Result<std::path::PathBuf, String> {
-    if let Some(p) = url.strip_prefix("file://") {
-        return Ok(std::path::PathBuf::from(p));
-    }
-    let setup = FETCH
-        .get()
-        .ok_or_else(|| format!("{url}: this process has no object-store access"))?;
-    if let Some(p) = setup.cache.path_of(url) {
-        setup.cache.hits.fetch_add(1, Ordering::Relaxed);
-        return Ok(p);
-    }
-    let (parent, name) = url
-        .rsplit_once('/')
-        .ok_or_else(|| format!("{url}: not an object URL"))?;
-    let store = Store::open(parent, &setup.options).map_err(|e| e.to_string())?;
-    let bytes = setup
-        .rt
-        .block_on(store.get(name))
-        .map_err(|e| e.to_string())?;
-    setup.cache.misses.fetch_add(1, Ordering::Relaxed);
-    match setup.cache.put(url, &bytes) {
-        Ok(Some(p)) => Ok(p),
-        // Larger than the whole cache: a private temporary file.
-        _ => {
-            let p = std::env::temp_dir().join(format!(
-                "trainyard-{}-{}",
-                std::process::id(),
-                shard::sha256(url.as_bytes())
-            ));
-            std::fs::write(&p, &bytes).map_err(|e| format!("{}: {e}", p.display()))?;
-            Ok(p)
-        }
-    }
-}
 
 /// When a role checkpoints.
 #[derive(Debug)]
 pub struct Policy {
     spec: CheckpointPolicy,
+    drain: Drain,
     since: Instant,
     last_step: Option<u64>,
     drained: bool,
 }
 
 impl Policy {
-    /// The job's policy, its clock starting now.
-    pub fn new(spec: CheckpointPolicy) -> Policy {
+    /// The job's policy, its clock starting now; `drain` tells it when the
+    /// executor drains.
+    pub fn new(spec: CheckpointPolicy, drain: Drain) -> Policy {
         Policy {
             spec,
+            drain,
             since: Instant::now(),
             last_step: None,
             drained: false,
@@ -166,7 +67,7 @@ impl Policy {
             .spec
             .every_seconds
             .is_some_and(|t| self.since.elapsed() >= Duration::from_secs(t));
-        timed || (DRAINING.load(Ordering::Relaxed) && !self.drained)
+        timed || (self.drain.is_draining() && !self.drained)
     }
 
     /// Whether step `step` is checkpointed: every N steps, when any writer
@@ -184,7 +85,7 @@ impl Policy {
     pub fn written(&mut self, step: u64) {
         self.last_step = Some(step);
         self.since = Instant::now();
-        if DRAINING.load(Ordering::Relaxed) {
+        if self.drain.is_draining() {
             self.drained = true;
         }
     }
@@ -221,26 +122,26 @@ pub struct Snapshot {
 pub struct Uploader {
     tx: SyncSender<Snapshot>,
     busy: Arc<AtomicUsize>,
+    pending: PendingUploads,
 }
 
 impl Uploader {
-    /// Starts the writer of job `job`'s shards; it reports through `report`.
-    pub fn start(storage: Arc<Storage>, job: Uuid, report: UnboundedSender<Item>) -> Uploader {
-        Uploader::start_delayed(storage, job, report, upload_delay())
-    }
-
-    /// [`Uploader::start`] with each upload held `delay` after its local
-    /// write (the `TRAINYARD_UPLOAD_DELAY_MS` test hook).
-    pub fn start_delayed(
+    /// Starts the writer of job `job`'s shards; it reports through `report`
+    /// and counts each shard in `pending` until the API acknowledged it
+    /// (the report's delivery takes it off). Each upload is held `delay`
+    /// after its local write (the `TRAINYARD_UPLOAD_DELAY_MS` test hook).
+    pub fn start(
         storage: Arc<Storage>,
         job: Uuid,
         report: UnboundedSender<Item>,
+        pending: PendingUploads,
         delay: Option<Duration>,
     ) -> Uploader {
         // Rendezvous: a snapshot is taken only when the writer is idle.
         let (tx, rx) = sync_channel::<Snapshot>(0);
         let busy = Arc::new(AtomicUsize::new(0));
         let in_flight = busy.clone();
+        let given_up = pending.clone();
         let spawned = std::thread::Builder::new()
             .name("checkpoint-upload".into())
             .spawn(move || {
@@ -261,7 +162,7 @@ impl Uploader {
                             let _ = report.send(Item::Checkpoint(done));
                         }
                         Err(e) => {
-                            PENDING.fetch_sub(1, Ordering::Relaxed);
+                            given_up.done(1);
                             let _ = report.send(Item::Log(
                                 LogLevel::Warn,
                                 format!("checkpoint of step {step}: shard {shard} failed: {e}"),
@@ -274,15 +175,15 @@ impl Uploader {
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the checkpoint writer");
         }
-        Uploader { tx, busy }
+        Uploader { tx, busy, pending }
     }
 
     /// Hands `snap` over; blocks while the previous upload is running.
     pub fn submit(&self, snap: Snapshot) {
-        PENDING.fetch_add(1, Ordering::Relaxed);
+        self.pending.add();
         self.busy.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(snap).is_err() {
-            PENDING.fetch_sub(1, Ordering::Relaxed);
+            self.pending.done(1);
             self.busy.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -305,9 +206,9 @@ fn upload(
     job: Uuid,
     snap: Snapshot,
     delay: Option<Duration>,
-) -> Result<ShardUploaded, String> {
+) -> Result<ShardUploaded, StorageError> {
     let refs: Vec<&[f32]> = snap.tensors.iter().map(|t| t.as_slice()).collect();
-    let bytes = shard::encode(&snap.ranges, &refs, snap.step)?;
+    let bytes = shard::encode(&snap.ranges, &refs, snap.step).map_err(StorageError::Checkpoint)?;
     drop(refs);
     let sha256 = shard::sha256(&bytes);
     let key = shard_key(job, snap.step, snap.shard);
@@ -358,26 +259,31 @@ pub fn load(
     target: &[Range],
     numel: u64,
     state_tensors: usize,
-) -> Result<Loaded, String> {
+) -> Result<Loaded, StorageError> {
+    let bad = StorageError::Checkpoint;
     let raw = storage
         .read_remote(&at.manifest)
-        .map_err(|e| format!("checkpoint manifest: {e}"))?;
-    let m: Manifest = serde_json::from_slice(&raw)
-        .map_err(|e| format!("unreadable checkpoint manifest {}: {e}", at.manifest))?;
+        .map_err(|e| bad(format!("checkpoint manifest: {e}")))?;
+    let m: Manifest = serde_json::from_slice(&raw).map_err(|e| {
+        bad(format!(
+            "unreadable checkpoint manifest {}: {e}",
+            at.manifest
+        ))
+    })?;
     if m.format != MANIFEST_FORMAT {
-        return Err(format!(
+        return Err(bad(format!(
             "checkpoint manifest format {} is unknown",
             m.format
-        ));
+        )));
     }
     if m.numel != numel {
-        return Err(format!(
+        return Err(bad(format!(
             "the checkpoint of step {} holds {} values, this model has {numel}: not the same model",
             m.step, m.numel
-        ));
+        )));
     }
     let sources: Vec<Vec<Range>> = m.shards.iter().map(|s| s.ranges.clone()).collect();
-    let copies = plan_copies(&sources, target)?;
+    let copies = plan_copies(&sources, target).map_err(bad)?;
     let keep = if m.state_tensors as usize == state_tensors {
         1 + state_tensors
     } else {
@@ -390,17 +296,17 @@ pub fn load(
         let s = &m.shards[si];
         let bytes = storage.read(&s.key, Some(&s.sha256))?;
         if shard::sha256(&bytes) != s.sha256 {
-            return Err(format!(
+            return Err(bad(format!(
                 "checkpoint shard {} does not match its checksum",
                 s.key
-            ));
+            )));
         }
-        let decoded = shard::decode(&bytes).map_err(|e| format!("{}: {e}", s.key))?;
+        let decoded = shard::decode(&bytes).map_err(|e| bad(format!("{}: {e}", s.key)))?;
         if decoded.ranges != s.ranges || decoded.tensors.len() < keep {
-            return Err(format!(
+            return Err(bad(format!(
                 "checkpoint shard {} does not match its manifest",
                 s.key
-            ));
+            )));
         }
         for c in copies.iter().filter(|c| c.shard == si) {
             let (src, dst, n) = (c.src as usize, c.dst as usize, c.len as usize);
@@ -431,6 +337,7 @@ pub struct Checkpointing {
 mod tests {
     use super::*;
     use trainyard_common::checkpoint::{flat_to_ranges, manifest_key, ring_slice};
+    use trainyard_store::cache::Cache;
 
     fn storage(name: &str) -> (Arc<Storage>, tokio::runtime::Runtime) {
         let dir = std::env::temp_dir().join(format!("ty-ckpt-{name}-{}", std::process::id()));
@@ -469,22 +376,44 @@ mod tests {
             keep: 3,
             at_end,
         };
-        let mut p = Policy::new(spec(Some(10), true));
+        let mut p = Policy::new(spec(Some(10), true), Drain::default());
         let due: Vec<u64> = (1..=25).filter(|&s| p.due(s, false, s == 25)).collect();
         assert_eq!(due, [10, 20, 25]);
         assert!(p.due(7, true, false), "a vote makes any step due");
         p.written(10);
         assert!(!p.due(10, true, true), "never twice the same step");
-        let p = Policy::new(spec(None, false));
+        let p = Policy::new(spec(None, false), Drain::default());
         assert!(!(1..100).any(|s| p.due(s, false, s == 99)));
         assert!(!p.vote());
-        let timed = Policy::new(CheckpointPolicy {
-            every_seconds: Some(1),
-            ..spec(None, false)
-        });
+        let timed = Policy::new(
+            CheckpointPolicy {
+                every_seconds: Some(1),
+                ..spec(None, false)
+            },
+            Drain::default(),
+        );
         assert!(!timed.vote());
         std::thread::sleep(Duration::from_millis(1100));
         assert!(timed.vote(), "a writer's clock votes once T has passed");
+    }
+
+    #[test]
+    fn a_drain_votes_for_one_checkpoint() {
+        let drain = Drain::default();
+        let mut p = Policy::new(
+            CheckpointPolicy {
+                every_steps: None,
+                every_seconds: None,
+                keep: 3,
+                at_end: false,
+            },
+            drain.clone(),
+        );
+        assert!(!p.vote());
+        drain.start();
+        assert!(p.vote(), "a draining executor asks for a checkpoint");
+        p.written(4);
+        assert!(!p.vote(), "once: the drain's checkpoint was written");
     }
 
     #[test]
@@ -492,7 +421,13 @@ mod tests {
         let (st, _rt) = storage("rendezvous");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Uuid::nil();
-        let u = Uploader::start_delayed(st, job, tx, Some(Duration::from_millis(300)));
+        let u = Uploader::start(
+            st,
+            job,
+            tx,
+            PendingUploads::default(),
+            Some(Duration::from_millis(300)),
+        );
         let snap = |step| Snapshot {
             step,
             generation: 1,
@@ -528,7 +463,7 @@ mod tests {
         let layout = vec![("a".to_owned(), 0, 7), ("b".to_owned(), 7, 10)];
         let numel = 17usize;
         let value = |i: usize, k: usize| (i * 10 + k) as f32;
-        let u = Uploader::start_delayed(st.clone(), job, tx, None);
+        let u = Uploader::start(st.clone(), job, tx, PendingUploads::default(), None);
         for rank in 0..3 {
             let (a, b) = ring_slice(numel, rank, 3);
             u.submit(Snapshot {
@@ -577,7 +512,7 @@ mod tests {
         );
         // Another model: refused by name.
         let e = load(&st, &at, &all, 99, 2).unwrap_err();
-        assert!(e.contains("not the same model"), "{e}");
+        assert!(e.to_string().contains("not the same model"), "{e}");
         // A damaged shard in the store (and none cached) is refused.
         let (st2, _rt2) = storage("reshard-cold");
         let key = &m.shards[0].key;
@@ -588,6 +523,6 @@ mod tests {
         st2.put(&at.manifest, serde_json::to_vec(&m).unwrap().into())
             .unwrap();
         let e = load(&st2, &at, &all, numel as u64, 2).unwrap_err();
-        assert!(e.contains("checksum"), "{e}");
+        assert!(e.to_string().contains("checksum"), "{e}");
     }
 }

@@ -1,37 +1,36 @@
-//! The training runtime: one data-parallel replica's loop on libtorch.
+//! One data-parallel replica on libtorch, and nothing about how replicas
+//! talk to each other.
 //!
 //! A [`Replica`] holds what a worker trains: the data ([`data`]), the model
 //! ([`model`]) in a `VarStore` on its device, a flat copy of the weights
-//! and the optimizer state over it ([`optim`]), the global step and the
-//! data cursor. [`train`] runs its loop on a ring ([`trainyard_dataplane`];
-//! a ring of one for a single worker): forward and backward on this rank's
-//! share of the global batch, gradients flattened and summed over the ring
-//! together with the sample count and the loss, the mean gradient clipped
-//! and applied identically on every replica, so all replicas hold the same
-//! bits. A step changes the replica only after its all-reduce completed, so
-//! a broken ring leaves it at its last completed step; [`join`] brings the
-//! members of a new ring to the most advanced state (a broadcast from the
-//! member that has it) before training resumes. Each step reports its
-//! loss, throughput and the split between data, compute and communication.
+//! (the model's tensors are views of it) and the optimizer state over it
+//! ([`optim`]), the global step and the data cursor. It computes a
+//! gradient on a batch ([`Replica::forward_backward`]), applies a summed
+//! gradient ([`Replica::apply_summed`]), evaluates on the held-out set,
+//! and exports, imports, snapshots and restores its state. [`progress`] is
+//! what every training loop shares: the learning-rate schedule, the
+//! evaluation cadence, the step figures and the progress line.
+//!
+//! The patterns are built on it: [`crate::ring`] sums the gradients of
+//! several replicas around a ring, [`crate::ps`] pushes them to parameter
+//! servers and pulls the weights back.
 
 pub mod data;
 pub mod model;
 pub mod optim;
+pub mod progress;
 pub mod rng;
 
+use crate::storage::checkpoint::Loaded;
+use crate::storage::{Fetcher, StorageError};
 use data::{Batch, Cursor, DataError, Dataset};
 use optim::FlatOptimizer;
 use sha2::{Digest, Sha256};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 use tch::nn;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{Compression, JobSpecInput, Loss, ModelSpec, Schedule};
-use trainyard_dataplane::{Ring, RingError, Wire};
+use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec};
 
-/// One step's figures: the wire type of the reports, so what the loop
-/// measures is exactly what the API stores.
-pub use trainyard_common::cluster::MetricPoint as StepStats;
+pub use progress::StepStats;
 
 /// What a finished training returns.
 pub struct Outcome {
@@ -49,15 +48,22 @@ pub struct Outcome {
     pub weights_sha256: String,
 }
 
-/// Why training stopped early.
+/// Why a replica cannot train.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// The data could not be loaded or does not fit.
     #[error(transparent)]
     Data(#[from] DataError),
-    /// The model kind is not supported by this runtime yet.
+    /// The model cannot be built, or does not fit the data or the loss.
     #[error("{0}")]
-    Unsupported(String),
+    Model(String),
+    /// A state handed to this replica (a peer's, a checkpoint's) is not
+    /// this model's.
+    #[error("{0}")]
+    State(String),
+    /// The model file could not be fetched.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
     /// libtorch failed (shapes, memory, device).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
@@ -66,36 +72,13 @@ pub enum TrainError {
         "the loss diverged (not finite) at step {0}; lower optimizer.lr or set optimizer.grad_clip"
     )]
     Diverged(u64),
-    /// Stopped on request.
-    #[error("stopped")]
-    Stopped,
-    /// The ring lost a member or timed out: the replica is intact at its
-    /// last completed step and waits for a new ring.
-    #[error("{0}")]
-    Ring(#[from] RingError),
 }
 
-/// Evaluations during a run (plus one at the end).
-pub const EVALUATIONS: u64 = 10;
-
-/// The learning rate at `step` (1-based) of `total`.
-pub fn learning_rate(spec: &JobSpecInput, step: u64, total: u64) -> f64 {
-    let lr = spec.optimizer.lr;
-    match spec.optimizer.schedule {
-        Schedule::Constant => lr,
-        Schedule::WarmupCosine { warmup_steps } => {
-            if step <= warmup_steps {
-                lr * step as f64 / warmup_steps.max(1) as f64
-            } else {
-                let span = total.saturating_sub(warmup_steps).max(1) as f64;
-                let t = (step - warmup_steps) as f64 / span;
-                0.5 * lr * (1.0 + (std::f64::consts::PI * t.min(1.0)).cos())
-            }
-        }
-    }
-}
-
-fn loss_of(spec: &JobSpecInput, out: &Tensor, y: &Tensor) -> Result<Tensor, tch::TchError> {
+pub(crate) fn loss_of(
+    spec: &JobSpecInput,
+    out: &Tensor,
+    y: &Tensor,
+) -> Result<Tensor, tch::TchError> {
     match spec.loss {
         Loss::CrossEntropy => {
             let classes = *out.size().last().unwrap_or(&1);
@@ -121,34 +104,6 @@ fn loss_of(spec: &JobSpecInput, out: &Tensor, y: &Tensor) -> Result<Tensor, tch:
     }
 }
 
-fn evaluate(
-    spec: &JobSpecInput,
-    net: &dyn model::Net,
-    batch: &(Tensor, Tensor),
-    device: tch::Device,
-) -> (f64, Option<f64>) {
-    tch::no_grad(|| {
-        let (x, y) = (batch.0.to_device(device), batch.1.to_device(device));
-        let Ok(out) = net.try_forward(&x, false) else {
-            return (f64::NAN, None);
-        };
-        let Ok(loss) = loss_of(spec, &out, &y) else {
-            return (f64::NAN, None);
-        };
-        let loss = loss.double_value(&[]);
-        let acc = (spec.loss == Loss::CrossEntropy
-            && !matches!(spec.model, ModelSpec::Transformer(_)))
-        .then(|| {
-            out.argmax(-1, false)
-                .eq_tensor(&y)
-                .to_kind(Kind::Float)
-                .mean(Kind::Float)
-                .double_value(&[])
-        });
-        (loss, acc)
-    })
-}
-
 /// A data-parallel replica: model, flat weights, optimizer state, progress.
 pub struct Replica {
     spec: JobSpecInput,
@@ -162,7 +117,6 @@ pub struct Replica {
     weights: Tensor,
     /// Created on the first update (a PS worker never needs one).
     opt: Option<FlatOptimizer>,
-    buf: Vec<f32>,
     grad: Tensor,
     /// Global steps completed.
     pub step: u64,
@@ -171,9 +125,6 @@ pub struct Replica {
     last_loss: f64,
     eval_loss: Option<f64>,
     eval_accuracy: Option<f64>,
-    /// This rank asks for a checkpoint at the coming step (summed over the
-    /// ring with the gradient).
-    vote: bool,
 }
 
 /// Words of metadata at the end of an exported state: step, optimizer
@@ -190,23 +141,28 @@ fn words_u64(w: &[f32]) -> u64 {
 
 impl Replica {
     /// Loads the data and builds the model of `spec` on `device` with the
-    /// job's seeded initialisation.
-    pub fn new(spec: &JobSpecInput, device: tch::Device) -> Result<Replica, TrainError> {
-        let dataset = Dataset::load(spec)?;
+    /// job's seeded initialisation; files at object-store URLs come
+    /// through `fetcher`.
+    pub fn new(
+        spec: &JobSpecInput,
+        device: tch::Device,
+        fetcher: &Fetcher,
+    ) -> Result<Replica, TrainError> {
+        let dataset = Dataset::load(spec, fetcher)?;
         let eval = dataset.eval_batch(spec);
         tch::manual_seed(spec.seed as i64);
         let vs = nn::VarStore::new(device);
         let net: Box<dyn model::Net> = match &spec.model {
             ModelSpec::Torchscript(t) => {
-                let path = data::local_path(&t.url).map_err(TrainError::Unsupported)?;
+                let path = fetcher.materialize(&t.url)?;
                 Box::new(model::Script::load(&vs.root(), &path).map_err(|e| {
-                    TrainError::Unsupported(format!(
+                    TrainError::Model(format!(
                         "model.url is not a loadable TorchScript module: {e}"
                     ))
                 })?)
             }
             other => model::build(&vs.root(), other)
-                .ok_or_else(|| TrainError::Unsupported("unknown model kind".into()))?,
+                .ok_or_else(|| TrainError::Model("unknown model kind".into()))?,
         };
         let mut vars: Vec<(String, Tensor)> = vs
             .variables()
@@ -215,7 +171,7 @@ impl Replica {
             .collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         if vars.is_empty() {
-            return Err(TrainError::Unsupported(
+            return Err(TrainError::Model(
                 "the model has no trainable parameters".into(),
             ));
         }
@@ -240,14 +196,12 @@ impl Replica {
             vars,
             numel,
             weights,
-            buf: Vec::new(),
             grad: Tensor::new(),
             step: 0,
             cursor: Cursor::default(),
             last_loss: f64::NAN,
             eval_loss: None,
             eval_accuracy: None,
-            vote: false,
         };
         replica.bind();
         Ok(replica)
@@ -330,7 +284,7 @@ impl Replica {
     /// Takes over a state [`Replica::export`] produced.
     pub fn import(&mut self, state: &[f32]) -> Result<(), TrainError> {
         if state.len() != self.state_len() {
-            return Err(TrainError::Unsupported(format!(
+            return Err(TrainError::State(format!(
                 "a peer sent a state of {} values, this replica has {}",
                 state.len(),
                 self.state_len()
@@ -382,9 +336,9 @@ impl Replica {
 
     /// Takes over a whole checkpoint: weights, the optimizer state when it
     /// was kept for this optimizer, the step and the data cursor.
-    pub fn restore(&mut self, l: &crate::checkpoint::Loaded) -> Result<(), TrainError> {
+    pub fn restore(&mut self, l: &Loaded) -> Result<(), TrainError> {
         if l.tensors.first().map(Vec::len) != Some(self.numel) {
-            return Err(TrainError::Unsupported(
+            return Err(TrainError::State(
                 "the checkpoint does not hold this model's weights".into(),
             ));
         }
@@ -444,23 +398,15 @@ impl Replica {
         hex::encode(h.finalize())
     }
 
-    /// One step of a ring of one on the batch `(x, y)` (the benchmark's
-    /// entry): forward, backward, gradients flattened, the optimizer on the
-    /// flat weights, the model's tensors updated. Returns the loss.
-    pub fn step_on(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Result<f64, TrainError> {
-        let b = Batch {
-            x: x.shallow_clone(),
-            y: y.shallow_clone(),
-            samples: x.size().first().copied().unwrap_or(0).max(0) as usize,
-            next: self.cursor,
-        };
-        let f = self.step(b, &mut Ring::solo(), lr, &AtomicBool::new(false))?;
-        Ok(f.loss)
-    }
-
     /// The spec this replica trains.
     pub fn spec(&self) -> &JobSpecInput {
         &self.spec
+    }
+
+    /// The spec, to change (tests stop a run half-way).
+    #[cfg(test)]
+    pub(crate) fn spec_mut(&mut self) -> &mut JobSpecInput {
+        &mut self.spec
     }
 
     /// Each trainable tensor's name, offset in the flat weights and length.
@@ -522,7 +468,7 @@ impl Replica {
     /// Held-out loss and accuracy of the current weights; kept for the outcome.
     pub fn evaluate_now(&mut self) -> (Option<f64>, Option<f64>) {
         if let Some(batch) = self.eval.as_ref() {
-            let (l, a) = evaluate(&self.spec, self.net.as_ref(), batch, self.device);
+            let (l, a) = progress::evaluate(&self.spec, self.net.as_ref(), batch, self.device);
             (self.eval_loss, self.eval_accuracy) = (Some(l), a);
         }
         (self.eval_loss, self.eval_accuracy)
@@ -539,8 +485,9 @@ impl Replica {
     }
 
     /// Forward and backward on `b`: loss × samples and the flat gradient
-    /// summed over the samples (in a buffer reused across steps).
-    fn forward_backward(&mut self, b: &Batch) -> Result<(f64, Option<Tensor>), TrainError> {
+    /// summed over the samples (in a buffer reused across steps, on the
+    /// replica's device; `None` for an empty batch).
+    pub fn forward_backward(&mut self, b: &Batch) -> Result<(f64, Option<Tensor>), TrainError> {
         let n = self.numel;
         let mut loss_sum = 0.0;
         let mut flat = None;
@@ -553,20 +500,20 @@ impl Replica {
                 }
             }
             let out = self.net.try_forward(&x, true).map_err(|e| {
-                TrainError::Unsupported(format!(
+                TrainError::Model(format!(
                     "the model cannot take a batch of shape {:?}: {e}",
                     x.size()
                 ))
             })?;
             if out.size().first() != Some(&(b.samples as i64)) {
-                return Err(TrainError::Unsupported(format!(
+                return Err(TrainError::Model(format!(
                     "the model returned shape {:?} for a batch of {}",
                     out.size(),
                     b.samples
                 )));
             }
             let loss = loss_of(&self.spec, &out, &y).map_err(|e| {
-                TrainError::Unsupported(format!(
+                TrainError::Model(format!(
                     "the model's output {:?} does not fit the targets {:?}: {e}",
                     out.size(),
                     y.size()
@@ -596,59 +543,21 @@ impl Replica {
         Ok((loss_sum, flat))
     }
 
-    /// One step on this rank's share `b`, summed over `ring`.
-    fn step(
+    /// Ends a step on a gradient summed over `total` samples (by a ring,
+    /// or alone) whose mean loss was `loss`: the mean gradient, clipped as
+    /// the spec says, is applied at learning rate `lr`, and the replica
+    /// moves to the next step with the data cursor at `next`. A loss that
+    /// is not finite changes nothing and is an error.
+    pub fn apply_summed(
         &mut self,
-        b: Batch,
-        ring: &mut Ring,
+        summed: Option<Tensor>,
+        total: f32,
+        loss: f64,
         lr: f64,
-        stop: &AtomicBool,
-    ) -> Result<StepFigures, TrainError> {
-        let computed = Instant::now();
-        let n = self.numel;
-        let (loss_sum, flat) = self.forward_backward(&b)?;
-        let compute = computed.elapsed().as_secs_f64();
-        let comm_started = Instant::now();
-        let sent_before = ring.stats().bytes_sent.load(Ordering::Relaxed);
-        let (total, loss_sum, flat) = if ring.world() == 1 {
-            // Alone: the gradient stays where it is, on its device.
-            (b.samples as f32, loss_sum, flat)
-        } else {
-            self.buf.resize(n + 3, 0.0);
-            match &flat {
-                Some(f) => f
-                    .to_device(tch::Device::Cpu)
-                    .copy_data(&mut self.buf[..n], n),
-                None => self.buf[..n].fill(0.0),
-            }
-            self.buf[n] = b.samples as f32;
-            self.buf[n + 1] = loss_sum as f32;
-            self.buf[n + 2] = f32::from(u8::from(self.vote));
-            match self.spec.compression {
-                Compression::None => ring.allreduce(&mut self.buf, stop)?,
-                Compression::Bf16 => {
-                    // The gradient in bf16; the sample count and loss stay exact.
-                    let (grad, counts) = self.buf.split_at_mut(n);
-                    ring.allreduce_wire(grad, Wire::Bf16, stop)?;
-                    ring.allreduce(counts, stop)?;
-                }
-            }
-            let summed = Tensor::from_slice(&self.buf[..n]).to_device(self.device);
-            (self.buf[n], f64::from(self.buf[n + 1]), Some(summed))
-        };
-        let votes = if ring.world() == 1 {
-            f32::from(u8::from(self.vote))
-        } else {
-            self.buf[n + 2]
-        };
-        let comm = comm_started.elapsed().as_secs_f64();
-        let comm_bytes = ring.stats().bytes_sent.load(Ordering::Relaxed) - sent_before;
-        let applied = Instant::now();
-        let loss = loss_sum / f64::from(total.max(1.0));
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged(self.step + 1));
-        }
-        if let Some(mut g) = flat.filter(|_| total > 0.0) {
+        next: Cursor,
+    ) -> Result<(), TrainError> {
+        progress::check_finite(loss, self.step + 1)?;
+        if let Some(mut g) = summed.filter(|_| total > 0.0) {
             let _ = g.g_div_scalar_(f64::from(total));
             if let Some(c) = self.spec.optimizer.grad_clip {
                 optim::clip_norm(&mut g, c);
@@ -658,209 +567,25 @@ impl Replica {
             self.optimizer().step(&mut w, &g, lr);
         }
         self.step += 1;
-        self.cursor = b.next;
+        self.cursor = next;
         self.last_loss = loss;
-        let compute = compute + applied.elapsed().as_secs_f64();
-        Ok(StepFigures {
-            loss,
-            samples: total as usize,
-            compute,
-            comm,
-            comm_bytes,
-            votes,
-        })
+        Ok(())
     }
-}
 
-/// What one step measured.
-struct StepFigures {
-    loss: f64,
-    samples: usize,
-    compute: f64,
-    comm: f64,
-    comm_bytes: u64,
-    /// Ranks that asked for a checkpoint at this step.
-    votes: f32,
-}
+    /// The device the replica computes on.
+    pub fn device(&self) -> tch::Device {
+        self.device
+    }
 
-/// Loads a committed checkpoint into a new replica.
-pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), String>;
-
-/// Brings the members of a (new) ring to one state: the members share
-/// whether they hold a replica and at which step, and the most advanced one
-/// (the lowest rank among equals; rank 0 if nobody has one) broadcasts its
-/// weights, optimizer state, step and cursor to all when any member lacks
-/// them or lags. The replica is created in `slot` if it is empty and
-/// stays there whatever happens; returns the rank that sent the state, if
-/// one did.
-pub fn join(
-    ring: &mut Ring,
-    slot: &mut Option<Replica>,
-    spec: &JobSpecInput,
-    device: tch::Device,
-    stop: &AtomicBool,
-    resume: Option<Resume<'_>>,
-) -> Result<Option<u32>, TrainError> {
-    let have = slot.as_ref().map_or([0, 0], |r| [1, r.step]);
-    let mut all = ring.allgather_u64(&have, stop)?;
-    // Nobody holds the job's state (a new job, or its whole fleet was
-    // lost): every rank loads the committed checkpoint itself; a rank whose
-    // load failed then receives the state like a new member.
-    if let Some(load) = resume.filter(|_| slot.is_none() && all.iter().all(|a| a[0] == 0)) {
-        let mut r = Replica::new(spec, device)?;
-        if let Err(e) = load(&mut r) {
-            tracing::warn!(error = %e, "could not load the checkpoint; taking the state from a peer");
-            r = Replica::new(spec, device)?;
+    /// The finished replica's figures and weights.
+    pub fn outcome(&self) -> Outcome {
+        Outcome {
+            steps: self.step,
+            final_loss: self.last_loss,
+            eval_accuracy: self.eval_accuracy,
+            eval_loss: self.eval_loss,
+            weights: self.weights(),
+            weights_sha256: self.weights_sha256(),
         }
-        let have = [u64::from(r.step > 0), r.step];
-        *slot = Some(r);
-        all = ring.allgather_u64(&have, stop)?;
     }
-    let source = (0..all.len())
-        .filter(|&i| all[i][0] == 1)
-        .max_by_key(|&i| (all[i][1], std::cmp::Reverse(i)))
-        .unwrap_or(0);
-    let best = all[source][1];
-    let needed = all.iter().any(|a| a[0] == 0 || a[1] != best);
-    if slot.is_none() {
-        *slot = Some(Replica::new(spec, device)?);
-    }
-    let Some(replica) = slot.as_mut() else {
-        return Err(TrainError::Unsupported("no replica".into()));
-    };
-    if !needed {
-        return Ok(None);
-    }
-    let source = source as u32;
-    let mut state = if ring.rank() == source {
-        replica.export()
-    } else {
-        vec![0f32; replica.state_len()]
-    };
-    ring.broadcast(&mut state, source, stop)?;
-    if ring.rank() != source {
-        replica.import(&state)?;
-    }
-    Ok(Some(source))
 }
-
-/// Trains `replica` on `ring` until the job's steps or epochs are done,
-/// calling `on_step` after each step (with the held-out figures on rank 0,
-/// which alone evaluates).
-pub fn train(
-    replica: &mut Replica,
-    ring: &mut Ring,
-    stop: &AtomicBool,
-    on_step: &mut dyn FnMut(&StepStats),
-) -> Result<Outcome, TrainError> {
-    train_with(replica, ring, stop, on_step, None)
-}
-
-/// [`train`], writing checkpoints as `ckpt`'s policy says: each rank
-/// writes its slice of the flat weights and optimizer state.
-pub fn train_with(
-    replica: &mut Replica,
-    ring: &mut Ring,
-    stop: &AtomicBool,
-    on_step: &mut dyn FnMut(&StepStats),
-    mut ckpt: Option<&mut crate::checkpoint::Checkpointing>,
-) -> Result<Outcome, TrainError> {
-    let (rank, world) = (ring.rank(), ring.world());
-    let spec = replica.spec.clone();
-    let total = replica.total_steps(world);
-    let eval_every = (total / EVALUATIONS).max(1);
-    let batches = replica.dataset.stream(&spec, rank, world, replica.cursor);
-    let mut evaluated_at = None;
-    while !replica.finished() {
-        if stop.load(Ordering::Relaxed) {
-            return Err(TrainError::Stopped);
-        }
-        let waited = Instant::now();
-        let Ok(b) = batches.recv() else {
-            return Err(TrainError::Unsupported("the data loader stopped".into()));
-        };
-        let data_seconds = waited.elapsed().as_secs_f64();
-        let lr = learning_rate(&spec, replica.step + 1, total);
-        replica.vote = ckpt.as_ref().is_some_and(|c| c.policy.vote());
-        let f = replica.step(b, ring, lr, stop)?;
-        if let Some(c) = ckpt.as_deref_mut() {
-            if c.policy
-                .due(replica.step, f.votes > 0.0, replica.finished())
-            {
-                write_slice(replica, c, rank, world);
-            }
-        }
-        let mut stats = StepStats {
-            step: replica.step,
-            loss: f.loss,
-            lr,
-            samples_per_sec: f.samples as f64 / (data_seconds + f.compute + f.comm).max(1e-9),
-            data_seconds,
-            compute_seconds: f.compute,
-            comm_seconds: f.comm,
-            comm_bytes: f.comm_bytes,
-            staleness: None,
-            rejected: 0,
-            eval_accuracy: None,
-            eval_loss: None,
-        };
-        if rank == 0 && (replica.step % eval_every == 0 || replica.finished()) {
-            (stats.eval_loss, stats.eval_accuracy) = replica.evaluate_now();
-            evaluated_at = Some(replica.step);
-        }
-        on_step(&stats);
-    }
-    if rank == 0 && evaluated_at != Some(replica.step) {
-        replica.evaluate_now();
-    }
-    Ok(Outcome {
-        steps: replica.step,
-        final_loss: replica.last_loss,
-        eval_accuracy: replica.eval_accuracy,
-        eval_loss: replica.eval_loss,
-        weights: replica.weights(),
-        weights_sha256: replica.weights_sha256(),
-    })
-}
-
-/// Hands this rank's slice of the replica's state to the uploader.
-pub fn write_slice(
-    replica: &Replica,
-    c: &mut crate::checkpoint::Checkpointing,
-    rank: u32,
-    world: u32,
-) {
-    use trainyard_common::checkpoint::{flat_to_ranges, ring_slice, CursorState};
-    let (a, b) = ring_slice(replica.numel, rank, world);
-    let snap = crate::checkpoint::Snapshot {
-        step: replica.step,
-        generation: c.generation,
-        shard: rank,
-        shards: world,
-        ranges: flat_to_ranges(&replica.layout(), a, b),
-        tensors: replica.snapshot(a, b),
-        numel: replica.numel as u64,
-        optimizer_t: replica.optimizer_t(),
-        cursor: CursorState {
-            epoch: replica.cursor.epoch,
-            offset: replica.cursor.offset,
-        },
-    };
-    c.policy.written(replica.step);
-    c.uploader.submit(snap);
-}
-
-/// Trains `spec` alone (a ring of one) on `device`, calling `on_step` after
-/// each step, until done or `stop` is set.
-pub fn run(
-    spec: &JobSpecInput,
-    device: tch::Device,
-    stop: &AtomicBool,
-    on_step: &mut dyn FnMut(&StepStats),
-) -> Result<Outcome, TrainError> {
-    let mut replica = Replica::new(spec, device)?;
-    train(&mut replica, &mut Ring::solo(), stop, on_step)
-}
-
-#[cfg(test)]
-mod tests;

@@ -11,6 +11,7 @@
 //! than the model.
 
 use super::rng::Rng;
+use crate::storage::Fetcher;
 use std::sync::mpsc::{sync_channel, Receiver};
 use tch::{Kind, Tensor};
 use trainyard_common::spec::{DatasetSpec, FileFormat, JobSpecInput, Loss, ModelSpec};
@@ -52,13 +53,6 @@ pub struct Dataset {
     data: Data,
     train: Vec<i64>,
     eval: Vec<i64>,
-}
-
-/// A local file with the object at `url`: the file itself for `file://`,
-/// else the object fetched from its store through the executor's local
-/// cache tier ([`crate::checkpoint::materialize`]).
-pub fn local_path(url: &str) -> Result<std::path::PathBuf, String> {
-    crate::checkpoint::materialize(url)
 }
 
 fn unreadable(url: &str, reason: impl ToString) -> DataError {
@@ -153,8 +147,8 @@ pub fn generated_text(chars: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-fn load_file(url: &str, format: FileFormat) -> Result<Data, DataError> {
-    let path = local_path(url).map_err(|e| unreadable(url, e))?;
+fn load_file(url: &str, format: FileFormat, fetcher: &Fetcher) -> Result<Data, DataError> {
+    let path = fetcher.materialize(url).map_err(|e| unreadable(url, e))?;
     if !path.is_file() {
         return Err(unreadable(url, "no such file"));
     }
@@ -187,16 +181,16 @@ fn load_file(url: &str, format: FileFormat) -> Result<Data, DataError> {
 }
 
 impl Dataset {
-    /// Loads (or generates) the dataset of `spec`, checks it against the
-    /// model and the loss, and splits it.
-    pub fn load(spec: &JobSpecInput) -> Result<Dataset, DataError> {
+    /// Loads (or generates) the dataset of `spec` (a file through
+    /// `fetcher`), checks it against the model and the loss, and splits it.
+    pub fn load(spec: &JobSpecInput, fetcher: &Fetcher) -> Result<Dataset, DataError> {
         let data = match &spec.dataset {
             DatasetSpec::File(f) => {
                 let fmt = f
                     .format
                     .or_else(|| trainyard_common::spec::file_format_from_url(&f.url))
                     .unwrap_or(FileFormat::Npz);
-                load_file(&f.url, fmt)?
+                load_file(&f.url, fmt, fetcher)?
             }
             _ => generated(spec)?,
         };

@@ -1,0 +1,124 @@
+//! The ring's training loop over one generation's ring.
+//!
+//! [`train_with`] runs [`RingStep`]s until the job's steps or epochs are
+//! done: each rank takes its share of the global batch from the data
+//! cursor (which every rank holds identically, so a membership change
+//! re-splits the rest of the epoch), steps, writes its slice of a
+//! checkpoint when the policy (or any rank's vote) says so, and reports
+//! the step; rank 0 alone evaluates on the held-out set.
+
+use super::step::RingStep;
+use crate::error::RoleError;
+use crate::replica::progress::{self, StepStats, Timings};
+use crate::replica::{Outcome, Replica};
+use crate::storage::checkpoint::{Checkpointing, Snapshot};
+use crate::storage::Fetcher;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use trainyard_common::checkpoint::{flat_to_ranges, ring_slice, CursorState};
+use trainyard_common::spec::JobSpecInput;
+use trainyard_dataplane::Ring;
+
+/// Trains `replica` on `ring` until the job's steps or epochs are done,
+/// calling `on_step` after each step (with the held-out figures on rank 0,
+/// which alone evaluates).
+pub fn train(
+    replica: &mut Replica,
+    ring: &mut Ring,
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&StepStats),
+) -> Result<Outcome, RoleError> {
+    train_with(replica, ring, stop, on_step, None)
+}
+
+/// [`train`], writing checkpoints as `ckpt`'s policy says: each rank
+/// writes its slice of the flat weights and optimizer state.
+pub fn train_with(
+    replica: &mut Replica,
+    ring: &mut Ring,
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&StepStats),
+    mut ckpt: Option<&mut Checkpointing>,
+) -> Result<Outcome, RoleError> {
+    let (rank, world) = (ring.rank(), ring.world());
+    let spec = replica.spec().clone();
+    let total = replica.total_steps(world);
+    let batches = replica.batches(rank, world, replica.cursor);
+    let mut step = RingStep::default();
+    let mut evaluated_at = None;
+    while !replica.finished() {
+        if stop.load(Ordering::Relaxed) {
+            return Err(RoleError::Stopped);
+        }
+        let waited = Instant::now();
+        let Ok(b) = batches.recv() else {
+            return Err(RoleError::Assignment("the data loader stopped".into()));
+        };
+        let data_seconds = waited.elapsed().as_secs_f64();
+        let lr = progress::learning_rate(&spec, replica.step + 1, total);
+        step.vote = ckpt.as_ref().is_some_and(|c| c.policy.vote());
+        let f = step.run(replica, b, ring, lr, stop)?;
+        if let Some(c) = ckpt.as_deref_mut() {
+            if c.policy
+                .due(replica.step, f.votes > 0.0, replica.finished())
+            {
+                write_slice(replica, c, rank, world);
+            }
+        }
+        let mut stats = progress::step_stats(
+            replica.step,
+            f.loss,
+            lr,
+            Timings {
+                samples: f.samples,
+                data_seconds,
+                compute_seconds: f.compute,
+                comm_seconds: f.comm,
+                comm_bytes: f.comm_bytes,
+            },
+        );
+        if progress::evaluation_due(rank, replica.step, total, replica.finished()) {
+            (stats.eval_loss, stats.eval_accuracy) = replica.evaluate_now();
+            evaluated_at = Some(replica.step);
+        }
+        on_step(&stats);
+    }
+    if rank == 0 && evaluated_at != Some(replica.step) {
+        replica.evaluate_now();
+    }
+    Ok(replica.outcome())
+}
+
+/// Hands this rank's slice of the replica's state to the uploader.
+pub fn write_slice(replica: &Replica, c: &mut Checkpointing, rank: u32, world: u32) {
+    let (a, b) = ring_slice(replica.numel(), rank, world);
+    let snap = Snapshot {
+        step: replica.step,
+        generation: c.generation,
+        shard: rank,
+        shards: world,
+        ranges: flat_to_ranges(&replica.layout(), a, b),
+        tensors: replica.snapshot(a, b),
+        numel: replica.numel() as u64,
+        optimizer_t: replica.optimizer_t(),
+        cursor: CursorState {
+            epoch: replica.cursor.epoch,
+            offset: replica.cursor.offset,
+        },
+    };
+    c.policy.written(replica.step);
+    c.uploader.submit(snap);
+}
+
+/// Trains `spec` alone (a ring of one) on `device`, calling `on_step` after
+/// each step, until done or `stop` is set.
+pub fn run(
+    spec: &JobSpecInput,
+    device: tch::Device,
+    fetcher: &Fetcher,
+    stop: &AtomicBool,
+    on_step: &mut dyn FnMut(&StepStats),
+) -> Result<Outcome, RoleError> {
+    let mut replica = Replica::new(spec, device, fetcher)?;
+    train(&mut replica, &mut Ring::solo(), stop, on_step)
+}

@@ -1,0 +1,229 @@
+//! A ring rank's life in one generation.
+//!
+//! [`run`] connects the rank to its neighbours through the executor's data
+//! plane, joins the ring's state ([`super::join`]), trains
+//! ([`super::train::train_with`]) and reports; rank 0 writes the final
+//! weights and the job's outcome ([`Role::finish`]). The replica outlives
+//! the generation: when the ring breaks (a peer died) the rank keeps it at
+//! the last completed step and retries until the scheduler's next
+//! generation, whose role on the same device takes it over ([`Kept`]). A
+//! drained rank leaves a whole checkpoint on its way out.
+
+use super::join::join;
+use super::train::{train_with, write_slice};
+use super::{COLLECTIVE_TIMEOUT, RING_CONNECT_TIMEOUT};
+use crate::error::{guarded, RoleError};
+use crate::replica::progress::{accuracy_suffix, ProgressLine, StepStats};
+use crate::replica::Replica;
+use crate::role::Role;
+use crate::storage::checkpoint::Checkpointing;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use trainyard_common::cluster::{LogLevel, WorkerPeer};
+use trainyard_dataplane::{Ring, RingConfig};
+
+/// What a rank leaves for the next generation on its device.
+#[derive(Default)]
+pub struct Kept {
+    /// The replica, at its last completed step.
+    pub replica: Option<Replica>,
+    /// When the ring broke (the rebuilt ring's first step says how long
+    /// the recovery took).
+    pub broke_at: Option<Instant>,
+}
+
+/// Runs rank `rank` of `peers` on `device` until the job is done, the ring
+/// keeps failing past this generation, or the role is stopped.
+pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, kept: Kept) -> Kept {
+    let a = &role.assignment;
+    let world = peers.len() as u32;
+    let Kept {
+        mut replica,
+        mut broke_at,
+    } = kept;
+    let config = RingConfig {
+        job: a.key.job_id,
+        generation: a.key.generation,
+        rank,
+        peers: peers.iter().map(|p| p.address.clone()).collect(),
+        secret: a.secret.clone().into_bytes(),
+        connect_timeout: RING_CONNECT_TIMEOUT,
+        collective_timeout: COLLECTIVE_TIMEOUT,
+    };
+    let mut ckpt = role.checkpointing();
+    // A drained rank leaves a whole checkpoint (it holds the whole state).
+    let drain_checkpoint = |replica: &Option<Replica>, ckpt: &mut Option<Checkpointing>| {
+        let (Some(r), Some(c)) = (replica.as_ref(), ckpt.as_mut()) else {
+            return;
+        };
+        if !role.ctx.drain.is_draining() || c.policy.last_step() == Some(r.step) || r.step == 0 {
+            return;
+        }
+        role.log(
+            LogLevel::Info,
+            format!("draining: writing a checkpoint of step {}", r.step),
+        );
+        write_slice(r, c, 0, 1);
+        c.uploader.flush(Duration::from_secs(60));
+    };
+    let slow = role.ctx.hooks.slow_worker(rank);
+    // Trained to the end (and stays around to be joined).
+    let mut done = false;
+    loop {
+        if role.stopping() {
+            drain_checkpoint(&replica, &mut ckpt);
+            return Kept { replica, broke_at };
+        }
+        let mut ring = if world == 1 {
+            Ring::solo()
+        } else {
+            let Some(plane) = role.plane.as_deref() else {
+                role.fail("this executor has no data plane to build a ring with".into());
+                return Kept::default();
+            };
+            match Ring::connect(plane, &config, &role.stop) {
+                Ok(r) => r,
+                Err(e) => {
+                    if !role.stopping() && !done {
+                        role.log(LogLevel::Warn, format!("{e}; retrying"));
+                    }
+                    if role.pause(Duration::from_millis(500)) {
+                        return Kept { replica, broke_at };
+                    }
+                    continue;
+                }
+            }
+        };
+        let result = guarded(|| {
+            let load = |r: &mut Replica| role.resume_into(r);
+            let source = join(
+                &mut ring,
+                &mut replica,
+                &a.spec,
+                device,
+                &role.ctx.fetcher,
+                &role.stop,
+                a.resume.as_ref().map(|_| &load as super::join::Resume<'_>),
+            )?;
+            let Some(r) = replica.as_mut() else {
+                return Err(RoleError::Assignment("no replica after joining".into()));
+            };
+            match source.filter(|_| world > 1) {
+                Some(s) if s != rank => role.log(
+                    LogLevel::Info,
+                    format!(
+                        "received weights and optimizer state of step {} from rank {s}",
+                        r.step
+                    ),
+                ),
+                Some(_) => role.log(
+                    LogLevel::Info,
+                    format!(
+                        "sent weights and optimizer state of step {} to the ring",
+                        r.step
+                    ),
+                ),
+                None => {}
+            }
+            let mut line = ProgressLine::default();
+            let mut on_step = |s: &StepStats| {
+                if let Some(d) = slow {
+                    std::thread::sleep(d);
+                }
+                if let Some(t) = broke_at.take() {
+                    role.log(
+                        LogLevel::Info,
+                        format!(
+                            "ring of {world} rebuilt (generation {}): first step {} ran {:.2} s after the previous ring broke",
+                            a.key.generation,
+                            s.step,
+                            t.elapsed().as_secs_f64()
+                        ),
+                    );
+                }
+                if rank != 0 {
+                    return;
+                }
+                let _ = role.tx.send(crate::control::report::Item::Metric(*s));
+                if line.due(s) {
+                    let _ = role.tx.send(crate::control::report::Item::Log(
+                        LogLevel::Info,
+                        format!(
+                            "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms ({:.2} GB/s bus){}",
+                            s.step,
+                            s.loss,
+                            s.samples_per_sec,
+                            s.comm_seconds * 1e3,
+                            s.comm_bytes as f64 / s.comm_seconds.max(1e-9) / 1e9,
+                            accuracy_suffix(s.eval_accuracy)
+                        ),
+                    ));
+                }
+            };
+            train_with(r, &mut ring, &role.stop, &mut on_step, ckpt.as_mut())
+        });
+        match result {
+            Ok(out) => {
+                if !done {
+                    let bw = ring.stats().bytes_sent.load(Ordering::Relaxed);
+                    role.log(
+                        LogLevel::Info,
+                        format!(
+                            "rank {rank} of {world} done at step {}: weights sha256 {} ({} MiB sent on the ring)",
+                            out.steps,
+                            out.weights_sha256,
+                            bw >> 20
+                        ),
+                    );
+                    if rank == 0 {
+                        // The final checkpoint is in before the job ends.
+                        if let Some(c) = ckpt.as_ref() {
+                            c.uploader.flush(Duration::from_secs(120));
+                        }
+                        role.finish(&out);
+                    }
+                }
+                done = true;
+                // The finished replica is kept: a generation that arrives
+                // before the outcome was applied resumes from it (zero steps
+                // to go) instead of from scratch.
+                if rank == 0 {
+                    return Kept { replica, broke_at };
+                }
+                // The other ranks stay joinable until the job ends: if rank
+                // 0's last collective failed where theirs succeeded, it
+                // rebuilds the ring with them and receives the final state.
+                drop(ring);
+                if role.pause(Duration::from_millis(500)) {
+                    return Kept { replica, broke_at };
+                }
+            }
+            Err(RoleError::Stopped) => {
+                drain_checkpoint(&replica, &mut ckpt);
+                return Kept { replica, broke_at };
+            }
+            Err(e) if e.is_transient() => {
+                if role.stopping() {
+                    drain_checkpoint(&replica, &mut ckpt);
+                    return Kept { replica, broke_at };
+                }
+                broke_at.get_or_insert_with(Instant::now);
+                role.log(
+                    LogLevel::Warn,
+                    format!(
+                        "{e} at step {}: keeping the replica and waiting for the ring to form again",
+                        replica.as_ref().map_or(0, |r| r.step)
+                    ),
+                );
+                drop(ring);
+                if role.pause(Duration::from_millis(500)) {
+                    return Kept { replica, broke_at };
+                }
+            }
+            Err(e) => {
+                role.fail(e.to_string());
+                return Kept::default();
+            }
+        }
+    }
+}

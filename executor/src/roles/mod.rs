@@ -1,0 +1,358 @@
+//! The roles an executor runs, started and stopped as assignments change.
+//!
+//! A role is keyed by job, kind and index and stamped with the generation it
+//! was started for; a new generation restarts it (its peers may have
+//! changed), and a role no longer assigned is stopped. Each role runs on a
+//! thread of its own with a [`Role`] ([`crate::role`]): a worker of an
+//! allreduce job is a ring rank ([`crate::ring::worker`]), a worker of a
+//! parameter-server job pulls and pushes through the shards
+//! ([`crate::ps::run_worker`]), and a PS role serves its shard
+//! ([`crate::ps::serve_shard`]) or stands by for it
+//! ([`crate::ps::serve_standby`]).
+//!
+//! Elasticity: a role's state outlives its generation. When the next
+//! generation arrives, the old role's thread stops and hands what it holds
+//! ([`Parked`]: a worker's replica, a shard's values and optimizer state)
+//! to the new role on the same device, or of the same shard. A shard's
+//! standby keeps its state under its shard's number too, so when the
+//! scheduler promotes it (the standby's role ends, the shard's starts on
+//! this executor at the next generation) the shard takes the standby's
+//! copy. [`inspect`] answers the API's requests to list a TorchScript
+//! file's parameters.
+
+pub mod inspect;
+
+use crate::context::Context;
+use crate::control::report::{self, Sink};
+use crate::ps::{KeptWorker, LastStep, Shard};
+use crate::replica::Replica;
+use crate::ring::worker::Kept;
+use crate::role::Role;
+use crate::storage::Storage;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::unbounded_channel;
+use trainyard_common::cluster::{
+    ps_index_shard, Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey,
+    RoleKind,
+};
+use trainyard_common::spec::Strategy;
+use trainyard_dataplane::DataPlane;
+use uuid::Uuid;
+
+struct Running {
+    key: RoleKey,
+    stop: Arc<AtomicBool>,
+}
+
+/// What a worker's thread leaves for the next generation on its device.
+#[derive(Default)]
+struct Parked {
+    replica: Option<Replica>,
+    broke_at: Option<Instant>,
+    shard: Option<Shard>,
+    /// A PS worker's last sync step (its gradient per shard), for shards
+    /// a lost primary left a version behind.
+    ps_step: Option<LastStep>,
+}
+
+/// Whose state a hand-over carries: a worker's (by device) or a PS shard's
+/// (by shard: its standby's state is the shard's too).
+type Slot = (Uuid, RoleKind, u32);
+
+type Handover = JoinHandle<Parked>;
+
+/// The set of running roles.
+#[derive(Default)]
+pub struct Roles {
+    running: BTreeMap<(Uuid, RoleKind, u32), Running>,
+    sink: Option<Sink>,
+    inspecting: std::collections::BTreeSet<Uuid>,
+    plane: Option<Arc<DataPlane>>,
+    /// The last worker thread of each (job, device): its replica goes to
+    /// the next generation's worker there.
+    handovers: Arc<Mutex<HashMap<Slot, Handover>>>,
+    ctx: Option<Context>,
+    /// Threads of roles let go, still finishing (a drain checkpoint).
+    finishing: Vec<Handover>,
+    /// The store opened for the URL the API gave.
+    opened: Mutex<Option<(String, Arc<Storage>)>>,
+}
+
+impl Roles {
+    /// Roles that report to `sink`, talk to peers through `plane` and
+    /// share `ctx` (its fetcher reaches the object stores).
+    pub fn new(sink: Sink, plane: Arc<DataPlane>, ctx: Context) -> Roles {
+        Roles {
+            running: BTreeMap::new(),
+            sink: Some(sink),
+            inspecting: Default::default(),
+            plane: Some(plane),
+            handovers: Default::default(),
+            ctx: Some(ctx),
+            finishing: Vec::new(),
+            opened: Mutex::new(None),
+        }
+    }
+
+    /// What the roles share (a default, local-only one for `Roles::default`).
+    pub fn context(&mut self) -> &Context {
+        self.ctx.get_or_insert_with(Context::for_tests)
+    }
+
+    /// The store at `url`, opened once.
+    fn storage(&self, url: &str) -> Result<Arc<Storage>, String> {
+        let ctx = self.ctx.as_ref().ok_or("no object store configured")?;
+        let mut opened = self.opened.lock().map_err(|_| "poisoned")?;
+        if let Some((u, s)) = opened.as_ref() {
+            if u == url {
+                return Ok(s.clone());
+            }
+        }
+        let s = Arc::new(ctx.fetcher.open(url).map_err(|e| e.to_string())?);
+        *opened = Some((url.to_owned(), s.clone()));
+        Ok(s)
+    }
+
+    /// Starts inspecting the TorchScript files it was asked to, once each.
+    pub fn inspect(&mut self, inspections: &[Inspection]) {
+        let Some(sink) = self.sink.clone() else {
+            return;
+        };
+        for i in inspections {
+            if !self.inspecting.insert(i.job_id) {
+                continue;
+            }
+            let (job_id, url) = (i.job_id, i.url.clone());
+            let sink = sink.clone();
+            let fetcher = self.ctx.as_ref().map(|c| c.fetcher.clone());
+            tokio::spawn(async move {
+                let result = tokio::task::spawn_blocking(move || {
+                    inspect::inspect_file(&url, fetcher.as_ref())
+                })
+                .await
+                .unwrap_or_else(|e| InspectionResult::Error(format!("inspection crashed: {e}")));
+                let report = InspectionReport { job_id, result };
+                // Until the API takes it (or refuses it for good, a 4xx):
+                // giving up would leave the job `inspecting` for ever, and
+                // the API may be down for a while (restarts, Postgres).
+                for attempt in 0u32.. {
+                    let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
+                    let res = sink
+                        .client
+                        .post(format!("{}/v1/executors/{id}/inspections", sink.api))
+                        .bearer_auth(token)
+                        .json(&report)
+                        .send()
+                        .await;
+                    match res {
+                        Ok(r) if r.status().is_success() || r.status().is_client_error() => {
+                            tracing::info!(job = %job_id, status = %r.status(), "inspection reported");
+                            return;
+                        }
+                        _ => {
+                            if attempt % 20 == 19 {
+                                tracing::warn!(job = %job_id, attempts = attempt + 1, "the API has not taken the inspection yet; still trying");
+                            }
+                            tokio::time::sleep(std::time::Duration::from_millis(
+                                200 << attempt.min(4),
+                            ))
+                            .await
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Waits up to `timeout` for the threads of roles let go to end (a
+    /// draining rank writes its checkpoint on the way out).
+    pub fn wait_stopped(&mut self, timeout: Duration) {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until && self.finishing.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.finishing.retain(|t| !t.is_finished());
+    }
+
+    /// The roles running now, as reported in heartbeats.
+    pub fn running(&self) -> Vec<RoleKey> {
+        self.running.values().map(|r| r.key).collect()
+    }
+
+    /// Whether no role runs.
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Makes the running set equal to `assignments`.
+    pub fn apply(&mut self, assignments: &[Assignment]) {
+        let wanted: BTreeMap<(Uuid, RoleKind, u32), &Assignment> = assignments
+            .iter()
+            .map(|a| ((a.key.job_id, a.key.role, a.key.index), a))
+            .collect();
+        let stale: Vec<_> = self
+            .running
+            .iter()
+            .filter(|(k, r)| {
+                wanted
+                    .get(*k)
+                    .is_none_or(|a| a.key.generation != r.key.generation)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            if let Some(r) = self.running.remove(&k) {
+                r.stop.store(true, Ordering::Relaxed);
+                tracing::info!(job = %r.key.job_id, role = ?r.key.role, index = r.key.index, generation = r.key.generation, "role stopped");
+            }
+        }
+        // Replicas of jobs no longer assigned here are let go.
+        if let Ok(mut h) = self.handovers.lock() {
+            // A worker's state follows the job on this executor's devices; a
+            // shard's only its own shard (as the shard or its standby).
+            let gone: Vec<Slot> = h
+                .keys()
+                .filter(|(job, kind, index)| {
+                    !wanted.keys().any(|(j, k, i)| {
+                        j == job
+                            && k == kind
+                            && (*kind == RoleKind::Worker || ps_index_shard(*i).0 == *index)
+                    })
+                })
+                .copied()
+                .collect();
+            for slot in gone {
+                if let Some(t) = h.remove(&slot) {
+                    self.finishing.push(t);
+                }
+            }
+        }
+        self.finishing.retain(|t| !t.is_finished());
+        for (k, a) in wanted {
+            if self.running.contains_key(&k) {
+                continue;
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            self.start(a.clone(), stop.clone());
+            self.running.insert(k, Running { key: a.key, stop });
+        }
+    }
+
+    fn start(&self, a: Assignment, stop: Arc<AtomicBool>) {
+        let (tx, rx) = unbounded_channel();
+        if let Some(sink) = &self.sink {
+            tokio::spawn(report::deliver(sink.clone(), a.key, rx));
+        }
+        let object_store = self
+            .sink
+            .as_ref()
+            .and_then(|s| s.object_store.read().ok().map(|o| o.clone()))
+            .unwrap_or_default();
+        let storage = self.storage(&object_store);
+        let slot = match a.key.role {
+            RoleKind::Worker => (a.key.job_id, RoleKind::Worker, a.device.unwrap_or(0)),
+            other => (a.key.job_id, other, ps_index_shard(a.key.index).0),
+        };
+        let Ok(mut handovers) = self.handovers.lock() else {
+            return;
+        };
+        let previous = handovers.remove(&slot);
+        let role = Role {
+            assignment: a,
+            stop,
+            tx,
+            storage,
+            plane: self.plane.clone(),
+            ctx: self.ctx.clone().unwrap_or_else(Context::for_tests),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("worker-{}", role.assignment.key.index))
+            .spawn(move || {
+                let parked = previous.and_then(|h| h.join().ok()).unwrap_or_default();
+                run(&role, parked)
+            });
+        if let Ok(h) = handle {
+            handovers.insert(slot, h);
+        }
+    }
+}
+
+/// Runs one role for its generation; returns what it leaves for the next.
+fn run(role: &Role, parked: Parked) -> Parked {
+    let a = &role.assignment;
+    if a.key.role != RoleKind::Worker {
+        let Some(plane) = role.plane.as_deref() else {
+            return Parked::default();
+        };
+        let (stop, tx) = (&role.stop, &role.tx);
+        let shard = match ps_index_shard(a.key.index) {
+            (shard, true) => crate::ps::serve_standby(a, shard, stop, tx, plane, parked.shard),
+            _ => crate::ps::serve_shard(
+                a,
+                stop,
+                tx,
+                plane,
+                parked.shard,
+                role.storage.clone(),
+                &role.ctx,
+            ),
+        };
+        return Parked {
+            shard,
+            ..Parked::default()
+        };
+    }
+    let placed = role
+        .device()
+        .and_then(|device| role.peers().map(|(rank, peers)| (device, rank, peers)));
+    let (device, rank, peers) = match placed {
+        Ok(p) => p,
+        Err(e) => {
+            role.fail(e.to_string());
+            return Parked::default();
+        }
+    };
+    let world = peers.len() as u32;
+    role.log(
+        LogLevel::Info,
+        format!(
+            "rank {rank} of {world} starts on {device:?} (generation {})",
+            a.key.generation
+        ),
+    );
+    if a.strategy == Strategy::ParameterServer {
+        let kept = crate::ps::run_worker(
+            role,
+            rank,
+            device,
+            KeptWorker {
+                replica: parked.replica,
+                last_step: parked.ps_step,
+            },
+        );
+        return Parked {
+            replica: kept.replica,
+            ps_step: kept.last_step,
+            ..Parked::default()
+        };
+    }
+    let kept = crate::ring::worker::run(
+        role,
+        rank,
+        &peers,
+        device,
+        Kept {
+            replica: parked.replica,
+            broke_at: parked.broke_at,
+        },
+    );
+    Parked {
+        replica: kept.replica,
+        broke_at: kept.broke_at,
+        ..Parked::default()
+    }
+}

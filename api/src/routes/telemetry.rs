@@ -20,9 +20,9 @@ use axum::http::HeaderMap;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use sqlx::PgConnection;
 use sqlx::Row;
 pub use trainyard_common::api::{JobLogLine, LogPage, MetricSample, MetricSeries, ReportAck};
-use sqlx::PgConnection;
 use trainyard_common::cluster::{
     LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_LOG_CHARS,
     MAX_REPORT_ITEMS,
@@ -252,12 +252,14 @@ async fn apply_outcome(
         return Ok(Verdict::Stale);
     }
     let (to, reason, data) = result_of(outcome);
-    sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)")
-        .bind(key.job_id)
-        .bind(&reason)
-        .bind(data)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)",
+    )
+    .bind(key.job_id)
+    .bind(&reason)
+    .bind(data)
+    .execute(&mut *tx)
+    .await?;
     // A short job can finish before its roles' heartbeats moved it to
     // `running`: it ran, so it passes through `running` first.
     if to == JobState::Succeeded && state == Some(JobState::Scheduling) {
@@ -276,10 +278,9 @@ async fn apply_outcome(
     match lifecycle::transition(&mut *tx, key.job_id, to, &reason).await {
         Ok(_) => Ok(Verdict::Applied),
         Err(TransitionError::Illegal { .. }) => Ok(Verdict::Ignored), // Cancelled meanwhile: the user's word stands.
-        Err(TransitionError::NotFound) => Err(ApiError::NotFound(format!(
-            "no job with id {}",
-            key.job_id
-        ))),
+        Err(TransitionError::NotFound) => {
+            Err(ApiError::NotFound(format!("no job with id {}", key.job_id)))
+        }
         Err(TransitionError::Database(e)) => Err(e.into()),
     }
 }

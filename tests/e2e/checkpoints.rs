@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use trainyard_e2e::{
-    binary, eventually, kill9, repo_root, safetensors_header, ApiClient, MlpSpec, Platform, Proc,
-    TestS3,
+    binary, eventually, kill9, repo_root, run_ok, safetensors_header, ApiClient, MlpSpec, Platform,
+    Proc, TestS3,
 };
 
 /// A platform whose executors are lost after 5 silent heartbeats (1 s),
@@ -306,17 +306,9 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
     // The command-line client lists the checkpoints and downloads the model.
     let model = dir.join("model.safetensors");
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(binary("trainyard").unwrap())
-            .args(args)
-            .args(["--api", &p.base])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut cmd = std::process::Command::new(binary("trainyard").unwrap());
+        cmd.args(args).args(["--api", &p.base]);
+        String::from_utf8_lossy(&run_ok(&mut cmd, "trainyard").stdout).into_owned()
     };
     let listed = cli(&["checkpoints", &id]);
     assert!(
@@ -327,17 +319,13 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
     assert!(said.contains("bytes of safetensors"), "{said}");
     let spec_file = dir.join("spec.json");
     std::fs::write(&spec_file, spec.to_string()).unwrap();
-    let out = std::process::Command::new("python3")
-        .arg(repo_root().join("tests/python/evaluate_mlp.py"))
-        .arg(&model)
-        .arg(&spec_file)
-        .arg(repo_root().join("data/digits.npz"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python3 (the venv's, with torch and safetensors: run ./scripts/test) failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        std::process::Command::new("python3")
+            .arg(repo_root().join("tests/python/evaluate_mlp.py"))
+            .arg(&model)
+            .arg(&spec_file)
+            .arg(repo_root().join("data/digits.npz")),
+        "python3 (the venv's, with torch and safetensors: run ./scripts/test)",
     );
     let got: Value = serde_json::from_slice(&out.stdout).unwrap();
     let acc = got["accuracy"].as_f64().unwrap();

@@ -42,8 +42,7 @@ impl CliPlatform for Platform {
     }
 
     fn spec_file(&self, name: &str, spec: &Value) -> PathBuf {
-        std::fs::create_dir_all(&self.data).unwrap();
-        let path = self.data.join(format!("{name}.json"));
+        let path = self.file(&format!("{name}.json"));
         std::fs::write(&path, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
         path
     }

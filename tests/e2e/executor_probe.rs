@@ -1,18 +1,13 @@
 //! `trainyard-executor --probe` proves the libtorch link.
 
 use std::process::Command;
-use trainyard_e2e::binary;
+use trainyard_e2e::{binary, run_ok};
 
 #[test]
 fn probe_reports_libtorch_2_11_and_a_working_cpu() {
-    let out = Command::new(binary("trainyard-executor").unwrap())
-        .arg("--probe")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(binary("trainyard-executor").unwrap()).arg("--probe"),
+        "trainyard-executor --probe",
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let version = report["libtorch_version"].as_str().unwrap_or_default();

@@ -149,8 +149,7 @@ fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
 fn a_torchscript_model_from_python_is_inspected_and_trained() {
     let p = platform();
     let _exec = p.executor("scripter");
-    std::fs::create_dir_all(&p.data).unwrap();
-    let model = p.data.join("net.pt");
+    let model = p.file("net.pt");
     write_torchscript(&model);
     let id = p.submit(&torchscript("byom", &format!("file://{}", model.display())));
     let job = p.wait_end(&id, Duration::from_secs(120));
@@ -186,8 +185,7 @@ fn a_torchscript_model_from_python_is_inspected_and_trained() {
 fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
     let p = platform();
     let _exec = p.executor("inspector");
-    std::fs::create_dir_all(&p.data).unwrap();
-    let model = p.data.join("corrupt.pt");
+    let model = p.file("corrupt.pt");
     std::fs::write(&model, b"this is not a TorchScript archive").unwrap();
     let id = p.submit(&torchscript(
         "corrupt",
@@ -208,7 +206,6 @@ fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
 fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
     let p = platform();
     let _exec = p.executor("lm");
-    std::fs::create_dir_all(&p.data).unwrap();
     // A text with structure beyond letter frequencies.
     let words = [
         "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
@@ -223,7 +220,7 @@ fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
         text.push_str(w);
         text.push_str(if (x >> 20) % 5 == 0 { ". " } else { " " });
     }
-    let path = p.data.join("corpus.txt");
+    let path = p.file("corpus.txt");
     std::fs::write(&path, &text).unwrap();
     let mut counts = [0f64; 256];
     for b in text.bytes() {

@@ -233,6 +233,14 @@ impl Platform {
             .unwrap_or_else(|e| panic!("starting executor {name}: {e}"))
     }
 
+    /// The path `name` in the data folder (which is made if missing), for
+    /// files a test hands to the platform.
+    pub fn file(&self, name: &str) -> PathBuf {
+        std::fs::create_dir_all(&self.data)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", self.data.display()));
+        self.data.join(name)
+    }
+
     /// SIGKILLs the server, waits `down`, and starts it again on the same
     /// port against the same database; the killed process (its output).
     pub fn crash_api(&mut self, down: Duration) -> Proc {

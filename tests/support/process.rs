@@ -227,6 +227,20 @@ pub fn start_executor(
     Proc::spawn(cmd)
 }
 
+/// Runs `cmd` to its end and returns its output; panics, with its stderr,
+/// unless it succeeded (`what` names it in the message).
+pub fn run_ok(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The last `n` lines of `text` (for failure messages).
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();

@@ -171,6 +171,7 @@ fn main() -> anyhow::Result<()> {
             ),
         })
         .await
+        .context("the agent stopped")
     })
 }
 

@@ -4,7 +4,6 @@
 //! `lib/` folder of the `libtorch_cpu.so` this process actually mapped (from
 //! `/proc/self/maps`), so it reports what runs, not what was built against.
 
-use anyhow::Context;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use tch::{Cuda, Device, Kind, Tensor};
@@ -38,10 +37,11 @@ pub struct DeviceReport {
 }
 
 /// Runs the probe.
-pub fn run() -> anyhow::Result<Report> {
+pub fn run() -> std::io::Result<Report> {
     // Call into libtorch first so that its libraries are surely mapped.
     let cuda_available = Cuda::is_available();
-    let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| std::io::Error::new(e.kind(), format!("reading /proc/self/maps: {e}")))?;
     let libtorch_path = mapped(&maps, "libtorch_cpu.so");
     let libtorch_version = libtorch_path.as_deref().and_then(version_beside);
     let mut devices = vec![DeviceReport {
@@ -50,7 +50,8 @@ pub fn run() -> anyhow::Result<Report> {
     }];
     if cuda_available {
         for i in 0..Cuda::device_count() {
-            let i = usize::try_from(i).context("device index")?;
+            let i = usize::try_from(i)
+                .map_err(|e| std::io::Error::other(format!("device index: {e}")))?;
             devices.push(DeviceReport {
                 device: format!("cuda:{i}"),
                 matmul_ok: matmul_ok(Device::Cuda(i)),

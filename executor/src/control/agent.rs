@@ -15,17 +15,14 @@
 //! peers receive is real.
 
 use super::report::Sink;
-use super::MAX_BACKOFF;
+use super::REGISTER;
 use crate::context::Context;
 use crate::roles::Roles;
 use crate::storage::Fetcher;
-use anyhow::Context as _;
-use reqwest::StatusCode;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use trainyard_common::cluster::{
-    HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
-};
+use trainyard_client::{Client, ClientError};
+use trainyard_common::cluster::{ExecutorState, HeartbeatRequest, RegisterRequest};
 use uuid::Uuid;
 
 /// Timeout of each request to the API.
@@ -49,21 +46,18 @@ pub struct AgentConfig {
 
 struct Session {
     id: Uuid,
-    token: String,
     interval: Duration,
 }
 
 /// Runs the agent until a shutdown signal, then drains and leaves.
-pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder()
+pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
+    let client = Client::builder(config.api.clone())
         .timeout(REQUEST_TIMEOUT)
         .build()?;
-    let api = config.api.trim_end_matches('/').to_owned();
     let ctx = Context::new(config.fetcher.clone());
     let sink = Sink {
         client: client.clone(),
-        api: api.clone(),
-        session: Arc::new(RwLock::new((Uuid::nil(), String::new()))),
+        id: Arc::new(RwLock::new(Uuid::nil())),
         object_store: Arc::new(RwLock::new(String::new())),
         uploads: ctx.uploads.clone(),
     };
@@ -72,17 +66,17 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
 
     let mut session = tokio::select! {
-        s = register(&client, &api, &config, &sink) => s,
+        s = register(&client, &config, &sink) => s,
         () = &mut shutdown => return Ok(()),
     };
     loop {
-        let wait = match heartbeat(&client, &api, &session, &mut roles).await {
+        let wait = match heartbeat(&client, &session, &mut roles).await {
             Ok(()) => session.interval,
             Err(Beat::Gone(why)) => {
                 tracing::warn!(%why, "the API no longer knows this executor; stopping its roles and registering again");
                 roles.apply(&[]);
                 session = tokio::select! {
-                    s = register(&client, &api, &config, &sink) => s,
+                    s = register(&client, &config, &sink) => s,
                     () = &mut shutdown => return Ok(()),
                 };
                 continue;
@@ -101,81 +95,51 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             () = &mut shutdown => break,
         }
     }
-    drain_and_leave(&client, &api, &session, &mut roles, &ctx).await;
+    drain_and_leave(&client, &session, &mut roles, &ctx).await;
     Ok(())
 }
 
-async fn register(
-    client: &reqwest::Client,
-    api: &str,
-    config: &AgentConfig,
-    sink: &Sink,
-) -> Session {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let res = client
-            .post(format!("{api}/v1/executors"))
-            .bearer_auth(&config.join_token)
-            .json(&config.registration)
-            .send()
-            .await;
-        match res {
-            Ok(r) if r.status() == StatusCode::CREATED => {
-                match r.json::<RegisterResponse>().await {
-                    Ok(reg) => {
-                        tracing::info!(id = %reg.id, "registered with the API");
-                        if let Ok(mut s) = sink.session.write() {
-                            *s = (reg.id, reg.token.clone());
-                        }
-                        if let Ok(mut o) = sink.object_store.write() {
-                            o.clone_from(&reg.object_store);
-                        }
-                        return Session {
-                            id: reg.id,
-                            token: reg.token,
-                            interval: Duration::from_millis(reg.heartbeat_interval_ms.max(50)),
-                        };
-                    }
-                    Err(e) => tracing::warn!(error = %e, "bad registration answer"),
+/// Registers with the join token, as often as it takes ([`REGISTER`]).
+async fn register(client: &Client, config: &AgentConfig, sink: &Sink) -> Session {
+    for attempt in 1u32.. {
+        match client
+            .register(&config.join_token, &config.registration)
+            .await
+        {
+            Ok(reg) => {
+                tracing::info!(id = %reg.id, "registered with the API");
+                client.set_token(Some(reg.token.clone()));
+                if let Ok(mut id) = sink.id.write() {
+                    *id = reg.id;
                 }
+                if let Ok(mut o) = sink.object_store.write() {
+                    o.clone_from(&reg.object_store);
+                }
+                return Session {
+                    id: reg.id,
+                    interval: Duration::from_millis(reg.heartbeat_interval_ms.max(50)),
+                };
             }
-            Ok(r) => {
-                let status = r.status();
-                let body = r.text().await.unwrap_or_default();
-                tracing::error!(%status, %body, "registration refused");
-            }
+            Err(e) if e.status().is_some() => tracing::error!(error = %e, "registration refused"),
             Err(e) => tracing::warn!(error = %e, "API unreachable"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(REGISTER.delay(attempt)).await;
     }
+    unreachable!("registration retries without end")
 }
 
 enum Beat {
     Gone(String),
-    Failed(anyhow::Error),
+    Failed(ClientError),
 }
 
-async fn heartbeat(
-    client: &reqwest::Client,
-    api: &str,
-    s: &Session,
-    roles: &mut Roles,
-) -> Result<(), Beat> {
+async fn heartbeat(client: &Client, s: &Session, roles: &mut Roles) -> Result<(), Beat> {
     let body = HeartbeatRequest {
         roles: roles.running(),
     };
-    let r = client
-        .post(format!("{api}/v1/executors/{}/heartbeat", s.id))
-        .bearer_auth(&s.token)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| Beat::Failed(e.into()))?;
-    match r.status() {
-        StatusCode::OK => {
-            let hb: HeartbeatResponse = r.json().await.map_err(|e| Beat::Failed(e.into()))?;
-            if hb.state == trainyard_common::cluster::ExecutorState::Draining {
+    match client.heartbeat(s.id, &body).await {
+        Ok(hb) => {
+            if hb.state == ExecutorState::Draining {
                 // Roles checkpoint before they are moved away.
                 roles.context().drain.start();
             }
@@ -183,38 +147,20 @@ async fn heartbeat(
             roles.inspect(&hb.inspections);
             Ok(())
         }
-        StatusCode::GONE | StatusCode::NOT_FOUND => {
-            Err(Beat::Gone(r.text().await.unwrap_or_default()))
-        }
-        status => Err(Beat::Failed(anyhow::anyhow!(
-            "{status}: {}",
-            r.text().await.unwrap_or_default()
-        ))),
+        Err(e) if matches!(e.status(), Some(404 | 410)) => Err(Beat::Gone(e.to_string())),
+        Err(e) => Err(Beat::Failed(e)),
     }
 }
 
-async fn drain_and_leave(
-    client: &reqwest::Client,
-    api: &str,
-    s: &Session,
-    roles: &mut Roles,
-    ctx: &Context,
-) {
+async fn drain_and_leave(client: &Client, s: &Session, roles: &mut Roles, ctx: &Context) {
     tracing::info!("draining: asking the scheduler to move this executor's roles away");
     ctx.drain.start();
-    let drained = client
-        .post(format!("{api}/v1/executors/{}/drain", s.id))
-        .bearer_auth(&s.token)
-        .send()
-        .await
-        .context("drain")
-        .and_then(|r| r.error_for_status().context("drain"));
-    if let Err(e) = drained {
+    if let Err(e) = client.drain(s.id).await {
         tracing::warn!(error = %e, "drain failed; leaving without it");
     }
     let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
     while tokio::time::Instant::now() < deadline {
-        match heartbeat(client, api, s, roles).await {
+        match heartbeat(client, s, roles).await {
             Ok(()) if roles.is_empty() => break,
             Ok(()) => {}
             // The API is gone too (a whole-system stop): nothing to hand over.
@@ -229,14 +175,9 @@ async fn drain_and_leave(
     while ctx.uploads.count() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    match client
-        .delete(format!("{api}/v1/executors/{}", s.id))
-        .bearer_auth(&s.token)
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => tracing::info!("left the cluster"),
-        Ok(r) => tracing::warn!(status = %r.status(), "leave refused"),
+    match client.leave(s.id).await {
+        Ok(_) => tracing::info!("left the cluster"),
+        Err(e) if e.status().is_some() => tracing::warn!(error = %e, "leave refused"),
         Err(e) => tracing::warn!(error = %e, "leave failed"),
     }
 }

@@ -1,36 +1,40 @@
-//! The executor's side of the control plane: everything it says to the API.
+//! The executor's side of the control plane: everything it says to the API,
+//! through the typed client ([`trainyard_client::Client`]).
 //!
-//! * [`agent`] — registration, heartbeats with backoff, assignments handed
-//!   to [`crate::roles::Roles`], drain and leave;
+//! * [`agent`] — registration, heartbeats, assignments handed to
+//!   [`crate::roles::Roles`], drain and leave;
 //! * [`report`] — delivery of each role's metrics, logs, checkpoint shards
-//!   and outcome, batched and retried until the API has them.
+//!   and outcome, batched and retried until the API has them;
+//! * [`inspection`] — the answer to an inspection request, retried until
+//!   the API takes or refuses it.
 //!
-//! Both back off the same way while the API is unreachable: doubling from
-//! their first wait up to [`MAX_BACKOFF`].
+//! Every wait between attempts comes from the client's one
+//! [`RetryPolicy`]: [`REGISTER`], [`REPORT`] and [`INSPECTION`] below
+//! (the client's docs list which call needs which rule, and why).
+//! Heartbeats are the exception: the agent retries them at the heartbeat
+//! interval, since a growing backoff would outlast the scheduler's lost
+//! timeout.
 
 pub mod agent;
+pub mod inspection;
 pub mod report;
 
 use std::time::Duration;
+use trainyard_client::{Retry, RetryPolicy};
 
 /// Longest wait between two attempts to reach the API.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// The wait after `previous`, doubled and kept within `[floor, MAX_BACKOFF]`.
-pub fn next_backoff(previous: Duration, floor: Duration) -> Duration {
-    (previous * 2).clamp(floor, MAX_BACKOFF.max(floor))
-}
+/// Registration: until it succeeds, whatever the answer (a refusal is
+/// logged and tried again: an admin may fix the join token meanwhile).
+pub const REGISTER: RetryPolicy =
+    RetryPolicy::forever(Duration::from_millis(200), MAX_BACKOFF).retrying(Retry::Any);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Reports: without end, whatever the failure (the session may change
+/// between attempts), from one flush interval up to [`MAX_BACKOFF`].
+pub const REPORT: RetryPolicy =
+    RetryPolicy::forever(report::FLUSH_EVERY, MAX_BACKOFF).retrying(Retry::Any);
 
-    #[test]
-    fn backoff_doubles_within_its_bounds() {
-        let floor = Duration::from_millis(500);
-        assert_eq!(next_backoff(Duration::ZERO, floor), floor);
-        assert_eq!(next_backoff(floor, floor), Duration::from_secs(1));
-        assert_eq!(next_backoff(Duration::from_secs(4), floor), MAX_BACKOFF);
-        assert_eq!(next_backoff(MAX_BACKOFF, floor), MAX_BACKOFF);
-    }
-}
+/// Inspection reports: until the API takes or refuses them (a 4xx).
+pub const INSPECTION: RetryPolicy =
+    RetryPolicy::forever(Duration::from_millis(200), Duration::from_millis(3200));

@@ -6,11 +6,12 @@
 //! the API is unreachable, so nothing is lost; the API stores each metric
 //! step and log line once however often a report is retried.
 
-use super::next_backoff;
+use super::REPORT;
 use crate::context::PendingUploads;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
+use trainyard_client::{Client, Reported};
 use trainyard_common::cluster::{LogLevel, LogLine, MetricPoint, RoleKey, RoleOutcome, RoleReport};
 use uuid::Uuid;
 
@@ -24,20 +25,26 @@ pub const METRICS_PER_REPORT: usize = 500;
 /// Log lines per report (each at most 4 KiB).
 pub const LOGS_PER_REPORT: usize = 100;
 
-/// Where reports go; the credentials change when the executor registers again.
+/// Where reports go; the id and the client's credential change when the
+/// executor registers again.
 #[derive(Clone)]
 pub struct Sink {
-    /// HTTP client.
-    pub client: reqwest::Client,
-    /// API base URL.
-    pub api: String,
-    /// Current (executor id, credential).
-    pub session: Arc<RwLock<(Uuid, String)>>,
+    /// The API's client, holding the executor's credential.
+    pub client: Client,
+    /// The executor's current id.
+    pub id: Arc<RwLock<Uuid>>,
     /// Object-store URL the API gave at registration.
     pub object_store: Arc<RwLock<String>>,
     /// Checkpoint shards not yet acknowledged: a delivered report takes its
     /// shards off.
     pub uploads: PendingUploads,
+}
+
+impl Sink {
+    /// The executor's current id.
+    pub fn executor_id(&self) -> Uuid {
+        self.id.read().map(|id| *id).unwrap_or_default()
+    }
 }
 
 /// Something a role reports.
@@ -64,6 +71,8 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
     let mut seq = 0u64;
     let mut open = true;
     let mut backoff = FLUSH_EVERY;
+    // Failed attempts in a row (the retry policy's wait grows with them).
+    let mut failures = 0u32;
     loop {
         let deadline = tokio::time::Instant::now() + backoff;
         while open {
@@ -112,19 +121,12 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             // the job's end (at_end) is applied.
             checkpoints: pending.checkpoints.clone(),
         };
-        let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
-        let res = sink
-            .client
-            .post(format!("{}/v1/executors/{id}/reports", sink.api))
-            .bearer_auth(token)
-            .json(&slice)
-            .send()
-            .await;
-        match res {
-            Ok(r) if r.status().is_success() || r.status() == reqwest::StatusCode::CONFLICT => {
-                if r.status() == reqwest::StatusCode::CONFLICT {
+        match sink.client.report(sink.executor_id(), &slice).await {
+            Ok(answer) => {
+                if matches!(answer, Reported::Stale) {
                     tracing::warn!(job = %key.job_id, "outcome from a stale generation was refused");
                 }
+                failures = 0;
                 pending.metrics.drain(..nm);
                 pending.logs.drain(..nl);
                 let sent = std::mem::take(&mut pending.checkpoints).len();
@@ -135,13 +137,11 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 // More piled up: send the next slice at once.
                 backoff = if last { FLUSH_EVERY } else { Duration::ZERO };
             }
-            Ok(r) => {
-                tracing::warn!(status = %r.status(), "report refused; retrying");
-                backoff = next_backoff(backoff, FLUSH_EVERY);
-            }
             Err(e) => {
                 tracing::warn!(error = %e, "report failed; retrying");
-                backoff = next_backoff(backoff, FLUSH_EVERY);
+                failures += 1;
+                // One flush interval is already the wait between reports.
+                backoff = REPORT.delay(failures + 1);
             }
         }
         if !open

@@ -135,35 +135,8 @@ impl Roles {
                 })
                 .await
                 .unwrap_or_else(|e| InspectionResult::Error(format!("inspection crashed: {e}")));
-                let report = InspectionReport { job_id, result };
-                // Until the API takes it (or refuses it for good, a 4xx):
-                // giving up would leave the job `inspecting` for ever, and
-                // the API may be down for a while (restarts, Postgres).
-                for attempt in 0u32.. {
-                    let (id, token) = sink.session.read().map(|s| s.clone()).unwrap_or_default();
-                    let res = sink
-                        .client
-                        .post(format!("{}/v1/executors/{id}/inspections", sink.api))
-                        .bearer_auth(token)
-                        .json(&report)
-                        .send()
-                        .await;
-                    match res {
-                        Ok(r) if r.status().is_success() || r.status().is_client_error() => {
-                            tracing::info!(job = %job_id, status = %r.status(), "inspection reported");
-                            return;
-                        }
-                        _ => {
-                            if attempt % 20 == 19 {
-                                tracing::warn!(job = %job_id, attempts = attempt + 1, "the API has not taken the inspection yet; still trying");
-                            }
-                            tokio::time::sleep(std::time::Duration::from_millis(
-                                200 << attempt.min(4),
-                            ))
-                            .await
-                        }
-                    }
-                }
+                crate::control::inspection::deliver(sink, InspectionReport { job_id, result })
+                    .await;
             });
         }
     }

@@ -34,11 +34,16 @@
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
+use std::future::Future;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use trainyard_bench::figure::{record_data, Better, Figure};
 use trainyard_bench::server::Server;
-use trainyard_e2e::{kill9, repo_root, start_executor, ApiClient, Proc};
+use trainyard_client::{Client, ClientError};
+use trainyard_common::api::Job;
+use trainyard_common::JobState;
+use trainyard_e2e::{kill9, repo_root, start_executor, Proc};
+use uuid::Uuid;
 
 const JOIN: &str = "e2e-bench-join";
 const BATCH: u64 = 32;
@@ -50,7 +55,10 @@ const HEARTBEAT_MISSES: u32 = 3;
 
 struct Cluster {
     server: Server,
-    client: ApiClient,
+    /// The API's typed client, driven by `rt` (the benchmark itself is
+    /// plain threads and sleeps).
+    client: Client,
+    rt: tokio::runtime::Runtime,
     executors: Vec<(String, Proc)>,
 }
 
@@ -65,10 +73,14 @@ impl Cluster {
                 ("TRAINYARD_HEARTBEAT_MISSES", &HEARTBEAT_MISSES.to_string()),
             ],
         )?;
-        let client = ApiClient::new(server.port);
+        let client = Client::new(&server.url)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let mut c = Cluster {
             server,
             client,
+            rt,
             executors: Vec::new(),
         };
         for i in 0..EXECUTORS {
@@ -94,9 +106,23 @@ impl Cluster {
         Ok(())
     }
 
+    /// Waits for one request of the client.
+    fn api<T>(&self, call: impl Future<Output = Result<T, ClientError>>) -> anyhow::Result<T> {
+        Ok(self.rt.block_on(call)?)
+    }
+
+    fn job(&self, id: Uuid) -> anyhow::Result<Job> {
+        self.api(self.client.job(id))
+    }
+
     fn wait_live(&self, n: usize) -> anyhow::Result<()> {
         let start = Instant::now();
-        while self.client.live_executors().len() < n {
+        while self
+            .api(self.client.executors(Some("live")))?
+            .executors
+            .len()
+            < n
+        {
             if start.elapsed() > Duration::from_secs(120) {
                 bail!("{n} executors did not register in 2 minutes");
             }
@@ -106,34 +132,37 @@ impl Cluster {
     }
 
     /// Waits until `id` is over: its final state.
-    fn wait_end(&self, id: &str, limit: Duration) -> anyhow::Result<Value> {
+    fn wait_end(&self, id: Uuid, limit: Duration) -> anyhow::Result<Job> {
         let start = Instant::now();
         loop {
-            let job = self.client.get(&format!("/v1/jobs/{id}"));
-            match job["state"].as_str() {
-                Some("succeeded" | "failed" | "cancelled") => return Ok(job),
-                _ if start.elapsed() > limit => bail!("job {id} not done after {limit:?}: {job}"),
+            let job = self.job(id)?;
+            match job.state {
+                s if s.is_terminal() => return Ok(job),
+                _ if start.elapsed() > limit => {
+                    bail!("job {id} not done after {limit:?}: {job:?}")
+                }
                 _ => std::thread::sleep(Duration::from_millis(200)),
             }
         }
     }
 
     /// The furthest step rank 0 has reported (0 before any).
-    fn last_step(&self, id: &str) -> u64 {
-        let m = self
-            .client
-            .get(&format!("/v1/jobs/{id}/metrics?max_points=1"));
-        m["points"]
-            .as_array()
-            .and_then(|p| p.last())
-            .and_then(|p| p["step"].as_u64())
-            .unwrap_or(0)
+    fn last_step(&self, id: Uuid) -> anyhow::Result<u64> {
+        let m = self.api(self.client.job_metrics(id, Some(1)))?;
+        Ok(m.points
+            .last()
+            .map_or(0, |p| u64::try_from(p.step).unwrap_or(0)))
     }
 
-    fn generation(&self, id: &str) -> i64 {
-        self.client.get(&format!("/v1/jobs/{id}"))["generation"]
-            .as_i64()
-            .unwrap_or(0)
+    fn generation(&self, id: Uuid) -> anyhow::Result<i64> {
+        Ok(self.job(id)?.generation)
+    }
+
+    /// Cancels `id` and waits until it is over.
+    fn cancel(&self, id: Uuid) -> anyhow::Result<()> {
+        self.api(self.client.cancel_job(id))?;
+        self.wait_end(id, Duration::from_secs(60))?;
+        Ok(())
     }
 }
 
@@ -170,36 +199,35 @@ fn mean(xs: &[f64]) -> f64 {
 /// Mean (data, compute, comm) seconds per step of rank 0 over steps
 /// `from` (exclusive) to `to`; points are bucket means once a job has more
 /// steps than the API returns points.
-fn breakdown(c: &Cluster, id: &str, from: u64, to: u64) -> anyhow::Result<(f64, f64, f64, usize)> {
-    let m = c
-        .client
-        .get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
-    let pts: Vec<&Value> = m["points"]
-        .as_array()
-        .context("no metric points")?
+fn breakdown(c: &Cluster, id: Uuid, from: u64, to: u64) -> anyhow::Result<(f64, f64, f64, usize)> {
+    let m = c.api(c.client.job_metrics(id, Some(10_000)))?;
+    let pts: Vec<_> = m
+        .points
         .iter()
-        .filter(|p| p["step"].as_u64().is_some_and(|s| s > from && s <= to))
+        .filter(|p| u64::try_from(p.step).is_ok_and(|s| s > from && s <= to))
         .collect();
     anyhow::ensure!(
         !pts.is_empty(),
         "job {id} reported no steps in ({from}, {to}]"
     );
-    let col = |k: &str| pts.iter().filter_map(|p| p[k].as_f64()).collect::<Vec<_>>();
+    let col = |f: fn(&trainyard_common::api::MetricSample) -> f64| {
+        pts.iter().map(|p| f(p)).collect::<Vec<_>>()
+    };
     Ok((
-        mean(&col("data_seconds")),
-        mean(&col("compute_seconds")),
-        mean(&col("comm_seconds")),
+        mean(&col(|p| p.data_seconds)),
+        mean(&col(|p| p.compute_seconds)),
+        mean(&col(|p| p.comm_seconds)),
         pts.len(),
     ))
 }
 
 /// Waits for the next report of `id` to arrive (its furthest step to
 /// change): that step and the instant it was seen, polled every 10 ms.
-fn next_report(c: &Cluster, id: &str) -> anyhow::Result<(u64, Instant)> {
-    let first = c.last_step(id);
+fn next_report(c: &Cluster, id: Uuid) -> anyhow::Result<(u64, Instant)> {
+    let first = c.last_step(id)?;
     let start = Instant::now();
     loop {
-        let now = c.last_step(id);
+        let now = c.last_step(id)?;
         if now != first {
             return Ok((now, Instant::now()));
         }
@@ -221,33 +249,36 @@ fn throughput(
     workers: u64,
     window: Duration,
 ) -> anyhow::Result<Value> {
-    let id = c.client.submit(&spec(strategy, workers, 100_000_000, None));
+    let id = c
+        .api(
+            c.client
+                .submit_job(&spec(strategy, workers, 100_000_000, None), None),
+        )?
+        .id;
     let start = Instant::now();
-    while c.last_step(&id) == 0 {
+    while c.last_step(id)? == 0 {
         anyhow::ensure!(
             start.elapsed() < Duration::from_secs(120),
-            "job {id} did not start: {}",
-            c.client.get(&format!("/v1/jobs/{id}"))
+            "job {id} did not start: {:?}",
+            c.job(id)?
         );
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let (s1, t1) = next_report(c, &id)?;
+    let (s1, t1) = next_report(c, id)?;
     std::thread::sleep(window);
-    let (s2, t2) = next_report(c, &id)?;
-    let job = c.client.get(&format!("/v1/jobs/{id}"));
+    let (s2, t2) = next_report(c, id)?;
+    let job = c.job(id)?;
     anyhow::ensure!(
-        job["state"] == "running",
+        job.state == JobState::Running,
         "job {id} is {}: {}",
-        job["state"],
-        job["state_reason"]
+        job.state,
+        job.state_reason
     );
     let secs = t2.duration_since(t1).as_secs_f64();
     let sps = (s2 - s1) as f64 * (workers * BATCH) as f64 / secs;
-    let (data, compute, comm, n) = breakdown(c, &id, s1, s2)?;
-    let (status, _) = c.client.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
-    anyhow::ensure!(status == 200, "cancel answered {status}");
-    c.wait_end(&id, Duration::from_secs(60))?;
+    let (data, compute, comm, n) = breakdown(c, id, s1, s2)?;
+    c.cancel(id)?;
     Ok(
         json!({"strategy": strategy, "workers": workers, "samples_per_sec": sps,
         "window_s": secs, "steps": s2 - s1, "steps_per_sec": (s2 - s1) as f64 / secs,
@@ -298,12 +329,17 @@ enum Victim {
 fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<Recovery> {
     let ckpt = (strategy == "parameter_server").then_some(50);
     let submitted = Instant::now();
-    let id = c.client.submit(&spec(strategy, 2, 1_000_000, ckpt));
+    let id = c
+        .api(
+            c.client
+                .submit_job(&spec(strategy, 2, 1_000_000, ckpt), None),
+        )?
+        .id;
     let mut cold_start = None;
     let deadline = Instant::now() + Duration::from_secs(180);
     // Train past a few checkpoints.
     loop {
-        let step = c.last_step(&id);
+        let step = c.last_step(id)?;
         if step > 0 && cold_start.is_none() {
             cold_start = Some(submitted.elapsed().as_secs_f64());
         }
@@ -311,34 +347,28 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
             break;
         }
         if Instant::now() > deadline {
-            bail!(
-                "job {id} did not reach step 300: {}",
-                c.client.get(&format!("/v1/jobs/{id}"))
-            );
+            bail!("job {id} did not reach step 300: {:?}", c.job(id)?);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let a = c.client.get(&format!("/v1/jobs/{id}/assignments"));
-    let shard_hosts: Vec<&str> = a["parameter_servers"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .filter_map(|s| s["executor"]["name"].as_str())
-                .collect()
-        })
-        .unwrap_or_default();
+    let a = c.api(c.client.job_assignments(id))?;
+    let shard_hosts: Vec<&str> = a
+        .parameter_servers
+        .iter()
+        .map(|s| s.executor.name.as_str())
+        .collect();
     let name = match victim {
         Victim::Shard => shard_hosts.first().map(|s| (*s).to_owned()),
-        Victim::Worker => a["workers"].as_array().and_then(|w| {
-            w.iter()
-                .rev()
-                .filter_map(|r| r["executor"]["name"].as_str())
-                .find(|n| !shard_hosts.contains(n))
-                .map(str::to_owned)
-        }),
+        Victim::Worker => a
+            .workers
+            .iter()
+            .rev()
+            .map(|r| r.executor.name.as_str())
+            .find(|n| !shard_hosts.contains(n))
+            .map(str::to_owned),
     }
-    .with_context(|| format!("no executor to kill in {a}"))?;
-    let g0 = c.generation(&id);
+    .with_context(|| format!("no executor to kill in {a:?}"))?;
+    let g0 = c.generation(id)?;
     let idx = c
         .executors
         .iter()
@@ -352,11 +382,11 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
     // (detection alone takes the 3 s heartbeat timeout, reports flush every 0.5 s).
     let mut before = 0;
     loop {
-        if c.generation(&id) > g0 {
-            before = before.max(c.last_step(&id));
+        if c.generation(id)? > g0 {
+            before = before.max(c.last_step(id)?);
             break;
         }
-        before = before.max(c.last_step(&id));
+        before = before.max(c.last_step(id)?);
         anyhow::ensure!(
             Instant::now() < deadline,
             "no new generation of {id} after the kill"
@@ -364,7 +394,7 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
         std::thread::sleep(Duration::from_millis(50));
     }
     let total = loop {
-        if c.last_step(&id) > before {
+        if c.last_step(id)? > before {
             break killed.elapsed().as_secs_f64();
         }
         anyhow::ensure!(
@@ -374,19 +404,16 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
         std::thread::sleep(Duration::from_millis(50));
     };
     // Detection: the first placement event after the kill (server clock = ours).
-    let events = c.client.get(&format!("/v1/jobs/{id}/events?limit=1000"));
+    let events = c.api(c.client.job_events(id, None, Some(1000)))?;
     let kill_ts = chrono_secs(killed_at_wall);
-    let detect = events["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["kind"] == "placement")
-        .filter_map(|e| parse_rfc3339(e["at"].as_str()?))
+    let detect = events
+        .events
+        .iter()
+        .filter(|e| e.kind == "placement")
+        .map(|e| e.at.timestamp_micros() as f64 / 1e6)
         .find(|&t| t > kill_ts)
         .map_or(f64::NAN, |t| t - kill_ts);
-    let (status, _) = c.client.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
-    anyhow::ensure!(status == 200, "cancel answered {status}");
-    c.wait_end(&id, Duration::from_secs(60))?;
+    c.cancel(id)?;
     // Bring the fleet back to four.
     c.executors.remove(idx);
     c.add_executor(&name)?;
@@ -403,12 +430,6 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
 fn chrono_secs(t: std::time::SystemTime) -> f64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// Seconds since the epoch of an RFC 3339 timestamp.
-fn parse_rfc3339(s: &str) -> Option<f64> {
-    let t = chrono::DateTime::parse_from_rfc3339(s).ok()?;
-    Some(t.timestamp_micros() as f64 / 1e6)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -500,13 +521,4 @@ fn main() -> anyhow::Result<()> {
     drop(std::mem::take(&mut c.executors));
     c.server.stop();
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn parses_the_api_timestamps() {
-        assert_eq!(super::parse_rfc3339("1970-01-01T00:00:01.5Z"), Some(1.5));
-        assert_eq!(super::parse_rfc3339("yesterday"), None);
-    }
 }

@@ -11,9 +11,20 @@
 //! of one flattened tensor), concatenated in order, once for the weights and
 //! once per optimizer state tensor.
 
-use crate::cluster::Range;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+/// A slice of one tensor owned by a PS shard: elements `[start, end)` of
+/// the flattened tensor `param`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Range {
+    /// Tensor name.
+    pub param: String,
+    /// First element (inclusive) in the flattened tensor.
+    pub start: u64,
+    /// Last element (exclusive).
+    pub end: u64,
+}
 use uuid::Uuid;
 
 /// Manifest format version.

@@ -7,13 +7,17 @@
 //! the job's current generation with the peers it must talk to. The
 //! generation is the fencing token of the data plane.
 //!
-//! A PS shard's hot standby (the spec's `replicas`) is a PS role like the
-//! shard itself, with index [`STANDBY_INDEX_BASE`] + shard: it stands in
-//! the assignment's `parameter_servers` (and in the `assignments` table)
-//! beside the primaries, so every reader that knows only primaries sees
-//! it as a PS role of its own; [`Assignment::primaries`] and
-//! [`Assignment::standby_of`] tell them apart.
+//! A PS shard's hot standby (the spec's `replicas`) is a role of its own
+//! kind, [`RoleKind::Standby`], whose index is the shard it stands by for;
+//! it stands in the assignment's `parameter_servers` beside the primaries
+//! ([`PsPeer::standby`]), and [`Assignment::primaries`] and
+//! [`Assignment::standby_of`] tell them apart. The API's JSON (and the data
+//! plane's handshake) still name a standby a `ps` role numbered
+//! [`wire_index`] (above every shard): the serde forms of [`RoleKind`],
+//! [`RoleKey`] and [`PsPeer`] translate, here and nowhere else, so every
+//! reader that knows only primaries sees it as a PS role of its own.
 
+pub use crate::checkpoint::Range;
 use crate::spec::{Device, JobSpecInput, Strategy, Violation};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -193,29 +197,48 @@ pub struct RegisterResponse {
     pub object_store: String,
 }
 
-/// The PS role index of shard `s`'s standby is this plus `s` (above every
-/// shard number: a job has at most
-/// [`crate::spec::MAX_PARAMETER_SERVERS`] shards).
-pub const STANDBY_INDEX_BASE: u32 = 1 << 16;
+/// On the wire a standby's index is this plus its shard (above every shard
+/// number: a job has at most [`crate::spec::MAX_PARAMETER_SERVERS`]
+/// shards).
+const STANDBY_INDEX_BASE: u32 = 1 << 16;
 
-/// The shard a PS role index serves and whether it is that shard's standby.
-pub fn ps_index_shard(index: u32) -> (u32, bool) {
-    if index >= STANDBY_INDEX_BASE {
-        (index - STANDBY_INDEX_BASE, true)
-    } else {
-        (index, false)
+/// The index role `index` of `kind` has on the wire — the API's JSON and
+/// the data plane's handshake, where a standby is a `ps` role numbered
+/// above every shard.
+pub fn wire_index(kind: RoleKind, index: u32) -> u32 {
+    match kind {
+        RoleKind::Standby => STANDBY_INDEX_BASE + index,
+        RoleKind::Ps | RoleKind::Worker => index,
     }
 }
 
-/// A role kind.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
+/// The role a wire (`ps` or `worker`, index) names.
+fn from_wire(kind: RoleKind, index: u32) -> (RoleKind, u32) {
+    match kind {
+        RoleKind::Ps if index >= STANDBY_INDEX_BASE => {
+            (RoleKind::Standby, index - STANDBY_INDEX_BASE)
+        }
+        other => (other, index),
+    }
+}
+
+/// A role kind. The API's JSON knows `ps` and `worker`: a standby is
+/// written `ps` (its index or flag says which; see [`wire_index`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RoleKind {
     /// A parameter-server shard (index = shard).
     Ps,
     /// A worker (index = rank).
+    Worker,
+    /// A PS shard's hot standby (index = its shard).
+    Standby,
+}
+
+/// A role kind.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum ApiRoleKind {
+    Ps,
     Worker,
 }
 
@@ -225,7 +248,51 @@ impl RoleKind {
         match self {
             RoleKind::Ps => "ps",
             RoleKind::Worker => "worker",
+            RoleKind::Standby => "standby",
         }
+    }
+
+    /// The kind Postgres names `s`.
+    pub fn parse(s: &str) -> Option<RoleKind> {
+        [RoleKind::Ps, RoleKind::Worker, RoleKind::Standby]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+
+    /// Whether it serves a PS shard (as the shard or its standby).
+    pub fn is_ps(self) -> bool {
+        self != RoleKind::Worker
+    }
+}
+
+impl Serialize for RoleKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RoleKind::Worker => ApiRoleKind::Worker,
+            RoleKind::Ps | RoleKind::Standby => ApiRoleKind::Ps,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RoleKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RoleKind, D::Error> {
+        Ok(match ApiRoleKind::deserialize(d)? {
+            ApiRoleKind::Ps => RoleKind::Ps,
+            ApiRoleKind::Worker => RoleKind::Worker,
+        })
+    }
+}
+
+impl utoipa::PartialSchema for RoleKind {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <ApiRoleKind as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl ToSchema for RoleKind {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "RoleKind".into()
     }
 }
 
@@ -233,7 +300,7 @@ impl RoleKind {
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
 )]
-#[serde(deny_unknown_fields)]
+#[serde(from = "RoleKeyJson", into = "RoleKeyJson", deny_unknown_fields)]
 pub struct RoleKey {
     /// Job id.
     pub job_id: Uuid,
@@ -243,6 +310,46 @@ pub struct RoleKey {
     pub role: RoleKind,
     /// Shard or rank.
     pub index: u32,
+}
+
+impl RoleKey {
+    /// Its index on the wire (see [`wire_index`]).
+    pub fn wire_index(&self) -> u32 {
+        wire_index(self.role, self.index)
+    }
+}
+
+/// A [`RoleKey`] as the API's JSON has it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoleKeyJson {
+    job_id: Uuid,
+    generation: i64,
+    role: RoleKind,
+    index: u32,
+}
+
+impl From<RoleKeyJson> for RoleKey {
+    fn from(j: RoleKeyJson) -> RoleKey {
+        let (role, index) = from_wire(j.role, j.index);
+        RoleKey {
+            job_id: j.job_id,
+            generation: j.generation,
+            role,
+            index,
+        }
+    }
+}
+
+impl From<RoleKey> for RoleKeyJson {
+    fn from(k: RoleKey) -> RoleKeyJson {
+        RoleKeyJson {
+            job_id: k.job_id,
+            generation: k.generation,
+            role: k.role,
+            index: k.wire_index(),
+        }
+    }
 }
 
 /// `POST /v1/executors/{id}/heartbeat`.
@@ -292,18 +399,6 @@ impl ExecutorState {
     }
 }
 
-/// A slice of one tensor owned by a PS shard: elements `[start, end)` of
-/// the flattened tensor `param`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Range {
-    /// Tensor name.
-    pub param: String,
-    /// First element (inclusive) in the flattened tensor.
-    pub start: u64,
-    /// Last element (exclusive).
-    pub end: u64,
-}
-
 /// A worker peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WorkerPeer {
@@ -319,15 +414,58 @@ pub struct WorkerPeer {
 
 /// A PS peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(from = "PsPeerJson", into = "PsPeerJson")]
 pub struct PsPeer {
     /// Shard.
     pub shard: u32,
+    /// Whether it is the shard's hot standby (on the wire: its index, see
+    /// [`wire_index`]).
+    #[serde(skip)]
+    pub standby: bool,
     /// Executor id.
     pub executor_id: Uuid,
     /// Its data-plane address.
     pub address: String,
     /// Tensor ranges it owns.
     pub ranges: Vec<Range>,
+}
+
+/// A [`PsPeer`] as the API's JSON has it.
+#[derive(Serialize, Deserialize)]
+struct PsPeerJson {
+    shard: u32,
+    executor_id: Uuid,
+    address: String,
+    ranges: Vec<Range>,
+}
+
+impl From<PsPeerJson> for PsPeer {
+    fn from(j: PsPeerJson) -> PsPeer {
+        let (kind, shard) = from_wire(RoleKind::Ps, j.shard);
+        PsPeer {
+            shard,
+            standby: kind == RoleKind::Standby,
+            executor_id: j.executor_id,
+            address: j.address,
+            ranges: j.ranges,
+        }
+    }
+}
+
+impl From<PsPeer> for PsPeerJson {
+    fn from(p: PsPeer) -> PsPeerJson {
+        let kind = if p.standby {
+            RoleKind::Standby
+        } else {
+            RoleKind::Ps
+        };
+        PsPeerJson {
+            shard: wire_index(kind, p.shard),
+            executor_id: p.executor_id,
+            address: p.address,
+            ranges: p.ranges,
+        }
+    }
 }
 
 /// One role assigned to an executor, with everything needed to run it.
@@ -359,7 +497,7 @@ impl Assignment {
         let mut v: Vec<&PsPeer> = self
             .parameter_servers
             .iter()
-            .filter(|p| !ps_index_shard(p.shard).1)
+            .filter(|p| !p.standby)
             .collect();
         v.sort_by_key(|p| p.shard);
         v
@@ -369,7 +507,7 @@ impl Assignment {
     pub fn standby_of(&self, shard: u32) -> Option<&PsPeer> {
         self.parameter_servers
             .iter()
-            .find(|p| ps_index_shard(p.shard) == (shard, true))
+            .find(|p| p.standby && p.shard == shard)
     }
 }
 
@@ -525,4 +663,56 @@ pub struct RoleReport {
     /// Checkpoint shards this role has finished uploading.
     #[serde(default)]
     pub checkpoints: Vec<crate::checkpoint::ShardUploaded>,
+}
+
+#[cfg(test)]
+mod role_wire_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A standby is a `ps` role numbered above every shard on the wire,
+    /// and its own kind, numbered by its shard, in Rust.
+    #[test]
+    fn a_standby_keeps_its_wire_form_and_is_typed_in_rust() {
+        let key = RoleKey {
+            job_id: Uuid::nil(),
+            generation: 4,
+            role: RoleKind::Standby,
+            index: 2,
+        };
+        let wire = serde_json::to_value(key).unwrap();
+        assert_eq!(
+            wire,
+            json!({"job_id": Uuid::nil(), "generation": 4, "role": "ps", "index": 65538})
+        );
+        assert_eq!(serde_json::from_value::<RoleKey>(wire).unwrap(), key);
+        for (role, index) in [(RoleKind::Ps, 2), (RoleKind::Worker, 70_000)] {
+            let k = RoleKey { role, index, ..key };
+            let wire = serde_json::to_value(k).unwrap();
+            assert_eq!(wire["index"], index);
+            assert_eq!(serde_json::from_value::<RoleKey>(wire).unwrap(), k);
+        }
+        assert!(serde_json::from_value::<RoleKey>(
+            json!({"job_id": Uuid::nil(), "generation": 4, "role": "standby", "index": 2})
+        )
+        .is_err());
+        assert!(serde_json::from_value::<RoleKey>(
+            json!({"job_id": Uuid::nil(), "generation": 4, "role": "ps", "index": 2, "extra": 1})
+        )
+        .is_err());
+        let peer = PsPeer {
+            shard: 1,
+            standby: true,
+            executor_id: Uuid::nil(),
+            address: "a:1".into(),
+            ranges: Vec::new(),
+        };
+        let wire = serde_json::to_value(&peer).unwrap();
+        assert_eq!(wire["shard"], 65537);
+        assert_eq!(wire.as_object().unwrap().len(), 4);
+        assert_eq!(serde_json::from_value::<PsPeer>(wire).unwrap(), peer);
+        for kind in [RoleKind::Ps, RoleKind::Worker, RoleKind::Standby] {
+            assert_eq!(RoleKind::parse(kind.as_str()), Some(kind));
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! costs 4 B of weights and 4 B of gradient on a worker, and the optimizer adds
 //! 0 (SGD), 4 (momentum) or 8 (Adam) bytes wherever its state lives.
 
-use crate::spec::{ModelSpec, OptimizerKind};
+use crate::spec::{JobSpecInput, ModelSpec, OptimizerKind};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -179,6 +179,18 @@ impl MemoryEstimate {
     /// Bytes one of `shards` PS shards holds (shards balanced by bytes).
     pub fn ps_shard_bytes(&self, shards: u32) -> u64 {
         self.ps_tier_bytes.div_ceil(u64::from(shards.max(1)))
+    }
+}
+
+impl JobSpecInput {
+    /// The memory each role needs, for built-in models (the spec knows its
+    /// model; the arithmetic lives here, with the parameter counts).
+    pub fn estimate(&self) -> Option<MemoryEstimate> {
+        let params = parameter_count(&self.model)?;
+        Some(
+            MemoryEstimate::new(params, self.optimizer.kind, self.is_sync())
+                .with_ps_replicas(self.ps_replicas()),
+        )
     }
 }
 

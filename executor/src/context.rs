@@ -11,53 +11,9 @@
 //! make their own (`Context::for_tests`) and can set "draining" without
 //! touching any other test.
 
+pub use crate::shared::{Drain, PendingUploads};
 use crate::storage::Fetcher;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
-
-/// Whether the executor drains, shared by everything that must know.
-#[derive(Debug, Clone, Default)]
-pub struct Drain(Arc<AtomicBool>);
-
-impl Drain {
-    /// Marks the executor as draining (it never stops draining).
-    pub fn start(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether the executor drains.
-    pub fn is_draining(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// Checkpoint shards handed to an uploader whose report the API has not
-/// acknowledged yet.
-#[derive(Debug, Clone, Default)]
-pub struct PendingUploads(Arc<AtomicUsize>);
-
-impl PendingUploads {
-    /// One more shard on its way.
-    pub fn add(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// `n` shards arrived (or were given up).
-    pub fn done(&self, n: usize) {
-        // Saturating: a report the API took twice must not wrap around.
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(n))
-            });
-    }
-
-    /// Shards on their way now.
-    pub fn count(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 /// Test hooks, from the environment: each slows one thing down so that a
 /// test can land a fault inside it. None is set in production.

@@ -2,6 +2,8 @@
 //!
 //! Layers, from the bottom up (each uses only those above it in this list):
 //!
+//! * [`shared`] — the few small types every layer shares (drain flag,
+//!   pending uploads, a role's report [`shared::Item`], the [`shared::Reporter`]);
 //! * [`replica`] — one data-parallel replica on libtorch: model, data,
 //!   flat weights, optimizer, evaluation, and [`replica::progress`], what
 //!   every training loop shares; nothing about rings or shards;
@@ -31,4 +33,5 @@ pub mod replica;
 pub mod ring;
 pub mod role;
 pub mod roles;
+pub mod shared;
 pub mod storage;

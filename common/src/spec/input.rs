@@ -4,7 +4,6 @@
 //! and replica counts, consistency mode). Nothing here is validated; that is
 //! [`JobSpec::parse`](super::JobSpec::parse)'s job.
 
-use crate::model::{self, MemoryEstimate};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -440,15 +439,6 @@ impl Default for Resources {
 }
 
 impl JobSpecInput {
-    /// The memory each role needs, for built-in models.
-    pub fn estimate(&self) -> Option<MemoryEstimate> {
-        let params = model::parameter_count(&self.model)?;
-        Some(
-            MemoryEstimate::new(params, self.optimizer.kind, self.is_sync())
-                .with_ps_replicas(self.ps_replicas()),
-        )
-    }
-
     /// Parameter-server shards (1 unless given).
     pub fn parameter_server_count(&self) -> u32 {
         self.parameter_servers.unwrap_or(1)
@@ -464,7 +454,8 @@ impl JobSpecInput {
         self.consistency.unwrap_or(Consistency::Sync)
     }
 
-    fn is_sync(&self) -> bool {
+    /// Whether the PS shards wait for every worker's gradient (sync).
+    pub fn is_sync(&self) -> bool {
         self.consistency_mode() == Consistency::Sync
     }
 

@@ -61,7 +61,7 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
         object_store: Arc::new(RwLock::new(String::new())),
         uploads: ctx.uploads.clone(),
     };
-    let mut roles = Roles::new(sink.clone(), config.plane.clone(), ctx.clone());
+    let mut roles = Roles::new(Arc::new(sink.clone()), config.plane.clone(), ctx.clone());
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 

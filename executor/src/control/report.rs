@@ -7,12 +7,14 @@
 //! step and log line once however often a report is retried.
 
 use super::REPORT;
-use crate::context::PendingUploads;
+pub use crate::shared::Item;
+use crate::shared::{PendingUploads, Reporter};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::UnboundedReceiver as Items;
 use trainyard_client::{Client, Reported};
-use trainyard_common::cluster::{LogLevel, LogLine, MetricPoint, RoleKey, RoleOutcome, RoleReport};
+use trainyard_common::cluster::{InspectionReport, LogLine, RoleKey, RoleReport};
 use uuid::Uuid;
 
 /// How often buffered items are sent.
@@ -47,16 +49,21 @@ impl Sink {
     }
 }
 
-/// Something a role reports.
-pub enum Item {
-    /// A step.
-    Metric(MetricPoint),
-    /// A log line.
-    Log(LogLevel, String),
-    /// The end.
-    Outcome(RoleOutcome),
-    /// A checkpoint shard is in the object store.
-    Checkpoint(trainyard_common::checkpoint::ShardUploaded),
+impl Reporter for Sink {
+    fn deliver(&self, key: RoleKey, items: Items<Item>) {
+        tokio::spawn(deliver(self.clone(), key, items));
+    }
+
+    fn deliver_inspection(&self, report: InspectionReport) {
+        tokio::spawn(super::inspection::deliver(self.clone(), report));
+    }
+
+    fn object_store(&self) -> String {
+        self.object_store
+            .read()
+            .map(|o| o.clone())
+            .unwrap_or_default()
+    }
 }
 
 /// Delivers `items` for role `key` until the channel closes and all is sent.

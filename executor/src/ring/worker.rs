@@ -16,6 +16,7 @@ use crate::error::{guarded, RoleError};
 use crate::replica::progress::{accuracy_suffix, ProgressLine, StepStats};
 use crate::replica::Replica;
 use crate::role::Role;
+use crate::shared::Item;
 use crate::storage::checkpoint::Checkpointing;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -144,9 +145,9 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 if rank != 0 {
                     return;
                 }
-                let _ = role.tx.send(crate::control::report::Item::Metric(*s));
+                let _ = role.tx.send(Item::Metric(*s));
                 if line.due(s) {
-                    let _ = role.tx.send(crate::control::report::Item::Log(
+                    let _ = role.tx.send(Item::Log(
                         LogLevel::Info,
                         format!(
                             "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms ({:.2} GB/s bus){}",

@@ -23,11 +23,11 @@
 pub mod inspect;
 
 use crate::context::Context;
-use crate::control::report::{self, Sink};
 use crate::ps::{KeptWorker, LastStep, Shard};
 use crate::replica::Replica;
 use crate::ring::worker::Kept;
 use crate::role::Role;
+use crate::shared::Reporter;
 use crate::storage::Storage;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,7 +69,7 @@ type Handover = JoinHandle<Parked>;
 #[derive(Default)]
 pub struct Roles {
     running: BTreeMap<(Uuid, RoleKind, u32), Running>,
-    sink: Option<Sink>,
+    sink: Option<Arc<dyn Reporter>>,
     inspecting: std::collections::BTreeSet<Uuid>,
     plane: Option<Arc<DataPlane>>,
     /// The last worker thread of each (job, device): its replica goes to
@@ -85,7 +85,7 @@ pub struct Roles {
 impl Roles {
     /// Roles that report to `sink`, talk to peers through `plane` and
     /// share `ctx` (its fetcher reaches the object stores).
-    pub fn new(sink: Sink, plane: Arc<DataPlane>, ctx: Context) -> Roles {
+    pub fn new(sink: Arc<dyn Reporter>, plane: Arc<DataPlane>, ctx: Context) -> Roles {
         Roles {
             running: BTreeMap::new(),
             sink: Some(sink),
@@ -135,8 +135,7 @@ impl Roles {
                 })
                 .await
                 .unwrap_or_else(|e| InspectionResult::Error(format!("inspection crashed: {e}")));
-                crate::control::inspection::deliver(sink, InspectionReport { job_id, result })
-                    .await;
+                sink.deliver_inspection(InspectionReport { job_id, result });
             });
         }
     }
@@ -218,12 +217,12 @@ impl Roles {
     fn start(&self, a: Assignment, stop: Arc<AtomicBool>) {
         let (tx, rx) = unbounded_channel();
         if let Some(sink) = &self.sink {
-            tokio::spawn(report::deliver(sink.clone(), a.key, rx));
+            sink.deliver(a.key, rx);
         }
         let object_store = self
             .sink
             .as_ref()
-            .and_then(|s| s.object_store.read().ok().map(|o| o.clone()))
+            .map(|s| s.object_store())
             .unwrap_or_default();
         let storage = self.storage(&object_store);
         let slot = match a.key.role {

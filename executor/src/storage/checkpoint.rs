@@ -21,8 +21,7 @@
 //!   or into 3 PS shards.
 
 use super::{Storage, StorageError};
-use crate::context::{Drain, PendingUploads};
-use crate::control::report::Item;
+use crate::shared::{Drain, Item, PendingUploads};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};

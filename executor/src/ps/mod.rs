@@ -1,0 +1,85 @@
+//! The parameter-server pattern: shard servers, their hot standbys, and the
+//! workers that use them.
+//!
+//! A **shard server** holds its ranges of the model's flat parameters in
+//! fp32 with their optimizer state (the same update rules as a ring
+//! replica's) and a version, and serves workers over the data plane
+//! ([`trainyard_dataplane::ps`]'s typed messages), one thread per worker
+//! connection. The job's consistency decides when a pushed gradient is
+//! applied ([`consistency`]). The shard's state outlives its generation on
+//! the executor (as a ring replica does): the next generation's server
+//! takes it over, drops the half-summed version of the old membership and
+//! waits for the new worker count. A shard that starts empty is
+//! initialised from the newest committed checkpoint, else by rank 0 with
+//! the newest weights it pulled. A shard of a job that keeps replicas has a
+//! **standby** on another executor ([`standby`]); a version is published
+//! only once the standby has it, so every version a worker has seen
+//! survives the loss of the shard's executor. Not covered: in async and
+//! bounded modes an update the standby applied whose acknowledgement died
+//! with the primary is recomputed and applied again.
+//!
+//! One gradient's path, file by file:
+//!
+//! 1. [`worker`]: the worker's [`crate::replica::Replica`] computes the
+//!    gradient of its share of the batch; [`links`] cuts it into one slice
+//!    per shard and pushes every shard at once (`Message::Push`: the
+//!    version it was computed at, samples, learning rate, data cursor, the
+//!    checkpoint step rank 0 chose).
+//! 2. [`server`]: the shard's connection thread reads the push and hands
+//!    it to [`shard`]'s `Shard::take`, which asks [`consistency::judge`]
+//!    and sums it into the version's round or applies it (the optimizer of
+//!    [`crate::replica::optim`]).
+//! 3. [`standby`]: an applied update is queued; the shard's replicator
+//!    thread sends it to the standby (`Message::Update`) without the
+//!    shard's lock, and the standby applies it to the same bits. Its
+//!    acknowledgement publishes the version.
+//! 4. [`server`] again: the push is answered (`Ack`, or `Rejected` when too
+//!    stale) and the checkpoint it asked for goes to the uploader; the
+//!    workers' next pulls get the new version (`Weights`), which
+//!    [`links`] loads into each worker's replica.
+
+mod consistency;
+mod links;
+mod server;
+mod shard;
+mod standby;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use consistency::STALENESS_BUCKETS;
+pub use server::serve_shard;
+pub use shard::{shard_len, Shard};
+pub use standby::{serve_standby, STANDBY_GIVE_UP, STANDBY_RETRY, STANDBY_TIMEOUT};
+pub use worker::{run_worker, work, KeptWorker, LastStep};
+
+use crate::replica::data::Cursor;
+use std::time::Duration;
+use trainyard_dataplane::ps::DataCursor;
+
+/// How long a worker waits for a shard's answer (a sync pull waits for the
+/// slowest worker's push).
+pub const PS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A data cursor as the wire carries it.
+fn to_wire(c: Cursor) -> DataCursor {
+    DataCursor {
+        epoch: c.epoch,
+        offset: c.offset,
+    }
+}
+
+/// A data cursor off the wire.
+fn from_wire(c: DataCursor) -> Cursor {
+    Cursor {
+        epoch: c.epoch,
+        offset: c.offset,
+    }
+}
+
+/// The data-plane endpoint of shard `shard`'s standby (a PS endpoint of
+/// its own, numbered as the API numbers the standby's role).
+fn standby_endpoint(shard: u32) -> u32 {
+    trainyard_common::cluster::STANDBY_INDEX_BASE + shard
+}

@@ -1,0 +1,497 @@
+//! One shard's state and the rules that change it: its values with their
+//! optimizer state and version, the sync round being summed, what is
+//! published to pulls, and the changes its standby must acknowledge first.
+//!
+//! [`Shard::take`] is where a pushed gradient lands: it asks
+//! [`super::consistency::judge`] what to do and sums or applies it; an
+//! applied update is queued for the standby ([`Change`], sent by
+//! [`super::standby`]'s replicator thread off the lock) and published —
+//! served to pulls, acknowledged to its pushers, checkpointed — only once
+//! the standby acknowledged it ([`Visible`]). A shard without a standby
+//! publishes every change at once.
+
+use super::consistency::{self, Round, Verdict, STALENESS_BUCKETS};
+use crate::replica::data::Cursor;
+use crate::replica::optim::{slice_norm, SliceOptimizer};
+use crate::storage::checkpoint::{Loaded, Snapshot};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+use trainyard_common::checkpoint::CursorState;
+use trainyard_common::cluster::{Assignment, Range};
+use trainyard_common::spec::Consistency;
+
+/// Elements of a shard's ranges.
+pub fn shard_len(ranges: &[Range]) -> usize {
+    ranges.iter().map(|r| (r.end - r.start) as usize).sum()
+}
+
+/// One shard's state; it outlives generations on its executor.
+pub struct Shard {
+    pub(super) ranges: Vec<Range>,
+    /// The values: shared with pulls being written and with versions still
+    /// to be published (an update copies them only while one still is).
+    pub(super) weights: Option<Arc<Vec<f32>>>,
+    pub(super) opt: SliceOptimizer,
+    pub(super) version: u64,
+    pub(super) cursor: Cursor,
+    pub(super) generation: i64,
+    pub(super) expected: u32,
+    /// Sum of this version's gradients so far (sync; valid while
+    /// `contributors` is not empty; kept allocated across versions).
+    acc: Vec<f32>,
+    pub(super) acc_samples: u64,
+    pub(super) contributors: BTreeSet<u32>,
+    next_cursor: Cursor,
+    lr: f64,
+    /// Updates applied.
+    pub applied: u64,
+    /// Gradients rejected as too stale.
+    pub rejected: u64,
+    /// Applied gradients by staleness.
+    pub staleness: [u64; STALENESS_BUCKETS],
+    /// Restored from a checkpoint and not yet aligned with rank 0's version.
+    pub(super) restored: bool,
+    /// The step a pushed gradient asked to be checkpointed once applied.
+    pub(super) checkpoint_at: Option<u64>,
+    /// The last step checkpointed.
+    checkpointed: Option<u64>,
+    /// A drain checkpoint was asked for.
+    pub(super) drain_asked: bool,
+    /// Kept by a standby (set when its generation ends): a shard server
+    /// that takes it over is the promoted standby.
+    pub(super) was_standby: bool,
+    /// Whether changes go to a standby before they are published (this
+    /// generation has one and has not given it up).
+    pub(super) replicated: bool,
+    /// What pulls see.
+    pub(super) visible: Visible,
+    /// Changes for the standby, oldest first (empty unless `replicated`).
+    pub(super) outbox: VecDeque<Change>,
+    /// Gradient buffers the replicator has sent, for reuse.
+    pub(super) spare: Vec<Vec<f32>>,
+}
+
+/// A version as pulls see it.
+#[derive(Clone)]
+pub(super) struct Published {
+    pub(super) version: u64,
+    pub(super) weights: Arc<Vec<f32>>,
+    pub(super) cursor: Cursor,
+}
+
+/// What is published while the standby has not acknowledged everything.
+pub(super) enum Visible {
+    /// The shard's state itself.
+    Current,
+    /// The newest state the standby acknowledged (none: nothing yet, or
+    /// the state was replaced since); newer changes are on their way.
+    Held(Option<Published>),
+}
+
+/// A change its standby must have before it is published.
+pub(super) enum Change {
+    /// One applied update: the gradient sum it applied at version
+    /// `before`, over `samples` samples with `lr`, and the state after it.
+    Update {
+        grad: Vec<f32>,
+        before: u64,
+        samples: u64,
+        lr: f64,
+        after: Published,
+    },
+    /// The state was replaced (initial values, an aligned version, a new
+    /// standby): the whole of it.
+    Whole,
+}
+
+/// What a push the shard took asks of its pusher's answer.
+pub(super) struct Taken {
+    /// Acknowledged (rather than rejected).
+    pub(super) accepted: bool,
+    /// The version it produced, where it completed one.
+    pub(super) produced: Option<u64>,
+}
+
+impl Shard {
+    /// An empty shard of `ranges` for assignment `a`.
+    pub(super) fn new(a: &Assignment, ranges: Vec<Range>) -> Shard {
+        let len = shard_len(&ranges);
+        Shard {
+            ranges,
+            weights: None,
+            opt: SliceOptimizer::new(&a.spec.optimizer, len),
+            version: 0,
+            cursor: Cursor::default(),
+            generation: a.key.generation,
+            expected: a.workers.len() as u32,
+            acc: Vec::new(),
+            acc_samples: 0,
+            contributors: BTreeSet::new(),
+            next_cursor: Cursor::default(),
+            lr: 0.0,
+            applied: 0,
+            rejected: 0,
+            staleness: [0; STALENESS_BUCKETS],
+            restored: false,
+            checkpoint_at: None,
+            checkpointed: None,
+            drain_asked: false,
+            was_standby: false,
+            replicated: false,
+            visible: Visible::Current,
+            outbox: VecDeque::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Starts a generation: the half-summed version of the old membership
+    /// is dropped; with a standby, nothing is published until it has the
+    /// whole state.
+    pub(super) fn begin(&mut self, generation: i64, expected: u32, standby: bool) {
+        self.generation = generation;
+        self.expected = expected;
+        self.acc_samples = 0;
+        self.contributors.clear();
+        self.outbox.clear();
+        self.replicated = standby;
+        self.visible = Visible::Current;
+        if standby && self.weights.is_some() {
+            self.replaced();
+        }
+    }
+
+    /// The state was replaced: with a standby it gets the whole of it
+    /// before anything is published again.
+    pub(super) fn replaced(&mut self) {
+        if self.replicated {
+            self.outbox.push_back(Change::Whole);
+            self.visible = Visible::Held(None);
+        }
+    }
+
+    /// The published version, if any: what a pull may be served.
+    pub(super) fn published(&self) -> Option<Published> {
+        match &self.visible {
+            Visible::Current => Some(Published {
+                version: self.version,
+                weights: self.weights.clone()?,
+                cursor: self.cursor,
+            }),
+            Visible::Held(p) => p.clone(),
+        }
+    }
+
+    /// The published version's number, if any.
+    pub(super) fn published_version(&self) -> Option<u64> {
+        match &self.visible {
+            Visible::Current => self.weights.as_ref().map(|_| self.version),
+            Visible::Held(p) => p.as_ref().map(|p| p.version),
+        }
+    }
+
+    /// The standby acknowledged the state `acked` (the state after a
+    /// change the replicator sent): publishes it, or the shard's own state
+    /// where nothing changed since.
+    pub(super) fn acknowledged(&mut self, acked: Published) {
+        self.visible = if self.outbox.is_empty() && acked.version == self.version {
+            Visible::Current
+        } else if self.outbox.iter().any(|c| matches!(c, Change::Whole)) {
+            Visible::Held(None)
+        } else {
+            Visible::Held(Some(acked))
+        };
+    }
+
+    /// The standby is given up: everything is published from now on.
+    pub(super) fn unreplicated(&mut self) {
+        self.replicated = false;
+        self.outbox.clear();
+        self.visible = Visible::Current;
+    }
+
+    /// Takes over the shard's pieces of a committed checkpoint.
+    pub(super) fn restore(&mut self, l: &Loaded) {
+        self.weights = Some(Arc::new(l.tensors[0].clone()));
+        if l.tensors.len() == 1 + self.opt.state().len() {
+            for (t, src) in self.opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
+                if t.len() == src.len() {
+                    t.copy_from_slice(src);
+                }
+            }
+            self.opt.t = l.optimizer_t;
+        }
+        self.version = l.step;
+        self.cursor = Cursor {
+            epoch: l.cursor.epoch,
+            offset: l.cursor.offset,
+        };
+        self.restored = true;
+        self.checkpointed = Some(l.step);
+    }
+
+    /// A copy of the shard's values and optimizer state for a checkpoint
+    /// of `step` (none where that step is checkpointed already).
+    pub(super) fn snapshot(
+        &mut self,
+        step: u64,
+        index: u32,
+        shards: u32,
+        numel: u64,
+    ) -> Option<Snapshot> {
+        let w = self.weights.as_ref()?;
+        if self.checkpointed == Some(step) {
+            return None;
+        }
+        self.checkpointed = Some(step);
+        let mut tensors = vec![w.to_vec()];
+        tensors.extend(self.opt.state().iter().cloned());
+        Some(Snapshot {
+            step,
+            generation: self.generation,
+            shard: index,
+            shards,
+            ranges: self.ranges.clone(),
+            tensors,
+            numel,
+            optimizer_t: self.opt.t,
+            cursor: CursorState {
+                epoch: self.cursor.epoch,
+                offset: self.cursor.offset,
+            },
+        })
+    }
+
+    /// Applies the mean gradient `(g + extra) / samples` (clipped to norm
+    /// `clip`) in one fused pass.
+    pub(super) fn apply(
+        &mut self,
+        g: &[f32],
+        extra: Option<&[f32]>,
+        samples: u64,
+        lr: f64,
+        clip: Option<f64>,
+    ) {
+        let Some(w) = self.weights.as_mut() else {
+            return;
+        };
+        let mut scale = 1.0 / samples.max(1) as f64;
+        if let Some(c) = clip {
+            // Per shard: the global norm is not known to any one shard.
+            let coef = c / (slice_norm(g, extra, scale) + 1e-6);
+            if coef < 1.0 {
+                scale *= coef;
+            }
+        }
+        let w: &mut Vec<f32> = Arc::make_mut(w);
+        self.opt.step(w, g, extra, scale as f32, lr);
+        self.version += 1;
+        self.applied += 1;
+    }
+
+    /// Takes a gradient pushed by worker `from`, computed at `computed_at`
+    /// over `samples` samples, asking for `lr`, with the data at `next`
+    /// after its batch.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn take(
+        &mut self,
+        mode: Consistency,
+        clip: Option<f64>,
+        from: u32,
+        computed_at: u64,
+        samples: u64,
+        lr: f64,
+        next: Cursor,
+        grad: &[f32],
+    ) -> Taken {
+        let refused = Taken {
+            accepted: false,
+            produced: None,
+        };
+        if self.weights.is_none() {
+            return refused;
+        }
+        let round = Round {
+            summed: self.contributors.len() as u32,
+            pushed_already: self.contributors.contains(&from),
+            expected: self.expected,
+        };
+        let before = self.version;
+        match consistency::judge(mode, self.version, computed_at, round) {
+            Verdict::Rejected => {
+                self.rejected += 1;
+                return refused;
+            }
+            Verdict::AlreadySummed => {}
+            Verdict::Summed { first } => {
+                self.sum_in(from, samples, lr, next);
+                if first {
+                    self.acc.clear();
+                    self.acc.extend_from_slice(grad);
+                } else {
+                    for (a, g) in self.acc.iter_mut().zip(grad) {
+                        *a += *g;
+                    }
+                }
+            }
+            Verdict::Applied {
+                staleness,
+                with_sum,
+            } if mode == Consistency::Sync => {
+                self.sum_in(from, samples, lr, next);
+                // The last gradient is summed into the others inside the
+                // update's pass (a lone worker's is used as it is).
+                let (samples, lr) = (self.acc_samples, self.lr);
+                let acc = std::mem::take(&mut self.acc);
+                let extra = with_sum.then_some(&acc[..]);
+                self.apply(grad, extra, samples, lr, clip);
+                self.staleness[consistency::bucket(staleness)] += 1;
+                self.cursor = self.next_cursor;
+                self.acc_samples = 0;
+                self.contributors.clear();
+                // The standby applies the sum the update's pass formed
+                // (`(g + extra) · scale` there and `sum · scale` here
+                // round alike), so both hold the same bits.
+                self.queue_update(grad, extra, before, samples, lr);
+                self.acc = acc;
+            }
+            Verdict::Applied { staleness, .. } => {
+                // Async and bounded workers pull whatever is newest: the
+                // published version stays visible while the standby takes
+                // this one (the update then writes a copy of the values).
+                self.hold_published();
+                self.apply(grad, None, samples, lr, clip);
+                self.staleness[consistency::bucket(staleness)] += 1;
+                self.queue_update(grad, None, before, samples, lr);
+            }
+        }
+        Taken {
+            accepted: true,
+            produced: (self.version > before).then_some(self.version),
+        }
+    }
+
+    /// Counts worker `from`'s gradient into this sync version's round.
+    fn sum_in(&mut self, from: u32, samples: u64, lr: f64, next: Cursor) {
+        self.acc_samples += samples;
+        self.contributors.insert(from);
+        self.next_cursor = next;
+        self.lr = lr;
+    }
+
+    /// Keeps the published state visible as it is (with a standby, while
+    /// it is the shard's own state).
+    fn hold_published(&mut self) {
+        if !self.replicated || !matches!(self.visible, Visible::Current) {
+            return;
+        }
+        if let Some(weights) = self.weights.clone() {
+            self.visible = Visible::Held(Some(Published {
+                version: self.version,
+                weights,
+                cursor: self.cursor,
+            }));
+        }
+    }
+
+    /// Queues the update just applied for the standby (nothing without
+    /// one: it is published at once).
+    fn queue_update(
+        &mut self,
+        grad: &[f32],
+        extra: Option<&[f32]>,
+        before: u64,
+        samples: u64,
+        lr: f64,
+    ) {
+        if !self.replicated {
+            return;
+        }
+        let Some(weights) = self.weights.clone() else {
+            return;
+        };
+        let mut sum = self.spare.pop().unwrap_or_default();
+        sum.clear();
+        match extra {
+            None => sum.extend_from_slice(grad),
+            Some(e) => sum.extend(grad.iter().zip(e).map(|(a, b)| a + b)),
+        }
+        let after = Published {
+            version: self.version,
+            weights,
+            cursor: self.cursor,
+        };
+        self.outbox.push_back(Change::Update {
+            grad: sum,
+            before,
+            samples,
+            lr,
+            after,
+        });
+        if matches!(self.visible, Visible::Current) {
+            // Sync: the values changed in place, and the workers pull only
+            // the version this update makes; they wait for the standby.
+            self.visible = Visible::Held(None);
+        }
+    }
+
+    /// The shard's one-line statistics.
+    pub(super) fn stats_line(&self, index: u32, bytes_in: u64, bytes_out: u64) -> String {
+        format!(
+            "PS shard {index}: version {}, {} updates applied, {} rejected as stale, staleness histogram {:?}{}",
+            self.version,
+            self.applied,
+            self.rejected,
+            self.staleness,
+            if bytes_in + bytes_out > 0 {
+                format!(", {} MiB pushed in, {} MiB pulled out", bytes_in >> 20, bytes_out >> 20)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// A shard behind its lock, with the condition its waiters wait on (pulls
+/// for a version, pushes for their acknowledgement, the replicator for
+/// changes).
+pub(super) struct Locked {
+    state: Mutex<Shard>,
+    changed: Condvar,
+}
+
+impl Locked {
+    /// `shard` behind a lock.
+    pub(super) fn new(shard: Shard) -> Locked {
+        Locked {
+            state: Mutex::new(shard),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The shard.
+    pub(super) fn lock(&self) -> MutexGuard<'_, Shard> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits (at most [`WAIT`]) for a change, releasing the lock meanwhile.
+    pub(super) fn wait<'a>(&self, guard: MutexGuard<'a, Shard>) -> MutexGuard<'a, Shard> {
+        self.changed
+            .wait_timeout(guard, WAIT)
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
+
+    /// Wakes every waiter.
+    pub(super) fn changed(&self) {
+        self.changed.notify_all();
+    }
+
+    /// The shard, once nobody else holds it.
+    pub(super) fn into_inner(self) -> Shard {
+        self.state.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How long a waiter sleeps before it looks at its stop flag again.
+const WAIT: Duration = Duration::from_millis(100);

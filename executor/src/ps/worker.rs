@@ -1,0 +1,526 @@
+//! A parameter-server worker: one training rank that pulls every shard,
+//! computes its gradient on its share of the global batch with the shared
+//! [`Replica`] and pushes each shard its slice ([`super::links`] moves
+//! them, every shard at once). The data cursor travels with the shard
+//! versions in sync mode, so a membership change re-splits the rest of the
+//! epoch; in async and bounded modes each worker walks its own share of
+//! the data, and the next pull travels while this step computes where the
+//! consistency allows ([`super::consistency::prefetches`]). Rank 0 seeds
+//! empty shards, decides which step the shards checkpoint, reports the
+//! curve, evaluates and, at the end, writes the final weights.
+//!
+//! Sync mode after a lost primary: the promoted standby may be one version
+//! behind the other shards. The worker keeps its last step's gradient
+//! ([`LastStep`], across generations) and pushes it again to the shards
+//! that are behind before it pulls (one that has none pushes a zero
+//! gradient over no samples), so it never trains on shards at different
+//! versions.
+
+use super::consistency;
+use super::links::{
+    self, apply_pull, exchange_pull, exchange_push, pull_all, Exchange, Link, Pulled, PushOf,
+    PushReply, ShardMap,
+};
+use super::to_wire;
+use crate::context::Context;
+use crate::control::report::Item;
+use crate::error::{guarded, RoleError};
+use crate::replica::progress::{self, accuracy_suffix, ProgressLine};
+use crate::replica::{self, Replica};
+use crate::role::Role;
+use crate::storage::checkpoint::Policy;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+use trainyard_common::cluster::{Assignment, LogLevel};
+use trainyard_common::spec::Consistency;
+use trainyard_dataplane::ps::Message;
+
+/// A sync PS worker's last step, kept across generations on its device:
+/// the gradient slice it pushed to each shard, computed at `version`, and
+/// what the pushes carried. When a lost primary left its (promoted) shard
+/// at `version` while the other shards moved on to `version + 1`, the
+/// worker pushes the slice again to the shards that are behind (a sync
+/// shard takes one push per worker and version, so nothing is applied
+/// twice) before it pulls: the shards never end at different versions.
+pub struct LastStep {
+    version: u64,
+    slices: Vec<Vec<f32>>,
+    push: PushOf,
+}
+
+/// Runs a PS worker for one generation. `replica` carries the model (and
+/// the newest pulled weights) to the next generation.
+#[allow(clippy::too_many_arguments)]
+pub fn work(
+    a: &Assignment,
+    rank: u32,
+    device: tch::Device,
+    replica: &mut Option<Replica>,
+    last_step: &mut Option<LastStep>,
+    stop: &AtomicBool,
+    tx: &UnboundedSender<Item>,
+    ctx: &Context,
+) -> Result<Option<replica::Outcome>, RoleError> {
+    let log = |level, msg: String| {
+        tracing::info!(job = %a.key.job_id, "{msg}");
+        let _ = tx.send(Item::Log(level, msg));
+    };
+    let world = a.workers.len() as u32;
+    let consistency = a.spec.consistency_mode();
+    if replica.is_none() {
+        *replica = Some(Replica::new(&a.spec, device, &ctx.fetcher)?);
+    }
+    let Some(rep) = replica.as_mut() else {
+        return Err(RoleError::ps_fatal("no replica"));
+    };
+    let map = ShardMap::new(a, rep).map_err(RoleError::ps_fatal)?;
+    let mut links = links::connect(a, rank, &map, stop)?;
+    let generation = a.key.generation;
+    // Rank 0 seeds empty shards: at the start with the seeded
+    // initialisation, after a PS executor was lost with the newest weights
+    // it pulled.
+    if rank == 0 {
+        let flat = rep.read_range(0, rep.numel());
+        for (s, link) in links.iter_mut().enumerate() {
+            let init = Message::Init {
+                version: rep.step,
+                cursor: to_wire(rep.cursor),
+            };
+            let reply = link.call(&init, &map.gather(s, &flat), 0, stop)?;
+            let took = matches!(
+                reply,
+                Message::Ack {
+                    values_taken: true,
+                    ..
+                }
+            );
+            if took && rep.step > 0 {
+                log(
+                    LogLevel::Info,
+                    format!("PS shard {s} had no values: restored from this worker's newest pull (version {})", rep.step),
+                );
+            }
+        }
+    }
+    let mut expect = vec![0u64; links.len()];
+    let mut local = rep.cursor;
+    let mut stream_at = rep.cursor;
+    let mut batches = rep.batches(rank, world, stream_at);
+    let mut rejected = 0u64;
+    let mut rejected_since = 0u32;
+    let mut prefetched: Option<Vec<Pulled>> = None;
+    let prefetch = consistency::prefetches(consistency, world);
+    // Shards that took the current batch's gradient (a partly rejected push
+    // is recomputed for the others only, never applied twice).
+    let mut accepted = vec![false; links.len()];
+    // Rank 0 decides when the shards checkpoint: it marks one step's pushes
+    // (kept over re-pushes of that step) and every shard checkpoints the
+    // values that step produces.
+    let mut policy = Policy::new(a.spec.checkpoint, ctx.drain.clone());
+    let mut flag: Option<NonZeroU64> = None;
+    let mut asked = false;
+    let mut line = ProgressLine::default();
+    let mut mixed_warned = false;
+    log(
+        LogLevel::Info,
+        format!(
+            "worker {rank} of {world} starts with {} PS shard(s), {consistency:?} (generation {generation})",
+            links.len()
+        ),
+    );
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(RoleError::Stopped);
+        }
+        // Pull every shard at once.
+        let pulled = Instant::now();
+        let ex = match prefetched.take() {
+            Some(results) => apply_pull(&links, results, &map, rep)?,
+            None => exchange_pull(&mut links, &expect, &map, rep, stop)?,
+        };
+        let mut comm = pulled.elapsed().as_secs_f64();
+        let mut comm_bytes = ex.bytes;
+        let version = ex.versions[0];
+        let lo = ex.versions.iter().copied().min().unwrap_or(0);
+        let hi = ex.versions.iter().copied().max().unwrap_or(0);
+        if consistency == Consistency::Sync && hi == lo + 1 {
+            // A lost primary left its shard a version behind the others:
+            // it gets this version's gradients again, then all are pulled
+            // at the same version.
+            let hi = catch_up(
+                &mut links,
+                &ex,
+                last_step,
+                &map,
+                a,
+                rank,
+                rep.total_steps(world),
+                stop,
+                &log,
+            )?;
+            expect.fill(hi);
+            continue;
+        }
+        if consistency == Consistency::Sync && hi > lo + 1 && !mixed_warned {
+            // Only a shard restored from a checkpoint gets here; nothing
+            // can reconcile it with the others' versions.
+            mixed_warned = true;
+            log(
+                LogLevel::Warn,
+                format!(
+                    "worker {rank}: the PS shards are at versions {:?}, more than one apart (a shard restored from a checkpoint): training goes on from shard 0's version",
+                    ex.versions
+                ),
+            );
+        }
+        if consistency == Consistency::Sync {
+            rep.step = version;
+            rep.cursor = ex.cursor;
+        } else {
+            rep.cursor = local;
+        }
+        let total = rep.total_steps(world);
+        if rep.finished() {
+            break;
+        }
+        if rep.cursor != stream_at {
+            stream_at = rep.cursor;
+            batches = rep.batches(rank, world, stream_at);
+        }
+        let waited = Instant::now();
+        let Ok(b) = batches.recv() else {
+            return Err(RoleError::ps_fatal("the data loader stopped"));
+        };
+        stream_at = b.next;
+        let data_seconds = waited.elapsed().as_secs_f64();
+        let computed = Instant::now();
+        // Async and bounded: the next pull travels while this step computes
+        // (its values then miss this step's own push: one more version of
+        // staleness, traded for hiding the pull).
+        let (computed_grad, next) = if !prefetch {
+            (rep.gradient(&b), None)
+        } else {
+            let links = &mut links;
+            let (expect, map) = (&expect, &map);
+            std::thread::scope(|scope| {
+                let pull = scope.spawn(move || pull_all(links, expect, map, stop));
+                let g = rep.gradient(&b);
+                (g, pull.join().ok())
+            })
+        };
+        prefetched = next;
+        let (loss_sum, grad) = computed_grad?;
+        let compute = computed.elapsed().as_secs_f64();
+        let loss = loss_sum / b.samples.max(1) as f64;
+        progress::check_finite(loss, rep.step + 1)?;
+        let lr = progress::learning_rate(&a.spec, rep.step + 1, total);
+        if rank == 0 && flag.is_none() {
+            let step = if consistency == Consistency::Sync {
+                version + 1
+            } else {
+                rep.step + 1
+            };
+            if policy.due(step, policy.vote() || asked, step >= total) {
+                flag = NonZeroU64::new(step);
+                policy.written(step);
+                asked = false;
+            }
+        }
+        let pushed = Instant::now();
+        let skipped_before = accepted.clone();
+        let step = LastStep {
+            version,
+            slices: (0..links.len())
+                .map(|s| {
+                    if accepted[s] {
+                        Vec::new()
+                    } else {
+                        map.gather(s, &grad)
+                    }
+                })
+                .collect(),
+            push: PushOf {
+                samples: b.samples as u64,
+                lr,
+                next: b.next,
+                checkpoint: flag,
+            },
+        };
+        let to: Vec<Option<u64>> = ex
+            .versions
+            .iter()
+            .zip(&accepted)
+            .map(|(v, skip)| (!skip).then_some(*v))
+            .collect();
+        let acks = exchange_push(&mut links, &step.push, &to, &step.slices, stop);
+        if consistency == Consistency::Sync {
+            *last_step = Some(step);
+        }
+        // Shards that took this batch already count as taking it at the
+        // version after the pull.
+        let acks: Vec<PushReply> = acks?
+            .into_iter()
+            .zip(&ex.versions)
+            .map(|(r, v)| {
+                r.unwrap_or(PushReply::Ack {
+                    version: v + 1,
+                    checkpoint_wanted: false,
+                })
+            })
+            .collect();
+        asked |= acks.iter().any(|r| {
+            matches!(
+                r,
+                PushReply::Ack {
+                    checkpoint_wanted: true,
+                    ..
+                }
+            )
+        });
+        comm += pushed.elapsed().as_secs_f64();
+        // Only what went out: shards that took this batch already got none.
+        comm_bytes += acks
+            .iter()
+            .zip(&map.lens)
+            .zip(&skipped_before)
+            .filter(|(_, skipped)| !**skipped)
+            .map(|((_, n), _)| *n as u64 * 4)
+            .sum::<u64>();
+        let rejects = acks.iter().filter(|r| !r.accepted()).count() as u32;
+        for (a, r) in accepted.iter_mut().zip(&acks) {
+            *a |= r.accepted();
+        }
+        let all_ok = accepted.iter().all(|a| *a);
+        rejected += u64::from(rejects);
+        rejected_since += rejects;
+        // How many versions the shard had moved on since the pull (an
+        // applied push bumps the version by one; sync pushes wait, so 0).
+        let staleness = if consistency == Consistency::Sync {
+            0
+        } else {
+            acks.iter()
+                .zip(&ex.versions)
+                .map(|(r, v)| r.version().saturating_sub(1).saturating_sub(*v))
+                .max()
+                .unwrap_or(0)
+        };
+        match consistency {
+            Consistency::Sync => {
+                // A sync shard never applies a push twice (it counts one per
+                // worker and version): every step pushes to all of them.
+                accepted.fill(false);
+                flag = None;
+                for (e, v) in expect.iter_mut().zip(&ex.versions) {
+                    *e = v + 1;
+                }
+            }
+            _ => {
+                if !all_ok {
+                    // Too stale somewhere: re-pull and recompute this share
+                    // for the shards that refused it.
+                    continue;
+                }
+                accepted.fill(false);
+                flag = None;
+                rep.step += 1;
+                local = b.next;
+            }
+        }
+        rep.set_last_loss(loss);
+        let step_done = if consistency == Consistency::Sync {
+            version + 1
+        } else {
+            rep.step
+        };
+        let mut stats = progress::step_stats(
+            step_done,
+            loss,
+            lr,
+            progress::Timings {
+                samples: b.samples,
+                data_seconds,
+                compute_seconds: compute,
+                comm_seconds: comm,
+                comm_bytes,
+            },
+        );
+        stats.staleness = Some(u32::try_from(staleness).unwrap_or(u32::MAX));
+        stats.rejected = std::mem::take(&mut rejected_since);
+        if progress::evaluation_due(rank, stats.step, total, false) {
+            (stats.eval_loss, stats.eval_accuracy) = rep.evaluate_now();
+        }
+        // Every worker reports (its rank keys the row); the curve is rank 0's.
+        let _ = tx.send(Item::Metric(stats));
+        if rank == 0 && line.due(&stats) {
+            log(
+                LogLevel::Info,
+                format!(
+                    "step {}: loss {loss:.4}, pull+push {:.1} ms of {:.1} ms, {rejected} push(es) rejected so far{}",
+                    stats.step,
+                    comm * 1e3,
+                    (data_seconds + compute + comm) * 1e3,
+                    accuracy_suffix(stats.eval_accuracy)
+                ),
+            );
+        }
+        if let Some(d) = ctx.hooks.slow_worker(rank) {
+            std::thread::sleep(d);
+        }
+    }
+    log(
+        LogLevel::Info,
+        format!(
+            "worker {rank} done at step {}; {rejected} push(es) were rejected as stale",
+            rep.step
+        ),
+    );
+    if rank != 0 {
+        return Ok(None);
+    }
+    if consistency != Consistency::Sync {
+        // The prefetched values miss the last pushes: the final weights are
+        // pulled afresh.
+        let zero = vec![0u64; links.len()];
+        exchange_pull(&mut links, &zero, &map, rep, stop)?;
+    }
+    rep.evaluate_now();
+    Ok(Some(rep.outcome()))
+}
+
+/// What a PS worker leaves for the next generation on its device.
+#[derive(Default)]
+pub struct KeptWorker {
+    /// The model, holding the newest weights it pulled.
+    pub replica: Option<Replica>,
+    /// Its last sync step, for shards a lost primary left a version behind.
+    pub last_step: Option<LastStep>,
+}
+
+/// A PS worker's life in one generation: trains until done, retrying when a
+/// shard is unreachable (until the scheduler's next generation).
+pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker) -> KeptWorker {
+    let KeptWorker {
+        mut replica,
+        mut last_step,
+    } = kept;
+    let a = &role.assignment;
+    loop {
+        if role.stopping() {
+            return KeptWorker { replica, last_step };
+        }
+        let result = guarded(|| {
+            work(
+                a,
+                rank,
+                device,
+                &mut replica,
+                &mut last_step,
+                &role.stop,
+                &role.tx,
+                &role.ctx,
+            )
+        });
+        match result {
+            // The finished model is kept for a generation that may still come.
+            Ok(Some(out)) => {
+                role.finish(&out);
+                return KeptWorker { replica, last_step };
+            }
+            Ok(None) | Err(RoleError::Stopped) => return KeptWorker { replica, last_step },
+            Err(e) if e.is_transient() => {
+                if !role.stopping() {
+                    role.log(
+                        LogLevel::Warn,
+                        format!("{e}: keeping the model and retrying until the next generation"),
+                    );
+                }
+                if role.pause(Duration::from_millis(500)) {
+                    return KeptWorker { replica, last_step };
+                }
+            }
+            Err(e) => {
+                role.fail(e.to_string());
+                return KeptWorker::default();
+            }
+        }
+    }
+}
+
+/// Sync: brings the shards that are a version behind the others (a lost
+/// primary's promoted standby) to the others' version by pushing them
+/// this worker's gradient of that version again — or, where this worker
+/// has none (it joined since, or its last step was another version), a
+/// zero gradient over no samples, which counts it as a contributor and
+/// changes neither the sum nor the samples. Returns the version all shards
+/// are to be pulled at. The shards are at most one version apart.
+#[allow(clippy::too_many_arguments)]
+fn catch_up(
+    links: &mut [Link],
+    ex: &Exchange,
+    last_step: &Option<LastStep>,
+    map: &ShardMap,
+    a: &Assignment,
+    rank: u32,
+    total: u64,
+    stop: &AtomicBool,
+    log: &dyn Fn(LogLevel, String),
+) -> Result<u64, RoleError> {
+    let lo = ex.versions.iter().copied().min().unwrap_or(0);
+    let (ahead, hi) = ex
+        .versions
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by_key(|(_, v)| *v)
+        .unwrap_or((0, 0));
+    let mine = last_step
+        .as_ref()
+        .filter(|l| l.version == lo && l.slices.len() == links.len())
+        .filter(|l| {
+            ex.versions
+                .iter()
+                .zip(&l.slices)
+                .zip(&map.lens)
+                .all(|((v, sl), n)| *v != lo || sl.len() == *n)
+        });
+    let zeros: Vec<Vec<f32>>;
+    let (push, slices) = match mine {
+        Some(l) => (l.push, &l.slices),
+        None => {
+            zeros = map.lens.iter().map(|n| vec![0.0; *n]).collect();
+            (
+                PushOf {
+                    samples: 0,
+                    lr: progress::learning_rate(&a.spec, lo + 1, total),
+                    next: ex.cursors[ahead],
+                    checkpoint: None,
+                },
+                &zeros,
+            )
+        }
+    };
+    let behind: Vec<usize> = (0..links.len()).filter(|s| ex.versions[*s] == lo).collect();
+    log(
+        LogLevel::Warn,
+        format!(
+            "worker {rank}: PS shard(s) {behind:?} are at version {lo}, the others at {hi} (a lost primary's standby): {} them this worker's gradient of version {lo} again",
+            if mine.is_some() { "pushing" } else { "it has none; pushing" }
+        ),
+    );
+    let to: Vec<Option<u64>> = ex
+        .versions
+        .iter()
+        .map(|v| (*v == lo).then_some(lo))
+        .collect();
+    let acks = exchange_push(links, &push, &to, slices, stop)?;
+    for (s, r) in acks.iter().enumerate() {
+        if let Some(r) = r.filter(|r| !r.accepted()) {
+            return Err(RoleError::ps_fatal(format!(
+                "PS shard {s} answered {r:?} to version {lo}'s gradient while the others are at {hi}"
+            )));
+        }
+    }
+    Ok(hi)
+}

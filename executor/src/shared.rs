@@ -1,0 +1,77 @@
+//! Small types every layer of the executor shares, kept below all of them
+//! so that no layer has to import one above it: whether the executor
+//! drains, how many checkpoint shards are on their way, what a role
+//! reports, and the [`Reporter`] that carries reports to the API (which
+//! [`crate::control`] implements and [`crate::roles`] uses).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+use trainyard_common::checkpoint::ShardUploaded;
+use trainyard_common::cluster::{InspectionReport, LogLevel, MetricPoint, RoleKey, RoleOutcome};
+
+/// Whether the executor drains, shared by everything that must know.
+#[derive(Debug, Clone, Default)]
+pub struct Drain(Arc<AtomicBool>);
+
+impl Drain {
+    /// Marks the executor as draining (it never stops draining).
+    pub fn start(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the executor drains.
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Checkpoint shards handed to an uploader whose report the API has not
+/// acknowledged yet.
+#[derive(Debug, Clone, Default)]
+pub struct PendingUploads(Arc<AtomicUsize>);
+
+impl PendingUploads {
+    /// One more shard on its way.
+    pub fn add(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` shards arrived (or were given up).
+    pub fn done(&self, n: usize) {
+        // Saturating: a report the API took twice must not wrap around.
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+
+    /// Shards on their way now.
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Something a role reports.
+pub enum Item {
+    /// A step.
+    Metric(MetricPoint),
+    /// A log line.
+    Log(LogLevel, String),
+    /// The end.
+    Outcome(RoleOutcome),
+    /// A checkpoint shard is in the object store.
+    Checkpoint(ShardUploaded),
+}
+
+/// Where the roles' reports go: the control plane, seen from below.
+pub trait Reporter: Send + Sync {
+    /// Starts delivering role `key`'s `items` until the channel closes.
+    fn deliver(&self, key: RoleKey, items: UnboundedReceiver<Item>);
+    /// Starts delivering an inspection's answer.
+    fn deliver_inspection(&self, report: InspectionReport);
+    /// The object store the API named for this executor's checkpoints and
+    /// weights.
+    fn object_store(&self) -> String;
+}

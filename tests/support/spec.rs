@@ -273,3 +273,39 @@ torch.jit.script(Net()).save(sys.argv[1])
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ps_spec_names_its_shards_mode_and_replicas_and_a_ring_spec_none() {
+        let ring = MlpSpec::digits("r").steps(10).build();
+        assert_eq!(ring["strategy"], "allreduce");
+        assert_eq!(ring["steps"], 10);
+        assert_eq!(ring["eval_fraction"], 0.2);
+        for key in [
+            "parameter_servers",
+            "consistency",
+            "replicas",
+            "seed",
+            "epochs",
+        ] {
+            assert!(ring.get(key).is_none(), "{key}: {ring}");
+        }
+        let ps = MlpSpec::digits("p")
+            .epochs(3)
+            .ps(2)
+            .replicas(1)
+            .consistency(Consistency::Bounded(2))
+            .no_eval()
+            .build();
+        assert_eq!(ps["strategy"], "parameter_server");
+        assert_eq!(ps["parameter_servers"], 2);
+        assert_eq!(ps["replicas"], 1);
+        assert_eq!(ps["consistency"], json!({"bounded": {"staleness": 2}}));
+        assert!(ps.get("eval_fraction").is_none() && ps.get("steps").is_none());
+        assert_eq!(Consistency::Sync.json(), "sync");
+        assert_eq!(Consistency::Async.json(), "async");
+    }
+}

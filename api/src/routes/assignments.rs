@@ -10,9 +10,9 @@
 //! own (`trainyard_common::cluster::STANDBY_INDEX_BASE` + shard) and shown
 //! here with its shard.
 
+use super::shared::job_rows::fetch_job;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::JobId;
-use crate::routes::jobs::fetch_job;
 use crate::AppState;
 use axum::extract::State;
 use axum::Json;

@@ -8,6 +8,10 @@
 //! scheduler declared lost, or that left, gets 410 Gone and must register
 //! again.
 
+use super::shared::access::{authorize, executor_row, EXECUTOR_COLUMNS};
+use super::shared::checkpointing;
+use super::shared::job_rows::fetch_job;
+use super::shared::params::{parse_body, text};
 use crate::auth::{bearer, constant_time_eq, hash_token as hash};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
@@ -16,18 +20,18 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::collections::{BTreeMap, HashMap};
+use trainyard_common::api::Job;
 pub use trainyard_common::api::{ExecutorInfo, ExecutorList, RoleInfo};
 use trainyard_common::cluster::{
     Assignment, ExecutorState, HeartbeatRequest, HeartbeatResponse, Inspection, InspectionReport,
     InspectionResult, PsPeer, Range, RegisterRequest, RegisterResponse, RoleKey, RoleKind,
     WorkerPeer, MAX_REPORTED_ROLES,
 };
-use trainyard_common::spec::{JobSpecInput, Strategy, Violation};
+use trainyard_common::spec::{JobSpecInput, Strategy};
 use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -41,24 +45,6 @@ pub struct ExecutorQuery {
     pub state: Option<String>,
 }
 
-pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err()
-            || !matches!(inner.classify(), serde_json::error::Category::Data)
-        {
-            ApiError::MalformedJson(inner.to_string())
-        } else {
-            ApiError::Unprocessable(vec![Violation {
-                field: if path == "." { String::new() } else { path },
-                message: inner.to_string(),
-            }])
-        }
-    })
-}
-
 async fn notify(db: &sqlx::PgPool, id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(EXECUTOR_CHANNEL)
@@ -67,9 +53,6 @@ async fn notify(db: &sqlx::PgPool, id: Uuid) -> Result<(), sqlx::Error> {
         .await?;
     Ok(())
 }
-
-const EXECUTOR_COLUMNS: &str = "id, name, address, state::text AS state, resources, labels, token_hash, registered_at, last_heartbeat_at,
-     extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS since";
 
 fn info_from_row(r: &PgRow, roles: Vec<RoleInfo>) -> ApiResult<ExecutorInfo> {
     let internal = |e: serde_json::Error| ApiError::Internal(e.into());
@@ -211,18 +194,8 @@ pub async fn list(
     Ok(Json(ExecutorList { executors }))
 }
 
-async fn fetch(st: &AppState, id: Uuid) -> ApiResult<PgRow> {
-    sqlx::query(&format!(
-        "SELECT {EXECUTOR_COLUMNS} FROM executors WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(&st.db)
-    .await?
-    .ok_or_else(|| ApiError::NotFound(format!("no executor with id {id}")))
-}
-
 async fn info(st: &AppState, id: Uuid) -> ApiResult<ExecutorInfo> {
-    let row = fetch(st, id).await?;
+    let row = executor_row(st, id).await?;
     let roles = roles_of(&st.db, &[id])
         .await?
         .remove(&id)
@@ -243,47 +216,6 @@ async fn info(st: &AppState, id: Uuid) -> ApiResult<ExecutorInfo> {
 )]
 pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json<ExecutorInfo>> {
     Ok(Json(info(&st, id).await?))
-}
-
-/// Checks the executor's own credential (or, for drain and leave, an
-/// admin's token) and returns its row. A user's token is a 403 there; any
-/// other credential a 401.
-async fn authorize(
-    st: &AppState,
-    headers: &HeaderMap,
-    id: Uuid,
-    allow_admin: bool,
-) -> ApiResult<PgRow> {
-    if allow_admin {
-        match crate::auth::resolve(st, headers).await {
-            Ok(who) if who.is_admin() => return fetch(st, id).await,
-            Ok(who) => {
-                return Err(ApiError::Forbidden(format!(
-                    "managing executors needs the admin role; {:?} is a user",
-                    who.user
-                )))
-            }
-            Err(ApiError::Unauthorized) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let given = bearer(headers).ok_or(ApiError::Unauthorized)?;
-    let row = fetch(st, id).await?;
-    let stored: Vec<u8> = row.try_get("token_hash")?;
-    if !constant_time_eq(&hash(given), &stored) {
-        return Err(ApiError::Unauthorized);
-    }
-    Ok(row)
-}
-
-/// Checks an executor's own credential. Reports are accepted even from an
-/// executor declared lost since: what it measured is still true.
-pub(crate) async fn authorize_executor(
-    st: &AppState,
-    headers: &HeaderMap,
-    id: Uuid,
-) -> ApiResult<()> {
-    authorize(st, headers, id, false).await.map(drop)
 }
 
 fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
@@ -465,7 +397,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         specs.insert(*id, spec);
     }
     let wanted: Vec<_> = specs.iter().map(|(id, s)| (*id, s.resume_from)).collect();
-    let resume = crate::routes::checkpoints::resume_points(&st.db, &wanted).await?;
+    let resume = checkpointing::resume_points(&st.db, &wanted).await?;
     let mut out = Vec::new();
     for (id, j) in jobs {
         let Some(spec) = specs.remove(&id) else {
@@ -575,7 +507,7 @@ pub async fn leave(
     params(("id" = Uuid, Path, description = "Executor id")),
     request_body(content = InspectionReport, content_type = "application/json"),
     responses(
-        (status = 200, description = "The job after the inspection", body = crate::routes::jobs::Job),
+        (status = 200, description = "The job after the inspection", body = Job),
         (status = 400, description = "The id is not a UUID, or the body is malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor or job", body = Problem, content_type = "application/problem+json"),
@@ -590,7 +522,7 @@ pub async fn inspection(
     headers: HeaderMap,
     JobId(id): JobId,
     JsonBytes(body): JsonBytes,
-) -> ApiResult<Json<crate::routes::jobs::Job>> {
+) -> ApiResult<Json<Job>> {
     authorize(&st, &headers, id, false).await?;
     let report: InspectionReport = parse_body(&body)?;
     let mut tx = st.db.begin().await?;
@@ -618,10 +550,7 @@ pub async fn inspection(
             trainyard_common::JobState::Failed,
             format!(
                 "model.url is not a loadable TorchScript module: {}",
-                crate::routes::telemetry::text(&e)
-                    .chars()
-                    .take(1000)
-                    .collect::<String>()
+                text(&e).chars().take(1000).collect::<String>()
             ),
         ),
         InspectionResult::Parameters(params) => {
@@ -677,7 +606,5 @@ pub async fn inspection(
         .await
         .map_err(|e| ApiError::Internal(anyhow::anyhow!(e.to_string())))?;
     tx.commit().await?;
-    Ok(Json(
-        crate::routes::jobs::fetch_job(&st.db, report.job_id).await?,
-    ))
+    Ok(Json(fetch_job(&st.db, report.job_id).await?))
 }

@@ -5,6 +5,10 @@
 //! the position of the last job returned, so pages stay stable while new
 //! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
 
+use super::shared::checkpointing;
+pub use super::shared::job_rows::JOB_COLUMNS;
+use super::shared::job_rows::{ensure_job, fetch_job, job_from_row, job_not_found};
+use super::shared::params::{parse_after, parse_limit, AfterQuery};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
@@ -21,7 +25,7 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
-use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::spec::JobSpecInput;
 use trainyard_common::{JobSpec, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -58,21 +62,6 @@ pub struct ListQuery {
     pub owner: Option<String>,
 }
 
-/// Query of an append-only log (`…/events`, `…/logs`).
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct AfterQuery {
-    /// Only entries after this id (the `next_after` of the previous page).
-    pub after: Option<String>,
-    /// Page size (1–1000, default 500).
-    pub limit: Option<String>,
-}
-
-/// The columns a [`Job`] is read from (the API-load benchmark runs the same
-/// SQL through `pgbench` as its baseline).
-pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
-
 /// The submit's insert: `$1` id, `$2` name, `$3` owner, `$4` spec, `$5`
 /// idempotency key, `$6` request hash, `$7` priority (the API-load
 /// benchmark runs this very statement through `pgbench`).
@@ -89,48 +78,6 @@ pub fn insert_job_sql() -> String {
 pub const INSERT_SUBMITTED_EVENT: &str =
     "INSERT INTO job_events (job_id, kind, to_state, reason, data)
      VALUES ($1, 'submitted', 'queued', 'submitted', $2)";
-
-fn job_from_row(row: &PgRow) -> ApiResult<Job> {
-    let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored spec does not decode: {e}")))?;
-    let state: JobState = row
-        .try_get::<String, _>("state")?
-        .parse()
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e)))?;
-    Ok(Job {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        owner: row.try_get("owner")?,
-        state,
-        state_reason: row.try_get("state_reason")?,
-        generation: row.try_get("generation")?,
-        // What the scheduler resolved once placed; before, the estimate.
-        strategy: match row.try_get::<Option<String>, _>("strategy")?.as_deref() {
-            Some("allreduce") => Strategy::Allreduce,
-            Some(_) => Strategy::ParameterServer,
-            None => spec.strategy,
-        },
-        estimate: spec.estimate(),
-        spec,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
-}
-
-pub(crate) async fn fetch_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Job> {
-    let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-        .ok_or_else(|| not_found(id))?;
-    job_from_row(&row)
-}
-
-fn not_found(id: Uuid) -> ApiError {
-    ApiError::NotFound(format!("no job with id {id}"))
-}
 
 fn created(job: &Job, replayed: bool) -> Response {
     let mut resp = (StatusCode::CREATED, Json(job)).into_response();
@@ -218,7 +165,7 @@ pub async fn submit(
             .await?
             .is_some_and(|o| who.sees(&o));
         let found = if visible {
-            crate::routes::checkpoints::find(&st.db, from.job_id, from.step).await?
+            checkpointing::find(&st.db, from.job_id, from.step).await?
         } else {
             None
         };
@@ -326,56 +273,6 @@ pub async fn submit(
         ));
     }
     Ok(created(&job_from_row(&row)?, true))
-}
-
-/// The `limit` query parameter: `default` when absent, else 1–`max`.
-pub(crate) fn parse_limit(raw: Option<&str>, default: i64, max: i64) -> ApiResult<i64> {
-    parse_bounded("limit", raw, default, max)
-}
-
-/// A count query parameter named `field`: `default` when absent, else 1–`max`.
-pub(crate) fn parse_bounded(
-    field: &str,
-    raw: Option<&str>,
-    default: i64,
-    max: i64,
-) -> ApiResult<i64> {
-    match raw {
-        None => Ok(default),
-        Some(s) => match s.parse::<i64>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(n),
-            _ => Err(ApiError::bad_field(
-                field,
-                format!("must be an integer between 1 and {max}, got {s:?}"),
-            )),
-        },
-    }
-}
-
-/// A 404 unless job `id` exists.
-pub(crate) async fn ensure_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<()> {
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
-        .bind(id)
-        .fetch_one(db)
-        .await?;
-    if exists {
-        Ok(())
-    } else {
-        Err(not_found(id))
-    }
-}
-
-/// The `after` query parameter of an append-only log: 0 when absent.
-pub(crate) fn parse_after(raw: Option<&str>) -> ApiResult<i64> {
-    match raw {
-        None => Ok(0),
-        Some(s) => s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-            ApiError::bad_field(
-                "after",
-                format!("must be a non-negative integer, got {s:?}"),
-            )
-        }),
-    }
 }
 
 fn encode_cursor(at: DateTime<Utc>, id: Uuid) -> String {
@@ -509,7 +406,7 @@ pub async fn cancel(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<J
     let mut tx = st.db.begin().await?;
     match lifecycle::transition(&mut tx, id, JobState::Cancelled, "cancelled by user").await {
         Ok(_) => {}
-        Err(TransitionError::NotFound) => return Err(not_found(id)),
+        Err(TransitionError::NotFound) => return Err(job_not_found(id)),
         Err(TransitionError::Illegal { from, .. }) => {
             return Err(ApiError::Conflict(format!(
                 "job {id} already {from}; it cannot be cancelled"
@@ -591,15 +488,6 @@ mod tests {
         assert_eq!(decode_cursor(&encode_cursor(at, id)).unwrap(), (at, id));
         assert!(decode_cursor("garbage!").is_err());
         assert!(decode_cursor(&URL_SAFE_NO_PAD.encode("12:notauuid")).is_err());
-    }
-
-    #[test]
-    fn limits_are_bounded() {
-        assert_eq!(parse_limit(None, 50, 500).unwrap(), 50);
-        assert_eq!(parse_limit(Some("500"), 50, 500).unwrap(), 500);
-        for bad in ["0", "501", "-1", "ten", ""] {
-            assert!(parse_limit(Some(bad), 50, 500).is_err(), "{bad}");
-        }
     }
 
     #[test]

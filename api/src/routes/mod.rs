@@ -8,6 +8,11 @@
 //! [`auth::job_visible`] (another user's job is a 404). Executor endpoints
 //! check the join token or the executor's own credential instead. Health,
 //! metrics, the OpenAPI document, the docs page and the web page are open. Unknown routes and wrong methods answer with problem details too.
+//!
+//! Each resource module holds its handlers and the SQL only they run; what
+//! several of them need (query and body decoding, job rows, executor
+//! credentials, checkpoint commits) is in [`shared`], so no resource module
+//! imports another.
 
 pub mod assignments;
 pub mod checkpoints;
@@ -15,6 +20,7 @@ pub mod executors;
 pub mod health;
 pub mod jobs;
 pub mod provisioner;
+pub mod shared;
 pub mod stream;
 pub mod telemetry;
 pub mod tokens;

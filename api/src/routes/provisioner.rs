@@ -5,9 +5,9 @@
 //! `fleet` module) in whichever replica leads; the limits shown are this
 //! replica's configuration, which every replica shares.
 
+use super::shared::params::parse_limit;
 use crate::error::ApiResult;
 use crate::extract::QueryParams;
-use crate::routes::jobs::parse_limit;
 use crate::AppState;
 use axum::extract::State;
 use axum::Json;

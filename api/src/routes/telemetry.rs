@@ -10,10 +10,14 @@
 //! has already ended (a retry whose answer was lost) changes nothing: a
 //! job has one result.
 
+use super::shared::access::authorize_executor;
+use super::shared::checkpointing;
+use super::shared::job_rows::ensure_job;
+use super::shared::params::{
+    parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery,
+};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
-use crate::routes::executors::{authorize_executor, parse_body};
-use crate::routes::jobs::{ensure_job, parse_bounded};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -24,8 +28,7 @@ use sqlx::PgConnection;
 use sqlx::Row;
 pub use trainyard_common::api::{JobLogLine, LogPage, MetricSample, MetricSeries, ReportAck};
 use trainyard_common::cluster::{
-    LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_LOG_CHARS,
-    MAX_REPORT_ITEMS,
+    LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_REPORT_ITEMS,
 };
 use trainyard_common::JobState;
 use trainyard_scheduler::lifecycle::{self, TransitionError};
@@ -36,15 +39,6 @@ use uuid::Uuid;
 pub const DEFAULT_MAX_POINTS: i64 = 500;
 /// Largest `max_points`.
 pub const MAX_POINTS: i64 = 10_000;
-
-/// Text from an executor as Postgres can store it: at most
-/// `MAX_LOG_CHARS` characters, without NUL (which `text` columns refuse).
-pub(crate) fn text(s: &str) -> String {
-    s.chars()
-        .filter(|&c| c != '\0')
-        .take(MAX_LOG_CHARS)
-        .collect()
-}
 
 fn finite(x: Option<f64>) -> Option<f64> {
     x.filter(|v| v.is_finite())
@@ -79,7 +73,7 @@ pub async fn report(
     ensure_job(&st.db, key.job_id).await?;
     // Checkpoints first: a checkpoint written at the end is committed
     // before the outcome ends the job.
-    crate::routes::checkpoints::record(&st, key.job_id, &r.checkpoints).await?;
+    checkpointing::record(&st, key.job_id, &r.checkpoints).await?;
     let mut tx = st.db.begin().await?;
     let metrics_stored = store_metrics(&mut tx, &key, &r.metrics).await?;
     let logs_stored = store_logs(&mut tx, executor, &key, &r.logs).await?;
@@ -121,7 +115,7 @@ fn check_report(r: &RoleReport) -> ApiResult<()> {
             "must be at least 1",
         ));
     }
-    crate::routes::checkpoints::validate(&r.key, &r.checkpoints)
+    checkpointing::validate(&r.key, &r.checkpoints)
 }
 
 /// Stores a worker's step metrics (a PS role's are ignored); returns how
@@ -190,8 +184,10 @@ async fn store_logs(
         .bind(key.job_id)
         .bind(executor)
         .bind(key.generation)
-        .bind(key.role.as_str())
-        .bind(key.index as i32)
+        // Log lines keep the API's names (a standby: `ps`, numbered above
+        // every shard), which the logs endpoint shows as they are.
+        .bind(key.role.api_name())
+        .bind(key.wire_index() as i32)
         .bind(l.seq as i64)
         .bind(at)
         .bind(level)
@@ -430,7 +426,7 @@ pub async fn metrics(
 /// Every role's log lines, oldest first.
 #[utoipa::path(
     get, path = "/v1/jobs/{id}/logs", tag = "jobs",
-    params(("id" = Uuid, Path, description = "Job id"), crate::routes::jobs::AfterQuery),
+    params(("id" = Uuid, Path, description = "Job id"), AfterQuery),
     responses(
         (status = 200, description = "A page of log lines", body = LogPage),
         (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
@@ -440,10 +436,10 @@ pub async fn metrics(
 pub async fn logs(
     State(st): State<AppState>,
     JobId(id): JobId,
-    QueryParams(q): QueryParams<crate::routes::jobs::AfterQuery>,
+    QueryParams(q): QueryParams<AfterQuery>,
 ) -> ApiResult<Json<LogPage>> {
-    let limit = crate::routes::jobs::parse_limit(q.limit.as_deref(), 500, 1000)?;
-    let after = crate::routes::jobs::parse_after(q.after.as_deref())?;
+    let limit = parse_limit(q.limit.as_deref(), 500, 1000)?;
+    let after = parse_after(q.after.as_deref())?;
     ensure_job(&st.db, id).await?;
     let rows = sqlx::query("SELECT id, at, executor_id, role, index, generation, level, message FROM job_logs WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3")
         .bind(id)

@@ -6,10 +6,10 @@
 //! makes it. Revoking is immediate (every request looks its token up) and
 //! idempotent. See [`crate::auth`] for how tokens are checked.
 
+use super::shared::params::parse_body;
 use crate::auth::{hash_token, valid_user_name, Principal, Role, MAX_USER_CHARS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes};
-use crate::routes::executors::parse_body;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;

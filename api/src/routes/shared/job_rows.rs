@@ -1,0 +1,72 @@
+//! A job's row as the API shows it ([`Job`]): the columns read, the
+//! decoding, and the lookups by id with their 404.
+
+use crate::error::{ApiError, ApiResult};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use trainyard_common::api::Job;
+use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::JobState;
+use uuid::Uuid;
+
+/// The columns a [`Job`] is read from (the API-load benchmark runs the same
+/// SQL through `pgbench` as its baseline).
+pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
+
+/// Decodes a row of [`JOB_COLUMNS`].
+pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
+    let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored spec does not decode: {e}")))?;
+    let state: JobState = row
+        .try_get::<String, _>("state")?
+        .parse()
+        .map_err(|e| ApiError::Internal(anyhow::Error::new(e)))?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        owner: row.try_get("owner")?,
+        state,
+        state_reason: row.try_get("state_reason")?,
+        generation: row.try_get("generation")?,
+        // What the scheduler resolved once placed; before, the estimate.
+        strategy: match row.try_get::<Option<String>, _>("strategy")?.as_deref() {
+            Some("allreduce") => Strategy::Allreduce,
+            Some(_) => Strategy::ParameterServer,
+            None => spec.strategy,
+        },
+        estimate: spec.estimate(),
+        spec,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+/// Job `id`, or a 404.
+pub async fn fetch_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Job> {
+    let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await?
+        .ok_or_else(|| job_not_found(id))?;
+    job_from_row(&row)
+}
+
+/// A 404 unless job `id` exists.
+pub async fn ensure_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<()> {
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1)")
+        .bind(id)
+        .fetch_one(db)
+        .await?;
+    if exists {
+        Ok(())
+    } else {
+        Err(job_not_found(id))
+    }
+}
+
+/// The 404 of a job that does not exist.
+pub fn job_not_found(id: Uuid) -> ApiError {
+    ApiError::NotFound(format!("no job with id {id}"))
+}

@@ -259,6 +259,14 @@ impl RoleKind {
             .find(|k| k.as_str() == s)
     }
 
+    /// The name the API's JSON uses (a standby is a `ps` role there).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            RoleKind::Worker => "worker",
+            RoleKind::Ps | RoleKind::Standby => "ps",
+        }
+    }
+
     /// Whether it serves a PS shard (as the shard or its standby).
     pub fn is_ps(self) -> bool {
         self != RoleKind::Worker
@@ -713,6 +721,7 @@ mod role_wire_tests {
         assert_eq!(serde_json::from_value::<PsPeer>(wire).unwrap(), peer);
         for kind in [RoleKind::Ps, RoleKind::Worker, RoleKind::Standby] {
             assert_eq!(RoleKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.api_name());
         }
     }
 }

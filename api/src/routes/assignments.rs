@@ -6,9 +6,8 @@
 //! cluster map (PS shards with the parameter ranges they own and the workers
 //! that pull from them, or the ring's ranks in order) and redraw it at each
 //! generation. A job that is not placed (queued, or ended) has none. A
-//! shard's hot standby (a job with `replicas`) is stored as a PS row of its
-//! own (`trainyard_common::cluster::STANDBY_INDEX_BASE` + shard) and shown
-//! here with its shard.
+//! shard's hot standby (a job with `replicas`) is stored as a `standby` row
+//! numbered by its shard and shown here with its shard.
 
 use super::shared::job_rows::fetch_job;
 use crate::error::{ApiError, ApiResult, Problem};
@@ -18,7 +17,7 @@ use axum::extract::State;
 use axum::Json;
 use sqlx::Row;
 pub use trainyard_common::api::{JobAssignments, PsShard, RoleHost, WorkerRole};
-use trainyard_common::cluster::{ps_index_shard, ExecutorState, Range};
+use trainyard_common::cluster::{ExecutorState, Range, RoleKind};
 
 /// A job's current roles and where they run.
 #[utoipa::path(
@@ -58,9 +57,10 @@ pub async fn assignments(
         };
         let index = u32::try_from(r.try_get::<i32, _>("index")?)
             .map_err(|e| ApiError::Internal(e.into()))?;
-        if r.try_get::<String, _>("role")? == "ps" && ps_index_shard(index).1 {
-            standbys.push((ps_index_shard(index).0, executor));
-        } else if r.try_get::<String, _>("role")? == "ps" {
+        let role = RoleKind::parse(&r.try_get::<String, _>("role")?);
+        if role == Some(RoleKind::Standby) {
+            standbys.push((index, executor));
+        } else if role == Some(RoleKind::Ps) {
             let ranges: Vec<Range> = serde_json::from_value(r.try_get("ranges")?)
                 .map_err(|e| ApiError::Internal(e.into()))?;
             parameter_servers.push(PsShard {

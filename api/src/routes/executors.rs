@@ -78,13 +78,11 @@ async fn roles_of(db: &sqlx::PgPool, ids: &[Uuid]) -> ApiResult<HashMap<Uuid, Ve
         .fetch_all(db)
         .await?
     {
-        let role = if r.try_get::<String, _>("role")? == "ps" { RoleKind::Ps } else { RoleKind::Worker };
-        let raw = r.try_get::<i32, _>("index")? as u32;
-        // A standby is stored as a PS row of its own; show its shard.
-        let (index, standby) = match role {
-            RoleKind::Ps => trainyard_common::cluster::ps_index_shard(raw),
-            RoleKind::Worker => (raw, false),
-        };
+        let stored = RoleKind::parse(&r.try_get::<String, _>("role")?).unwrap_or(RoleKind::Worker);
+        let index = r.try_get::<i32, _>("index")? as u32;
+        // The listing shows a standby as a PS role of its shard, flagged.
+        let standby = stored == RoleKind::Standby;
+        let role = if standby { RoleKind::Ps } else { stored };
         out.entry(r.try_get("executor_id")?).or_default().push(RoleInfo {
             job_id: r.try_get("job_id")?,
             generation: r.try_get("generation")?,
@@ -265,7 +263,12 @@ pub async fn heartbeat(
     }
     req.roles.sort();
     req.roles.dedup();
-    let reported = serde_json::to_value(&req.roles).map_err(|e| ApiError::Internal(e.into()))?;
+    // As `assignments` rows name them (the scheduler compares the two).
+    let reported: serde_json::Value = req
+        .roles
+        .iter()
+        .map(|k| serde_json::json!({"job_id": k.job_id, "generation": k.generation, "role": k.role.as_str(), "index": k.index}))
+        .collect();
     // Only live or draining executors are refreshed: a lost one stays lost.
     let changed: Option<bool> = sqlx::query_scalar(
         "UPDATE executors e SET last_heartbeat_at = clock_timestamp(), reported = $2
@@ -357,11 +360,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         let executor_id: Uuid = r.try_get("executor_id")?;
         let address: String = r.try_get("address")?;
         let device = r.try_get::<Option<i32>, _>("device")?.map(|d| d as u32);
-        let role = if r.try_get::<String, _>("role")? == "ps" {
-            RoleKind::Ps
-        } else {
-            RoleKind::Worker
-        };
+        let role = RoleKind::parse(&r.try_get::<String, _>("role")?).unwrap_or(RoleKind::Worker);
         match role {
             RoleKind::Worker => entry.workers.push(WorkerPeer {
                 rank: index,
@@ -369,11 +368,12 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 address,
                 device: device.unwrap_or(0),
             }),
-            RoleKind::Ps => {
+            RoleKind::Ps | RoleKind::Standby => {
                 let ranges: Vec<Range> =
                     serde_json::from_value(r.try_get("ranges")?).unwrap_or_default();
                 entry.ps.push(PsPeer {
                     shard: index,
+                    standby: role == RoleKind::Standby,
                     executor_id,
                     address,
                     ranges,

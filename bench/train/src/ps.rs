@@ -62,6 +62,7 @@ fn start_tier(shards: u32, workers: u32) -> Tier {
     let peers: Vec<PsPeer> = (0..shards)
         .map(|s| PsPeer {
             shard: s,
+            standby: false,
             executor_id: uuid::Uuid::new_v4(),
             address: planes[s as usize].local_addr().to_string(),
             ranges: vec![Range {

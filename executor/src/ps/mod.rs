@@ -56,6 +56,7 @@ pub use worker::{run_worker, work, KeptWorker, LastStep};
 
 use crate::replica::data::Cursor;
 use std::time::Duration;
+use trainyard_common::cluster::{wire_index, RoleKind};
 use trainyard_dataplane::ps::DataCursor;
 
 /// How long a worker waits for a shard's answer (a sync pull waits for the
@@ -81,5 +82,5 @@ fn from_wire(c: DataCursor) -> Cursor {
 /// The data-plane endpoint of shard `shard`'s standby (a PS endpoint of
 /// its own, numbered as the API numbers the standby's role).
 fn standby_endpoint(shard: u32) -> u32 {
-    trainyard_common::cluster::STANDBY_INDEX_BASE + shard
+    wire_index(RoleKind::Standby, shard)
 }

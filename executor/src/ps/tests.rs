@@ -9,8 +9,8 @@ use serde_json::json;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range, STANDBY_INDEX_BASE};
-use trainyard_common::cluster::{RoleKey, RoleKind as Role, WorkerPeer};
+use trainyard_common::cluster::{wire_index, Assignment, LogLevel, PsPeer, Range, RoleKind};
+use trainyard_common::cluster::{RoleKey, WorkerPeer};
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, DataCursor, Message};
@@ -18,7 +18,8 @@ use trainyard_dataplane::{plane, DataPlane, EndpointRole};
 
 const LEN: u64 = 46;
 
-fn assignment(plane: &DataPlane, index: u32, consistency: serde_json::Value) -> Assignment {
+/// Shard 0's role `role` (the shard or its standby) of a two-worker job.
+fn assignment(plane: &DataPlane, role: RoleKind, consistency: serde_json::Value) -> Assignment {
     let spec: trainyard_common::JobSpec = serde_json::from_value(json!({
         "name": "standby", "model": {"kind": "mlp", "inputs": 8, "hidden": [4], "outputs": 2},
         "dataset": {"kind": "classification", "samples": 100, "features": 8, "classes": 2},
@@ -33,8 +34,9 @@ fn assignment(plane: &DataPlane, index: u32, consistency: serde_json::Value) -> 
         start: 0,
         end: LEN,
     }];
-    let peer = |shard| PsPeer {
-        shard,
+    let peer = |standby| PsPeer {
+        shard: 0,
+        standby,
         executor_id: uuid::Uuid::nil(),
         address: address.clone(),
         ranges: ranges.clone(),
@@ -43,8 +45,8 @@ fn assignment(plane: &DataPlane, index: u32, consistency: serde_json::Value) -> 
         key: RoleKey {
             job_id: uuid::Uuid::from_u128(7),
             generation: 3,
-            role: Role::Ps,
-            index,
+            role,
+            index: 0,
         },
         device: None,
         strategy: Strategy::ParameterServer,
@@ -58,7 +60,7 @@ fn assignment(plane: &DataPlane, index: u32, consistency: serde_json::Value) -> 
                 device: 0,
             })
             .collect(),
-        parameter_servers: vec![peer(0), peer(STANDBY_INDEX_BASE)],
+        parameter_servers: vec![peer(false), peer(true)],
         resume: None,
     }
 }
@@ -166,8 +168,8 @@ fn grad(seed: u32) -> Vec<f32> {
 fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_follow() {
     for consistency in [json!("sync"), json!("async")] {
         let plane = DataPlane::bind("127.0.0.1:0").unwrap();
-        let primary = assignment(&plane, 0, consistency.clone());
-        let standby = assignment(&plane, STANDBY_INDEX_BASE, consistency.clone());
+        let primary = assignment(&plane, RoleKind::Ps, consistency.clone());
+        let standby = assignment(&plane, RoleKind::Standby, consistency.clone());
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let stop = AtomicBool::new(false);
         let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
@@ -226,7 +228,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
             let last = call(&mut w[0], pull(want), &[], &mut buf);
             assert!(matches!(last, Message::Weights { .. }), "{last:?}");
             // An update the standby cannot follow is refused.
-            let mut odd = dial(&plane, 0, STANDBY_INDEX_BASE);
+            let mut odd = dial(&plane, 0, wire_index(RoleKind::Standby, 0));
             let update = Message::Update {
                 before: 999,
                 samples: 0,
@@ -271,8 +273,8 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
 #[test]
 fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice() {
     let plane = DataPlane::bind("127.0.0.1:0").unwrap();
-    let primary = assignment(&plane, 0, json!("sync"));
-    let standby = assignment(&plane, STANDBY_INDEX_BASE, json!("sync"));
+    let primary = assignment(&plane, RoleKind::Ps, json!("sync"));
+    let standby = assignment(&plane, RoleKind::Standby, json!("sync"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = AtomicBool::new(false);
     let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
@@ -306,9 +308,9 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
     assert_eq!((dead.version, copy.version), (1, 1));
 
     // Generation 4: the standby's executor holds the shard, no standby.
-    let mut promoted = assignment(&plane, 0, json!("sync"));
+    let mut promoted = assignment(&plane, RoleKind::Ps, json!("sync"));
     promoted.key.generation = 4;
-    promoted.parameter_servers.retain(|p| p.shard == 0);
+    promoted.parameter_servers.retain(|p| !p.standby);
     let stop = AtomicBool::new(false);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let shard = std::thread::scope(|scope| {
@@ -384,7 +386,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
 #[test]
 fn a_standby_refuses_malformed_state() {
     let plane = DataPlane::bind("127.0.0.1:0").unwrap();
-    let standby = assignment(&plane, STANDBY_INDEX_BASE, json!("sync"));
+    let standby = assignment(&plane, RoleKind::Standby, json!("sync"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = AtomicBool::new(false);
     let copy = std::thread::scope(|scope| {
@@ -397,15 +399,15 @@ fn a_standby_refuses_malformed_state() {
             part,
             parts: 3,
         };
-        let mut s = dial(&plane, 0, STANDBY_INDEX_BASE);
+        let mut s = dial(&plane, 0, wire_index(RoleKind::Standby, 0));
         ps::write_message(&mut s, 3, &state(1), &vec![1.0; LEN as usize]).unwrap();
         assert!(ps::read_message(&mut s).is_err());
         // Part 0 one value short.
-        let mut s = dial(&plane, 0, STANDBY_INDEX_BASE);
+        let mut s = dial(&plane, 0, wire_index(RoleKind::Standby, 0));
         ps::write_message(&mut s, 3, &state(0), &vec![1.0; LEN as usize - 1]).unwrap();
         assert!(ps::read_message(&mut s).is_err());
         // A worker's message.
-        let mut s = dial(&plane, 0, STANDBY_INDEX_BASE);
+        let mut s = dial(&plane, 0, wire_index(RoleKind::Standby, 0));
         ps::write_message(&mut s, 3, &pull(0), &[]).unwrap();
         assert!(ps::read_message(&mut s).is_err());
         stop.store(true, Ordering::Relaxed);
@@ -423,8 +425,8 @@ fn a_standby_refuses_malformed_state() {
 fn a_slow_standby_holds_back_only_the_versions_it_has_not_acknowledged() {
     let pause = Duration::from_millis(1500);
     let plane = DataPlane::bind("127.0.0.1:0").unwrap();
-    let primary = assignment(&plane, 0, json!("async"));
-    let standby = assignment(&plane, STANDBY_INDEX_BASE, json!("async"));
+    let primary = assignment(&plane, RoleKind::Ps, json!("async"));
+    let standby = assignment(&plane, RoleKind::Standby, json!("async"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = AtomicBool::new(false);
     let mut ctx = Context::for_tests();

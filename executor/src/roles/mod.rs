@@ -36,7 +36,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::unbounded_channel;
 use trainyard_common::cluster::{
-    ps_index_shard, Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey,
+    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey,
     RoleKind,
 };
 use trainyard_common::spec::Strategy;
@@ -191,8 +191,11 @@ impl Roles {
                 .filter(|(job, kind, index)| {
                     !wanted.keys().any(|(j, k, i)| {
                         j == job
-                            && k == kind
-                            && (*kind == RoleKind::Worker || ps_index_shard(*i).0 == *index)
+                            && if *kind == RoleKind::Worker {
+                                *k == RoleKind::Worker
+                            } else {
+                                k.is_ps() && i == index
+                            }
                     })
                 })
                 .copied()
@@ -227,7 +230,8 @@ impl Roles {
         let storage = self.storage(&object_store);
         let slot = match a.key.role {
             RoleKind::Worker => (a.key.job_id, RoleKind::Worker, a.device.unwrap_or(0)),
-            other => (a.key.job_id, other, ps_index_shard(a.key.index).0),
+            // Kept by shard: a promoted standby's copy is the shard's state.
+            _ => (a.key.job_id, RoleKind::Ps, a.key.index),
         };
         let Ok(mut handovers) = self.handovers.lock() else {
             return;
@@ -261,8 +265,10 @@ fn run(role: &Role, parked: Parked) -> Parked {
             return Parked::default();
         };
         let (stop, tx) = (&role.stop, &role.tx);
-        let shard = match ps_index_shard(a.key.index) {
-            (shard, true) => crate::ps::serve_standby(a, shard, stop, tx, plane, parked.shard),
+        let shard = match a.key.role {
+            RoleKind::Standby => {
+                crate::ps::serve_standby(a, a.key.index, stop, tx, plane, parked.shard)
+            }
             _ => crate::ps::serve_shard(
                 a,
                 stop,

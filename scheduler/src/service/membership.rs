@@ -13,7 +13,6 @@ use crate::lifecycle::{self, event, transition};
 use crate::plan::{JobView, Placement, Plan};
 use serde_json::json;
 use sqlx::{PgPool, Row};
-use trainyard_common::cluster::STANDBY_INDEX_BASE;
 use trainyard_common::spec::Strategy;
 use trainyard_common::JobState;
 use uuid::Uuid;
@@ -94,13 +93,13 @@ pub(super) async fn apply(
                 .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
                 .execute(&mut *tx)
                 .await?;
-            // A standby is a PS role of its own (index: see
-            // `STANDBY_INDEX_BASE`) with its shard's ranges.
+            // A standby is a role of its own, numbered by its shard, with
+            // its shard's ranges.
             if let Some(sb) = ps.standby {
-                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
+                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'standby', $3, $4, $5)")
                     .bind(job.id)
                     .bind(next)
-                    .bind((STANDBY_INDEX_BASE + ps.shard) as i32)
+                    .bind(ps.shard as i32)
                     .bind(sb)
                     .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
                     .execute(&mut *tx)

@@ -7,7 +7,7 @@ use crate::plan::{Demand, DeviceSlot, ExecutorView, JobView, Placement, PsRole, 
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, HashMap};
-use trainyard_common::cluster::{ps_index_shard, ExecutorResources, Range};
+use trainyard_common::cluster::{ExecutorResources, Range, RoleKind};
 use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
 use trainyard_common::spec::{JobSpecInput, Strategy};
 use uuid::Uuid;
@@ -60,13 +60,15 @@ impl World {
         {
             let entry = assigned.entry(r.get("job_id")).or_default();
             let index = r.get::<i32, _>("index") as u32;
-            if r.get::<String, _>("role") == "worker" {
-                entry.0.push(WorkerRole { rank: index, executor: r.get("executor_id"), device: r.get::<Option<i32>, _>("device").unwrap_or(0) as u32 });
-            } else if let (shard, true) = ps_index_shard(index) {
-                standbys.push((r.get("job_id"), shard, r.get("executor_id")));
-            } else {
-                let ranges: Vec<Range> = serde_json::from_value(r.get("ranges")).unwrap_or_default();
-                entry.1.push(PsRole { shard: index, executor: r.get("executor_id"), ranges, standby: None });
+            match RoleKind::parse(&r.get::<String, _>("role")) {
+                Some(RoleKind::Worker) => {
+                    entry.0.push(WorkerRole { rank: index, executor: r.get("executor_id"), device: r.get::<Option<i32>, _>("device").unwrap_or(0) as u32 });
+                }
+                Some(RoleKind::Standby) => standbys.push((r.get("job_id"), index, r.get("executor_id"))),
+                Some(RoleKind::Ps) | None => {
+                    let ranges: Vec<Range> = serde_json::from_value(r.get("ranges")).unwrap_or_default();
+                    entry.1.push(PsRole { shard: index, executor: r.get("executor_id"), ranges, standby: None });
+                }
             }
         }
         for (job, shard, executor) in standbys {

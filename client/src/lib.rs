@@ -70,6 +70,18 @@ pub struct Client {
     retry: RetryPolicy,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token: clients end up in logs and panic messages.
+        f.debug_struct("Client")
+            .field("base", &self.shared.base)
+            .field("timeout", &self.shared.timeout)
+            .field("token", &self.token().map(|_| "…"))
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
 /// What the clones of a client share.
 struct Shared {
     http: reqwest::Client,

@@ -178,6 +178,7 @@ async fn every_user_answer_decodes_and_errors_are_problems() {
         .token(Some(made.token.clone()))
         .build()
         .unwrap();
+    assert!(!format!("{erin:?}").contains(&made.token), "{erin:?}");
     assert_eq!(erin.whoami().await.unwrap().user, "erin");
     assert_eq!(client.tokens().await.unwrap().tokens.len(), 1);
     let revoked = client.revoke_token(made.info.id).await.unwrap();

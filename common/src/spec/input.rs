@@ -1,7 +1,8 @@
 //! The job spec's wire types: [`JobSpecInput`] and everything it nests, as
 //! users write them in JSON (unknown fields rejected at every level), with
-//! their defaults and the values derived from them (memory estimate, shard
-//! and replica counts, consistency mode). Nothing here is validated; that is
+//! their defaults and the values derived from them (shard and replica
+//! counts, consistency mode; the memory estimate is in [`crate::model`],
+//! beside the arithmetic). Nothing here is validated; that is
 //! [`JobSpec::parse`](super::JobSpec::parse)'s job.
 
 use serde::{Deserialize, Serialize};

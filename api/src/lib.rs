@@ -142,7 +142,7 @@ impl Application {
             config: Arc::new(config),
             submits,
         };
-        let router = routes::router(state.clone());
+        let router = routes::router(state.clone(), openapi::routes());
         Ok(Application {
             listener,
             router,

@@ -27,7 +27,7 @@ pub mod tokens;
 
 use crate::error::ApiError;
 use crate::extract::BodyLimit;
-use crate::{auth, metrics, openapi, web, AppState};
+use crate::{auth, metrics, web, AppState};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -38,8 +38,12 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-/// Builds the whole router over `state`.
-pub fn router(state: AppState) -> Router {
+/// Builds the whole router over `state`, with `docs` (the OpenAPI document
+/// and its docs page, `crate::openapi::routes`) mounted under the same
+/// layers. The caller passes `docs` in because that document is built from
+/// these modules' handlers: mounting it here would make the two modules
+/// import each other.
+pub fn router(state: AppState, docs: Router<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
     // A job's own resources: another user's job is a 404 (auth::job_visible).
     let job_scoped = Router::new()
@@ -92,7 +96,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .merge(openapi::routes())
+        .merge(docs)
         .merge(web::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

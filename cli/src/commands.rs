@@ -160,7 +160,7 @@ pub async fn executors(args: ExecutorsArgs) -> Result<u8, CliError> {
                 let job = r.job_id.to_string();
                 format!(
                     "{}{}{}@{}",
-                    r.role.as_str(),
+                    wire(&r.role),
                     if r.standby { "-standby" } else { "" },
                     r.index,
                     &job[job.len().saturating_sub(6)..]

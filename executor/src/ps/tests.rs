@@ -8,6 +8,7 @@ use crate::control::report::Item;
 use serde_json::json;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::{wire_index, Assignment, LogLevel, PsPeer, Range, RoleKind};
 use trainyard_common::cluster::{RoleKey, WorkerPeer};
@@ -490,4 +491,85 @@ fn a_slow_standby_holds_back_only_the_versions_it_has_not_acknowledged() {
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The step rank 0 flags is checkpointed with the values the flagged
+/// version produced, once the standby has that version; a draining
+/// executor's shard asks rank 0 (and only rank 0) for a checkpoint, once.
+#[test]
+fn a_flagged_version_is_checkpointed_once_replicated_and_a_drain_asks_rank_0_once() {
+    let dir = std::env::temp_dir().join(format!("ty-ps-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cache = Arc::new(trainyard_store::cache::Cache::open(&dir.join("cache"), 1 << 20).unwrap());
+    let storage = crate::storage::Storage::open(
+        &format!("file://{}", dir.join("store").display()),
+        &[],
+        cache,
+        rt.handle().clone(),
+    )
+    .unwrap();
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let primary = assignment(&plane, RoleKind::Ps, json!("sync"));
+    let standby = assignment(&plane, RoleKind::Standby, json!("sync"));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stop = AtomicBool::new(false);
+    let ctx = Context::for_tests();
+    ctx.drain.start();
+    let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
+    let (shard, copy) = std::thread::scope(|scope| {
+        let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
+        let pr = scope.spawn(|| {
+            serve_shard(
+                &primary,
+                &stop,
+                &tx,
+                &plane,
+                None,
+                Ok(Arc::new(storage)),
+                &ctx,
+            )
+        });
+        let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
+        let mut buf = Vec::new();
+        let (m, values) = init(&init_values);
+        call(&mut w[0], m, values, &mut buf);
+        let mut asks = Vec::new();
+        for step in 0..2u64 {
+            for (r, link) in w.iter_mut().enumerate() {
+                assert_eq!(version(call(link, pull(step), &[], &mut buf)), step);
+                let (mut m, g) = push_at(step, r as u32);
+                if let Message::Push { checkpoint, .. } = &mut m {
+                    *checkpoint = std::num::NonZeroU64::new(1);
+                }
+                match call(link, m, &g, &mut buf) {
+                    Message::Ack {
+                        checkpoint_wanted, ..
+                    } => asks.push((r, checkpoint_wanted)),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        // Rank 0's first answer asks; nobody else's, and never again.
+        assert_eq!(asks, [(0, true), (1, false), (0, false), (1, false)]);
+        stop.store(true, Ordering::Relaxed);
+        (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
+    });
+    assert_eq!((shard.version, copy.version), (2, 2));
+    let mut checkpoints = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        if let Item::Checkpoint(c) = item {
+            checkpoints.push(c);
+        }
+    }
+    // Step 1, flagged twice (by the version it completes and the next),
+    // is written once, by the version that completed it.
+    assert_eq!(checkpoints.len(), 1, "{checkpoints:?}");
+    let c = &checkpoints[0];
+    assert_eq!((c.step, c.shard, c.shards, c.state_tensors), (1, 0, 1, 2));
+    let _ = std::fs::remove_dir_all(&dir);
 }

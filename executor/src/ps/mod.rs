@@ -57,11 +57,26 @@ pub use worker::{run_worker, work, KeptWorker, LastStep};
 use crate::replica::data::Cursor;
 use std::time::Duration;
 use trainyard_common::cluster::{wire_index, RoleKind};
-use trainyard_dataplane::ps::DataCursor;
+use trainyard_dataplane::ps::{self, DataCursor};
 
 /// How long a worker waits for a shard's answer (a sync pull waits for the
 /// slowest worker's push).
 pub const PS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Reads the next message on a served connection. One of another
+/// generation is answered `Stale` and ends the connection (`None`).
+fn read_current(
+    r: &mut impl std::io::Read,
+    writer: &mut impl std::io::Write,
+    generation: i64,
+) -> Result<Option<ps::Received>, ps::WireError> {
+    let m = ps::read_message(r)?;
+    if m.generation != generation {
+        ps::write_message(writer, generation, &ps::Message::Stale, &[])?;
+        return Ok(None);
+    }
+    Ok(Some(m))
+}
 
 /// A data cursor as the wire carries it.
 fn to_wire(c: Cursor) -> DataCursor {

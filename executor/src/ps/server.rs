@@ -13,7 +13,7 @@
 
 use super::shard::{shard_len, Locked, Shard};
 use super::standby::{self, Reporting, StandbyLink};
-use super::{from_wire, PS_TIMEOUT};
+use super::{from_wire, read_current, PS_TIMEOUT};
 use crate::context::{Context, Drain};
 use crate::control::report::Item;
 use crate::replica::optim::FlatOptimizer;
@@ -263,11 +263,9 @@ fn connection(
             stop,
             deadline: None,
         };
-        let m = ps::read_message(&mut r)?;
-        if m.generation != generation {
-            ps::write_message(&mut writer, generation, &Message::Stale, &[])?;
+        let Some(m) = read_current(&mut r, &mut writer, generation)? else {
             return Ok(());
-        }
+        };
         match m.message {
             Message::Init { version, cursor } => {
                 ps::read_values(&mut r, &m, len, &mut buf)?;

@@ -89,17 +89,20 @@ pub(super) enum Visible {
     Held(Option<Published>),
 }
 
+/// One applied update: the gradient sum it applied at version `before`,
+/// over `samples` samples with `lr`, and the state after it.
+pub(super) struct Update {
+    pub(super) grad: Vec<f32>,
+    pub(super) before: u64,
+    pub(super) samples: u64,
+    pub(super) lr: f64,
+    pub(super) after: Published,
+}
+
 /// A change its standby must have before it is published.
 pub(super) enum Change {
-    /// One applied update: the gradient sum it applied at version
-    /// `before`, over `samples` samples with `lr`, and the state after it.
-    Update {
-        grad: Vec<f32>,
-        before: u64,
-        samples: u64,
-        lr: f64,
-        after: Published,
-    },
+    /// One applied update.
+    Update(Update),
     /// The state was replaced (initial values, an aligned version, a new
     /// standby): the whole of it.
     Whole,
@@ -421,13 +424,13 @@ impl Shard {
             weights,
             cursor: self.cursor,
         };
-        self.outbox.push_back(Change::Update {
+        self.outbox.push_back(Change::Update(Update {
             grad: sum,
             before,
             samples,
             lr,
             after,
-        });
+        }));
         if matches!(self.visible, Visible::Current) {
             // Sync: the values changed in place, and the workers pull only
             // the version this update makes; they wait for the standby.

@@ -25,8 +25,8 @@
 //! started on its executor takes over ([`crate::roles`] keys PS state by
 //! shard, primary or standby alike).
 
-use super::shard::{shard_len, Change, Locked, Published, Shard};
-use super::{from_wire, standby_endpoint, to_wire};
+use super::shard::{shard_len, Change, Locked, Published, Shard, Update};
+use super::{from_wire, read_current, standby_endpoint, to_wire};
 use crate::control::report::Item;
 use crate::replica::optim::FlatOptimizer;
 use std::net::TcpStream;
@@ -82,13 +82,7 @@ struct WholeState {
 /// What the replicator sends next.
 enum Job {
     /// One update, with the state it leads to.
-    Update {
-        grad: Vec<f32>,
-        before: u64,
-        samples: u64,
-        lr: f64,
-        after: Published,
-    },
+    Update(Update),
     /// The whole state.
     Whole(WholeState),
 }
@@ -200,13 +194,13 @@ impl StandbyLink {
     /// Sends `job` on the open connection.
     fn deliver(&mut self, job: &Job, stop: &AtomicBool) -> Result<Published, Undelivered> {
         match job {
-            Job::Update {
+            Job::Update(Update {
                 grad,
                 before,
                 samples,
                 lr,
                 after,
-            } => {
+            }) => {
                 let m = Message::Update {
                     before: *before,
                     samples: *samples,
@@ -309,13 +303,13 @@ pub(super) fn replicate(
             next_job(&mut s, link.synced)
         };
         let Some(job) = job else { continue };
-        if let (Some(pause), Job::Update { .. }) = (report.slow, &job) {
+        if let (Some(pause), Job::Update(_)) = (report.slow, &job) {
             std::thread::sleep(pause);
         }
         let result = link.send(&job, stop);
         let mut s = shard.lock();
-        if let Job::Update { grad, .. } = job {
-            s.spare.push(grad);
+        if let Job::Update(u) = job {
+            s.spare.push(u.grad);
         }
         match result {
             Ok(acked) => {
@@ -368,26 +362,14 @@ fn next_job(s: &mut Shard, synced: bool) -> Option<Job> {
     let whole = !synced || matches!(s.outbox.front(), Some(Change::Whole));
     if !whole {
         return match s.outbox.pop_front()? {
-            Change::Update {
-                grad,
-                before,
-                samples,
-                lr,
-                after,
-            } => Some(Job::Update {
-                grad,
-                before,
-                samples,
-                lr,
-                after,
-            }),
+            Change::Update(u) => Some(Job::Update(u)),
             Change::Whole => None,
         };
     }
     // The whole state includes every queued update.
     for c in s.outbox.drain(..) {
-        if let Change::Update { grad, .. } = c {
-            s.spare.push(grad);
+        if let Change::Update(u) = c {
+            s.spare.push(u.grad);
         }
     }
     let weights = s.weights.clone()?;
@@ -534,11 +516,9 @@ impl Standby<'_> {
                 stop,
                 deadline: None,
             };
-            let m = ps::read_message(&mut r)?;
-            if m.generation != self.generation {
-                ps::write_message(&mut writer, self.generation, &Message::Stale, &[])?;
+            let Some(m) = read_current(&mut r, &mut writer, self.generation)? else {
                 return Ok(());
-            }
+            };
             let answer = match m.message {
                 Message::State {
                     version,

@@ -21,7 +21,7 @@ use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::cluster::{Assignment, PsPeer, Range, RoleKey, RoleKind, WorkerPeer};
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
-use trainyard_dataplane::ps::{self, Header, Kind};
+use trainyard_dataplane::ps::{self, DataCursor, Message};
 use trainyard_dataplane::{plane, DataPlane};
 
 const MODEL_BYTES: usize = 64 << 20;
@@ -120,13 +120,13 @@ fn start_tier(shards: u32, workers: u32) -> Tier {
     }
 }
 
-fn call(s: &mut TcpStream, h: Header, payload: &[f32], buf: &mut Vec<f32>, len: usize) -> Header {
-    ps::write(s, h, payload).expect("a request");
-    let reply = ps::read_header(s).expect("a reply");
-    if reply.len > 0 {
-        ps::read_payload(s, &reply, len, buf).expect("a payload");
+fn call(s: &mut TcpStream, m: Message, payload: &[f32], buf: &mut Vec<f32>, len: usize) -> Message {
+    ps::write_message(s, 1, &m, payload).expect("a request");
+    let reply = ps::read_message(s).expect("a reply");
+    if reply.message.carries_values() {
+        ps::read_values(s, &reply, len, buf).expect("a payload");
     }
-    reply
+    reply.message
 }
 
 /// Runs `steps` pull+push rounds of `workers` workers; returns seconds,
@@ -169,7 +169,11 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> (f64, f64, f64) {
                 if rank == 0 {
                     for (s, len, buf, _) in &mut links {
                         let init = vec![0.5f32; *len];
-                        call(s, Header::new(Kind::Init, 1), &init, buf, *len);
+                        let m = Message::Init {
+                            version: 0,
+                            cursor: DataCursor::default(),
+                        };
+                        call(s, m, &init, buf, *len);
                     }
                 }
                 barrier.wait();
@@ -183,14 +187,20 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> (f64, f64, f64) {
                             .map(|(s, len, buf, grad)| {
                                 inner.spawn(move || {
                                     let t0 = Instant::now();
-                                    let mut pull = Header::new(Kind::Pull, 1);
-                                    pull.version = version;
-                                    let w = call(s, pull, &[], buf, *len);
+                                    let pull = Message::Pull { at_least: version };
+                                    let Message::Weights { version: at, .. } =
+                                        call(s, pull, &[], buf, *len)
+                                    else {
+                                        panic!("a pull answered without values");
+                                    };
                                     let t1 = Instant::now();
-                                    let mut push = Header::new(Kind::Push, 1);
-                                    push.version = w.version;
-                                    push.samples = 1;
-                                    push.lr = 0.01;
+                                    let push = Message::Push {
+                                        computed_at: at,
+                                        samples: 1,
+                                        lr: 0.01,
+                                        next_cursor: DataCursor::default(),
+                                        checkpoint: None,
+                                    };
                                     call(s, push, grad, buf, 0);
                                     (t1 - t0, t1.elapsed())
                                 })

@@ -6,13 +6,13 @@
 //! replica's) and a version, and serves workers over the data plane
 //! ([`trainyard_dataplane::ps`]'s typed messages), one thread per worker
 //! connection. The job's consistency decides when a pushed gradient is
-//! applied ([`consistency`]). The shard's state outlives its generation on
+//! applied (`consistency.rs`). The shard's state outlives its generation on
 //! the executor (as a ring replica does): the next generation's server
 //! takes it over, drops the half-summed version of the old membership and
 //! waits for the new worker count. A shard that starts empty is
 //! initialised from the newest committed checkpoint, else by rank 0 with
 //! the newest weights it pulled. A shard of a job that keeps replicas has a
-//! **standby** on another executor ([`standby`]); a version is published
+//! **standby** on another executor (`standby.rs`); a version is published
 //! only once the standby has it, so every version a worker has seen
 //! survives the loss of the shard's executor. Not covered: in async and
 //! bounded modes an update the standby applied whose acknowledgement died
@@ -20,23 +20,23 @@
 //!
 //! One gradient's path, file by file:
 //!
-//! 1. [`worker`]: the worker's [`crate::replica::Replica`] computes the
-//!    gradient of its share of the batch; [`links`] cuts it into one slice
+//! 1. `worker.rs`: the worker's [`crate::replica::Replica`] computes the
+//!    gradient of its share of the batch; `links.rs` cuts it into one slice
 //!    per shard and pushes every shard at once (`Message::Push`: the
 //!    version it was computed at, samples, learning rate, data cursor, the
 //!    checkpoint step rank 0 chose).
-//! 2. [`server`]: the shard's connection thread reads the push and hands
-//!    it to [`shard`]'s `Shard::take`, which asks [`consistency::judge`]
+//! 2. `server.rs`: the shard's connection thread reads the push and hands
+//!    it to `shard.rs`'s `Shard::take`, which asks `consistency::judge`
 //!    and sums it into the version's round or applies it (the optimizer of
 //!    [`crate::replica::optim`]).
-//! 3. [`standby`]: an applied update is queued; the shard's replicator
+//! 3. `standby.rs`: an applied update is queued; the shard's replicator
 //!    thread sends it to the standby (`Message::Update`) without the
 //!    shard's lock, and the standby applies it to the same bits. Its
 //!    acknowledgement publishes the version.
-//! 4. [`server`] again: the push is answered (`Ack`, or `Rejected` when too
+//! 4. `server.rs` again: the push is answered (`Ack`, or `Rejected` when too
 //!    stale) and the checkpoint it asked for goes to the uploader; the
 //!    workers' next pulls get the new version (`Weights`), which
-//!    [`links`] loads into each worker's replica.
+//!    `links.rs` loads into each worker's replica.
 
 mod consistency;
 mod links;

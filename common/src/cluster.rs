@@ -636,8 +636,10 @@ pub enum RoleOutcome {
     Succeeded {
         /// Steps run.
         steps: u64,
-        /// Loss of the last step.
-        final_loss: f64,
+        /// Loss of the last step; `None` when the reporting rank knows none
+        /// (it joined after the last step and received the finished state).
+        #[serde(default)]
+        final_loss: Option<f64>,
         /// Held-out loss.
         eval_loss: Option<f64>,
         /// Held-out accuracy.

@@ -186,13 +186,7 @@ impl Role {
                 ));
                 RoleOutcome::Succeeded {
                     steps: out.steps,
-                    // JSON has no NaN: a report carrying one would be
-                    // refused (and retried) forever.
-                    final_loss: if out.final_loss.is_finite() {
-                        out.final_loss
-                    } else {
-                        f64::MAX
-                    },
+                    final_loss: out.final_loss,
                     eval_loss: out.eval_loss,
                     eval_accuracy: out.eval_accuracy,
                     weights_url: url,

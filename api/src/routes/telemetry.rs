@@ -292,14 +292,12 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, serde_json::Value) {
             eval_accuracy,
             weights_url,
         } => {
-            // `f64::MAX` is the executor's "no loss known" (JSON has no
-            // NaN): a rank that joined after the last step and received
-            // the finished state has trained no step of its own.
-            let known = final_loss.is_finite() && *final_loss < f64::MAX;
-            let loss = if known {
-                format!("final loss {final_loss:.4}")
-            } else {
-                "final loss not known to the reporting rank".into()
+            // A rank that joined after the last step and received the
+            // finished state has trained no step of its own: no loss.
+            let known = final_loss.filter(|l| l.is_finite());
+            let loss = match known {
+                Some(l) => format!("final loss {l:.4}"),
+                None => "final loss not known to the reporting rank".into(),
             };
             (
                 JobState::Succeeded,
@@ -313,7 +311,7 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, serde_json::Value) {
                         eval_loss.unwrap_or(f64::NAN)
                     ),
                 },
-                serde_json::json!({"steps": steps, "final_loss": finite(Some(*final_loss).filter(|_| known)), "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
+                serde_json::json!({"steps": steps, "final_loss": known, "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
             )
         }
         RoleOutcome::Failed { reason } => (JobState::Failed, text(reason), serde_json::json!({})),

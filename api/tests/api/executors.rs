@@ -556,7 +556,7 @@ async fn an_outcome_without_a_known_loss_says_so_instead_of_a_sentinel() {
     // its own (JSON has no NaN).
     let report = json!({
         "key": {"job_id": job, "generation": 1, "role": "worker", "index": 0},
-        "outcome": {"succeeded": {"steps": 920, "final_loss": f64::MAX, "eval_loss": 0.1,
+        "outcome": {"succeeded": {"steps": 920, "final_loss": null, "eval_loss": 0.1,
                     "eval_accuracy": 0.975, "weights_url": "file:///tmp/w.safetensors"}}
     });
     let r = app

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::context::Context;
-use crate::control::report::Item;
+use crate::shared::Item;
 use serde_json::json;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};

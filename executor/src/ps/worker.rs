@@ -23,11 +23,11 @@ use super::links::{
 };
 use super::to_wire;
 use crate::context::Context;
-use crate::control::report::Item;
 use crate::error::{guarded, RoleError};
 use crate::replica::progress::{self, accuracy_suffix, ProgressLine};
 use crate::replica::{self, Replica};
 use crate::role::Role;
+use crate::shared::Item;
 use crate::storage::checkpoint::Policy;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -37,7 +37,7 @@ pub struct Outcome {
     /// Steps run.
     pub steps: u64,
     /// Loss of the last step.
-    pub final_loss: f64,
+    pub final_loss: Option<f64>,
     /// Held-out accuracy (classification).
     pub eval_accuracy: Option<f64>,
     /// Held-out loss.
@@ -122,7 +122,9 @@ pub struct Replica {
     pub step: u64,
     /// Where the next step starts in the data.
     pub cursor: Cursor,
-    last_loss: f64,
+    /// The loss of the last step this replica (or the one it took its
+    /// state from) ran; `None` before any.
+    last_loss: Option<f64>,
     eval_loss: Option<f64>,
     eval_accuracy: Option<f64>,
 }
@@ -199,7 +201,7 @@ impl Replica {
             grad: Tensor::new(),
             step: 0,
             cursor: Cursor::default(),
-            last_loss: f64::NAN,
+            last_loss: None,
             eval_loss: None,
             eval_accuracy: None,
         };
@@ -271,7 +273,8 @@ impl Replica {
             t,
             self.cursor.epoch,
             self.cursor.offset,
-            self.last_loss.to_bits(),
+            // NaN stands for "none" in the flat state only.
+            self.last_loss.unwrap_or(f64::NAN).to_bits(),
         ]
         .into_iter()
         .enumerate()
@@ -307,7 +310,7 @@ impl Replica {
             epoch: words_u64(&meta[4..6]),
             offset: words_u64(&meta[6..8]),
         };
-        self.last_loss = f64::from_bits(words_u64(&meta[8..10]));
+        self.last_loss = Some(f64::from_bits(words_u64(&meta[8..10]))).filter(|l| !l.is_nan());
         Ok(())
     }
 
@@ -475,13 +478,13 @@ impl Replica {
     }
 
     /// The loss of the last step.
-    pub fn last_loss(&self) -> f64 {
+    pub fn last_loss(&self) -> Option<f64> {
         self.last_loss
     }
 
     /// Records the loss of the last step (for the outcome).
     pub fn set_last_loss(&mut self, loss: f64) {
-        self.last_loss = loss;
+        self.last_loss = Some(loss);
     }
 
     /// Forward and backward on `b`: loss × samples and the flat gradient
@@ -568,7 +571,7 @@ impl Replica {
         }
         self.step += 1;
         self.cursor = next;
-        self.last_loss = loss;
+        self.last_loss = Some(loss);
         Ok(())
     }
 

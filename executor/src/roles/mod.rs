@@ -36,8 +36,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::unbounded_channel;
 use trainyard_common::cluster::{
-    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey,
-    RoleKind,
+    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey, RoleKind,
 };
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::DataPlane;

@@ -23,7 +23,7 @@ GOLDEN = 0x9E3779B97F4A7C15
 
 
 class SplitMix64:
-    """The executor's seeded generator (executor/src/train/rng.rs)."""
+    """The executor's seeded generator (executor/src/replica/rng.rs)."""
 
     def __init__(self, seed, stream):
         self.state = (seed ^ ((stream * GOLDEN) & MASK)) & MASK

@@ -4,7 +4,7 @@
 //! Every worker computes the same seeded split and, each epoch, the same
 //! seeded permutation of the training indices; a step consumes the next
 //! `world × batch` samples of it, worker `rank` taking the `rank`-th run
-//! (see [`slice`]), so the shards are disjoint, cover the epoch, and are
+//! (see [`slice()`]), so the shards are disjoint, cover the epoch, and are
 //! re-split when the membership changes. Text is cut into windows of `context + 1` tokens (bytes) at
 //! seeded random offsets. Batches are gathered on a background thread into a
 //! bounded channel, so the training loop only waits when the data is slower
@@ -230,7 +230,7 @@ impl Dataset {
     }
 
     /// Starts the background batcher of worker `rank` of `world` from
-    /// `cursor`; it stops when the receiver is dropped. See [`slice`].
+    /// `cursor`; it stops when the receiver is dropped. See [`slice()`].
     pub fn stream(
         &self,
         spec: &JobSpecInput,

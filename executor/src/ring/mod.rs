@@ -7,9 +7,9 @@
 //!
 //! * [`worker`] — a rank's life in one generation: connect the ring, join
 //!   its state, train, report, and keep the replica through a broken ring;
-//! * [`join`] — a new ring's members take the most advanced member's state
+//! * [`mod@join`] — a new ring's members take the most advanced member's state
 //!   (or the committed checkpoint, when nobody has one);
-//! * [`train`] — the loop: batches from the global data cursor, a step,
+//! * [`mod@train`] — the loop: batches from the global data cursor, a step,
 //!   checkpoint slices, evaluation on rank 0;
 //! * [`step`] — one step: forward and backward on the replica, the
 //!   gradient with the sample count, loss and checkpoint vote summed over

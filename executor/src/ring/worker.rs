@@ -1,7 +1,7 @@
 //! A ring rank's life in one generation.
 //!
 //! [`run`] connects the rank to its neighbours through the executor's data
-//! plane, joins the ring's state ([`super::join`]), trains
+//! plane, joins the ring's state ([`mod@super::join`]), trains
 //! ([`super::train::train_with`]) and reports; rank 0 writes the final
 //! weights and the job's outcome ([`Role::finish`]). The replica outlives
 //! the generation: when the ring breaks (a peer died) the rank keeps it at

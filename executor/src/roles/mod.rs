@@ -12,7 +12,7 @@
 //!
 //! Elasticity: a role's state outlives its generation. When the next
 //! generation arrives, the old role's thread stops and hands what it holds
-//! ([`Parked`]: a worker's replica, a shard's values and optimizer state)
+//! (`Parked`: a worker's replica, a shard's values and optimizer state)
 //! to the new role on the same device, or of the same shard. A shard's
 //! standby keeps its state under its shard's number too, so when the
 //! scheduler promotes it (the standby's role ends, the shard's starts on

@@ -17,7 +17,7 @@ use crate::replica::optim::FlatOptimizer;
 use crate::replica::{Outcome, Replica};
 use crate::shared::Item;
 use crate::storage::checkpoint::{self, Checkpointing, Policy, Uploader};
-use crate::storage::{write_weights, Storage};
+use crate::storage::{write_weights, OpenedStorage, Storage};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ pub struct Role {
     /// The role's reports.
     pub tx: UnboundedSender<Item>,
     /// The job's object store (why not, when it cannot be opened).
-    pub storage: Result<Arc<Storage>, String>,
+    pub storage: OpenedStorage,
     /// This executor's data plane.
     pub plane: Option<Arc<DataPlane>>,
     /// What the executor's roles share.

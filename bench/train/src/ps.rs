@@ -106,7 +106,7 @@ fn start_tier(shards: u32, workers: u32) -> Tier {
                     &tx,
                     &plane,
                     None,
-                    Err("no store".into()),
+                    trainyard_executor::storage::no_storage(),
                     &trainyard_executor::context::Context::for_tests(),
                 );
             })

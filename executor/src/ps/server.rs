@@ -18,7 +18,7 @@ use crate::context::{Context, Drain};
 use crate::replica::optim::FlatOptimizer;
 use crate::shared::Item;
 use crate::storage::checkpoint::Uploader;
-use crate::storage::Storage;
+use crate::storage::OpenedStorage;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -54,7 +54,7 @@ pub fn serve_shard(
     tx: &UnboundedSender<Item>,
     plane: &DataPlane,
     parked: Option<Shard>,
-    storage: Result<Arc<Storage>, String>,
+    storage: OpenedStorage,
     ctx: &Context,
 ) -> Option<Shard> {
     let log = |level, msg: String| {

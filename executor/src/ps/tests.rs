@@ -183,7 +183,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                     &tx,
                     &plane,
                     None,
-                    Err("no store".into()),
+                    crate::storage::no_storage(),
                     &Context::for_tests(),
                 )
             });
@@ -288,7 +288,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
                 &tx,
                 &plane,
                 None,
-                Err("no store".into()),
+                crate::storage::no_storage(),
                 &Context::for_tests(),
             )
         });
@@ -322,7 +322,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
                 &tx,
                 &plane,
                 Some(copy),
-                Err("no store".into()),
+                crate::storage::no_storage(),
                 &Context::for_tests(),
             )
         });
@@ -370,7 +370,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
         &tx,
         &plane,
         Some(empty),
-        Err("no store".into()),
+        crate::storage::no_storage(),
         &Context::for_tests(),
     );
     let errors = errors();
@@ -442,7 +442,7 @@ fn a_slow_standby_holds_back_only_the_versions_it_has_not_acknowledged() {
                 &tx,
                 &plane,
                 None,
-                Err("no store".into()),
+                crate::storage::no_storage(),
                 &ctx,
             )
         });

@@ -28,7 +28,7 @@ use crate::replica::Replica;
 use crate::ring::worker::Kept;
 use crate::role::Role;
 use crate::shared::Reporter;
-use crate::storage::Storage;
+use crate::storage::{OpenedStorage, Storage, StorageError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,15 +103,20 @@ impl Roles {
     }
 
     /// The store at `url`, opened once.
-    fn storage(&self, url: &str) -> Result<Arc<Storage>, String> {
-        let ctx = self.ctx.as_ref().ok_or("no object store configured")?;
-        let mut opened = self.opened.lock().map_err(|_| "poisoned")?;
+    fn storage(&self, url: &str) -> OpenedStorage {
+        let ctx = self.ctx.as_ref().ok_or_else(|| {
+            Arc::new(StorageError::Url {
+                url: url.to_owned(),
+                reason: "no object store configured",
+            })
+        })?;
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((u, s)) = opened.as_ref() {
             if u == url {
                 return Ok(s.clone());
             }
         }
-        let s = Arc::new(ctx.fetcher.open(url).map_err(|e| e.to_string())?);
+        let s = Arc::new(ctx.fetcher.open(url).map_err(Arc::new)?);
         *opened = Some((url.to_owned(), s.clone()));
         Ok(s)
     }

@@ -54,6 +54,19 @@ pub enum StorageError {
     },
 }
 
+/// A job's store as roles receive it: opened once per executor and shared,
+/// or why it could not be opened (the roles go on without checkpoints).
+pub type OpenedStorage = Result<Arc<Storage>, Arc<StorageError>>;
+
+/// No store at all: roles run without checkpoints or final weights (unit
+/// tests, benchmarks).
+pub fn no_storage() -> OpenedStorage {
+    Err(Arc::new(StorageError::Url {
+        url: String::new(),
+        reason: "no object store in this process",
+    }))
+}
+
 /// The object store and the local cache tier, usable from training threads.
 pub struct Storage {
     /// The store.

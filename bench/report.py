@@ -256,7 +256,7 @@ table("plan")
 w("## Training step (`train-bench`)\n")
 t = data["train"]
 train_how = f", {t['threads']} thread(s), {t['steps']} steps after {t['warmup']} warm-up" if t else ""
-w("The executor's own training step (`Replica::step_on`: its models through `tch`, gradients flattened into one "
+w("The executor's own training step (`ring::step_on`: its models through `tch`, gradients flattened into one "
   "buffer, its flat Adam applied in place) against the same models, batch, Adam and thread count in Python "
   f"PyTorch eager on the same libtorch (`bench/train_step.py`){train_how}. "
   "Target: no slower than Python (ratio ≤ 1).\n")

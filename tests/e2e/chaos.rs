@@ -30,6 +30,8 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use trainyard_common::api::{Job, JobEvent};
+use trainyard_common::JobState;
 use trainyard_e2e::{
     eventually, kill9, sse_events, tail, target_dir, ApiClient, Consistency, MlpSpec, Platform,
     Proc, TestPostgres,
@@ -312,68 +314,62 @@ fn wait_running(p: &Fleet, ids: &[String]) {
         ids.iter().all(|id| p.state(id) == "running").then_some(())
     })
     .unwrap_or_else(|| {
-        let states: Vec<String> = ids.iter().map(|id| p.job(id).to_string()).collect();
+        let states: Vec<Option<Job>> = ids.iter().map(|id| p.poll_job(id)).collect();
         panic!("the {} jobs are not all running: {states:?}", p.label)
     });
 }
 
-/// Polls until every job of `ids` has ended; their final JSON.
-fn wait_ended(p: &Fleet, ids: &[String]) -> Vec<Value> {
+/// Polls until every job of `ids` has ended; the jobs then.
+fn wait_ended(p: &Fleet, ids: &[String]) -> Vec<Job> {
     eventually(TRAINING, || {
-        let jobs: Vec<Value> = ids.iter().map(|id| p.job(id)).collect();
-        jobs.iter()
-            .all(|j| {
-                ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or(""))
-            })
-            .then_some(jobs)
+        let jobs: Option<Vec<Job>> = ids.iter().map(|id| p.poll_job(id)).collect();
+        jobs.filter(|jobs| jobs.iter().all(|j| j.state.is_terminal()))
     })
     .unwrap_or_else(|| {
-        let jobs: Vec<String> = ids.iter().map(|id| p.job(id).to_string()).collect();
+        let jobs: Vec<Option<Job>> = ids.iter().map(|id| p.poll_job(id)).collect();
         panic!("the {} jobs did not all end: {jobs:?}", p.label)
     })
 }
 
-fn accuracy(events: &[Value]) -> Option<f64> {
+fn accuracy(events: &[JobEvent]) -> Option<f64> {
     events
         .iter()
-        .find(|e| e["kind"] == "result")
-        .and_then(|e| e["data"]["eval_accuracy"].as_f64())
+        .find(|e| e.kind == "result")
+        .and_then(|e| e.data["eval_accuracy"].as_f64())
 }
 
 /// Checks that `events` is a whole history: increasing ids, the submit
 /// first, state changes that each leave the state the previous one
 /// entered, one result, and the end in `succeeded`.
-fn check_history(name: &str, events: &[Value]) {
+fn check_history(name: &str, events: &[JobEvent]) {
     assert!(
-        events
-            .windows(2)
-            .all(|w| w[0]["id"].as_i64() < w[1]["id"].as_i64()),
+        events.windows(2).all(|w| w[0].id < w[1].id),
         "{name}: event ids do not increase: {events:?}"
     );
     let first = events
         .first()
         .unwrap_or_else(|| panic!("{name}: no events"));
-    assert_eq!(first["kind"], "submitted", "{name}: {first}");
-    assert_eq!(first["to_state"], "queued", "{name}: {first}");
+    assert_eq!(first.kind, "submitted", "{name}: {first:?}");
+    assert_eq!(first.to_state, Some(JobState::Queued), "{name}: {first:?}");
     let mut state = "queued".to_owned();
-    for e in events.iter().filter(|e| e["kind"] == "transition") {
+    for e in events.iter().filter(|e| e.kind == "transition") {
         assert_eq!(
-            e["from_state"].as_str(),
-            Some(state.as_str()),
-            "{name}: a state change is missing before {e}"
+            e.from_state.map(|s| s.to_string()),
+            Some(state.clone()),
+            "{name}: a state change is missing before {e:?}"
         );
-        state = e["to_state"].as_str().unwrap_or("?").to_owned();
+        state = e.to_state.map_or_else(|| "?".to_owned(), |s| s.to_string());
     }
     assert_eq!(state, "succeeded", "{name}: the history ends in {state}");
-    let results = events.iter().filter(|e| e["kind"] == "result").count();
+    let results = events.iter().filter(|e| e.kind == "result").count();
     assert_eq!(results, 1, "{name}: {results} result events: {events:?}");
 }
 
 /// The executors the reasons of `events` declare lost ("NAME (lost)").
-fn declared_lost(events: &[Value]) -> BTreeSet<String> {
+fn declared_lost(events: &[JobEvent]) -> BTreeSet<String> {
     events
         .iter()
-        .filter_map(|e| e["reason"].as_str())
+        .map(|e| e.reason.as_str())
         .flat_map(|r| {
             r.match_indices(" (lost)")
                 .map(|(at, _)| {
@@ -582,12 +578,15 @@ fn run(
 
     // What each job says, and the summary (written before the assertions,
     // so a failing run reports its counts too).
-    let histories: Vec<Vec<Value>> = ids.iter().map(|id| chaos.events(id)).collect();
-    let reference_histories: Vec<Vec<Value>> = reference_ids
+    let histories: Vec<Vec<JobEvent>> = ids.iter().map(|id| chaos.events(id)).collect();
+    let reference_histories: Vec<Vec<JobEvent>> = reference_ids
         .iter()
         .map(|id| reference.events(id))
         .collect();
-    let survived = ended.iter().filter(|j| j["state"] == "succeeded").count();
+    let survived = ended
+        .iter()
+        .filter(|j| j.state == JobState::Succeeded)
+        .count();
     let deltas: Vec<(String, Option<f64>, Option<f64>)> = specs
         .iter()
         .zip(histories.iter().zip(&reference_histories))
@@ -621,8 +620,8 @@ fn run(
     );
     // Every job succeeded, on both platforms.
     for (j, r) in ended.iter().zip(&reference_ended) {
-        assert_eq!(j["state"], "succeeded", "under chaos: {j}");
-        assert_eq!(r["state"], "succeeded", "without faults: {r}");
+        assert_eq!(j.state, JobState::Succeeded, "under chaos: {j:?}");
+        assert_eq!(r.state, JobState::Succeeded, "without faults: {r:?}");
     }
     // Within a point of the fault-free run.
     for (name, a, r) in &deltas {
@@ -655,17 +654,14 @@ fn run(
         };
         for id in hit {
             let h = &histories[ids.iter().position(|x| x == id).expect("a job")];
-            let why = h.iter().find(|e| {
-                e["kind"] == "placement"
-                    && e["reason"]
-                        .as_str()
-                        .is_some_and(|r| r.contains(&format!("{victim} (lost)")))
-            });
+            let why = h
+                .iter()
+                .find(|e| e.kind == "placement" && e.reason.contains(&format!("{victim} (lost)")));
             assert!(
                 why.is_some(),
                 "{}: no event explains the loss of {victim}: {:?}",
                 names[id],
-                h.iter().map(|e| e["reason"].clone()).collect::<Vec<_>>()
+                h.iter().map(|e| &e.reason).collect::<Vec<_>>()
             );
         }
     }

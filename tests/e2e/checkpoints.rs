@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
+use trainyard_common::JobState;
 use trainyard_e2e::{
     binary, eventually, kill9, repo_root, run_ok, safetensors_header, ApiClient, MlpSpec, Platform,
     Proc, TestS3,
@@ -79,7 +80,12 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     ring["checkpoint"] = json!({"every_steps": 40, "keep": 2});
     let ring_id = p.submit(&ring);
     let job = p.wait_end(&ring_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&ring_id));
+    assert_eq!(
+        job.state,
+        JobState::Succeeded,
+        "{:?}",
+        p.log_messages(&ring_id)
+    );
     wait_checkpoints(&p, &ring_id, &[150, 120]);
     let listed = p.get(&format!("/v1/jobs/{ring_id}/checkpoints"));
     let newest = &listed["checkpoints"][0];
@@ -118,7 +124,12 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     ps["checkpoint"] = json!({"every_steps": 40, "keep": 2});
     let ps_id = p.submit(&ps);
     let job = p.wait_end(&ps_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&ps_id));
+    assert_eq!(
+        job.state,
+        JobState::Succeeded,
+        "{:?}",
+        p.log_messages(&ps_id)
+    );
     wait_checkpoints(&p, &ps_id, &[150, 120]);
     let in_s3 = folders(&s3.list(&ps_id));
     assert_eq!(
@@ -138,7 +149,12 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     ring3["resume_from"] = json!({"job_id": ps_id});
     let ring3_id = p.submit(&ring3);
     let job = p.wait_end(&ring3_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&ring3_id));
+    assert_eq!(
+        job.state,
+        JobState::Succeeded,
+        "{:?}",
+        p.log_messages(&ring3_id)
+    );
     // Every rank says where it started (a rank's last lines may land just
     // after the job ended).
     let resumed = |lines: Vec<String>| {
@@ -164,7 +180,12 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
     next["resume_from"] = json!({"job_id": ring_id});
     let next_id = p.submit(&next);
     let job = p.wait_end(&next_id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&next_id));
+    assert_eq!(
+        job.state,
+        JobState::Succeeded,
+        "{:?}",
+        p.log_messages(&next_id)
+    );
     let restored = |lines: Vec<String>| {
         let want = format!("restored from the checkpoint of step 150 (job {ring_id})");
         lines.iter().filter(|l| l.contains(&want)).count()
@@ -255,7 +276,7 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
     let _second = [p.executor("kill-a"), p.executor("kill-c")];
     let job = p.wait_end(&id, Duration::from_secs(240));
     let lines = p.log_messages(&id);
-    assert_eq!(job["state"], "succeeded", "{lines:?}");
+    assert_eq!(job.state, JobState::Succeeded, "{lines:?}");
     let resumed: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains("resumed from the checkpoint of step"))
@@ -298,7 +319,7 @@ fn final_weights_read_in_python_give_the_accuracy_the_platform_reported() {
     spec["checkpoint"] = json!({"every_steps": 100});
     let id = p.submit(&spec);
     let job = p.wait_end(&id, Duration::from_secs(180));
-    assert_eq!(job["state"], "succeeded", "{:?}", p.log_messages(&id));
+    assert_eq!(job.state, JobState::Succeeded, "{:?}", p.log_messages(&id));
     let reported = p.result_accuracy(&id);
 
     let dir = p.data.join("python");
@@ -375,7 +396,7 @@ fn a_drained_fleet_leaves_a_checkpoint_that_the_next_fleet_resumes_from() {
     let _second = [p.executor("drain-c"), p.executor("drain-d")];
     let job = p.wait_end(&id, Duration::from_secs(240));
     let lines = p.log_messages(&id);
-    assert_eq!(job["state"], "succeeded", "{lines:?}");
+    assert_eq!(job.state, JobState::Succeeded, "{lines:?}");
     assert!(
         lines
             .iter()

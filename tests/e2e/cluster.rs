@@ -68,12 +68,7 @@ fn job_state(api: &ApiClient, id: &str) -> (String, i64, usize, usize) {
         .flatten()
         .filter(|r| r.starts_with("ps"))
         .count();
-    (
-        j["state"].as_str().unwrap().to_owned(),
-        j["generation"].as_i64().unwrap(),
-        workers,
-        ps,
-    )
+    (j.state.to_string(), j.generation, workers, ps)
 }
 
 #[test]
@@ -225,10 +220,5 @@ fn two_api_processes_schedule_once_and_fail_over() {
     eventually(Duration::from_secs(10), || {
         (job_state(api_b, &second).0 == "running").then_some(())
     })
-    .unwrap_or_else(|| {
-        panic!(
-            "B does not schedule: {:?}",
-            api_b.get(&format!("/v1/jobs/{second}"))
-        )
-    });
+    .unwrap_or_else(|| panic!("B does not schedule: {:?}", api_b.job(&second)));
 }

@@ -42,11 +42,9 @@ fn digits(name: &str, strategy: &str, workers: u32, ps: u32, steps: u64) -> Valu
 }
 
 fn state(api: &ApiClient, id: &str) -> (String, String) {
-    let j = api.get(&format!("/v1/jobs/{id}"));
-    (
-        j["state"].as_str().unwrap_or_default().to_owned(),
-        j["state_reason"].as_str().unwrap_or_default().to_owned(),
-    )
+    api.poll_job(id)
+        .map(|j| (j.state.to_string(), j.state_reason))
+        .unwrap_or_default()
 }
 
 fn events(api: &ApiClient) -> Vec<Value> {

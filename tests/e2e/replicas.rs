@@ -17,6 +17,7 @@
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use trainyard_common::JobState;
 use trainyard_e2e::{eventually, kill9, safetensors_f32, Consistency, MlpSpec, Platform, Proc};
 
 /// An API that declares an executor lost after 40 silent 200 ms beats
@@ -138,15 +139,15 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     let clean = p.submit(&replicated_digits("replicas-clean", shards, steps));
     let job = p.wait_end(&clean, JOB_LIMIT);
     assert_eq!(
-        job["state"],
-        "succeeded",
-        "{job} {:?}",
+        job.state,
+        JobState::Succeeded,
+        "{job:?} {:?}",
         p.log_messages(&clean)
     );
     let clean_placements = p
         .events(&clean)
         .into_iter()
-        .filter(|e| e["kind"] == "placement")
+        .filter(|e| e.kind == "placement")
         .count();
     assert_eq!(
         clean_placements,
@@ -185,9 +186,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
                 r.shards, r.workers
             )
         });
-    let generation = p.get(&format!("/v1/jobs/{faulty}"))["generation"]
-        .as_i64()
-        .unwrap();
+    let generation = p.job(&faulty).generation;
     // Rank 0 reported this many steps: it pulled version `seen - 1`, so
     // that version was published, so the standby has it.
     let seen = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"))["steps_recorded"]
@@ -198,9 +197,9 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     kill9(victim.pid());
     let job = p.wait_end(&faulty, JOB_LIMIT);
     assert_eq!(
-        job["state"],
-        "succeeded",
-        "{job} {:?}",
+        job.state,
+        JobState::Succeeded,
+        "{job:?} {:?}",
         p.log_messages(&faulty)
     );
 
@@ -208,8 +207,8 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     let promoted = p
         .events(&faulty)
         .into_iter()
-        .filter(|e| e["kind"] == "placement")
-        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .filter(|e| e.kind == "placement")
+        .map(|e| e.reason)
         .find(|r| r.contains("standby on") && r.contains("promoted"))
         .unwrap_or_else(|| {
             panic!(

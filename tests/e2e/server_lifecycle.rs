@@ -6,6 +6,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use trainyard_common::JobState;
 use trainyard_e2e::{binary, example_digits, free_port, wait_ready, ApiClient, Proc};
 
 fn serve(data_dir: &Path, port: u16) -> Proc {
@@ -107,9 +108,9 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
     )
     .unwrap();
     let got = client.job(&id);
-    assert_eq!(got["id"], job["id"]);
-    assert_eq!(got["state"], "queued");
-    assert_eq!(got["spec"], job["spec"]);
+    assert_eq!(got.id.to_string(), id);
+    assert_eq!(got.state, JobState::Queued);
+    assert_eq!(serde_json::to_value(&got.spec).unwrap(), job["spec"]);
     let events = client.get(&format!("/v1/jobs/{id}/events"));
     assert_eq!(events["events"][0]["kind"], "submitted");
     again.terminate().unwrap();

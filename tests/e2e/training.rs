@@ -5,6 +5,8 @@
 
 use serde_json::{json, Value};
 use std::time::Duration;
+use trainyard_common::api::JobLogLine;
+use trainyard_common::JobState;
 use trainyard_e2e::{
     eventually, example_digits, kill9, safetensors_f32, safetensors_header, torchscript,
     write_torchscript, Consistency, MlpSpec, Platform, Proc,
@@ -57,7 +59,7 @@ fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
     // The README's demo job, as `scripts/run` submits it.
     let id = p.submit(&example_digits());
     let job = p.wait_end(&id, Duration::from_secs(180));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
 
     let acc = p.result_accuracy(&id);
     assert!(acc >= 0.95, "held-out accuracy {acc}");
@@ -114,13 +116,11 @@ fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
     missing["epochs"] = json!(1);
     let a = p.submit(&missing);
     let ja = p.wait_end(&a, Duration::from_secs(60));
-    assert_eq!(ja["state"], "failed");
+    assert_eq!(ja.state, JobState::Failed);
     assert!(
-        ja["state_reason"]
-            .as_str()
-            .unwrap()
+        ja.state_reason
             .contains("cannot read dataset file:///nonexistent/trainyard/digits.npz"),
-        "{ja}"
+        "{ja:?}"
     );
 
     let mut shapes = digits("wrong-shape");
@@ -128,8 +128,8 @@ fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
     shapes["epochs"] = json!(1);
     let b = p.submit(&shapes);
     let jb = p.wait_end(&b, Duration::from_secs(60));
-    assert_eq!(jb["state"], "failed");
-    let reason = jb["state_reason"].as_str().unwrap();
+    assert_eq!(jb.state, JobState::Failed);
+    let reason = &jb.state_reason;
     assert!(
         reason.contains("64 features") && reason.contains("takes 32"),
         "{reason}"
@@ -153,7 +153,7 @@ fn a_torchscript_model_from_python_is_inspected_and_trained() {
     write_torchscript(&model);
     let id = p.submit(&torchscript("byom", &format!("file://{}", model.display())));
     let job = p.wait_end(&id, Duration::from_secs(120));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let events = p.events(&id);
     assert_eq!(
         p.states(&id),
@@ -162,14 +162,13 @@ fn a_torchscript_model_from_python_is_inspected_and_trained() {
     );
     let inspected = events
         .iter()
-        .find(|e| e["to_state"] == "scheduling")
+        .find(|e| e.to_state == Some(JobState::Scheduling))
         .unwrap();
     assert!(
-        inspected["reason"]
-            .as_str()
-            .unwrap()
+        inspected
+            .reason
             .contains("inspected: 4 tensors, 321 parameters"),
-        "{inspected}"
+        "{inspected:?}"
     );
     let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
     let points = m["points"].as_array().unwrap();
@@ -192,13 +191,11 @@ fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
         &format!("file://{}", model.display()),
     ));
     let job = p.wait_end(&id, Duration::from_secs(60));
-    assert_eq!(job["state"], "failed");
+    assert_eq!(job.state, JobState::Failed);
     assert!(
-        job["state_reason"]
-            .as_str()
-            .unwrap()
+        job.state_reason
             .contains("not a loadable TorchScript module"),
-        "{job}"
+        "{job:?}"
     );
 }
 
@@ -245,7 +242,7 @@ fn a_transformer_language_model_beats_the_unigram_entropy_of_its_text() {
         "workers": {"min": 1, "max": 1}
     }));
     let job = p.wait_end(&id, Duration::from_secs(240));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let eval = p.result(&id)["eval_loss"].as_f64().unwrap();
     assert!(
         eval < entropy,
@@ -263,16 +260,17 @@ fn training_goes_on_through_an_api_crash_and_loses_no_metric() {
     spec["steps"] = json!(6000);
     let id = p.submit(&spec);
     p.wait_steps(&id, 1, Duration::from_secs(60));
-    let before = p.get(&format!("/v1/jobs/{id}"));
+    let before = p.job(&id);
     assert_eq!(
-        before["state"], "running",
-        "the crash must come mid-training: {before}"
+        before.state,
+        JobState::Running,
+        "the crash must come mid-training: {before:?}"
     );
     // The API (and its scheduler) vanishes for 7 s — longer than the 5 s
     // lost timeout — while the executor trains on and buffers its reports.
     p.crash_api(Duration::from_secs(7));
     let job = p.wait_end(&id, Duration::from_secs(180));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
     assert_eq!(m["steps_recorded"], 6000, "every step arrived exactly once");
     let logs = p.get(&format!("/v1/jobs/{id}/logs"));
@@ -308,7 +306,7 @@ fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
     let _execs: Vec<Proc> = (0..4).map(|i| p.executor(&format!("ring-{i}"))).collect();
     let id = p.submit(&ring_digits("ring-4", (4, 4), 40));
     let job = p.wait_end(&id, Duration::from_secs(300));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let acc = p.result_accuracy(&id);
     assert!(acc >= 0.95, "held-out accuracy {acc}");
     let lines = eventually(Duration::from_secs(20), || {
@@ -346,15 +344,11 @@ fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
 /// Ranks of `generation`'s ring, from the "rank r of n starts" lines.
 fn ring_size_of_generation(p: &Platform, id: &str, generation: i64) -> Option<usize> {
     let logs = p.logs(id);
-    let ranks: Vec<&Value> = logs
+    let ranks: Vec<&JobLogLine> = logs
         .iter()
-        .filter(|l| {
-            l["generation"] == generation && l["message"].as_str().unwrap().contains(" starts on ")
-        })
+        .filter(|l| l.generation == generation && l.message.contains(" starts on "))
         .collect();
-    ranks
-        .first()
-        .map(|l| after(l["message"].as_str().unwrap(), " of "))
+    ranks.first().map(|l| after(&l.message, " of "))
 }
 
 #[test]
@@ -368,9 +362,7 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     let id = p.submit(&spec);
     // Wait until the ring of 4 has trained a while.
     p.wait_steps(&id, 30, Duration::from_secs(120));
-    let generation = p.get(&format!("/v1/jobs/{id}"))["generation"]
-        .as_i64()
-        .unwrap();
+    let generation = p.job(&id).generation;
     assert_eq!(ring_size_of_generation(&p, &id, generation), Some(4));
 
     let victim = execs.remove(2);
@@ -383,18 +375,16 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     .unwrap_or_else(|| panic!("the ring rebuilds with 3: {:?}", p.log_messages(&id)));
     let seconds: f64 = after(&rebuilt, " ran ");
     println!("SIGKILL of a rank → first step of the rebuilt ring of 3: {seconds:.2} s");
-    let state = p.get(&format!("/v1/jobs/{id}"));
+    let state = p.job(&id);
     assert!(
-        ["running", "recovering"].contains(&state["state"].as_str().unwrap()),
-        "{state}"
+        [JobState::Running, JobState::Recovering].contains(&state.state),
+        "{state:?}"
     );
 
     // A new executor joins the ring at the next generation.
     execs.push(p.executor("elastic-new"));
     let grown = eventually(Duration::from_secs(60), || {
-        let g = p.get(&format!("/v1/jobs/{id}"))["generation"]
-            .as_i64()
-            .unwrap();
+        let g = p.job(&id).generation;
         (g > generation + 1 && ring_size_of_generation(&p, &id, g) == Some(4)).then_some(g)
     });
     assert!(
@@ -403,7 +393,7 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
         p.log_messages(&id)
     );
     let job = p.wait_end(&id, Duration::from_secs(600));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let acc = p.result_accuracy(&id);
     println!(
         "elastic ring (4 → 3 → 4): held-out accuracy {:.2}%",
@@ -468,9 +458,9 @@ fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes(
     let sync = p.submit(&ps_digits("ps-sync", Consistency::Sync));
     let job = p.wait_end(&sync, Duration::from_secs(300));
     assert_eq!(
-        job["state"],
-        "succeeded",
-        "{job} {:?}",
+        job.state,
+        JobState::Succeeded,
+        "{job:?} {:?}",
         p.log_messages(&sync)
     );
     let acc = p.result_accuracy(&sync);
@@ -486,7 +476,12 @@ fn two_ps_shards_and_three_workers_train_digits_in_sync_async_and_bounded_modes(
     ] {
         let id = p.submit(&ps_digits(name, consistency));
         let job = p.wait_end(&id, Duration::from_secs(300));
-        assert_eq!(job["state"], "succeeded", "{job} {:?}", p.log_messages(&id));
+        assert_eq!(
+            job.state,
+            JobState::Succeeded,
+            "{job:?} {:?}",
+            p.log_messages(&id)
+        );
         let acc = p.result_accuracy(&id);
         println!("PS {name}: held-out accuracy {:.2}%", acc * 100.0);
         assert!(acc >= 0.93, "{name} accuracy {acc}");
@@ -508,7 +503,7 @@ fn bounded_staleness_rejects_a_slow_workers_stale_pushes_and_applies_none_older_
         .collect();
     let id = p.submit(&ps_digits("ps-bounded-slow", Consistency::Bounded(2)));
     let job = p.wait_end(&id, Duration::from_secs(300));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let stats = eventually(Duration::from_secs(30), || {
         let s = shard_stats(&p.log_messages(&id));
         (s.len() >= 2).then_some(s)
@@ -558,15 +553,15 @@ fn sync_sgd_through_the_ps_tier_equals_one_process_on_the_concatenated_batches()
     };
     let ps = p.submit(&sgd(ps_digits("exact-ps", Consistency::Sync), 16));
     assert_eq!(
-        p.wait_end(&ps, Duration::from_secs(120))["state"],
-        "succeeded"
+        p.wait_end(&ps, Duration::from_secs(120)).state,
+        JobState::Succeeded
     );
     let mut single = sgd(digits("exact-single"), 48);
     single["seed"] = json!(3);
     let one = p.submit(&single);
     assert_eq!(
-        p.wait_end(&one, Duration::from_secs(120))["state"],
-        "succeeded"
+        p.wait_end(&one, Duration::from_secs(120)).state,
+        JobState::Succeeded
     );
     let (a, b) = (
         safetensors_f32(&p.weights_url(&ps)),
@@ -614,15 +609,9 @@ fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_execut
         .expect("an executor with a worker and no shard");
     let (name, proc_) = execs.remove(victim);
     kill9(proc_.pid());
-    let g0 = p.get(&format!("/v1/jobs/{id}"))["generation"]
-        .as_i64()
-        .unwrap();
+    let g0 = p.job(&id).generation;
     eventually(Duration::from_secs(30), || {
-        (p.get(&format!("/v1/jobs/{id}"))["generation"]
-            .as_i64()
-            .unwrap()
-            > g0)
-            .then_some(())
+        (p.job(&id).generation > g0).then_some(())
     })
     .unwrap_or_else(|| panic!("{name} is replaced: {:?}", p.log_messages(&id)));
     // Two executors join: the job grows to 4 workers.
@@ -643,7 +632,12 @@ fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_execut
     let (_, ps_proc) = execs.remove(at);
     kill9(ps_proc.pid());
     let job = p.wait_end(&id, Duration::from_secs(600));
-    assert_eq!(job["state"], "succeeded", "{job} {:?}", p.log_messages(&id));
+    assert_eq!(
+        job.state,
+        JobState::Succeeded,
+        "{job:?} {:?}",
+        p.log_messages(&id)
+    );
     let acc = p.result_accuracy(&id);
     let lines = p.log_messages(&id);
     // The lost shard's ranges come back from the newest committed
@@ -665,7 +659,7 @@ fn a_ps_job_survives_a_killed_worker_and_a_killed_ps_and_grows_with_a_new_execut
     clean["name"] = json!("ps-no-faults");
     let clean_id = p.submit(&clean);
     let job = p.wait_end(&clean_id, Duration::from_secs(600));
-    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let clean_acc = p.result_accuracy(&clean_id);
     println!(
         "PS job through a killed worker, growth to 4 and a killed PS: held-out accuracy {:.2}%; the same spec without faults: {:.2}%",

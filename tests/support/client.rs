@@ -1,29 +1,58 @@
-//! The one blocking JSON client of the API the end-to-end tests (and the
+//! The one blocking client of the API the end-to-end tests (and the
 //! end-to-end benchmarks) use, with the reads and waits they share: a
-//! job's state, its events and log lines over all pages, its result, its
-//! checkpoints, and waiting for it to end or to have trained a number of
-//! steps. Also the readers of what a job leaves: server-sent events and
-//! safetensors files.
+//! job, its state, its events and log lines over all pages, its result,
+//! its checkpoints, the live executors, and waiting for a job to end or to
+//! have trained a number of steps. Also the readers of what a job leaves:
+//! server-sent events and safetensors files.
+//!
+//! [`ApiClient`] is a blocking facade over the typed async client
+//! ([`trainyard_client::Client`]), driven by a current-thread tokio
+//! runtime of its own: every endpoint the typed client covers is read
+//! through it, into the response types of `trainyard_common::api`. The
+//! HTTP behaviour tests must also speak raw HTTP (status codes, problem
+//! documents, arbitrary paths, the SSE stream, the web UI's files): that
+//! goes through [`ApiClient::request`], the one place a raw request is
+//! made, and the helpers on it ([`ApiClient::get`], [`ApiClient::post`],
+//! [`ApiClient::get_response`], [`ApiClient::get_text`],
+//! [`ApiClient::event_stream`]).
 
 use crate::process::eventually;
-use reqwest::blocking::{Client, RequestBuilder, Response};
+use reqwest::blocking::{RequestBuilder, Response};
+use reqwest::Method;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::io::{BufRead, BufReader};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use trainyard_client::{Client, ClientError};
+use trainyard_common::api::{
+    CheckpointList, ExecutorList, Job, JobAssignments, JobEvent, JobLogLine, MetricSeries,
+    ProvisionerStatus,
+};
+use uuid::Uuid;
 
 /// The states a job does not leave.
 pub const TERMINAL: [&str; 3] = ["succeeded", "failed", "cancelled"];
 
-/// A small blocking JSON client of the API, for tests. Transport errors and
-/// bodies that are not JSON panic, naming the request.
+/// Page size of the event and log reads (the API's most).
+const PAGE: u32 = 1000;
+
+/// A blocking client of the API, for tests. A failed request of a typed
+/// read panics, naming the request and the error; the polling reads
+/// ([`ApiClient::state`], [`ApiClient::wait_end`],
+/// [`ApiClient::steps_recorded`], [`ApiClient::live_executors`]) take an
+/// error answer (a 503 while Postgres is away) as "not yet" and panic only
+/// when no answer comes.
 #[derive(Clone)]
 pub struct ApiClient {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
-    client: Client,
+    timeout: Duration,
     token: Option<String>,
+    typed: Client,
+    raw: reqwest::blocking::Client,
+    rt: Arc<tokio::runtime::Runtime>,
 }
 
 impl ApiClient {
@@ -34,25 +63,83 @@ impl ApiClient {
 
     /// A client of the API at `base` whose requests time out after `timeout`.
     pub fn at(base: &str, timeout: Duration) -> ApiClient {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        ApiClient::with(base, timeout, None, Arc::new(rt))
+    }
+
+    fn with(
+        base: &str,
+        timeout: Duration,
+        token: Option<String>,
+        rt: Arc<tokio::runtime::Runtime>,
+    ) -> ApiClient {
         ApiClient {
             base: base.to_owned(),
-            client: Client::builder()
+            timeout,
+            typed: Client::builder(base)
+                .timeout(timeout)
+                .token(token.clone())
+                .build()
+                .expect("a typed API client"),
+            raw: reqwest::blocking::Client::builder()
                 .timeout(timeout)
                 .build()
                 .expect("a reqwest client"),
-            token: None,
+            token,
+            rt,
         }
     }
 
     /// The same client sending `token` as its bearer token.
     pub fn with_token(&self, token: &str) -> ApiClient {
-        ApiClient {
-            token: Some(token.to_owned()),
-            ..self.clone()
+        ApiClient::with(
+            &self.base,
+            self.timeout,
+            Some(token.to_owned()),
+            self.rt.clone(),
+        )
+    }
+
+    /// The typed async client underneath, for the endpoints this facade
+    /// has no method of (run its calls with [`ApiClient::call`]).
+    pub fn typed(&self) -> &Client {
+        &self.typed
+    }
+
+    /// Waits for one request of the typed client; its answer, or why not.
+    pub fn try_call<T>(
+        &self,
+        call: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        self.rt.block_on(call)
+    }
+
+    /// Waits for one request of the typed client; its answer (panics,
+    /// naming `what`, if it failed).
+    pub fn call<T>(&self, what: &str, call: impl Future<Output = Result<T, ClientError>>) -> T {
+        self.try_call(call)
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+    }
+
+    /// The answer of a polling read: `None` for an error answer, a panic
+    /// when none came.
+    fn poll<T>(&self, what: &str, call: impl Future<Output = Result<T, ClientError>>) -> Option<T> {
+        match self.try_call(call) {
+            Ok(v) => Some(v),
+            Err(ClientError::Status(_)) => None,
+            Err(e) => panic!("{what}: {e}"),
         }
     }
 
-    fn authorized(&self, req: RequestBuilder) -> RequestBuilder {
+    // ---- Raw HTTP, for the tests of the API's HTTP behaviour ----
+
+    /// The one place a raw request is made: `method` to `path`, with the
+    /// client's bearer token.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let req = self.raw.request(method, format!("{}{path}", self.base));
         match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -61,7 +148,7 @@ impl ApiClient {
 
     /// GET `path`: the response as it came (for its status and headers).
     pub fn get_response(&self, path: &str) -> Response {
-        self.authorized(self.client.get(format!("{}{path}", self.base)))
+        self.request(Method::GET, path)
             .send()
             .unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
@@ -83,7 +170,7 @@ impl ApiClient {
     /// POST `body` to `path`: the status and the JSON answer.
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let r = self
-            .authorized(self.client.post(format!("{}{path}", self.base)))
+            .request(Method::POST, path)
             .json(body)
             .send()
             .unwrap_or_else(|e| panic!("POST {path}: {e}"));
@@ -91,91 +178,112 @@ impl ApiClient {
         (status, r.json().unwrap_or(Value::Null))
     }
 
-    /// Submits a job spec; its id (panics unless 201).
-    pub fn submit(&self, spec: &Value) -> String {
-        let (status, body) = self.post("/v1/jobs", spec);
-        assert_eq!(status, 201, "submit: {body}");
-        body["id"].as_str().expect("an id").to_owned()
-    }
-
     /// Opens `/v1/events/stream` (no timeout: it stays open).
     pub fn event_stream(&self) -> reqwest::Result<Response> {
-        let client = Client::builder().timeout(None).build()?;
-        self.authorized(client.get(format!("{}/v1/events/stream", self.base)))
-            .send()
+        let client = reqwest::blocking::Client::builder().timeout(None).build()?;
+        let req = client.get(format!("{}/v1/events/stream", self.base));
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+        .send()
     }
 
-    /// The names of the live executors.
+    // ---- Typed reads and waits ----
+
+    /// Submits a job spec; its id (panics unless the API made the job).
+    pub fn submit(&self, spec: &Value) -> String {
+        self.call("submit", self.typed.submit_job(spec, None))
+            .id
+            .to_string()
+    }
+
+    /// The names of the live executors (none while the API answers with an
+    /// error).
     pub fn live_executors(&self) -> Vec<String> {
-        self.get("/v1/executors?state=live")["executors"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|e| e["name"].as_str().map(str::to_owned))
-                    .collect()
-            })
+        self.poll("live executors", self.typed.executors(Some("live")))
+            .map(|l| l.executors.into_iter().map(|e| e.name).collect())
             .unwrap_or_default()
     }
 
-    /// Job `id` as the API shows it.
-    pub fn job(&self, id: &str) -> Value {
-        self.get(&format!("/v1/jobs/{id}"))
+    /// The executors (`state`: only those in it), newest first.
+    pub fn executors(&self, state: Option<&str>) -> ExecutorList {
+        self.call("executors", self.typed.executors(state))
     }
 
-    /// The state of job `id` (`?` when it has none).
+    /// The provisioner's settings, executors and decisions (its `limit`
+    /// most recent; the API's default 100).
+    pub fn provisioner(&self, limit: Option<u32>) -> ProvisionerStatus {
+        self.call("provisioner", self.typed.provisioner(limit))
+    }
+
+    /// Job `id` as the API shows it.
+    pub fn job(&self, id: &str) -> Job {
+        self.call(&format!("job {id}"), self.typed.job(uuid(id)))
+    }
+
+    /// Job `id`, or `None` while the API answers with an error (panics
+    /// when no answer comes).
+    pub fn poll_job(&self, id: &str) -> Option<Job> {
+        self.poll(&format!("job {id}"), self.typed.job(uuid(id)))
+    }
+
+    /// The state of job `id` (`?` while the API answers with an error).
     pub fn state(&self, id: &str) -> String {
-        self.job(id)["state"].as_str().unwrap_or("?").to_owned()
+        self.poll_job(id)
+            .map(|j| j.state.to_string())
+            .unwrap_or_else(|| "?".to_owned())
     }
 
     /// Waits up to `limit` for job `id` to end; the job (panics, with its
     /// log lines, if it does not end).
-    pub fn wait_end(&self, id: &str, limit: Duration) -> Value {
+    pub fn wait_end(&self, id: &str, limit: Duration) -> Job {
         eventually(limit, || {
-            let j = self.job(id);
-            TERMINAL
-                .contains(&j["state"].as_str().unwrap_or(""))
-                .then_some(j)
+            self.poll_job(id).filter(|j| j.state.is_terminal())
         })
         .unwrap_or_else(|| {
             panic!(
-                "job {id} did not end: {} {:?}",
-                self.job(id),
+                "job {id} did not end: {:?} {:?}",
+                self.poll_job(id),
                 self.log_messages(id)
             )
         })
     }
 
-    /// The items under `key` of every page of `path` (`/v1/jobs/ID/logs`,
-    /// `/v1/jobs/ID/events`), oldest first.
-    fn all_pages(&self, path: &str, key: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut after = 0i64;
-        loop {
-            let page = self.get(&format!("{path}?after={after}&limit=1000"));
-            out.extend(
-                page[key]
-                    .as_array()
-                    .unwrap_or_else(|| panic!("{path}: no {key}: {page}"))
-                    .iter()
-                    .cloned(),
-            );
-            match page["next_after"].as_i64() {
-                Some(a) => after = a,
-                None => return out,
-            }
-        }
+    /// Who holds which role of job `id` now.
+    pub fn assignments(&self, id: &str) -> JobAssignments {
+        self.call(
+            &format!("assignments of {id}"),
+            self.typed.job_assignments(uuid(id)),
+        )
+    }
+
+    /// Rank 0's training curve of job `id` in at most `max_points` points.
+    pub fn metrics(&self, id: &str, max_points: Option<u32>) -> MetricSeries {
+        self.call(
+            &format!("metrics of {id}"),
+            self.typed.job_metrics(uuid(id), max_points),
+        )
     }
 
     /// Every event of job `id`, oldest first.
-    pub fn events(&self, id: &str) -> Vec<Value> {
-        self.all_pages(&format!("/v1/jobs/{id}/events"), "events")
+    pub fn events(&self, id: &str) -> Vec<JobEvent> {
+        let what = format!("events of {id}");
+        let mut out = Vec::new();
+        let mut after = Some(0);
+        while let Some(a) = after {
+            let page = self.call(&what, self.typed.job_events(uuid(id), Some(a), Some(PAGE)));
+            out.extend(page.events);
+            after = page.next_after;
+        }
+        out
     }
 
     /// The states job `id` went through, by its events.
     pub fn states(&self, id: &str) -> Vec<String> {
         self.events(id)
             .iter()
-            .filter_map(|e| e["to_state"].as_str().map(str::to_owned))
+            .filter_map(|e| e.to_state.map(|s| s.to_string()))
             .collect()
     }
 
@@ -184,8 +292,8 @@ impl ApiClient {
         let events = self.events(id);
         events
             .iter()
-            .find(|e| e["kind"] == "result")
-            .map(|e| e["data"].clone())
+            .find(|e| e.kind == "result")
+            .map(|e| e.data.clone())
             .unwrap_or_else(|| panic!("a result event of {id}: {events:?}"))
     }
 
@@ -207,23 +315,31 @@ impl ApiClient {
     }
 
     /// Every log line of job `id`, oldest first.
-    pub fn logs(&self, id: &str) -> Vec<Value> {
-        self.all_pages(&format!("/v1/jobs/{id}/logs"), "lines")
+    pub fn logs(&self, id: &str) -> Vec<JobLogLine> {
+        let what = format!("logs of {id}");
+        let mut out = Vec::new();
+        let mut after = Some(0);
+        while let Some(a) = after {
+            let page = self.call(&what, self.typed.job_logs(uuid(id), Some(a), Some(PAGE)));
+            out.extend(page.lines);
+            after = page.next_after;
+        }
+        out
     }
 
     /// The messages of every log line of job `id`, oldest first.
     pub fn log_messages(&self, id: &str) -> Vec<String> {
-        self.logs(id)
-            .iter()
-            .filter_map(|l| l["message"].as_str().map(str::to_owned))
-            .collect()
+        self.logs(id).into_iter().map(|l| l.message).collect()
     }
 
-    /// The steps job `id` has recorded (0 before the first).
+    /// The steps job `id` has recorded (0 before the first, and while the
+    /// API answers with an error).
     pub fn steps_recorded(&self, id: &str) -> i64 {
-        self.get(&format!("/v1/jobs/{id}/metrics?max_points=1"))["steps_recorded"]
-            .as_i64()
-            .unwrap_or(0)
+        self.poll(
+            &format!("metrics of {id}"),
+            self.typed.job_metrics(uuid(id), Some(1)),
+        )
+        .map_or(0, |m| m.steps_recorded)
     }
 
     /// Waits up to `limit` until job `id` has recorded `n` steps; panics,
@@ -231,22 +347,36 @@ impl ApiClient {
     pub fn wait_steps(&self, id: &str, n: i64, limit: Duration) {
         eventually(limit, || (self.steps_recorded(id) >= n).then_some(())).unwrap_or_else(|| {
             panic!(
-                "job {id} did not train {n} steps: {} {:?}",
-                self.job(id),
+                "job {id} did not train {n} steps: {:?} {:?}",
+                self.poll_job(id),
                 self.log_messages(id)
             )
         })
     }
 
+    /// The committed checkpoints of job `id`, newest first.
+    pub fn checkpoints(&self, id: &str) -> CheckpointList {
+        self.call(
+            &format!("checkpoints of {id}"),
+            self.typed.job_checkpoints(uuid(id)),
+        )
+    }
+
     /// Committed checkpoint steps of job `id`, newest first.
     pub fn checkpoint_steps(&self, id: &str) -> Vec<u64> {
-        self.get(&format!("/v1/jobs/{id}/checkpoints"))["checkpoints"]
-            .as_array()
-            .expect("a checkpoint list")
+        self.checkpoints(id)
+            .checkpoints
             .iter()
-            .map(|c| c["step"].as_u64().expect("a step"))
+            .map(|c| c.step)
             .collect()
     }
+}
+
+/// The job id `id` (panics unless it is a UUID: the tests' ids come from
+/// the API).
+fn uuid(id: &str) -> Uuid {
+    id.parse()
+        .unwrap_or_else(|e| panic!("job id {id:?} is not a UUID: {e}"))
 }
 
 /// The server-sent events of `resp` as `(event, data)`, read by a thread
@@ -268,7 +398,6 @@ pub fn sse_events(resp: Response) -> mpsc::Receiver<(String, Value)> {
     });
     rx
 }
-
 /// The header of safetensors `bytes`: tensor name → dtype, shape, offsets.
 pub fn safetensors_header(bytes: &[u8]) -> Value {
     let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;

@@ -148,10 +148,22 @@ impl Drop for Proc {
     }
 }
 
-/// Polls `url` until it answers 200 or `limit` passes (or `proc` exits).
+/// Polls `url` — an API's `/readyz` or `/healthz` — through the typed
+/// client until it answers with success, or `limit` passes (or `proc`
+/// exits).
 pub fn wait_ready(url: &str, proc: &mut Proc, limit: Duration) -> anyhow::Result<()> {
-    let client = reqwest::blocking::Client::builder()
+    let (base, probe) = if let Some(base) = url.strip_suffix("/readyz") {
+        (base, Probe::Ready)
+    } else if let Some(base) = url.strip_suffix("/healthz") {
+        (base, Probe::Health)
+    } else {
+        bail!("{url} is neither an API's /readyz nor its /healthz");
+    };
+    let client = trainyard_client::Client::builder(base)
         .timeout(Duration::from_secs(2))
+        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()?;
     let start = Instant::now();
     while start.elapsed() < limit {
@@ -161,7 +173,11 @@ pub fn wait_ready(url: &str, proc: &mut Proc, limit: Duration) -> anyhow::Result
                 proc.output()
             );
         }
-        if client.get(url).send().is_ok_and(|r| r.status() == 200) {
+        let answer = match probe {
+            Probe::Ready => rt.block_on(client.readyz()),
+            Probe::Health => rt.block_on(client.healthz()),
+        };
+        if answer.is_ok() {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -170,6 +186,13 @@ pub fn wait_ready(url: &str, proc: &mut Proc, limit: Duration) -> anyhow::Result
         "{url} not ready after {limit:?}; output:\n{}",
         proc.output()
     )
+}
+
+/// Which health endpoint [`wait_ready`] polls.
+#[derive(Clone, Copy)]
+enum Probe {
+    Ready,
+    Health,
 }
 
 /// Sends SIGKILL to a process id.

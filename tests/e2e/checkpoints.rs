@@ -375,8 +375,7 @@ fn a_drained_fleet_leaves_a_checkpoint_that_the_next_fleet_resumes_from() {
     spec["checkpoint"] = json!({"at_end": false});
     let id = p.submit(&spec);
     eventually(Duration::from_secs(120), || {
-        let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=1"));
-        (m["steps_recorded"].as_u64().unwrap_or(0) >= 100).then_some(())
+        (p.steps_recorded(&id) >= 100).then_some(())
     })
     .expect("the job trains");
     // SIGTERM: each executor drains; a checkpoint is written and uploaded

@@ -203,10 +203,7 @@ fn cli_submits_follows_to_success_lists_and_cancels() {
     );
     let logs = server.cli(&["logs", &id]);
     assert!(logs.status.success(), "{}", show(&logs));
-    let api_lines = server.get(&format!("/v1/jobs/{id}/logs?limit=1000"))["lines"]
-        .as_array()
-        .unwrap()
-        .len();
+    let api_lines = server.log_page(&id, None, Some(1000)).lines.len();
     assert!(api_lines > 0);
     assert!(
         text(&logs.stdout).lines().count() == api_lines

@@ -90,7 +90,7 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
         panic!(
             "not placed: {:?} {:?}",
             job_state(api, &job),
-            api.get(&format!("/v1/jobs/{job}/events"))
+            api.event_page(&job, None, None)
         )
     });
 
@@ -115,13 +115,8 @@ fn ps_job_is_placed_repaired_after_a_kill_and_grows_when_an_executor_joins() {
         !after.contains_key(&victim),
         "the dead executor still holds roles"
     );
-    let events = api.get(&format!("/v1/jobs/{job}/events"));
-    let reasons: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["reason"].as_str().unwrap())
-        .collect();
+    let events = api.event_page(&job, None, None);
+    let reasons: Vec<&str> = events.events.iter().map(|e| e.reason.as_str()).collect();
     assert!(
         reasons
             .iter()
@@ -197,14 +192,13 @@ fn two_api_processes_schedule_once_and_fail_over() {
     })
     .expect("placed");
     std::thread::sleep(Duration::from_secs(1));
-    let events = api_b.get(&format!("/v1/jobs/{job}/events"));
-    let placements = events["events"]
-        .as_array()
-        .unwrap()
+    let events = api_b.event_page(&job, None, None);
+    let placements = events
+        .events
         .iter()
-        .filter(|e| e["kind"] == "placement")
+        .filter(|e| e.kind == "placement")
         .count();
-    assert_eq!(placements, 1, "scheduled twice: {events}");
+    assert_eq!(placements, 1, "scheduled twice: {events:?}");
     assert_eq!(job_state(api_b, &job).1, 1, "one generation");
 
     // Kill the leader: B takes over and schedules the next job.

@@ -189,9 +189,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     let generation = p.job(&faulty).generation;
     // Rank 0 reported this many steps: it pulled version `seen - 1`, so
     // that version was published, so the standby has it.
-    let seen = p.get(&format!("/v1/jobs/{faulty}/metrics?max_points=1"))["steps_recorded"]
-        .as_u64()
-        .unwrap();
+    let seen = u64::try_from(p.metrics(&faulty, Some(1)).steps_recorded).unwrap();
     let at = execs.iter().position(|(n, _)| *n == primary).unwrap();
     let (_, victim) = execs.remove(at);
     kill9(victim.pid());

@@ -111,8 +111,8 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
     assert_eq!(got.id.to_string(), id);
     assert_eq!(got.state, JobState::Queued);
     assert_eq!(serde_json::to_value(&got.spec).unwrap(), job["spec"]);
-    let events = client.get(&format!("/v1/jobs/{id}/events"));
-    assert_eq!(events["events"][0]["kind"], "submitted");
+    let events = client.event_page(&id, None, None);
+    assert_eq!(events.events[0].kind, "submitted");
     again.terminate().unwrap();
     assert_eq!(
         again.wait_exit(Duration::from_secs(60)).unwrap(),

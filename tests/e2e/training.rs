@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 use trainyard_common::api::JobLogLine;
+use trainyard_common::cluster::ExecutorState;
 use trainyard_common::JobState;
 use trainyard_e2e::{
     eventually, example_digits, kill9, safetensors_f32, safetensors_header, torchscript,
@@ -77,24 +78,16 @@ fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
     // Telemetry outlives the executor.
     exec.terminate().unwrap();
     exec.wait_exit(Duration::from_secs(30)).unwrap();
-    let m = p.get(&format!("/v1/jobs/{id}/metrics"));
-    let steps = m["steps_recorded"].as_i64().unwrap();
-    assert_eq!(steps, 1200, "{m}");
-    let points = m["points"].as_array().unwrap();
+    let m = p.metrics(&id, None);
+    assert_eq!(m.steps_recorded, 1200, "{m:?}");
+    let points = &m.points;
     assert!(points.len() <= 500 && !points.is_empty());
-    assert!(points.last().unwrap()["eval_accuracy"].as_f64().unwrap() >= 0.95);
-    assert!(points[0]["loss"].as_f64().unwrap() > points.last().unwrap()["loss"].as_f64().unwrap());
-    let small = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10"));
-    assert!(
-        small["downsampled"].as_bool().unwrap() && small["points"].as_array().unwrap().len() <= 10
-    );
-    let logs = p.get(&format!("/v1/jobs/{id}/logs"));
-    let lines: Vec<&str> = logs["lines"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["message"].as_str().unwrap())
-        .collect();
+    assert!(points.last().unwrap().eval_accuracy.unwrap() >= 0.95);
+    assert!(points[0].loss > points.last().unwrap().loss);
+    let small = p.metrics(&id, Some(10));
+    assert!(small.downsampled && small.points.len() <= 10);
+    let logs = p.log_page(&id, None, None);
+    let lines: Vec<&str> = logs.lines.iter().map(|l| l.message.as_str()).collect();
     assert!(
         lines.iter().any(|l| l.contains("rank 0 of 1 starts")),
         "{lines:?}"
@@ -134,15 +127,8 @@ fn unreadable_data_and_mismatched_shapes_fail_the_job_with_a_reason() {
         reason.contains("64 features") && reason.contains("takes 32"),
         "{reason}"
     );
-    let logs = p.get(&format!("/v1/jobs/{b}/logs"));
-    assert!(
-        logs["lines"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|l| l["level"] == "error"),
-        "{logs}"
-    );
+    let logs = p.log_page(&b, None, None);
+    assert!(logs.lines.iter().any(|l| l.level == "error"), "{logs:?}");
 }
 
 #[test]
@@ -170,10 +156,9 @@ fn a_torchscript_model_from_python_is_inspected_and_trained() {
             .contains("inspected: 4 tensors, 321 parameters"),
         "{inspected:?}"
     );
-    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
-    let points = m["points"].as_array().unwrap();
-    let first = points[0]["loss"].as_f64().unwrap();
-    let last = points.last().unwrap()["loss"].as_f64().unwrap();
+    let m = p.metrics(&id, Some(10000));
+    let first = m.points[0].loss;
+    let last = m.points.last().unwrap().loss;
     assert!(
         first / last >= 10.0,
         "loss fell only from {first} to {last}"
@@ -271,24 +256,20 @@ fn training_goes_on_through_an_api_crash_and_loses_no_metric() {
     p.crash_api(Duration::from_secs(7));
     let job = p.wait_end(&id, Duration::from_secs(180));
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
-    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=10000"));
-    assert_eq!(m["steps_recorded"], 6000, "every step arrived exactly once");
-    let logs = p.get(&format!("/v1/jobs/{id}/logs"));
-    assert!(logs["lines"]
-        .as_array()
-        .unwrap()
+    let m = p.metrics(&id, Some(10000));
+    assert_eq!(m.steps_recorded, 6000, "every step arrived exactly once");
+    let logs = p.log_page(&id, None, None);
+    assert!(logs
+        .lines
         .iter()
-        .any(|l| l["message"]
-            .as_str()
-            .unwrap()
-            .contains("done after 6000 steps")));
-    let executors = p.get("/v1/executors");
+        .any(|l| l.message.contains("done after 6000 steps")));
+    let executors = p.executors(None);
     assert_eq!(
-        executors["executors"].as_array().unwrap().len(),
+        executors.executors.len(),
         1,
-        "the executor was not declared lost: {executors}"
+        "the executor was not declared lost: {executors:?}"
     );
-    assert_eq!(executors["executors"][0]["state"], "live");
+    assert_eq!(executors.executors[0].state, ExecutorState::Live);
 }
 
 /// The SHA-256 each rank logged for its final weights, by executor.
@@ -315,15 +296,15 @@ fn four_ring_ranks_train_digits_to_95_percent_with_bit_identical_weights() {
     })
     .unwrap_or_else(|| panic!("four ranks report their weights: {:?}", p.log_messages(&id)));
     // All-reduce time and bus bandwidth per step, through the metrics API.
-    let m = p.get(&format!("/v1/jobs/{id}/metrics?max_points=20"));
-    let last = m["points"].as_array().unwrap().last().unwrap().clone();
-    assert!(last["comm_seconds"].as_f64().unwrap() > 0.0, "{last}");
-    assert!(last["comm_bytes"].as_f64().unwrap() > 0.0, "{last}");
-    let bus = last["bus_gbps"].as_f64().unwrap();
-    assert!(bus > 0.0, "{last}");
+    let m = p.metrics(&id, Some(20));
+    let last = m.points.last().unwrap().clone();
+    assert!(last.comm_seconds > 0.0, "{last:?}");
+    assert!(last.comm_bytes > 0.0, "{last:?}");
+    let bus = last.bus_gbps.unwrap();
+    assert!(bus > 0.0, "{last:?}");
     println!(
         "ring of 4: all-reduce {:.2} ms per step, bus bandwidth {bus:.3} GB/s",
-        last["comm_seconds"].as_f64().unwrap() * 1e3
+        last.comm_seconds * 1e3
     );
     let hashes = final_hashes(&lines);
     println!(

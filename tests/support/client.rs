@@ -27,8 +27,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use trainyard_client::{Client, ClientError};
 use trainyard_common::api::{
-    CheckpointList, ExecutorList, Job, JobAssignments, JobEvent, JobLogLine, MetricSeries,
-    ProvisionerStatus,
+    CheckpointList, EventPage, ExecutorList, Job, JobAssignments, JobEvent, JobLogLine, LogPage,
+    MetricSeries, ProvisionerStatus,
 };
 use uuid::Uuid;
 
@@ -103,31 +103,37 @@ impl ApiClient {
         )
     }
 
-    /// The typed async client underneath, for the endpoints this facade
-    /// has no method of (run its calls with [`ApiClient::call`]).
-    pub fn typed(&self) -> &Client {
-        &self.typed
+    /// Waits for a read of the typed client. A read whose request found
+    /// no answer is sent once more, at once: the runtime runs only while a
+    /// request waits, so a pooled connection the server closed in between
+    /// (a server killed and started again) is only found dead when used;
+    /// the second attempt opens a new one, and an API that is really down
+    /// refuses it too.
+    fn read<T, F>(&self, call: impl Fn() -> F) -> Result<T, ClientError>
+    where
+        F: Future<Output = Result<T, ClientError>>,
+    {
+        match self.rt.block_on(call()) {
+            Err(ClientError::Unreachable { .. }) => self.rt.block_on(call()),
+            answer => answer,
+        }
     }
 
-    /// Waits for one request of the typed client; its answer, or why not.
-    pub fn try_call<T>(
-        &self,
-        call: impl Future<Output = Result<T, ClientError>>,
-    ) -> Result<T, ClientError> {
-        self.rt.block_on(call)
-    }
-
-    /// Waits for one request of the typed client; its answer (panics,
-    /// naming `what`, if it failed).
-    pub fn call<T>(&self, what: &str, call: impl Future<Output = Result<T, ClientError>>) -> T {
-        self.try_call(call)
-            .unwrap_or_else(|e| panic!("{what}: {e}"))
+    /// The answer of a read (panics, naming `what`, if it failed).
+    fn call<T, F>(&self, what: &str, call: impl Fn() -> F) -> T
+    where
+        F: Future<Output = Result<T, ClientError>>,
+    {
+        self.read(call).unwrap_or_else(|e| panic!("{what}: {e}"))
     }
 
     /// The answer of a polling read: `None` for an error answer, a panic
     /// when none came.
-    fn poll<T>(&self, what: &str, call: impl Future<Output = Result<T, ClientError>>) -> Option<T> {
-        match self.try_call(call) {
+    fn poll<T, F>(&self, what: &str, call: impl Fn() -> F) -> Option<T>
+    where
+        F: Future<Output = Result<T, ClientError>>,
+    {
+        match self.read(call) {
             Ok(v) => Some(v),
             Err(ClientError::Status(_)) => None,
             Err(e) => panic!("{what}: {e}"),
@@ -193,7 +199,10 @@ impl ApiClient {
 
     /// Submits a job spec; its id (panics unless the API made the job).
     pub fn submit(&self, spec: &Value) -> String {
-        self.call("submit", self.typed.submit_job(spec, None))
+        // Once: a submit without an idempotency key is never sent twice.
+        self.rt
+            .block_on(self.typed.submit_job(spec, None))
+            .unwrap_or_else(|e| panic!("submit: {e}"))
             .id
             .to_string()
     }
@@ -201,31 +210,31 @@ impl ApiClient {
     /// The names of the live executors (none while the API answers with an
     /// error).
     pub fn live_executors(&self) -> Vec<String> {
-        self.poll("live executors", self.typed.executors(Some("live")))
+        self.poll("live executors", || self.typed.executors(Some("live")))
             .map(|l| l.executors.into_iter().map(|e| e.name).collect())
             .unwrap_or_default()
     }
 
     /// The executors (`state`: only those in it), newest first.
     pub fn executors(&self, state: Option<&str>) -> ExecutorList {
-        self.call("executors", self.typed.executors(state))
+        self.call("executors", || self.typed.executors(state))
     }
 
     /// The provisioner's settings, executors and decisions (its `limit`
     /// most recent; the API's default 100).
     pub fn provisioner(&self, limit: Option<u32>) -> ProvisionerStatus {
-        self.call("provisioner", self.typed.provisioner(limit))
+        self.call("provisioner", || self.typed.provisioner(limit))
     }
 
     /// Job `id` as the API shows it.
     pub fn job(&self, id: &str) -> Job {
-        self.call(&format!("job {id}"), self.typed.job(uuid(id)))
+        self.call(&format!("job {id}"), || self.typed.job(uuid(id)))
     }
 
     /// Job `id`, or `None` while the API answers with an error (panics
     /// when no answer comes).
     pub fn poll_job(&self, id: &str) -> Option<Job> {
-        self.poll(&format!("job {id}"), self.typed.job(uuid(id)))
+        self.poll(&format!("job {id}"), || self.typed.job(uuid(id)))
     }
 
     /// The state of job `id` (`?` while the API answers with an error).
@@ -252,27 +261,40 @@ impl ApiClient {
 
     /// Who holds which role of job `id` now.
     pub fn assignments(&self, id: &str) -> JobAssignments {
-        self.call(
-            &format!("assignments of {id}"),
-            self.typed.job_assignments(uuid(id)),
-        )
+        self.call(&format!("assignments of {id}"), || {
+            self.typed.job_assignments(uuid(id))
+        })
     }
 
     /// Rank 0's training curve of job `id` in at most `max_points` points.
     pub fn metrics(&self, id: &str, max_points: Option<u32>) -> MetricSeries {
-        self.call(
-            &format!("metrics of {id}"),
-            self.typed.job_metrics(uuid(id), max_points),
-        )
+        self.call(&format!("metrics of {id}"), || {
+            self.typed.job_metrics(uuid(id), max_points)
+        })
+    }
+
+    /// One page of job `id`'s events: those after `after`, at most `limit`
+    /// (the API's defaults when `None`).
+    pub fn event_page(&self, id: &str, after: Option<i64>, limit: Option<u32>) -> EventPage {
+        self.call(&format!("events of {id}"), || {
+            self.typed.job_events(uuid(id), after, limit)
+        })
+    }
+
+    /// One page of job `id`'s log lines: those after `after`, at most
+    /// `limit` (the API's defaults when `None`).
+    pub fn log_page(&self, id: &str, after: Option<i64>, limit: Option<u32>) -> LogPage {
+        self.call(&format!("logs of {id}"), || {
+            self.typed.job_logs(uuid(id), after, limit)
+        })
     }
 
     /// Every event of job `id`, oldest first.
     pub fn events(&self, id: &str) -> Vec<JobEvent> {
-        let what = format!("events of {id}");
         let mut out = Vec::new();
         let mut after = Some(0);
         while let Some(a) = after {
-            let page = self.call(&what, self.typed.job_events(uuid(id), Some(a), Some(PAGE)));
+            let page = self.event_page(id, Some(a), Some(PAGE));
             out.extend(page.events);
             after = page.next_after;
         }
@@ -316,11 +338,10 @@ impl ApiClient {
 
     /// Every log line of job `id`, oldest first.
     pub fn logs(&self, id: &str) -> Vec<JobLogLine> {
-        let what = format!("logs of {id}");
         let mut out = Vec::new();
         let mut after = Some(0);
         while let Some(a) = after {
-            let page = self.call(&what, self.typed.job_logs(uuid(id), Some(a), Some(PAGE)));
+            let page = self.log_page(id, Some(a), Some(PAGE));
             out.extend(page.lines);
             after = page.next_after;
         }
@@ -335,10 +356,9 @@ impl ApiClient {
     /// The steps job `id` has recorded (0 before the first, and while the
     /// API answers with an error).
     pub fn steps_recorded(&self, id: &str) -> i64 {
-        self.poll(
-            &format!("metrics of {id}"),
-            self.typed.job_metrics(uuid(id), Some(1)),
-        )
+        self.poll(&format!("metrics of {id}"), || {
+            self.typed.job_metrics(uuid(id), Some(1))
+        })
         .map_or(0, |m| m.steps_recorded)
     }
 
@@ -356,10 +376,9 @@ impl ApiClient {
 
     /// The committed checkpoints of job `id`, newest first.
     pub fn checkpoints(&self, id: &str) -> CheckpointList {
-        self.call(
-            &format!("checkpoints of {id}"),
-            self.typed.job_checkpoints(uuid(id)),
-        )
+        self.call(&format!("checkpoints of {id}"), || {
+            self.typed.job_checkpoints(uuid(id))
+        })
     }
 
     /// Committed checkpoint steps of job `id`, newest first.

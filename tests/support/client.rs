@@ -291,14 +291,10 @@ impl ApiClient {
 
     /// Every event of job `id`, oldest first.
     pub fn events(&self, id: &str) -> Vec<JobEvent> {
-        let mut out = Vec::new();
-        let mut after = Some(0);
-        while let Some(a) = after {
-            let page = self.event_page(id, Some(a), Some(PAGE));
-            out.extend(page.events);
-            after = page.next_after;
-        }
-        out
+        all_pages(|after| {
+            let page = self.event_page(id, Some(after), Some(PAGE));
+            (page.events, page.next_after)
+        })
     }
 
     /// The states job `id` went through, by its events.
@@ -338,14 +334,10 @@ impl ApiClient {
 
     /// Every log line of job `id`, oldest first.
     pub fn logs(&self, id: &str) -> Vec<JobLogLine> {
-        let mut out = Vec::new();
-        let mut after = Some(0);
-        while let Some(a) = after {
-            let page = self.log_page(id, Some(a), Some(PAGE));
-            out.extend(page.lines);
-            after = page.next_after;
-        }
-        out
+        all_pages(|after| {
+            let page = self.log_page(id, Some(after), Some(PAGE));
+            (page.lines, page.next_after)
+        })
     }
 
     /// The messages of every log line of job `id`, oldest first.
@@ -389,6 +381,20 @@ impl ApiClient {
             .map(|c| c.step)
             .collect()
     }
+}
+
+/// Every item of a paged read, oldest first: `page(after)` reads the items
+/// after `after` and says where the next page starts (nowhere after the
+/// last).
+fn all_pages<T>(mut page: impl FnMut(i64) -> (Vec<T>, Option<i64>)) -> Vec<T> {
+    let mut out = Vec::new();
+    let mut after = Some(0);
+    while let Some(a) = after {
+        let (items, next) = page(a);
+        out.extend(items);
+        after = next;
+    }
+    out
 }
 
 /// The job id `id` (panics unless it is a UUID: the tests' ids come from

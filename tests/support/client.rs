@@ -40,7 +40,7 @@ const PAGE: u32 = 1000;
 
 /// A blocking client of the API, for tests. A failed request of a typed
 /// read panics, naming the request and the error; the polling reads
-/// ([`ApiClient::state`], [`ApiClient::wait_end`],
+/// ([`ApiClient::poll_job`], [`ApiClient::state`], [`ApiClient::wait_end`],
 /// [`ApiClient::steps_recorded`], [`ApiClient::live_executors`]) take an
 /// error answer (a 503 while Postgres is away) as "not yet" and panic only
 /// when no answer comes.

@@ -8,8 +8,9 @@
 //!   may stop and start;
 //! - [`platform`]: the one harness, an API server (with its database and
 //!   object store) and the executors a test starts against it;
-//! - [`client`]: the one blocking JSON client of the API, with the reads
-//!   and waits the tests share;
+//! - [`client`]: the one blocking client of the API, a facade over the
+//!   typed async client (`trainyard-client`) with the reads and waits the
+//!   tests share, and one raw path for the tests of HTTP behaviour;
 //! - [`spec`]: the job specs the tests submit;
 //! - [`s3`]: the test S3 server.
 //!

@@ -87,12 +87,11 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
         p.log_messages(&ring_id)
     );
     wait_checkpoints(&p, &ring_id, &[150, 120]);
-    let listed = p.get(&format!("/v1/jobs/{ring_id}/checkpoints"));
-    let newest = &listed["checkpoints"][0];
-    assert_eq!(newest["shards"], 2, "{listed}");
-    assert!(newest["manifest_url"]
-        .as_str()
-        .unwrap()
+    let listed = p.checkpoints(&ring_id);
+    let newest = &listed.checkpoints[0];
+    assert_eq!(newest.shards, 2, "{listed:?}");
+    assert!(newest
+        .manifest_url
         .starts_with(&format!("{}/{ring_id}/step-150/manifest.json", s3.url)));
     let in_s3 = folders(&s3.list(&ring_id));
     assert_eq!(
@@ -165,11 +164,11 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
         (resumed(p.log_messages(&ring3_id)) == 3).then_some(())
     });
     assert!(all_three.is_some(), "{:?}", p.log_messages(&ring3_id));
-    let metrics = p.get(&format!("/v1/jobs/{ring3_id}/metrics"));
+    let metrics = p.metrics(&ring3_id, None);
     assert_eq!(
-        metrics["points"][0]["step"].as_u64(),
+        metrics.points.first().map(|m| m.step),
         Some(151),
-        "{metrics}"
+        "{metrics:?}"
     );
 
     // A new job starts from the ring's checkpoint with another shape: two
@@ -194,9 +193,9 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
         (restored(p.log_messages(&next_id)) == 2).then_some(())
     });
     assert!(both.is_some(), "{:?}", p.log_messages(&next_id));
-    let metrics = p.get(&format!("/v1/jobs/{next_id}/metrics"));
-    let first = metrics["points"][0]["step"].as_u64().unwrap();
-    assert_eq!(first, 151, "{metrics}");
+    let metrics = p.metrics(&next_id, None);
+    let first = metrics.points[0].step;
+    assert_eq!(first, 151, "{metrics:?}");
     let acc = p.result_accuracy(&next_id);
     assert!(acc >= 0.9, "accuracy {acc}");
 

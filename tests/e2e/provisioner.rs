@@ -59,16 +59,10 @@ fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 fn job_event_kinds(api: &ApiClient, id: &str) -> Vec<(String, String)> {
-    api.get(&format!("/v1/jobs/{id}/events?limit=1000"))["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["kind"].as_str().unwrap_or_default().to_owned(),
-                e["reason"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+    api.event_page(id, None, Some(1000))
+        .events
+        .into_iter()
+        .map(|e| (e.kind, e.reason))
         .collect()
 }
 

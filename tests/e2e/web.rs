@@ -124,11 +124,12 @@ fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
         };
         // SIGKILL the executor holding the job's worker, and start a fresh
         // one so the cluster keeps four executors for the later jobs.
-        let a = p.get(&format!("/v1/jobs/{job}/assignments"));
-        let victim = a["workers"][0]["executor"]["name"]
-            .as_str()
-            .unwrap_or_else(|| panic!("job {job} has no worker: {a}"))
-            .to_owned();
+        let a = p.assignments(job);
+        let victim = a
+            .workers
+            .first()
+            .map(|w| w.executor.name.clone())
+            .unwrap_or_else(|| panic!("job {job} has no worker: {a:?}"));
         let proc = executors.remove(&victim).expect("an executor of ours");
         kill9(proc.pid());
         drop(proc);

@@ -36,7 +36,7 @@ fuzz_api() {
   out=$(mktemp)
   DATABASE_URL="${TRAINYARD_TEST_DATABASE_URL%/*}/$db" TRAINYARD_ADMIN_TOKEN="$token" \
     TRAINYARD_JOIN_TOKEN="fuzz-join-token" RUST_LOG=warn \
-    "$ROOT/target/debug/trainyard" serve --listen "127.0.0.1:$port" --provisioner none \
+    "${CARGO_TARGET_DIR:-$ROOT/target}/debug/trainyard" serve --listen "127.0.0.1:$port" --provisioner none \
     --data-dir "$data" >"$data/server.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do

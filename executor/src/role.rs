@@ -38,7 +38,7 @@ pub struct Role {
     /// The job's object store (why not, when it cannot be opened).
     pub storage: OpenedStorage,
     /// This executor's data plane.
-    pub plane: Option<Arc<DataPlane>>,
+    pub plane: Arc<DataPlane>,
     /// What the executor's roles share.
     pub ctx: Context,
 }

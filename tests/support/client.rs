@@ -6,8 +6,10 @@
 //! server-sent events and safetensors files.
 //!
 //! [`ApiClient`] is a blocking facade over the typed async client
-//! ([`trainyard_client::Client`]), driven by a current-thread tokio
-//! runtime of its own: every endpoint the typed client covers is read
+//! ([`trainyard_client::Client`]), driven by a tokio runtime of its own
+//! with one worker thread (as reqwest's blocking client has: the pool's
+//! connections are watched between requests, so one that a killed server
+//! closed is dropped before it is handed out): every endpoint the typed client covers is read
 //! through it, into the response types of `trainyard_common::api`. The
 //! HTTP behaviour tests must also speak raw HTTP (status codes, problem
 //! documents, arbitrary paths, the SSE stream, the web UI's files): that
@@ -63,7 +65,8 @@ impl ApiClient {
 
     /// A client of the API at `base` whose requests time out after `timeout`.
     pub fn at(base: &str, timeout: Duration) -> ApiClient {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .expect("a tokio runtime");
@@ -103,20 +106,12 @@ impl ApiClient {
         )
     }
 
-    /// Waits for a read of the typed client. A read whose request found
-    /// no answer is sent once more, at once: the runtime runs only while a
-    /// request waits, so a pooled connection the server closed in between
-    /// (a server killed and started again) is only found dead when used;
-    /// the second attempt opens a new one, and an API that is really down
-    /// refuses it too.
+    /// Waits for a read of the typed client.
     fn read<T, F>(&self, call: impl Fn() -> F) -> Result<T, ClientError>
     where
         F: Future<Output = Result<T, ClientError>>,
     {
-        match self.rt.block_on(call()) {
-            Err(ClientError::Unreachable { .. }) => self.rt.block_on(call()),
-            answer => answer,
-        }
+        self.rt.block_on(call())
     }
 
     /// The answer of a read (panics, naming `what`, if it failed).

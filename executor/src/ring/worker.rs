@@ -78,11 +78,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
         let mut ring = if world == 1 {
             Ring::solo()
         } else {
-            let Some(plane) = role.plane.as_deref() else {
-                role.fail("this executor has no data plane to build a ring with".into());
-                return Kept::default();
-            };
-            match Ring::connect(plane, &config, &role.stop) {
+            match Ring::connect(&role.plane, &config, &role.stop) {
                 Ok(r) => r,
                 Err(e) => {
                     if !role.stopping() && !done {

@@ -8,9 +8,8 @@ use trainyard_common::model::ParamInfo;
 
 /// Loads the TorchScript file at `url` (through `fetcher` when it is in an
 /// object store) and lists its trainable tensors.
-pub fn inspect_file(url: &str, fetcher: Option<&Fetcher>) -> InspectionResult {
-    let local = Fetcher::local_only();
-    let path = match fetcher.unwrap_or(&local).materialize(url) {
+pub fn inspect_file(url: &str, fetcher: &Fetcher) -> InspectionResult {
+    let path = match fetcher.materialize(url) {
         Ok(p) => p,
         Err(e) => return InspectionResult::Error(e.to_string()),
     };

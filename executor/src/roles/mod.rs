@@ -28,7 +28,7 @@ use crate::replica::Replica;
 use crate::ring::worker::Kept;
 use crate::role::Role;
 use crate::shared::Reporter;
-use crate::storage::{OpenedStorage, Storage, StorageError};
+use crate::storage::{OpenedStorage, Storage};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,16 +65,15 @@ type Slot = (Uuid, RoleKind, u32);
 type Handover = JoinHandle<Parked>;
 
 /// The set of running roles.
-#[derive(Default)]
 pub struct Roles {
     running: BTreeMap<(Uuid, RoleKind, u32), Running>,
-    sink: Option<Arc<dyn Reporter>>,
+    sink: Arc<dyn Reporter>,
     inspecting: std::collections::BTreeSet<Uuid>,
-    plane: Option<Arc<DataPlane>>,
+    plane: Arc<DataPlane>,
     /// The last worker thread of each (job, device): its replica goes to
     /// the next generation's worker there.
     handovers: Arc<Mutex<HashMap<Slot, Handover>>>,
-    ctx: Option<Context>,
+    ctx: Context,
     /// Threads of roles let go, still finishing (a drain checkpoint).
     finishing: Vec<Handover>,
     /// The store opened for the URL the API gave.
@@ -87,58 +86,50 @@ impl Roles {
     pub fn new(sink: Arc<dyn Reporter>, plane: Arc<DataPlane>, ctx: Context) -> Roles {
         Roles {
             running: BTreeMap::new(),
-            sink: Some(sink),
+            sink,
             inspecting: Default::default(),
-            plane: Some(plane),
+            plane,
             handovers: Default::default(),
-            ctx: Some(ctx),
+            ctx,
             finishing: Vec::new(),
             opened: Mutex::new(None),
         }
     }
 
-    /// What the roles share (a default, local-only one for `Roles::default`).
-    pub fn context(&mut self) -> &Context {
-        self.ctx.get_or_insert_with(Context::for_tests)
+    /// What the roles share.
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 
     /// The store at `url`, opened once.
     fn storage(&self, url: &str) -> OpenedStorage {
-        let ctx = self.ctx.as_ref().ok_or_else(|| {
-            Arc::new(StorageError::Url {
-                url: url.to_owned(),
-                reason: "no object store configured",
-            })
-        })?;
         let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((u, s)) = opened.as_ref() {
             if u == url {
                 return Ok(s.clone());
             }
         }
-        let s = Arc::new(ctx.fetcher.open(url).map_err(Arc::new)?);
+        let s = Arc::new(self.ctx.fetcher.open(url).map_err(Arc::new)?);
         *opened = Some((url.to_owned(), s.clone()));
         Ok(s)
     }
 
     /// Starts inspecting the TorchScript files it was asked to, once each.
     pub fn inspect(&mut self, inspections: &[Inspection]) {
-        let Some(sink) = self.sink.clone() else {
-            return;
-        };
         for i in inspections {
             if !self.inspecting.insert(i.job_id) {
                 continue;
             }
             let (job_id, url) = (i.job_id, i.url.clone());
-            let sink = sink.clone();
-            let fetcher = self.ctx.as_ref().map(|c| c.fetcher.clone());
+            let sink = self.sink.clone();
+            let fetcher = self.ctx.fetcher.clone();
             tokio::spawn(async move {
-                let result = tokio::task::spawn_blocking(move || {
-                    inspect::inspect_file(&url, fetcher.as_ref())
-                })
-                .await
-                .unwrap_or_else(|e| InspectionResult::Error(format!("inspection crashed: {e}")));
+                let result =
+                    tokio::task::spawn_blocking(move || inspect::inspect_file(&url, &fetcher))
+                        .await
+                        .unwrap_or_else(|e| {
+                            InspectionResult::Error(format!("inspection crashed: {e}"))
+                        });
                 sink.deliver_inspection(InspectionReport { job_id, result });
             });
         }
@@ -223,15 +214,8 @@ impl Roles {
 
     fn start(&self, a: Assignment, stop: Arc<AtomicBool>) {
         let (tx, rx) = unbounded_channel();
-        if let Some(sink) = &self.sink {
-            sink.deliver(a.key, rx);
-        }
-        let object_store = self
-            .sink
-            .as_ref()
-            .map(|s| s.object_store())
-            .unwrap_or_default();
-        let storage = self.storage(&object_store);
+        self.sink.deliver(a.key, rx);
+        let storage = self.storage(&self.sink.object_store());
         let slot = match a.key.role {
             RoleKind::Worker => (a.key.job_id, RoleKind::Worker, a.device.unwrap_or(0)),
             // Kept by shard: a promoted standby's copy is the shard's state.
@@ -247,7 +231,7 @@ impl Roles {
             tx,
             storage,
             plane: self.plane.clone(),
-            ctx: self.ctx.clone().unwrap_or_else(Context::for_tests),
+            ctx: self.ctx.clone(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("worker-{}", role.assignment.key.index))
@@ -265,9 +249,7 @@ impl Roles {
 fn run(role: &Role, parked: Parked) -> Parked {
     let a = &role.assignment;
     if a.key.role != RoleKind::Worker {
-        let Some(plane) = role.plane.as_deref() else {
-            return Parked::default();
-        };
+        let plane = &role.plane;
         let (stop, tx) = (&role.stop, &role.tx);
         let shard = match a.key.role {
             RoleKind::Standby => {

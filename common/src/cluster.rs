@@ -526,6 +526,11 @@ pub struct Inspection {
     pub job_id: Uuid,
     /// The model file's URL.
     pub url: String,
+    /// The job's spec: the executor tries a forward pass on one batch of
+    /// its dataset, so that a model that cannot train on that data fails
+    /// the job before any worker starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<Box<crate::spec::JobSpecInput>>,
 }
 
 /// What inspecting a TorchScript file found.

@@ -20,22 +20,78 @@ pub const CNN_KERNEL: u64 = 3;
 /// The transformer's feed-forward layer is this many times wider than the model.
 pub const TRANSFORMER_FF_MULT: u64 = 4;
 
-/// One trainable tensor of a model: its name (the `tch` VarStore path the
-/// executor builds) and shape.
+/// What a tensor of a model is to training.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorKind {
+    /// A parameter the optimizer trains.
+    #[default]
+    Parameter,
+    /// A buffer (`named_buffers()`: BatchNorm's running statistics, a
+    /// counter): model state that training changes but no optimizer does.
+    /// It travels with the weights (rank 0's values win) and is
+    /// checkpointed with them.
+    Buffer,
+    /// A parameter with `requires_grad=False`: kept as it is, never updated,
+    /// never sharded.
+    Frozen,
+}
+
+impl TensorKind {
+    /// Whether this is the default kind (for `skip_serializing_if`).
+    pub fn is_parameter(&self) -> bool {
+        *self == TensorKind::Parameter
+    }
+
+    /// Whether the tensor lives in the flat vector that the patterns sum,
+    /// shard and checkpoint (parameters, then buffers).
+    pub fn is_flat(&self) -> bool {
+        *self != TensorKind::Frozen
+    }
+}
+
+fn f32_dtype() -> String {
+    "float32".to_owned()
+}
+
+fn is_f32(d: &str) -> bool {
+    d == "float32"
+}
+
+/// One tensor of a model's `state_dict()`: its PyTorch name (dotted, as
+/// `state_dict()` spells it, for the built-in models too), shape, what it
+/// is to training and its dtype.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ParamInfo {
-    /// Name, e.g. `fc0.weight`.
+    /// Name, e.g. `fc0.weight` or `bn.running_mean`.
     pub name: String,
     /// Shape, e.g. `[128, 64]`.
     pub shape: Vec<u64>,
+    /// Parameter (default), buffer or frozen parameter.
+    #[serde(default, skip_serializing_if = "TensorKind::is_parameter")]
+    pub kind: TensorKind,
+    /// PyTorch's dtype name without `torch.` (`float32`, the default;
+    /// `int64` for `num_batches_tracked`).
+    #[serde(default = "f32_dtype", skip_serializing_if = "is_f32")]
+    pub dtype: String,
 }
 
 impl ParamInfo {
-    fn new(name: impl Into<String>, shape: &[u64]) -> Self {
+    /// A float32 parameter.
+    pub fn new(name: impl Into<String>, shape: &[u64]) -> Self {
         ParamInfo {
             name: name.into(),
             shape: shape.to_vec(),
+            kind: TensorKind::Parameter,
+            dtype: f32_dtype(),
         }
+    }
+
+    /// A tensor of another kind or dtype.
+    pub fn with(mut self, kind: TensorKind, dtype: &str) -> Self {
+        self.kind = kind;
+        self.dtype = dtype.to_owned();
+        self
     }
 
     /// Elements (saturating: absurd sizes stay absurd instead of wrapping).

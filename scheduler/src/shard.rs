@@ -109,14 +109,8 @@ mod tests {
     #[test]
     fn a_large_tensor_is_split_across_shards() {
         let params = vec![
-            ParamInfo {
-                name: "big".into(),
-                shape: vec![100, 10],
-            },
-            ParamInfo {
-                name: "b".into(),
-                shape: vec![10],
-            },
+            ParamInfo::new("big", &[100, 10]),
+            ParamInfo::new("b", &[10]),
         ];
         let s0 = shard_ranges(&params, 2, 0);
         let s1 = shard_ranges(&params, 2, 1);
@@ -152,7 +146,7 @@ mod tests {
             shards in 1u32..20,
         ) {
             let params: Vec<ParamInfo> = shapes.iter().enumerate()
-                .map(|(i, s)| ParamInfo { name: format!("p{i}"), shape: s.clone() })
+                .map(|(i, s)| ParamInfo::new(format!("p{i}"), s))
                 .collect();
             let mut covered: Vec<Vec<bool>> = params.iter().map(|p| vec![false; p.numel() as usize]).collect();
             let mut sizes = Vec::new();

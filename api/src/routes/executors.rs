@@ -305,6 +305,7 @@ pub async fn heartbeat(
                 Some(Inspection {
                     job_id,
                     url: model.get("url")?.as_str()?.to_owned(),
+                    spec: None,
                 })
             })
             .collect(),

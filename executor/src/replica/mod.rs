@@ -127,6 +127,8 @@ pub struct Replica {
     last_loss: Option<f64>,
     eval_loss: Option<f64>,
     eval_accuracy: Option<f64>,
+    /// Gradients carry the buffers (rank 0), not zeros.
+    carries_state: bool,
 }
 
 /// Words of metadata at the end of an exported state: step, optimizer
@@ -204,14 +206,31 @@ impl Replica {
             last_loss: None,
             eval_loss: None,
             eval_accuracy: None,
+            carries_state: true,
         };
         replica.bind();
         Ok(replica)
     }
 
-    /// Trainable parameters.
+    /// Elements of the flat vector the patterns sum, shard and checkpoint:
+    /// the trainable parameters, then the buffers (each element an f32;
+    /// see [`Replica::layout`]).
     pub fn numel(&self) -> usize {
         self.numel
+    }
+
+    /// The trainable parameters' elements: the first `trainable_len()` of
+    /// the flat vector. The rest are buffers, which no optimizer changes:
+    /// a summed "gradient" carries rank 0's buffers there (the others send
+    /// zeros), and they are taken as they are.
+    pub fn trainable_len(&self) -> usize {
+        self.numel
+    }
+
+    /// Whether this replica's gradients carry its buffers (rank 0) or
+    /// zeros in their place (every other rank); a lone replica carries them.
+    pub fn set_carries_state(&mut self, carries: bool) {
+        self.carries_state = carries;
     }
 
     /// Whether the job's steps or epochs are done.

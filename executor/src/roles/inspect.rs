@@ -22,10 +22,10 @@ pub fn inspect_file(url: &str, fetcher: &Fetcher) -> InspectionResult {
         Ok(Ok(params)) => InspectionResult::Parameters(
             params
                 .into_iter()
-                .map(|(name, t)| ParamInfo {
+                .map(|(name, t)| ParamInfo::new(
                     name,
-                    shape: t.size().iter().map(|&d| d.max(0) as u64).collect(),
-                })
+                    &t.size().iter().map(|&d| d.max(0) as u64).collect::<Vec<_>>(),
+                ))
                 .collect(),
         ),
         Ok(Err(e)) => InspectionResult::Error(

@@ -24,6 +24,11 @@ pub struct Range {
     pub start: u64,
     /// Last element (exclusive).
     pub end: u64,
+    /// The tensor is a buffer (model state no optimizer changes): a PS
+    /// shard keeps its buffer ranges after its parameter ranges and takes
+    /// rank 0's values for them instead of applying a gradient.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub buffer: bool,
 }
 use uuid::Uuid;
 
@@ -48,6 +53,12 @@ pub fn manifest_key(job: Uuid, step: u64) -> String {
 /// The final weights' object key, relative to the store's prefix.
 pub fn model_key(job: Uuid) -> String {
     format!("{job}/final/model.safetensors")
+}
+
+/// The trained TorchScript module's object key (TorchScript jobs only),
+/// beside [`model_key`].
+pub fn torchscript_key(job: Uuid) -> String {
+    format!("{job}/final/model.pt")
 }
 
 /// Parses the step out of a `step-{n}` folder name.
@@ -260,6 +271,7 @@ pub fn flat_to_ranges(layout: &[(String, usize, usize)], start: usize, end: usiz
                 param: name.clone(),
                 start: (a - off) as u64,
                 end: (b - off) as u64,
+                buffer: false,
             })
         })
         .collect()
@@ -332,11 +344,13 @@ mod tests {
             param: "w".into(),
             start: 0,
             end: 5,
+            buffer: false,
         }]];
         let t = [Range {
             param: "w".into(),
             start: 3,
             end: 8,
+            buffer: false,
         }];
         let e = plan_copies(&src, &t).unwrap_err();
         assert!(e.contains("w[3..8]"), "{e}");

@@ -27,6 +27,7 @@ pub fn shard_ranges(params: &[ParamInfo], shards: u32, shard: u32) -> Vec<Range>
                 param: p.name.clone(),
                 start: a - offset,
                 end: b - offset,
+                buffer: false,
             });
         }
         offset += n;

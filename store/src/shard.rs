@@ -121,7 +121,7 @@ mod tests {
             let ranges: Vec<Range> = lens
                 .iter()
                 .enumerate()
-                .map(|(i, n)| Range { param: format!("p{i}"), start: 3, end: 3 + n })
+                .map(|(i, n)| Range { param: format!("p{i}"), start: 3, end: 3 + n, buffer: false })
                 .collect();
             let len: u64 = lens.iter().sum();
             let tensors: Vec<Vec<f32>> = (0..=states)
@@ -140,6 +140,7 @@ mod tests {
             param: "w".into(),
             start: 0,
             end: 4,
+            buffer: false,
         }];
         assert!(encode(&r, &[&[1.0, 2.0]], 1).is_err());
         assert!(decode(b"garbage").is_err());

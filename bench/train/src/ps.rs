@@ -69,6 +69,7 @@ fn start_tier(shards: u32, workers: u32) -> Tier {
                 param: "w".into(),
                 start: n * u64::from(s) / u64::from(shards),
                 end: n * u64::from(s + 1) / u64::from(shards),
+                buffer: false,
             }],
         })
         .collect();

@@ -34,6 +34,7 @@ fn assignment(plane: &DataPlane, role: RoleKind, consistency: serde_json::Value)
         param: "w".into(),
         start: 0,
         end: LEN,
+        buffer: false,
     }];
     let peer = |standby| PsPeer {
         shard: 0,

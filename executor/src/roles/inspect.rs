@@ -22,10 +22,15 @@ pub fn inspect_file(url: &str, fetcher: &Fetcher) -> InspectionResult {
         Ok(Ok(params)) => InspectionResult::Parameters(
             params
                 .into_iter()
-                .map(|(name, t)| ParamInfo::new(
-                    name,
-                    &t.size().iter().map(|&d| d.max(0) as u64).collect::<Vec<_>>(),
-                ))
+                .map(|(name, t)| {
+                    ParamInfo::new(
+                        name,
+                        &t.size()
+                            .iter()
+                            .map(|&d| d.max(0) as u64)
+                            .collect::<Vec<_>>(),
+                    )
+                })
                 .collect(),
         ),
         Ok(Err(e)) => InspectionResult::Error(

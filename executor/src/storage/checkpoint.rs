@@ -436,6 +436,7 @@ mod tests {
                 param: "w".into(),
                 start: 0,
                 end: 4,
+                buffer: false,
             }],
             tensors: vec![vec![step as f32; 4]],
             numel: 4,

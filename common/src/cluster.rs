@@ -520,7 +520,7 @@ impl Assignment {
 }
 
 /// A TorchScript model file to inspect.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Inspection {
     /// The job.
     pub job_id: Uuid,

@@ -5,6 +5,10 @@
 //! machine trains on CPU. `--no-as-needed` keeps it (and `libtorch_cpu`)
 //! linked. An rpath to the libtorch folder lets the binary start without
 //! `LD_LIBRARY_PATH` on the machine that built it.
+//!
+//! It also compiles `csrc/module.cpp` against the same libtorch headers:
+//! the TorchScript calls tch does not wrap (buffers, train/eval, the
+//! forward's schema, saving a trained module).
 
 use std::path::PathBuf;
 
@@ -16,6 +20,7 @@ fn main() {
         println!("cargo:warning=libtorch folder not found; relying on tch's defaults");
         return;
     };
+    compile_shim(&lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
     if lib.join("libtorch_cuda.so").exists() {
@@ -23,6 +28,26 @@ fn main() {
     }
     println!("cargo:rustc-link-arg=-ltorch_cpu");
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
+}
+
+/// Builds `csrc/module.cpp` with the flags torch-sys builds its own C++
+/// with (C++17, libtorch's C++ ABI, its two include folders).
+fn compile_shim(lib: &std::path::Path) {
+    println!("cargo:rerun-if-changed=csrc/module.cpp");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let include = lib.parent().map(|p| p.join("include")).unwrap_or_default();
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .file("csrc/module.cpp")
+        .compile("trainyard_module");
 }
 
 fn libtorch_lib_dir() -> Option<PathBuf> {

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-use trainyard_common::checkpoint::flat_to_ranges;
+use trainyard_common::checkpoint::{flat_to_ranges, torchscript_key};
 use trainyard_common::cluster::{Assignment, LogLevel, RoleOutcome, WorkerPeer};
 use trainyard_common::spec::Device;
 use trainyard_dataplane::DataPlane;
@@ -175,8 +175,17 @@ impl Role {
             .as_ref()
             .map_err(|e| format!("cannot open the object store: {e}"))
             .and_then(|s| {
-                write_weights(s, self.assignment.key.job_id, &out.weights)
-                    .map_err(|e| e.to_string())
+                let job = self.assignment.key.job_id;
+                // The module first: the safetensors' URL is what says the
+                // job's model is there.
+                match &out.torchscript {
+                    Ok(Some(bytes)) => s
+                        .put(&torchscript_key(job), bytes.clone().into())
+                        .map_err(|e| format!("cannot write the trained module: {e}"))?,
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("cannot save the trained module: {e}")),
+                }
+                write_weights(s, job, &out.weights).map_err(|e| e.to_string())
             });
         let outcome = match written {
             Ok(url) => {

@@ -214,6 +214,17 @@ impl Dataset {
         })
     }
 
+    /// The largest class label of a classification dataset (integer
+    /// targets), or `None`.
+    pub fn label_max(&self) -> Option<i64> {
+        match &self.data {
+            Data::Tensors { y, .. } if !y.is_floating_point() && y.numel() > 0 => {
+                Some(y.max().int64_value(&[]))
+            }
+            _ => None,
+        }
+    }
+
     /// Training samples (all workers together).
     pub fn train_len(&self) -> usize {
         self.train.len()

@@ -2,9 +2,11 @@
 //! talk to each other.
 //!
 //! A [`Replica`] holds what a worker trains: the data ([`data`]), the model
-//! ([`model`]) in a `VarStore` on its device, a flat copy of the weights
-//! (the model's tensors are views of it) and the optimizer state over it
-//! ([`optim`]), the global step and the data cursor. It computes a
+//! ([`model`]; a user's TorchScript module through [`script`]) on its
+//! device, a flat vector of its trainable parameters (the model's
+//! parameters are views of it) followed by its buffers ([`tensors`]), the
+//! optimizer state over the parameters ([`optim`]), the global step and
+//! the data cursor. It computes a
 //! gradient on a batch ([`Replica::forward_backward`]), applies a summed
 //! gradient ([`Replica::apply_summed`]), evaluates on the held-out set,
 //! and exports, imports, snapshots and restores its state. [`progress`] is
@@ -20,6 +22,10 @@ pub mod model;
 pub mod optim;
 pub mod progress;
 pub mod rng;
+pub mod script;
+pub mod tensors;
+#[cfg(test)]
+mod tests;
 
 use crate::storage::checkpoint::Loaded;
 use crate::storage::{Fetcher, StorageError};
@@ -42,8 +48,11 @@ pub struct Outcome {
     pub eval_accuracy: Option<f64>,
     /// Held-out loss.
     pub eval_loss: Option<f64>,
-    /// The trained tensors by name.
+    /// The trained tensors by their `state_dict()` names and dtypes.
     pub weights: Vec<(String, Tensor)>,
+    /// The trained TorchScript module, serialized (TorchScript jobs), or
+    /// why it could not be.
+    pub torchscript: Result<Option<Vec<u8>>, String>,
     /// SHA-256 of the weights (names and bytes): equal on every replica.
     pub weights_sha256: String,
 }
@@ -112,7 +121,10 @@ pub struct Replica {
     eval: Option<(Tensor, Tensor)>,
     _vs: nn::VarStore,
     net: Box<dyn model::Net>,
-    vars: Vec<(String, Tensor)>,
+    tensors: tensors::ModelTensors,
+    /// Trainable elements: the flat vector's first ones.
+    trainable: usize,
+    /// All flat elements (trainable, then buffers).
     numel: usize,
     weights: Tensor,
     /// Created on the first update (a PS worker never needs one).
@@ -156,38 +168,39 @@ impl Replica {
         let eval = dataset.eval_batch(spec);
         tch::manual_seed(spec.seed as i64);
         let vs = nn::VarStore::new(device);
-        let net: Box<dyn model::Net> = match &spec.model {
+        let (net, tensors): (Box<dyn model::Net>, _) = match &spec.model {
             ModelSpec::Torchscript(t) => {
                 let path = fetcher.materialize(&t.url)?;
-                Box::new(model::Script::load(&vs.root(), &path).map_err(|e| {
+                let module = script::Module::load(&path, device).map_err(|e| {
                     TrainError::Model(format!(
-                        "model.url is not a loadable TorchScript module: {e}"
+                        "model.url is not a loadable TorchScript module: {}",
+                        tensors::first_line(&e.to_string())
                     ))
-                })?)
+                })?;
+                let found = tensors::ModelTensors::of_script(&module).map_err(TrainError::Model)?;
+                (Box::new(model::Script::new(module)?), found)
             }
-            other => model::build(&vs.root(), other)
-                .ok_or_else(|| TrainError::Model("unknown model kind".into()))?,
+            other => {
+                let net = model::build(&vs.root(), other)
+                    .ok_or_else(|| TrainError::Model("unknown model kind".into()))?;
+                (net, tensors::ModelTensors::of_varstore(&vs))
+            }
         };
-        let mut vars: Vec<(String, Tensor)> = vs
-            .variables()
-            .into_iter()
-            .filter(|(_, t)| t.requires_grad())
-            .collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        if vars.is_empty() {
+        if tensors.trainable.is_empty() {
             return Err(TrainError::Model(
                 "the model has no trainable parameters".into(),
             ));
         }
-        let numel: usize = vars.iter().map(|(_, t)| t.numel()).sum();
+        let trainable = tensors.trainable_len();
+        let numel = trainable + tensors.buffer_len();
         let weights = tch::no_grad(|| {
-            Tensor::cat(
-                &vars
-                    .iter()
-                    .map(|(_, t)| t.detach().reshape([-1]))
-                    .collect::<Vec<_>>(),
-                0,
-            )
+            let mut parts: Vec<Tensor> = tensors
+                .trainable
+                .iter()
+                .map(|(_, t)| t.detach().reshape([-1]))
+                .collect();
+            parts.push(tensors.read_buffers(device));
+            Tensor::cat(&parts, 0)
         });
         let mut replica = Replica {
             opt: None,
@@ -197,7 +210,8 @@ impl Replica {
             eval,
             _vs: vs,
             net,
-            vars,
+            tensors,
+            trainable,
             numel,
             weights,
             grad: Tensor::new(),
@@ -224,7 +238,7 @@ impl Replica {
     /// a summed "gradient" carries rank 0's buffers there (the others send
     /// zeros), and they are taken as they are.
     pub fn trainable_len(&self) -> usize {
-        self.numel
+        self.trainable
     }
 
     /// Whether this replica's gradients carry its buffers (rank 0) or
@@ -261,13 +275,16 @@ impl Replica {
         }
     }
 
-    /// Length of [`Replica::export`].
+    /// Length of [`Replica::export`]: the flat vector, the optimizer state
+    /// over the trainable part, the metadata.
     pub fn state_len(&self) -> usize {
-        self.numel * (1 + FlatOptimizer::state_tensors(self.spec.optimizer.kind)) + META_WORDS
+        self.numel
+            + self.trainable * FlatOptimizer::state_tensors(self.spec.optimizer.kind)
+            + META_WORDS
     }
 
     fn optimizer(&mut self) -> &mut FlatOptimizer {
-        let (spec, n, device) = (&self.spec.optimizer, self.numel as i64, self.device);
+        let (spec, n, device) = (&self.spec.optimizer, self.trainable as i64, self.device);
         self.opt
             .get_or_insert_with(|| FlatOptimizer::new(spec, n, device))
     }
@@ -275,12 +292,15 @@ impl Replica {
     /// Weights, optimizer state, step and cursor as one flat buffer.
     pub fn export(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.state_len()];
-        let n = self.numel;
-        let cpu = |t: &Tensor, dst: &mut [f32]| t.to_device(tch::Device::Cpu).copy_data(dst, n);
+        let (n, p) = (self.numel, self.trainable);
+        let cpu = |t: &Tensor, dst: &mut [f32]| {
+            let len = dst.len();
+            t.to_device(tch::Device::Cpu).copy_data(dst, len)
+        };
         cpu(&self.weights, &mut out[..n]);
         if let Some(opt) = &self.opt {
             for (i, t) in opt.state().iter().enumerate() {
-                cpu(t, &mut out[(i + 1) * n..(i + 2) * n]);
+                cpu(t, &mut out[n + i * p..n + (i + 1) * p]);
             }
         }
         let meta = &mut out[self.state_len() - META_WORDS..];
@@ -312,15 +332,16 @@ impl Replica {
                 self.state_len()
             )));
         }
-        let n = self.numel;
+        let (n, p) = (self.numel, self.trainable);
         let device = self.device;
         let load = |t: &mut Tensor, src: &[f32]| {
             tch::no_grad(|| t.copy_(&Tensor::from_slice(src).to_device(device)))
         };
         load(&mut self.weights, &state[..n]);
+        self.buffers_from_flat();
         let opt = self.optimizer();
         for (i, t) in opt.state_mut().iter_mut().enumerate() {
-            load(t, &state[(i + 1) * n..(i + 2) * n]);
+            load(t, &state[n + i * p..n + (i + 1) * p]);
         }
         let meta = &state[state.len() - META_WORDS..];
         opt.t = words_u64(&meta[2..4]);
@@ -340,11 +361,15 @@ impl Replica {
         let mut out = vec![self.read_range(start, len)];
         let states = FlatOptimizer::state_tensors(self.spec.optimizer.kind);
         for i in 0..states {
+            // Over the buffers the optimizer keeps nothing: zeros.
             let mut v = vec![0f32; len];
+            let held = end.min(self.trainable).saturating_sub(start);
             if let Some(t) = self.opt.as_ref().and_then(|o| o.state().get(i)) {
-                t.narrow(0, start as i64, len as i64)
-                    .to_device(tch::Device::Cpu)
-                    .copy_data(&mut v, len);
+                if held > 0 {
+                    t.narrow(0, start as i64, held as i64)
+                        .to_device(tch::Device::Cpu)
+                        .copy_data(&mut v[..held], held);
+                }
             }
             out.push(v);
         }
@@ -369,10 +394,12 @@ impl Replica {
             tch::no_grad(|| t.copy_(&Tensor::from_slice(src).to_device(device)))
         };
         load(&mut self.weights, &l.tensors[0]);
+        self.buffers_from_flat();
+        let p = self.trainable;
         let opt = self.optimizer();
         if l.tensors.len() == 1 + opt.state().len() {
             for (t, src) in opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
-                load(t, src);
+                load(t, &src[..p.min(src.len())]);
             }
             opt.t = l.optimizer_t;
         }
@@ -388,7 +415,7 @@ impl Replica {
     /// update of the weights is an update of the model, with no copy.
     fn bind(&mut self) {
         let mut at = 0i64;
-        for (_, v) in &mut self.vars {
+        for (_, v) in &mut self.tensors.trainable {
             let n = v.numel() as i64;
             let view = self.weights.narrow(0, at, n).view(v.size().as_slice());
             v.set_data(&view);
@@ -396,12 +423,58 @@ impl Replica {
         }
     }
 
-    /// The weights by name, on the CPU.
+    /// The model's `state_dict()`: every tensor by its PyTorch name, in
+    /// its own dtype, on the CPU.
     pub fn weights(&self) -> Vec<(String, Tensor)> {
-        self.vars
-            .iter()
-            .map(|(k, v)| (k.clone(), v.detach().to_device(tch::Device::Cpu)))
-            .collect()
+        self.tensors.state_dict()
+    }
+
+    /// The model's tensors as inspection reports them.
+    pub fn tensor_infos(&self) -> Vec<trainyard_common::model::ParamInfo> {
+        self.tensors.infos()
+    }
+
+    /// The module with its trained tensors, serialized as `torch.jit.save`
+    /// writes it (TorchScript models only).
+    pub fn torchscript(&self) -> Result<Option<Vec<u8>>, TrainError> {
+        let Some(m) = self.net.script() else {
+            return Ok(None);
+        };
+        let tmp = std::env::temp_dir().join(format!(
+            "trainyard-module-{}-{}.pt",
+            std::process::id(),
+            self.step
+        ));
+        m.save(&tmp)?;
+        let bytes = std::fs::read(&tmp).map_err(|e| TrainError::Model(e.to_string()));
+        let _ = std::fs::remove_file(&tmp);
+        Ok(Some(bytes?))
+    }
+
+    /// Copies the flat vector's buffer part into the model's buffers (after
+    /// anything wrote the flat vector).
+    fn buffers_from_flat(&self) {
+        if self.numel > self.trainable {
+            let tail = self.weights.narrow(
+                0,
+                self.trainable as i64,
+                (self.numel - self.trainable) as i64,
+            );
+            self.tensors.write_buffers(&tail);
+        }
+    }
+
+    /// Copies the model's buffers into the flat vector (after a training
+    /// forward changed them).
+    fn buffers_to_flat(&mut self) {
+        if self.numel > self.trainable {
+            let values = self.tensors.read_buffers(self.device);
+            tch::no_grad(|| {
+                self.weights
+                    .narrow(0, self.trainable as i64, values.numel() as i64)
+                    .copy_(&values)
+            });
+        }
     }
 
     /// SHA-256 over the names and the bytes of the weights.
@@ -411,7 +484,7 @@ impl Replica {
         self.weights
             .to_device(tch::Device::Cpu)
             .copy_data(&mut flat, self.numel);
-        for (k, _) in &self.vars {
+        for (k, ..) in self.tensors.layout() {
             h.update(k.as_bytes());
         }
         for x in &flat {
@@ -431,17 +504,10 @@ impl Replica {
         &mut self.spec
     }
 
-    /// Each trainable tensor's name, offset in the flat weights and length.
+    /// Each tensor of the flat vector — the trainable parameters, then
+    /// the buffers — by name, with its offset and length.
     pub fn layout(&self) -> Vec<(String, usize, usize)> {
-        let mut at = 0;
-        self.vars
-            .iter()
-            .map(|(k, v)| {
-                let n = v.numel();
-                at += n;
-                (k.clone(), at - n, n)
-            })
-            .collect()
+        self.tensors.layout()
     }
 
     /// Overwrites the flat weights from `offset` with `values`.
@@ -452,6 +518,9 @@ impl Replica {
                 .narrow(0, offset as i64, values.len() as i64)
                 .copy_(&src)
         });
+        if offset + values.len() > self.trainable {
+            self.buffers_from_flat();
+        }
     }
 
     /// The flat weights from `offset`, `len` of them, on the CPU.
@@ -510,12 +579,16 @@ impl Replica {
     /// summed over the samples (in a buffer reused across steps, on the
     /// replica's device; `None` for an empty batch).
     pub fn forward_backward(&mut self, b: &Batch) -> Result<(f64, Option<Tensor>), TrainError> {
-        let n = self.numel;
+        let (n, p) = (self.numel, self.trainable);
+        let state = n > p && self.carries_state;
         let mut loss_sum = 0.0;
-        let mut flat = None;
+        if b.samples == 0 && !state {
+            return Ok((0.0, None));
+        }
+        let mut parts: Vec<Tensor> = Vec::new();
         if b.samples > 0 {
             let (x, y) = (b.x.to_device(self.device), b.y.to_device(self.device));
-            for (_, v) in &self.vars {
+            for (_, v) in &self.tensors.trainable {
                 let mut g = v.grad();
                 if g.defined() {
                     let _ = g.zero_();
@@ -523,8 +596,9 @@ impl Replica {
             }
             let out = self.net.try_forward(&x, true).map_err(|e| {
                 TrainError::Model(format!(
-                    "the model cannot take a batch of shape {:?}: {e}",
-                    x.size()
+                    "the model cannot take a batch of shape {:?}: {}",
+                    x.size(),
+                    tensors::first_line(&e.to_string())
                 ))
             })?;
             if out.size().first() != Some(&(b.samples as i64)) {
@@ -536,33 +610,44 @@ impl Replica {
             }
             let loss = loss_of(&self.spec, &out, &y).map_err(|e| {
                 TrainError::Model(format!(
-                    "the model's output {:?} does not fit the targets {:?}: {e}",
+                    "the model's output {:?} does not fit the targets {:?}: {}",
                     out.size(),
-                    y.size()
+                    y.size(),
+                    tensors::first_line(&e.to_string())
                 ))
             })?;
             // Sums over ranks of (mean loss × samples) give the global mean.
             (&loss * b.samples as f64).backward();
             loss_sum = loss.double_value(&[]) * b.samples as f64;
-            let grads: Vec<Tensor> = self
-                .vars
-                .iter()
-                .map(|(_, v)| {
-                    let g = v.grad();
-                    if g.defined() {
-                        g.reshape([-1])
-                    } else {
-                        Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
-                    }
-                })
-                .collect();
-            // Into a buffer kept across steps.
-            if !self.grad.defined() || self.grad.numel() != n {
-                self.grad = Tensor::empty([n as i64], (Kind::Float, self.device));
-            }
-            flat = Some(Tensor::cat_out(&self.grad, &grads, 0));
+            // The forward in training mode moved the buffers (BatchNorm's
+            // running statistics): the flat vector follows.
+            self.buffers_to_flat();
+            parts.extend(self.tensors.trainable.iter().map(|(_, v)| {
+                let g = v.grad();
+                if g.defined() {
+                    g.reshape([-1])
+                } else {
+                    Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
+                }
+            }));
+        } else {
+            parts.push(Tensor::zeros([p as i64], (Kind::Float, self.device)));
         }
-        Ok((loss_sum, flat))
+        if n > p {
+            // Rank 0's buffers ride with the gradient (the others add
+            // zeros), so every replica leaves the step with rank 0's
+            // buffers, as PyTorch DDP broadcasts them before each forward.
+            parts.push(if state {
+                self.weights.narrow(0, p as i64, (n - p) as i64)
+            } else {
+                Tensor::zeros([(n - p) as i64], (Kind::Float, self.device))
+            });
+        }
+        // Into a buffer kept across steps.
+        if !self.grad.defined() || self.grad.numel() != n {
+            self.grad = Tensor::empty([n as i64], (Kind::Float, self.device));
+        }
+        Ok((loss_sum, Some(Tensor::cat_out(&self.grad, &parts, 0))))
     }
 
     /// Ends a step on a gradient summed over `total` samples (by a ring,
@@ -579,13 +664,24 @@ impl Replica {
         next: Cursor,
     ) -> Result<(), TrainError> {
         progress::check_finite(loss, self.step + 1)?;
-        if let Some(mut g) = summed.filter(|_| total > 0.0) {
+        if let Some(g) = summed.filter(|_| total > 0.0) {
+            let (n, p) = (self.numel as i64, self.trainable as i64);
+            if n > p {
+                // The buffers' part is rank 0's values, taken as they are.
+                tch::no_grad(|| {
+                    self.weights
+                        .narrow(0, p, n - p)
+                        .copy_(&g.narrow(0, p, n - p))
+                });
+                self.buffers_from_flat();
+            }
+            let mut g = g.narrow(0, 0, p);
             let _ = g.g_div_scalar_(f64::from(total));
             if let Some(c) = self.spec.optimizer.grad_clip {
                 optim::clip_norm(&mut g, c);
             }
-            // The model's tensors are views of `weights`: updated in place.
-            let mut w = self.weights.shallow_clone();
+            // The model's parameters are views of `weights`: updated in place.
+            let mut w = self.weights.narrow(0, 0, p);
             self.optimizer().step(&mut w, &g, lr);
         }
         self.step += 1;
@@ -607,6 +703,7 @@ impl Replica {
             eval_accuracy: self.eval_accuracy,
             eval_loss: self.eval_loss,
             weights: self.weights(),
+            torchscript: self.torchscript().map_err(|e| e.to_string()),
             weights_sha256: self.weights_sha256(),
         }
     }

@@ -1,5 +1,8 @@
 //! The built-in models, built with `tch::nn` from the job spec.
 //!
+//! A user's TorchScript module is a [`Script`]. Built-in models have no
+//! buffers and no dropout, so their two modes forward alike.
+//!
 //! Tensor names and shapes are exactly those of
 //! `trainyard_common::model::parameters` (a test checks it), because the
 //! scheduler shards the PS tier and sizes memory from that list.
@@ -19,20 +22,34 @@ pub trait Net: Send {
     fn try_forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
         Ok(self.forward(xs, train))
     }
+
+    /// The TorchScript module behind it, if it is a user's.
+    fn script(&self) -> Option<&super::script::Module> {
+        None
+    }
 }
 
-/// A TorchScript module loaded for training: its parameters live in the
-/// VarStore (named with `_` for `.`), so the optimizer trains them.
+/// A user's TorchScript module ([`super::script::Module`]) as a [`Net`]:
+/// forwards in training mode while training and in evaluation mode
+/// (dropout off, BatchNorm on its running statistics) while evaluating.
 pub struct Script {
-    module: tch::TrainableCModule,
+    module: super::script::Module,
+    train: std::sync::atomic::AtomicBool,
 }
 
 impl Script {
-    /// Loads the module at `path` into `p`.
-    pub fn load(p: &nn::Path, path: &std::path::Path) -> Result<Script, tch::TchError> {
-        let mut module = tch::TrainableCModule::load(path, p.clone())?;
-        module.f_set_train()?;
-        Ok(Script { module })
+    /// The loaded module, put in training mode.
+    pub fn new(module: super::script::Module) -> Result<Script, tch::TchError> {
+        module.set_train(true)?;
+        Ok(Script {
+            module,
+            train: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    /// The module (its tensors, to save it).
+    pub fn module(&self) -> &super::script::Module {
+        &self.module
     }
 }
 
@@ -43,8 +60,16 @@ impl Net for Script {
             .unwrap_or_else(|_| Tensor::zeros([0], (Kind::Float, xs.device())))
     }
 
-    fn try_forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, tch::TchError> {
-        self.module.forward_ts(&[xs])
+    fn try_forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, tch::TchError> {
+        use std::sync::atomic::Ordering;
+        if self.train.swap(train, Ordering::Relaxed) != train {
+            self.module.set_train(train)?;
+        }
+        self.module.forward(xs)
+    }
+
+    fn script(&self) -> Option<&super::script::Module> {
+        Some(&self.module)
     }
 }
 

@@ -120,33 +120,51 @@ pub fn accuracy_suffix(accuracy: Option<f64>) -> String {
     })
 }
 
+/// Rows of the held-out set one evaluation forward takes: memory stays
+/// bounded whatever the set's size.
+pub const EVAL_ROWS: i64 = 256;
+
 /// Held-out loss and accuracy (classification, not language models) of
-/// `net` on `batch`, in one forward pass without gradients.
+/// `net` on `batch`: in evaluation mode (dropout off, BatchNorm on its
+/// running statistics), without gradients, [`EVAL_ROWS`] rows at a time.
 pub(crate) fn evaluate(
     spec: &JobSpecInput,
     net: &dyn super::model::Net,
     batch: &(Tensor, Tensor),
     device: tch::Device,
 ) -> (f64, Option<f64>) {
+    let classify =
+        spec.loss == Loss::CrossEntropy && !matches!(spec.model, ModelSpec::Transformer(_));
+    let rows = batch.0.size().first().copied().unwrap_or(0);
+    if rows == 0 {
+        return (f64::NAN, None);
+    }
+    let (mut loss_sum, mut correct) = (0.0, 0.0);
     tch::no_grad(|| {
-        let (x, y) = (batch.0.to_device(device), batch.1.to_device(device));
-        let Ok(out) = net.try_forward(&x, false) else {
-            return (f64::NAN, None);
-        };
-        let Ok(loss) = super::loss_of(spec, &out, &y) else {
-            return (f64::NAN, None);
-        };
-        let loss = loss.double_value(&[]);
-        let acc = (spec.loss == Loss::CrossEntropy
-            && !matches!(spec.model, ModelSpec::Transformer(_)))
-        .then(|| {
-            out.argmax(-1, false)
-                .eq_tensor(&y)
-                .to_kind(Kind::Float)
-                .mean(Kind::Float)
-                .double_value(&[])
-        });
-        (loss, acc)
+        let mut at = 0;
+        while at < rows {
+            let n = EVAL_ROWS.min(rows - at);
+            let x = batch.0.narrow(0, at, n).to_device(device);
+            let y = batch.1.narrow(0, at, n).to_device(device);
+            let Ok(out) = net.try_forward(&x, false) else {
+                return (f64::NAN, None);
+            };
+            let Ok(loss) = super::loss_of(spec, &out, &y) else {
+                return (f64::NAN, None);
+            };
+            loss_sum += loss.double_value(&[]) * n as f64;
+            if classify {
+                correct += out
+                    .argmax(-1, false)
+                    .eq_tensor(&y.reshape(-1))
+                    .to_kind(Kind::Float)
+                    .sum(Kind::Float)
+                    .double_value(&[]);
+            }
+            at += n;
+        }
+        let rows = rows as f64;
+        (loss_sum / rows, classify.then_some(correct / rows))
     })
 }
 

@@ -78,8 +78,9 @@ impl RingStep {
             match replica.spec().compression {
                 Compression::None => ring.allreduce(&mut self.buf, stop)?,
                 Compression::Bf16 => {
-                    // The gradient in bf16; the sample count and loss stay exact.
-                    let (grad, counts) = self.buf.split_at_mut(n);
+                    // The gradient in bf16; the buffers, the sample count
+                    // and the loss stay exact.
+                    let (grad, counts) = self.buf.split_at_mut(replica.trainable_len());
                     ring.allreduce_wire(grad, Wire::Bf16, stop)?;
                     ring.allreduce(counts, stop)?;
                 }

@@ -41,6 +41,7 @@ pub fn train_with(
     mut ckpt: Option<&mut Checkpointing>,
 ) -> Result<Outcome, RoleError> {
     let (rank, world) = (ring.rank(), ring.world());
+    replica.set_carries_state(rank == 0);
     let spec = replica.spec().clone();
     let total = replica.total_steps(world);
     let batches = replica.batches(rank, world, replica.cursor);

@@ -1,45 +1,140 @@
-//! Inspection of a user's TorchScript model: the API asks an executor to
-//! list a model file's parameters (names and shapes) before it plans the
-//! job, because only libtorch can read the file.
+//! Inspection of a user's TorchScript model before the job is planned:
+//! only libtorch can read the file, so the API asks an executor to list
+//! its tensors — parameters, buffers and frozen parameters under their
+//! `state_dict()` names, with shapes and dtypes — which the scheduler
+//! shards and sizes memory from.
+//!
+//! With the job's spec at hand it also tries what training will do: the
+//! forward takes one tensor, a batch of the job's own data goes through it
+//! (evaluation mode, no gradients), and the output fits the loss and the
+//! labels. A model that cannot train on that data fails the job here, in
+//! `inspecting`, with a reason that names the mismatch, instead of in
+//! every worker once the cluster is up.
 
+use crate::replica::data::{Cursor, Dataset};
+use crate::replica::script::Module;
+use crate::replica::tensors::{first_line, ModelTensors};
 use crate::storage::Fetcher;
-use trainyard_common::cluster::InspectionResult;
-use trainyard_common::model::ParamInfo;
+use tch::Kind;
+use trainyard_common::cluster::{Inspection, InspectionResult};
+use trainyard_common::spec::{JobSpecInput, Loss};
 
-/// Loads the TorchScript file at `url` (through `fetcher` when it is in an
-/// object store) and lists its trainable tensors.
-pub fn inspect_file(url: &str, fetcher: &Fetcher) -> InspectionResult {
-    let path = match fetcher.materialize(url) {
-        Ok(p) => p,
-        Err(e) => return InspectionResult::Error(e.to_string()),
-    };
+/// Rows of the trial batch.
+const TRIAL_ROWS: usize = 4;
+
+/// Inspects the file of `ins` (through `fetcher` when it is in an object
+/// store) and, when the spec came with it, tries a forward on its data.
+pub fn inspect(ins: &Inspection, fetcher: &Fetcher) -> InspectionResult {
+    match std::panic::catch_unwind(|| examine(ins, fetcher)) {
+        Ok(Ok(found)) => InspectionResult::Parameters(found.infos()),
+        Ok(Err(reason)) => InspectionResult::Error(reason),
+        Err(_) => InspectionResult::Error("libtorch crashed while reading the model".into()),
+    }
+}
+
+fn examine(ins: &Inspection, fetcher: &Fetcher) -> Result<ModelTensors, String> {
+    let path = fetcher.materialize(&ins.url).map_err(|e| e.to_string())?;
     if !path.is_file() {
-        return InspectionResult::Error(format!("{url}: no such file"));
+        return Err(format!("{}: no such file", ins.url));
     }
-    let loaded =
-        std::panic::catch_unwind(|| tch::CModule::load(&path).and_then(|m| m.named_parameters()));
-    match loaded {
-        Ok(Ok(params)) => InspectionResult::Parameters(
-            params
-                .into_iter()
-                .map(|(name, t)| {
-                    ParamInfo::new(
-                        name,
-                        &t.size()
-                            .iter()
-                            .map(|&d| d.max(0) as u64)
-                            .collect::<Vec<_>>(),
-                    )
-                })
-                .collect(),
-        ),
-        Ok(Err(e)) => InspectionResult::Error(
-            e.to_string()
-                .lines()
-                .next()
-                .unwrap_or("unreadable")
-                .to_owned(),
-        ),
-        Err(_) => InspectionResult::Error("libtorch crashed while loading the file".into()),
+    let module = Module::load(&path, tch::Device::Cpu).map_err(|e| {
+        format!(
+            "model.url is not a loadable TorchScript module: {}",
+            first_line(&e.to_string())
+        )
+    })?;
+    let found = ModelTensors::of_script(&module)?;
+    if found.trainable.is_empty() {
+        return Err("the TorchScript module has no trainable parameters".into());
     }
+    let schema = module.schema().map_err(|e| {
+        format!(
+            "the module has no forward method: {}",
+            first_line(&e.to_string())
+        )
+    })?;
+    if schema.args != 1 || schema.tensor_args != 1 {
+        return Err(format!(
+            "the module's forward must take one tensor (a batch); it is `{}`",
+            schema.text
+        ));
+    }
+    if !schema.returns_tensor {
+        return Err(format!(
+            "the module's forward must return one tensor; it is `{}`",
+            schema.text
+        ));
+    }
+    if let Some(spec) = &ins.spec {
+        trial(&module, spec, fetcher)?;
+    }
+    Ok(found)
+}
+
+/// A forward on the first rows of the job's data, checked against the
+/// loss and the targets.
+fn trial(module: &Module, spec: &JobSpecInput, fetcher: &Fetcher) -> Result<(), String> {
+    let data = Dataset::load(spec, fetcher).map_err(|e| format!("dataset: {e}"))?;
+    let mut small = spec.clone();
+    small.batch_size = TRIAL_ROWS.min(data.train_len()).max(1) as u32;
+    let batch = data
+        .stream(&small, 0, 1, Cursor::default())
+        .recv()
+        .map_err(|_| "dataset: no batch could be read".to_owned())?;
+    let (x, y) = (batch.x, batch.y);
+    module
+        .set_train(false)
+        .map_err(|e| first_line(&e.to_string()))?;
+    let out = tch::no_grad(|| module.forward(&x)).map_err(|e| {
+        format!(
+            "the model cannot take a batch of the dataset (shape {:?}, {:?}): {}",
+            x.size(),
+            x.kind(),
+            first_line(&e.to_string())
+        )
+    })?;
+    let rows = x.size()[0];
+    if out.size().first() != Some(&rows) {
+        return Err(format!(
+            "the model returned shape {:?} for a batch of {rows}: the first dimension must be the batch",
+            out.size()
+        ));
+    }
+    match spec.loss {
+        Loss::CrossEntropy => {
+            let classes = *out.size().last().unwrap_or(&0);
+            let labels = data.label_max().unwrap_or(0);
+            if out.dim() < 2 || classes <= labels {
+                return Err(format!(
+                    "the model's output {:?} does not fit the dataset's classes: labels go up to {labels}, so cross_entropy needs at least {} scores per sample in the last dimension",
+                    out.size(),
+                    labels + 1
+                ));
+            }
+            if !out.is_floating_point() {
+                return Err(format!(
+                    "the model's output is {:?}; cross_entropy needs floating-point scores",
+                    out.kind()
+                ));
+            }
+        }
+        Loss::Mse => {
+            if out.numel() != y.numel() {
+                return Err(format!(
+                    "the model's output {:?} does not match the targets {:?} (mse compares them element by element)",
+                    out.size(),
+                    y.size()
+                ));
+            }
+        }
+    }
+    crate::replica::loss_of(spec, &out.to_kind(Kind::Float), &y)
+        .map(drop)
+        .map_err(|e| {
+            format!(
+                "the loss cannot be computed on the model's output: {}",
+                first_line(&e.to_string())
+            )
+        })?;
+    Ok(())
 }

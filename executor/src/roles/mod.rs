@@ -120,16 +120,15 @@ impl Roles {
             if !self.inspecting.insert(i.job_id) {
                 continue;
             }
-            let (job_id, url) = (i.job_id, i.url.clone());
+            let (job_id, ins) = (i.job_id, i.clone());
             let sink = self.sink.clone();
             let fetcher = self.ctx.fetcher.clone();
             tokio::spawn(async move {
-                let result =
-                    tokio::task::spawn_blocking(move || inspect::inspect_file(&url, &fetcher))
-                        .await
-                        .unwrap_or_else(|e| {
-                            InspectionResult::Error(format!("inspection crashed: {e}"))
-                        });
+                let result = tokio::task::spawn_blocking(move || inspect::inspect(&ins, &fetcher))
+                    .await
+                    .unwrap_or_else(|e| {
+                        InspectionResult::Error(format!("inspection crashed: {e}"))
+                    });
                 sink.deliver_inspection(InspectionReport { job_id, result });
             });
         }

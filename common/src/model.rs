@@ -5,7 +5,9 @@
 //! can place and shard a job before any executor has seen it. The per-role
 //! byte counts follow ../shared/DESIGN.md ("Background"): in fp32 a parameter
 //! costs 4 B of weights and 4 B of gradient on a worker, and the optimizer adds
-//! 0 (SGD), 4 (momentum) or 8 (Adam) bytes wherever its state lives.
+//! 0 (SGD), 4 (momentum) or 8 (Adam) bytes wherever its state lives. A
+//! buffer travels with the weights but has no optimizer state; a frozen
+//! parameter stays in the worker's module ([`MemoryEstimate::with_state`]).
 
 use crate::spec::{JobSpecInput, ModelSpec, OptimizerKind};
 use serde::{Deserialize, Serialize};
@@ -219,6 +221,45 @@ impl MemoryEstimate {
         }
     }
 
+    /// The estimate for a model's tensors as inspection (or
+    /// [`parameters`]) lists them: its [`TensorKind::Parameter`] elements
+    /// are the trainable parameters ([`MemoryEstimate::new`]), and its
+    /// buffers and frozen parameters are counted by
+    /// [`MemoryEstimate::with_state`].
+    pub fn of(tensors: &[ParamInfo], optimizer: OptimizerKind, sync: bool) -> Self {
+        let count = |kind: TensorKind| {
+            tensors
+                .iter()
+                .filter(|t| t.kind == kind)
+                .map(ParamInfo::numel)
+                .fold(0u64, u64::saturating_add)
+        };
+        MemoryEstimate::new(count(TensorKind::Parameter), optimizer, sync).with_state(
+            count(TensorKind::Buffer),
+            count(TensorKind::Frozen),
+            sync,
+        )
+    }
+
+    /// Adds a model's state besides its trainable parameters (call it
+    /// once; the byte counts add up). A buffer element travels in the flat
+    /// vector the patterns sum and shard, but no optimizer keeps state for
+    /// it: it costs 4 B of weights and 4 B of the gradient-sized vector on
+    /// a worker of either pattern, 4 B on the PS tier (plus 4 B of the
+    /// accumulator of a `sync` shard). A frozen parameter never leaves the
+    /// worker's module: 4 B there, nothing on the PS tier. `parameters`
+    /// stays the trainable count.
+    pub fn with_state(mut self, buffer_elements: u64, frozen_elements: u64, sync: bool) -> Self {
+        let worker = buffer_elements
+            .saturating_mul(2 * F32_BYTES)
+            .saturating_add(frozen_elements.saturating_mul(F32_BYTES));
+        let tier = buffer_elements.saturating_mul(F32_BYTES + if sync { F32_BYTES } else { 0 });
+        self.allreduce_worker_bytes = self.allreduce_worker_bytes.saturating_add(worker);
+        self.ps_worker_bytes = self.ps_worker_bytes.saturating_add(worker);
+        self.ps_tier_bytes = self.ps_tier_bytes.saturating_add(tier);
+        self
+    }
+
     /// The same estimate for a PS tier that keeps `replicas` hot standbys
     /// of each shard.
     pub fn with_ps_replicas(mut self, replicas: u32) -> Self {
@@ -242,9 +283,9 @@ impl JobSpecInput {
     /// The memory each role needs, for built-in models (the spec knows its
     /// model; the arithmetic lives here, with the parameter counts).
     pub fn estimate(&self) -> Option<MemoryEstimate> {
-        let params = parameter_count(&self.model)?;
+        let tensors = parameters(&self.model)?;
         Some(
-            MemoryEstimate::new(params, self.optimizer.kind, self.is_sync())
+            MemoryEstimate::of(&tensors, self.optimizer.kind, self.is_sync())
                 .with_ps_replicas(self.ps_replicas()),
         )
     }
@@ -300,6 +341,36 @@ mod tests {
         };
         let w = 64u64;
         assert_eq!(t(3) - t(2), 12 * w * w + 13 * w);
+    }
+
+    /// Buffers cost weights and a gradient-sized slot on workers and their
+    /// values (and a sync accumulator) on the PS tier, never optimizer
+    /// state; frozen parameters cost their weights on workers only.
+    #[test]
+    fn buffers_and_frozen_tensors_are_counted_where_they_live() {
+        let tensors = [
+            ParamInfo::new("fc.weight", &[10, 10]),
+            ParamInfo::new("emb.weight", &[5, 4]).with(TensorKind::Frozen, "float32"),
+            ParamInfo::new("bn.running_mean", &[10]).with(TensorKind::Buffer, "float32"),
+            ParamInfo::new("bn.num_batches_tracked", &[]).with(TensorKind::Buffer, "int64"),
+        ];
+        for sync in [false, true] {
+            let e = MemoryEstimate::of(&tensors, OptimizerKind::Adam, sync);
+            let base = MemoryEstimate::new(100, OptimizerKind::Adam, sync);
+            assert_eq!(e.parameters, 100);
+            assert_eq!(
+                e.allreduce_worker_bytes,
+                base.allreduce_worker_bytes + 11 * 8 + 20 * 4
+            );
+            assert_eq!(e.ps_worker_bytes, base.ps_worker_bytes + 11 * 8 + 20 * 4);
+            let acc = if sync { 4 } else { 0 };
+            assert_eq!(e.ps_tier_bytes, base.ps_tier_bytes + 11 * (4 + acc));
+        }
+        // Parameters alone: the same as `new`.
+        assert_eq!(
+            MemoryEstimate::of(&tensors[..1], OptimizerKind::Sgd, true),
+            MemoryEstimate::new(100, OptimizerKind::Sgd, true)
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@ use uuid::Uuid;
 /// share of the smallest eligible device, leaving room for activations.
 pub const AUTO_HEADROOM: f64 = 0.8;
 
-/// RAM a PS shard is charged beyond its tensors (buffers, connections).
+/// RAM a PS shard is charged beyond its tensors (I/O buffers, connections).
 pub const PS_OVERHEAD_BYTES: u64 = 16 << 20;
 
 /// A device an executor offers.

@@ -1,25 +1,53 @@
-//! The PS shard map: a model's parameters cut into byte-balanced shards.
+//! The PS shard map: a model's flat tensors cut into byte-balanced shards.
 //!
-//! All parameter tensors are laid end to end (in the model's creation
-//! order) as one flat fp32 index space, and shard `i` of `S` owns the flat
-//! range `[i·T/S, (i+1)·T/S)` of the `T` elements. Shards therefore differ
-//! by at most one element, and a tensor larger than a fair share is split
-//! into ranges across shards — the largest shard is never a hot node. Each
-//! shard is described as the tensor slices it owns, which is what the PS
-//! data plane moves.
+//! The flat vector the PS pattern moves is the model's trainable
+//! parameters laid end to end (in the model's order), then its buffers
+//! (BatchNorm's running statistics, counters); frozen parameters never
+//! leave the workers' modules and are not sharded. The parameters form one
+//! flat index space of `P` elements and the buffers another of `B`; shard
+//! `i` of `S` owns the parameter range `[i·P/S, (i+1)·P/S)` and, after it,
+//! the buffer range `[i·B/S, (i+1)·B/S)`. Cutting the two apart keeps every
+//! shard's bytes equal although a buffer carries no optimizer state, and
+//! puts every shard's buffer ranges at its tail, where a shard expects the
+//! values it takes as they are instead of optimizing them. Shards
+//! therefore differ by at most one element of each kind, and a tensor
+//! larger than a fair share is split into ranges across shards — the
+//! largest shard is never a hot node. Each shard is described as the
+//! tensor slices it owns (a buffer's marked [`Range::buffer`]), which is
+//! what the PS data plane moves.
 
 pub use trainyard_common::cluster::Range;
-use trainyard_common::model::ParamInfo;
+use trainyard_common::model::{ParamInfo, TensorKind};
 
-/// The ranges shard `shard` of `shards` owns.
+/// The ranges shard `shard` of `shards` owns: its share of the parameters,
+/// then its share of the buffers.
 pub fn shard_ranges(params: &[ParamInfo], shards: u32, shard: u32) -> Vec<Range> {
+    let mut out = Vec::new();
+    for kind in [TensorKind::Parameter, TensorKind::Buffer] {
+        let tensors: Vec<&ParamInfo> = params.iter().filter(|p| p.kind == kind).collect();
+        share(
+            &tensors,
+            shards,
+            shard,
+            kind == TensorKind::Buffer,
+            &mut out,
+        );
+    }
+    out
+}
+
+/// Appends shard `shard` of `shards`'s share of `tensors` (one flat index
+/// space) to `out`.
+fn share(tensors: &[&ParamInfo], shards: u32, shard: u32, buffer: bool, out: &mut Vec<Range>) {
     let shards = u64::from(shards.max(1));
-    let total: u64 = params.iter().map(ParamInfo::numel).sum();
+    let total: u64 = tensors.iter().map(|p| p.numel()).sum();
     let lo = boundary(total, shards, u64::from(shard));
     let hi = boundary(total, shards, u64::from(shard) + 1);
-    let mut out = Vec::new();
     let mut offset = 0u64;
-    for p in params {
+    for p in tensors {
+        if offset >= hi {
+            break;
+        }
         let n = p.numel();
         let (a, b) = (lo.max(offset), hi.min(offset + n));
         if a < b {
@@ -27,15 +55,11 @@ pub fn shard_ranges(params: &[ParamInfo], shards: u32, shard: u32) -> Vec<Range>
                 param: p.name.clone(),
                 start: a - offset,
                 end: b - offset,
-                buffer: false,
+                buffer,
             });
         }
         offset += n;
-        if offset >= hi {
-            break;
-        }
     }
-    out
 }
 
 /// Elements in a list of ranges.
@@ -120,7 +144,8 @@ mod tests {
             [Range {
                 param: "big".into(),
                 start: 0,
-                end: 505
+                end: 505,
+                buffer: false,
             }]
         );
         assert_eq!(
@@ -129,42 +154,98 @@ mod tests {
                 Range {
                     param: "big".into(),
                     start: 505,
-                    end: 1000
+                    end: 1000,
+                    buffer: false,
                 },
                 Range {
                     param: "b".into(),
                     start: 0,
-                    end: 10
+                    end: 10,
+                    buffer: false,
                 }
             ]
         );
     }
 
+    #[test]
+    fn buffers_follow_each_shards_parameters_and_frozen_tensors_are_not_sharded() {
+        let params = vec![
+            ParamInfo::new("bn.running_mean", &[4]).with(TensorKind::Buffer, "float32"),
+            ParamInfo::new("fc.weight", &[6]),
+            ParamInfo::new("emb.weight", &[100]).with(TensorKind::Frozen, "float32"),
+            ParamInfo::new("bn.num_batches_tracked", &[]).with(TensorKind::Buffer, "int64"),
+            ParamInfo::new("fc.bias", &[2]),
+        ];
+        let r = |param: &str, start, end, buffer| Range {
+            param: param.into(),
+            start,
+            end,
+            buffer,
+        };
+        assert_eq!(
+            shard_ranges(&params, 2, 0),
+            [
+                r("fc.weight", 0, 4, false),
+                r("bn.running_mean", 0, 2, true)
+            ]
+        );
+        assert_eq!(
+            shard_ranges(&params, 2, 1),
+            [
+                r("fc.weight", 4, 6, false),
+                r("fc.bias", 0, 2, false),
+                r("bn.running_mean", 2, 4, true),
+                r("bn.num_batches_tracked", 0, 1, true)
+            ]
+        );
+    }
+
+    fn kind() -> impl Strategy<Value = TensorKind> {
+        prop_oneof![
+            3 => Just(TensorKind::Parameter),
+            2 => Just(TensorKind::Buffer),
+            1 => Just(TensorKind::Frozen),
+        ]
+    }
+
     proptest! {
+        /// Every element of every parameter and buffer is in exactly one
+        /// shard, frozen tensors in none; each shard's buffer ranges are
+        /// its tail; shards differ by at most one element of each kind.
         #[test]
-        fn shards_cover_every_element_exactly_once(
-            shapes in prop::collection::vec(prop::collection::vec(1u64..50, 1..3), 1..12),
+        fn shards_cover_every_flat_element_exactly_once_with_buffers_at_the_tail(
+            tensors in prop::collection::vec((prop::collection::vec(1u64..50, 0..3), kind()), 1..12),
             shards in 1u32..20,
         ) {
-            let params: Vec<ParamInfo> = shapes.iter().enumerate()
-                .map(|(i, s)| ParamInfo::new(format!("p{i}"), s))
+            let params: Vec<ParamInfo> = tensors.iter().enumerate()
+                .map(|(i, (s, k))| ParamInfo::new(format!("p{i}"), s).with(*k, "float32"))
                 .collect();
             let mut covered: Vec<Vec<bool>> = params.iter().map(|p| vec![false; p.numel() as usize]).collect();
-            let mut sizes = Vec::new();
+            let mut sizes = [Vec::new(), Vec::new()];
             for s in 0..shards {
                 let ranges = shard_ranges(&params, shards, s);
-                sizes.push(range_elements(&ranges));
+                let head = ranges.iter().take_while(|r| !r.buffer).count();
+                prop_assert!(ranges[head..].iter().all(|r| r.buffer), "a buffer range before a parameter range: {:?}", ranges);
+                sizes[0].push(range_elements(&ranges[..head]));
+                sizes[1].push(range_elements(&ranges[head..]));
                 for r in ranges {
                     let i = params.iter().position(|p| p.name == r.param).unwrap();
+                    prop_assert_eq!(r.buffer, params[i].kind == TensorKind::Buffer);
+                    prop_assert!(params[i].kind.is_flat());
                     for e in r.start..r.end {
                         prop_assert!(!covered[i][e as usize], "element covered twice");
                         covered[i][e as usize] = true;
                     }
                 }
             }
-            prop_assert!(covered.iter().flatten().all(|&c| c));
-            let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
-            prop_assert!(max - min <= 1, "unbalanced: {:?}", sizes);
+            for (p, c) in params.iter().zip(&covered) {
+                prop_assert_eq!(c.iter().all(|&c| c), p.kind.is_flat(), "{}", p.name);
+                prop_assert!(p.kind.is_flat() || !c.iter().any(|&c| c));
+            }
+            for s in &sizes {
+                let (min, max) = (s.iter().min().unwrap(), s.iter().max().unwrap());
+                prop_assert!(max - min <= 1, "unbalanced: {:?}", sizes);
+            }
         }
     }
 }

@@ -410,6 +410,57 @@ fn auto_decides_by_memory_and_says_why() {
     check(std::slice::from_ref(&big), &roomy, &p);
 }
 
+/// A model's buffers count in `auto`'s arithmetic (here they tip it from
+/// allreduce to the PS pattern), and its shards hold them after their
+/// parameters, marked as buffers; frozen tensors are in no shard.
+#[test]
+fn auto_counts_buffers_and_shards_hold_them_at_their_tail() {
+    use trainyard_common::model::TensorKind;
+    let adam = trainyard_common::spec::OptimizerKind::Adam;
+    let execs: Vec<ExecutorView> = (1..=4).map(|n| cpu_exec(n, 4 * GIB, None)).collect();
+    // 100 M parameters with Adam: 1.6 GB per replica, within 80% of 4 GiB;
+    // 250 M buffer elements add 2 GB and 50 M frozen ones 0.2 GB: 3.8 GB
+    // is not.
+    let tensors = vec![
+        ParamInfo::new("fc.weight", &[100_000, 1000]),
+        ParamInfo::new("bn.running_mean", &[250_000, 1000]).with(TensorKind::Buffer, "float32"),
+        ParamInfo::new("emb.weight", &[50_000, 1000]).with(TensorKind::Frozen, "float32"),
+        ParamInfo::new("bn.num_batches_tracked", &[]).with(TensorKind::Buffer, "int64"),
+    ];
+    let mut d = demand(Strategy::Auto, 1, 1, 1, 512 * MIB);
+    d.estimate = Some(MemoryEstimate::new(100_000_000, adam, true));
+    let p = plan(&[job(1, 0, d.clone())], &execs);
+    assert_eq!(p.placements[&id(1001)].strategy, Strategy::Allreduce);
+
+    d.estimate = Some(MemoryEstimate::of(&tensors, adam, true));
+    d.params = Some(tensors.clone());
+    let j = job(2, 0, d);
+    let p = plan(std::slice::from_ref(&j), &execs);
+    check(std::slice::from_ref(&j), &execs, &p);
+    let why = &p.decisions[&j.id];
+    assert!(why.contains("auto chose parameter_server"), "{why}");
+    let shards = &p.placements[&j.id].parameter_servers;
+    assert!(shards.len() > 1, "{why}");
+    let mut elements = 0;
+    for s in shards {
+        let names: Vec<(&str, bool)> = s.ranges.iter().map(|r| (&r.param[..], r.buffer)).collect();
+        let head = names.iter().take_while(|(_, b)| !b).count();
+        assert!(
+            head > 0
+                && names[head..]
+                    .iter()
+                    .all(|(n, b)| *b && n.starts_with("bn.")),
+            "{names:?}"
+        );
+        assert!(
+            names[..head].iter().all(|(n, _)| *n == "fc.weight"),
+            "{names:?}"
+        );
+        elements += crate::shard::range_elements(&s.ranges);
+    }
+    assert_eq!(elements, 350_000_001, "parameters and buffers, once each");
+}
+
 #[test]
 fn ring_keeps_hosts_adjacent() {
     let hosts = ["b", "a", "b", "a", "c", "b"];

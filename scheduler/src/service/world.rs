@@ -141,10 +141,6 @@ fn job_view(
             .get::<Option<serde_json::Value>, _>("params")
             .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())?,
     };
-    let count: u64 = params
-        .iter()
-        .map(ParamInfo::numel)
-        .fold(0, u64::saturating_add);
     let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
     let current = assigned
         .remove(&id)
@@ -167,8 +163,9 @@ fn job_view(
             max_workers: spec.workers.max,
             parameter_servers: spec.parameter_server_count(),
             memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
+            // Buffers and frozen parameters count where they live.
             estimate: Some(
-                MemoryEstimate::new(count, spec.optimizer.kind, sync)
+                MemoryEstimate::of(&params, spec.optimizer.kind, sync)
                     .with_ps_replicas(spec.ps_replicas()),
             ),
             params: Some(params),

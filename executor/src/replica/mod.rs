@@ -25,7 +25,7 @@ pub mod rng;
 pub mod script;
 pub mod tensors;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::storage::checkpoint::Loaded;
 use crate::storage::{Fetcher, StorageError};

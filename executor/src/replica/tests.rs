@@ -35,7 +35,7 @@ torch.jit.script(Net()).save(sys.argv[1])
 "#;
 
 /// The module's file, written once per test binary.
-fn module_file() -> PathBuf {
+pub(crate) fn module_file() -> PathBuf {
     static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("trainyard-replica-{}", std::process::id()));
@@ -63,7 +63,7 @@ fn digits_url() -> String {
     format!("file://{}", p.canonicalize().unwrap().display())
 }
 
-fn spec() -> JobSpecInput {
+pub(crate) fn spec() -> JobSpecInput {
     let s: trainyard_common::JobSpec = serde_json::from_value(json!({
         "name": "byom",
         "model": {"kind": "torchscript", "url": format!("file://{}", module_file().display())},

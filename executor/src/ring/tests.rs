@@ -315,3 +315,24 @@ fn bf16_gradients_cost_at_most_a_point_of_accuracy() {
     );
     assert!(b >= 0.95 && (a - b).abs() <= 0.01, "fp32 {a}, bf16 {b}");
 }
+
+/// A user's BatchNorm module on a ring of two: both ranks end with the
+/// same bits — parameters and buffers (rank 0's, carried with each step's
+/// sum) — and the integer buffers count every step.
+#[test]
+fn ring_ranks_of_a_batchnorm_module_end_with_rank_0s_buffers() {
+    let mut s = crate::replica::tests::spec();
+    s.steps = Some(8);
+    let out = train_ring(&s, 2);
+    assert_eq!(out[0].weights_sha256, out[1].weights_sha256);
+    for ((name, a), (_, b)) in out[0].weights.iter().zip(&out[1].weights) {
+        assert!(a.equal(b), "{name} differs between the ranks");
+    }
+    let steps = out[0]
+        .weights
+        .iter()
+        .find(|(k, _)| k == "bn.num_batches_tracked")
+        .map(|(_, t)| t.int64_value(&[]));
+    assert_eq!(steps, Some(8));
+    assert!(out[0].torchscript.as_ref().is_ok_and(Option::is_some));
+}

@@ -138,3 +138,130 @@ fn trial(module: &Module, spec: &JobSpecInput, fetcher: &Fetcher) -> Result<(), 
         })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// Modules that cannot train on digits (64 features, 10 classes), and
+    /// one that can, written by Python's torch in one call.
+    const MODULES: &str = r#"
+import sys, os, torch
+class Two(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+    def forward(self, x, y):
+        return self.fc(x) + y
+class Few(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 3)
+    def forward(self, x):
+        return self.fc(x)
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(100, 10)
+    def forward(self, x):
+        return self.fc(x)
+class Good(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+        self.bn = torch.nn.BatchNorm1d(10)
+    def forward(self, x):
+        return self.bn(self.fc(x))
+d = sys.argv[1]
+for name, cls in [("two", Two), ("few", Few), ("wide", Wide), ("good", Good)]:
+    torch.jit.script(cls()).save(os.path.join(d, name + ".pt"))
+open(os.path.join(d, "junk.pt"), "wb").write(b"not a TorchScript archive")
+"#;
+
+    fn modules() -> PathBuf {
+        static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("trainyard-inspect-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let script = dir.join("make.py");
+            std::fs::write(&script, MODULES).unwrap();
+            let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+            let out = std::process::Command::new(python)
+                .arg(&script)
+                .arg(&dir)
+                .output()
+                .expect("python3 with torch (the venv of scripts/test)");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir
+        })
+        .clone()
+    }
+
+    fn inspect_named(name: &str) -> InspectionResult {
+        let url = format!("file://{}", modules().join(name).display());
+        let mut spec = crate::replica::tests::spec();
+        if let trainyard_common::spec::ModelSpec::Torchscript(t) = &mut spec.model {
+            t.url = url.clone();
+        }
+        let ins = Inspection {
+            job_id: uuid::Uuid::nil(),
+            url,
+            spec: Some(Box::new(spec)),
+        };
+        inspect(&ins, &Fetcher::local_only())
+    }
+
+    fn refusal(name: &str) -> String {
+        match inspect_named(name) {
+            InspectionResult::Error(e) => e,
+            other => panic!("{name} was accepted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_mismatch_is_refused_with_its_reason() {
+        assert!(refusal("junk.pt").contains("not a loadable TorchScript module"));
+        let two = refusal("two.pt");
+        assert!(
+            two.contains("must take one tensor") && two.contains("Tensor y"),
+            "{two}"
+        );
+        let few = refusal("few.pt");
+        assert!(
+            few.contains("labels go up to 9") && few.contains("at least 10"),
+            "{few}"
+        );
+        let wide = refusal("wide.pt");
+        assert!(
+            wide.contains("cannot take a batch of the dataset") && wide.contains("64"),
+            "{wide}"
+        );
+    }
+
+    #[test]
+    fn a_good_module_lists_parameters_then_buffers() {
+        let InspectionResult::Parameters(p) = inspect_named("good.pt") else {
+            panic!("refused");
+        };
+        let names: Vec<&str> = p.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "bn.bias",
+                "bn.weight",
+                "fc.bias",
+                "fc.weight",
+                "bn.num_batches_tracked",
+                "bn.running_mean",
+                "bn.running_var"
+            ]
+        );
+        assert_eq!(p[4].dtype, "int64");
+    }
+}

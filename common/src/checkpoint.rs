@@ -371,6 +371,7 @@ mod tests {
                 param: "w".into(),
                 start,
                 end,
+                buffer: false,
             }],
             numel: 10,
             state_tensors: 1,

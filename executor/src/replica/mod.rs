@@ -443,9 +443,26 @@ impl Replica {
         let tmp = std::env::temp_dir().join(format!(
             "trainyard-module-{}-{}.pt",
             std::process::id(),
-            self.step
+            uuid::Uuid::new_v4()
         ));
-        m.save(&tmp)?;
+        // The parameters are views of one flat vector; saved as they are,
+        // every tensor of the user's module would share one storage (and
+        // `safetensors.torch.save_file(m.state_dict())` would refuse it).
+        // Each gets a storage of its own for the save, then the views back.
+        let views: Vec<Tensor> = self
+            .tensors
+            .trainable
+            .iter()
+            .map(|(_, v)| v.detach())
+            .collect();
+        for (_, v) in &self.tensors.trainable {
+            v.shallow_clone().set_data(&v.detach().copy());
+        }
+        let saved = m.save(&tmp);
+        for ((_, v), view) in self.tensors.trainable.iter().zip(&views) {
+            v.shallow_clone().set_data(view);
+        }
+        saved?;
         let bytes = std::fs::read(&tmp).map_err(|e| TrainError::Model(e.to_string()));
         let _ = std::fs::remove_file(&tmp);
         Ok(Some(bytes?))

@@ -240,4 +240,12 @@ fn export_import_and_the_saved_module_carry_the_buffers() {
             "{k} in the saved module is not the trained one"
         );
     }
+    // Saving left the module's parameters views of the flat weights: a
+    // step still trains the module itself.
+    let before = tensor(&a.weights(), "conv.weight").copy();
+    step(&mut a);
+    assert!(!tensor(&a.weights(), "conv.weight").equal(&before));
+    let mut d = replica();
+    d.import(&a.export()).unwrap();
+    assert!(tensor(&d.weights(), "conv.weight").equal(tensor(&a.weights(), "conv.weight")));
 }

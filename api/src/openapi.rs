@@ -25,7 +25,7 @@ use utoipa_swagger_ui::SwaggerUi;
     ),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
-        assignments::assignments, checkpoints::list, checkpoints::model, stream::stream,
+        assignments::assignments, checkpoints::list, checkpoints::model, checkpoints::tensors, stream::stream,
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         provisioner::status,

@@ -1,5 +1,9 @@
 //! `GET /v1/jobs/{id}/checkpoints` lists a job's committed checkpoints;
-//! `GET /v1/jobs/{id}/model` streams its final weights (safetensors).
+//! `GET /v1/jobs/{id}/model` streams its final model: the weights and
+//! buffers as safetensors (`?format=safetensors`, the default), or, for a
+//! TorchScript job, the user's module with the trained state
+//! (`?format=torchscript`, `final/model.pt`); `GET /v1/jobs/{id}/tensors`
+//! lists the model's tensors (name, shape, kind, dtype).
 //!
 //! Committing checkpoints (from the shard reports that come with role
 //! reports), retention and clean-up live in
@@ -8,7 +12,7 @@
 
 use super::shared::job_rows::{ensure_job, fetch_job};
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::JobId;
+use crate::extract::{JobId, QueryParams};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::State;
@@ -16,10 +20,15 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
 use sqlx::Row;
 pub use trainyard_common::api::{CheckpointInfo, CheckpointList};
-use trainyard_common::checkpoint::{model_key, Manifest};
+use trainyard_common::checkpoint::{model_key, torchscript_key, Manifest};
+use trainyard_common::model::{parameters, ParamInfo, TensorKind};
+use trainyard_common::spec::ModelSpec;
 use trainyard_common::JobSpecInput;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
 
 /// List a job's committed checkpoints, newest first.
 #[utoipa::path(
@@ -69,26 +78,100 @@ pub async fn list(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Jso
     }))
 }
 
-/// Stream the job's final weights as safetensors.
+/// Query of `GET /v1/jobs/{id}/model`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ModelQuery {
+    /// `safetensors` (the default): every tensor of the model's
+    /// `state_dict()` by name; `torchscript` (TorchScript jobs only): the
+    /// submitted module with its trained parameters and buffers, for
+    /// `torch.jit.load`.
+    // Decoded by hand (ModelFormat::parse): an unknown value is a 400
+    // naming `format`, not serde's message about the whole query.
+    #[param(inline, value_type = Option<ModelFormat>, example = "torchscript")]
+    pub format: Option<String>,
+}
+
+/// What `?format=` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelFormat {
+    /// Every tensor of the model's `state_dict()`, by name.
+    Safetensors,
+    /// The trained TorchScript module (TorchScript jobs only).
+    Torchscript,
+}
+
+impl ModelFormat {
+    fn parse(raw: Option<&str>) -> ApiResult<Self> {
+        match raw {
+            None | Some("safetensors") => Ok(ModelFormat::Safetensors),
+            Some("torchscript") => Ok(ModelFormat::Torchscript),
+            Some(other) => Err(ApiError::bad_field(
+                "format",
+                format!(
+                    "must be safetensors or torchscript, got {:?}",
+                    other.chars().take(64).collect::<String>()
+                ),
+            )),
+        }
+    }
+}
+
+/// The name a built-in model has in a spec's `model.kind`.
+fn builtin_kind(model: &ModelSpec) -> Option<&'static str> {
+    match model {
+        ModelSpec::Mlp(_) => Some("mlp"),
+        ModelSpec::Cnn(_) => Some("cnn"),
+        ModelSpec::Transformer(_) => Some("transformer"),
+        ModelSpec::Torchscript(_) => None,
+    }
+}
+
+/// Stream the job's final model: safetensors (default) or, for a
+/// TorchScript job, the trained TorchScript module.
 #[utoipa::path(
     get, path = "/v1/jobs/{id}/model", tag = "jobs",
-    params(("id" = Uuid, Path, description = "Job id")),
+    params(("id" = Uuid, Path, description = "Job id"), ModelQuery),
     responses(
-        (status = 200, description = "The final weights (safetensors: one tensor per model parameter, by name)", content_type = "application/octet-stream"),
-        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such job, or it has no final weights yet", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The final model. `safetensors`: one tensor per entry of the model's `state_dict()` (parameters and buffers), by its PyTorch name, in its dtype. `torchscript`: the submitted module with the trained parameters and buffers (`torch.jit.load`, then `.eval()`).", content_type = "application/octet-stream"),
+        (status = 400, description = "The id is not a UUID; `format` is neither `safetensors` nor `torchscript`; or `torchscript` was asked of a built-in model", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job, or it has no final model yet", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The object store is unreachable", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
-pub async fn model(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Response> {
+pub async fn model(
+    State(st): State<AppState>,
+    JobId(id): JobId,
+    QueryParams(q): QueryParams<ModelQuery>,
+) -> ApiResult<Response> {
     let job = fetch_job(&st.db, id).await?;
-    let key = model_key(id);
+    let format = ModelFormat::parse(q.format.as_deref())?;
+    let (key, filename, what) = match format {
+        ModelFormat::Safetensors => (model_key(id), format!("{id}.safetensors"), "final weights"),
+        ModelFormat::Torchscript => {
+            if let Some(kind) = builtin_kind(&job.spec.model) {
+                return Err(ApiError::bad_field(
+                    "format",
+                    format!(
+                        "the job's model is built-in ({kind}), not TorchScript; only safetensors is available"
+                    ),
+                ));
+            }
+            (
+                torchscript_key(id),
+                "model.pt".to_owned(),
+                "trained TorchScript module",
+            )
+        }
+    };
     let (size, stream) = match st.store.stream(&key).await {
         Ok(s) => s,
         Err(trainyard_store::StoreError::NotFound(_)) => {
             return Err(ApiError::NotFound(format!(
-                "job {id} has no final weights (it is {}); they are written when it succeeds",
+                "job {id} has no {what} (it is {}); it is written when the job succeeds",
                 job.state.as_str()
             )))
         }
@@ -101,10 +184,106 @@ pub async fn model(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Re
             (header::CONTENT_LENGTH, size.to_string()),
             (
                 header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{id}.safetensors\""),
+                format!("attachment; filename=\"{filename}\""),
             ),
         ],
         body,
     )
         .into_response())
+}
+
+/// Where a job's tensor list comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorSource {
+    /// A built-in model: its tensors follow from the spec.
+    Spec,
+    /// A TorchScript module: as its inspection found them.
+    Inspection,
+    /// A TorchScript module not inspected yet (or whose inspection failed):
+    /// no tensors known.
+    Pending,
+}
+
+/// `GET /v1/jobs/{id}/tensors`: every tensor of the job's model.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelTensors {
+    /// Job id.
+    pub job_id: Uuid,
+    /// Where the list comes from.
+    pub source: TensorSource,
+    /// The tensors of the model's `state_dict()`, by PyTorch name, in the
+    /// order training lays them out (at most 10000 of them).
+    pub tensors: Vec<ParamInfo>,
+    /// Tensors in all (more than `tensors` holds when the list is cut).
+    pub count: u64,
+    /// Elements of the trainable parameters.
+    pub parameters: u64,
+    /// Elements of the buffers (e.g. BatchNorm's running statistics).
+    pub buffers: u64,
+    /// Elements of the frozen parameters (`requires_grad=False`).
+    pub frozen: u64,
+}
+
+/// Longest tensor list the tensors endpoint returns (inspection accepts up
+/// to a million tensors; a page that long is no use to anyone reading it).
+pub const MAX_LISTED_TENSORS: usize = 10_000;
+
+/// List the model's tensors: name, shape, kind and dtype.
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/tensors", tag = "jobs",
+    params(("id" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The model's tensors (at most 10000 listed; the element counts cover all)", body = ModelTensors),
+        (status = 400, description = "The id is not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn tensors(
+    State(st): State<AppState>,
+    JobId(id): JobId,
+) -> ApiResult<Json<ModelTensors>> {
+    let job = fetch_job(&st.db, id).await?;
+    let (source, mut tensors) = match parameters(&job.spec.model) {
+        Some(t) => (TensorSource::Spec, t),
+        None => {
+            let stored: Option<serde_json::Value> =
+                sqlx::query_scalar("SELECT params FROM jobs WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&st.db)
+                    .await?;
+            match stored {
+                Some(v) => (
+                    TensorSource::Inspection,
+                    serde_json::from_value::<Vec<ParamInfo>>(v)
+                        .map_err(|e| ApiError::Internal(e.into()))?,
+                ),
+                None => (TensorSource::Pending, Vec::new()),
+            }
+        }
+    };
+    let elements = |kind: TensorKind| {
+        tensors
+            .iter()
+            .filter(|t| t.kind == kind)
+            .map(ParamInfo::numel)
+            .fold(0u64, u64::saturating_add)
+    };
+    let (parameters, buffers, frozen) = (
+        elements(TensorKind::Parameter),
+        elements(TensorKind::Buffer),
+        elements(TensorKind::Frozen),
+    );
+    let count = tensors.len() as u64;
+    tensors.truncate(MAX_LISTED_TENSORS);
+    Ok(Json(ModelTensors {
+        job_id: id,
+        source,
+        tensors,
+        count,
+        parameters,
+        buffers,
+        frozen,
+    }))
 }

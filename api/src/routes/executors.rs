@@ -31,6 +31,7 @@ use trainyard_common::cluster::{
     InspectionResult, PsPeer, Range, RegisterRequest, RegisterResponse, RoleKey, RoleKind,
     WorkerPeer, MAX_REPORTED_ROLES,
 };
+use trainyard_common::model::{ParamInfo, TensorKind};
 use trainyard_common::spec::{JobSpecInput, Strategy};
 use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
 use utoipa::IntoParams;
@@ -289,27 +290,33 @@ pub async fn heartbeat(
         Some(true) => notify(&st.db, id).await?,
         Some(false) => {}
     }
-    let inspections: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(
-        "SELECT id, spec->'model' FROM jobs WHERE inspector = $1 AND state = 'inspecting'",
-    )
-    .bind(id)
-    .fetch_all(&st.db)
-    .await?;
+    let inspections: Vec<(Uuid, serde_json::Value)> =
+        sqlx::query_as("SELECT id, spec FROM jobs WHERE inspector = $1 AND state = 'inspecting'")
+            .bind(id)
+            .fetch_all(&st.db)
+            .await?;
     Ok(Json(HeartbeatResponse {
         state,
         heartbeat_interval_ms: st.config.heartbeat_interval_ms,
         assignments: assignments_for(&st, id).await?,
         inspections: inspections
             .into_iter()
-            .filter_map(|(job_id, model)| {
-                Some(Inspection {
-                    job_id,
-                    url: model.get("url")?.as_str()?.to_owned(),
-                    spec: None,
-                })
-            })
+            .filter_map(|(job_id, spec)| inspection_of(job_id, spec))
             .collect(),
     }))
+}
+
+/// What an inspector is asked to do for job `job_id` with the stored
+/// `spec`: load `model.url` and, with the spec, try a forward pass on a
+/// batch of the job's data. A spec that no longer decodes (written by an
+/// older release) still gets the file inspected, without the forward pass.
+fn inspection_of(job_id: Uuid, spec: serde_json::Value) -> Option<Inspection> {
+    let url = spec.get("model")?.get("url")?.as_str()?.to_owned();
+    let spec = serde_json::from_value::<JobSpecInput>(spec)
+        .map_err(|e| tracing::warn!(job = %job_id, error = %e, "stored spec does not decode; inspecting without it"))
+        .ok()
+        .map(Box::new);
+    Some(Inspection { job_id, url, spec })
 }
 
 async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> {
@@ -500,9 +507,14 @@ pub async fn leave(
 
 /// Report what inspecting a TorchScript file found.
 ///
-/// Its tensors let the scheduler size and shard the job (`inspecting →
-/// scheduling`); a file that is not a loadable module, or a model too large
-/// for the job's memory, fails the job with the reason.
+/// Its tensors (parameters, buffers, frozen parameters, each with its
+/// dtype) let the scheduler size and shard the job (`inspecting →
+/// scheduling`); a file that is not a loadable module, a forward that
+/// cannot train on the job's data (the executor's reason), a module with
+/// nothing to train, or a model too large for the job's memory fails the
+/// job with the reason. A tensor list the platform could not lay out (a
+/// repeated name, an unknown dtype, an integer parameter) is a 422 naming
+/// the tensor's field.
 #[utoipa::path(
     post, path = "/v1/executors/{id}/inspections", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
@@ -547,55 +559,62 @@ pub async fn inspection(
     let spec: JobSpecInput =
         serde_json::from_value(spec).map_err(|e| ApiError::Internal(e.into()))?;
     let (to, reason) = match report.result {
+        // The executor names what is wrong (a file that is not TorchScript,
+        // a forward of the wrong signature, an output that does not match
+        // the data); its reason is the job's.
         InspectionResult::Error(e) => (
             trainyard_common::JobState::Failed,
-            format!(
-                "model.url is not a loadable TorchScript module: {}",
-                text(&e).chars().take(1000).collect::<String>()
-            ),
+            match text(e.trim()).chars().take(1000).collect::<String>() {
+                r if r.is_empty() => {
+                    "inspecting model.url failed (the executor gave no reason)".to_owned()
+                }
+                r => r,
+            },
         ),
         InspectionResult::Parameters(params) => {
-            if let Some(i) = params.iter().position(|p| {
-                p.name.is_empty() || p.name.len() > 1024 || p.name.chars().any(char::is_control)
-            }) {
-                return Err(ApiError::invalid_field(
-                    &format!("result.parameters[{i}].name"),
-                    "must be 1–1024 characters without control characters",
-                ));
-            }
-            if params.len() > 1_000_000 {
-                return Err(ApiError::invalid_field(
-                    "result.parameters",
-                    "at most 1000000 tensors",
-                ));
-            }
-            let count = params
-                .iter()
-                .map(trainyard_common::model::ParamInfo::numel)
-                .fold(0u64, u64::saturating_add);
+            check_tensors(&params)?;
+            let elements = |kind: TensorKind| {
+                params
+                    .iter()
+                    .filter(|p| p.kind == kind)
+                    .map(ParamInfo::numel)
+                    .fold(0u64, u64::saturating_add)
+            };
+            let count = elements(TensorKind::Parameter);
+            let buffers = elements(TensorKind::Buffer);
+            let frozen = elements(TensorKind::Frozen);
+            // Buffers and frozen parameters take a worker's memory too.
             let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
-            let e = trainyard_common::model::MemoryEstimate::new(count, spec.optimizer.kind, sync);
+            let e = trainyard_common::model::MemoryEstimate::of(&params, spec.optimizer.kind, sync);
             let have = spec.resources.memory_mb.saturating_mul(1 << 20);
             sqlx::query("UPDATE jobs SET params = $2 WHERE id = $1")
                 .bind(report.job_id)
                 .bind(serde_json::to_value(&params).map_err(|e| ApiError::Internal(e.into()))?)
                 .execute(&mut *tx)
                 .await?;
+            let state = if buffers == 0 && frozen == 0 {
+                String::new()
+            } else {
+                format!(", {buffers} buffer elements, {frozen} frozen")
+            };
             if count == 0 {
                 (
                     trainyard_common::JobState::Failed,
-                    "the TorchScript module has no trainable parameters".to_owned(),
+                    format!(
+                        "the TorchScript module has no trainable parameters (its {} tensors are buffers or have requires_grad=False)",
+                        params.len()
+                    ),
                 )
             } else if e.ps_worker_bytes > have {
                 (
                     trainyard_common::JobState::Failed,
-                    format!("the model has {count} parameters: a worker needs {} MiB, more than resources.memory_mb ({})", e.ps_worker_bytes.div_ceil(1 << 20), spec.resources.memory_mb),
+                    format!("the model has {count} parameters{state}: a worker needs {} MiB, more than resources.memory_mb ({})", e.ps_worker_bytes.div_ceil(1 << 20), spec.resources.memory_mb),
                 )
             } else {
                 (
                     trainyard_common::JobState::Scheduling,
                     format!(
-                        "inspected: {} tensors, {count} parameters ({} KiB of fp32 weights)",
+                        "inspected: {} tensors, {count} parameters{state} ({} KiB of fp32 weights)",
                         params.len(),
                         (count * 4).div_ceil(1024)
                     ),
@@ -608,4 +627,68 @@ pub async fn inspection(
         .map_err(|e| ApiError::Internal(anyhow::anyhow!(e.to_string())))?;
     tx.commit().await?;
     Ok(Json(fetch_job(&st.db, report.job_id).await?))
+}
+
+/// The dtypes an inspection may report (PyTorch's names without `torch.`).
+pub const DTYPES: [&str; 10] = [
+    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+];
+
+/// The floating dtypes, the only ones a trainable parameter can have.
+const FLOAT_DTYPES: [&str; 4] = ["float32", "float64", "float16", "bfloat16"];
+
+/// Most tensors an inspection may report.
+pub const MAX_TENSORS: usize = 1_000_000;
+
+/// Refuses an inspection's tensor list that the scheduler and the roles
+/// could not lay out: bad or repeated names, dtypes outside [`DTYPES`], a
+/// trainable parameter that is not floating point (PyTorch cannot take its
+/// gradient). Each error names the tensor's field.
+fn check_tensors(params: &[ParamInfo]) -> ApiResult<()> {
+    if params.len() > MAX_TENSORS {
+        return Err(ApiError::invalid_field(
+            "result.parameters",
+            format!("at most {MAX_TENSORS} tensors"),
+        ));
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(params.len());
+    for (i, p) in params.iter().enumerate() {
+        let field = |f: &str| format!("result.parameters[{i}].{f}");
+        if p.name.is_empty() || p.name.len() > 1024 || p.name.chars().any(char::is_control) {
+            return Err(ApiError::invalid_field(
+                &field("name"),
+                "must be 1–1024 characters without control characters",
+            ));
+        }
+        if let Some(j) = seen.insert(&p.name, i) {
+            return Err(ApiError::invalid_field(
+                &field("name"),
+                format!(
+                    "{:?} is also result.parameters[{j}]: names must be unique",
+                    p.name
+                ),
+            ));
+        }
+        if !DTYPES.contains(&p.dtype.as_str()) {
+            return Err(ApiError::invalid_field(
+                &field("dtype"),
+                format!(
+                    "must be one of {}, got {:?}",
+                    DTYPES.join(", "),
+                    p.dtype.chars().take(32).collect::<String>()
+                ),
+            ));
+        }
+        if p.kind == TensorKind::Parameter && !FLOAT_DTYPES.contains(&p.dtype.as_str()) {
+            return Err(ApiError::invalid_field(
+                &field("dtype"),
+                format!(
+                    "a trainable parameter must be floating point ({}), got {}; report it as a buffer or a frozen parameter",
+                    FLOAT_DTYPES.join(", "),
+                    p.dtype
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

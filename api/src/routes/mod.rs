@@ -53,6 +53,7 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/jobs/{id}/assignments", get(assignments::assignments))
         .route("/jobs/{id}/checkpoints", get(checkpoints::list))
         .route("/jobs/{id}/model", get(checkpoints::model))
+        .route("/jobs/{id}/tensors", get(checkpoints::tensors))
         .route("/jobs/{id}/metrics", get(telemetry::metrics))
         .route("/jobs/{id}/logs", get(telemetry::logs))
         .route_layer(middleware::from_fn_with_state(

@@ -237,6 +237,7 @@ fn operations() -> Vec<Op> {
         op(M::GET, "/v1/jobs/{id}/assignments", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/checkpoints", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/model", Rule::JobOwner, None),
+        op(M::GET, "/v1/jobs/{id}/tensors", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/metrics", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/logs", Rule::JobOwner, None),
         op(M::GET, "/v1/tokens", Rule::AdminOnly, None),

@@ -7,5 +7,6 @@ mod executors;
 mod health;
 mod helpers;
 mod jobs;
+mod models;
 mod openapi;
 mod provisioner;

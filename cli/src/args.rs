@@ -7,7 +7,7 @@ use crate::error::CliError;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
-use trainyard_client::Client;
+use trainyard_client::{Client, ModelFormat};
 
 /// Longest wait for one answer of the API.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -67,11 +67,22 @@ pub struct JobArgs {
 pub struct ModelArgs {
     /// The job id.
     pub id: String,
-    /// Where to write the safetensors file.
+    /// `safetensors` (every tensor of the model's `state_dict()` by name)
+    /// or `torchscript` (the trained module, for `torch.jit.load`;
+    /// TorchScript jobs only).
+    #[arg(long, default_value = "safetensors", value_parser = parse_model_format)]
+    pub format: ModelFormat,
+    /// Where to write the file (default: `ID.safetensors` or `ID.pt` in
+    /// the current folder).
     #[arg(short, long)]
-    pub output: PathBuf,
+    pub output: Option<PathBuf>,
     #[command(flatten)]
     pub conn: Connection,
+}
+
+/// `--format`: clap prints the message with the flag's name.
+fn parse_model_format(s: &str) -> Result<ModelFormat, String> {
+    s.parse()
 }
 
 /// `trainyard executors`.

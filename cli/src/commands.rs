@@ -1,5 +1,5 @@
 //! The client commands: `submit FILE`, `jobs`, `job ID`, `cancel ID`,
-//! `executors`, `logs ID`, `checkpoints ID`, `model ID -o FILE`,
+//! `executors`, `logs ID`, `checkpoints ID`, `model ID [--format F] [-o FILE]`,
 //! `provisioner`, `token create|list|revoke` and `whoami` — each a request
 //! or two of the typed client and a printout of the typed answer.
 
@@ -11,7 +11,7 @@ use crate::error::{CliError, OrCli};
 use crate::follow::follow;
 use crate::table::{age, bytes, json_number, print_table, wire};
 use std::io::Write;
-use trainyard_client::JobQuery;
+use trainyard_client::{JobQuery, ModelFormat};
 use trainyard_common::api::{NewToken, Role};
 use trainyard_common::spec::Strategy;
 use uuid::Uuid;
@@ -372,16 +372,24 @@ pub async fn checkpoints(args: JobArgs) -> Result<u8, CliError> {
     Ok(0)
 }
 
-/// `trainyard model ID -o FILE`: downloads the final weights (safetensors).
+/// `trainyard model ID [--format F] [-o FILE]`: downloads the final model
+/// (safetensors by default, or the trained TorchScript module).
 pub async fn model(args: ModelArgs) -> Result<u8, CliError> {
     let (id, _) = job_id(&args.id)?;
     let client = args.conn.client()?;
-    let bytes = client.job_model(id).await.or_cli(&client)?;
-    std::fs::write(&args.output, &bytes)
-        .map_err(|e| CliError::Other(format!("cannot write {}: {e}", args.output.display())))?;
+    let bytes = client.job_model_as(id, args.format).await.or_cli(&client)?;
+    let output = args
+        .output
+        .unwrap_or_else(|| format!("{id}.{}", args.format.extension()).into());
+    std::fs::write(&output, &bytes)
+        .map_err(|e| CliError::Other(format!("cannot write {}: {e}", output.display())))?;
+    let what = match args.format {
+        ModelFormat::Safetensors => "safetensors",
+        ModelFormat::Torchscript => "TorchScript module",
+    };
     println!(
-        "wrote {} ({} bytes of safetensors)",
-        args.output.display(),
+        "wrote {} ({} bytes of {what})",
+        output.display(),
         bytes.len()
     );
     Ok(0)

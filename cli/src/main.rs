@@ -53,7 +53,8 @@ enum Command {
     Logs(args::JobArgs),
     /// List a job's committed checkpoints, newest first.
     Checkpoints(args::JobArgs),
-    /// Download a job's final weights (safetensors).
+    /// Download a job's final model: safetensors, or (`--format
+    /// torchscript`) the trained TorchScript module.
     Model(args::ModelArgs),
     /// Show the provisioner: its limits, the executors it started, and its
     /// recent decisions with their reasons.

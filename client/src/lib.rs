@@ -47,7 +47,7 @@ pub mod users;
 pub use error::{ClientError, Problem};
 pub use executors::Reported;
 pub use retry::{Retry, RetryPolicy};
-pub use users::JobQuery;
+pub use users::{JobQuery, ModelFormat};
 
 use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use reqwest::Method;

@@ -399,6 +399,59 @@ fn cli_errors_are_one_clear_line_and_a_non_zero_exit() {
         show(&o)
     );
 
+    // `model`: an unknown --format is refused before any request; a
+    // TorchScript module of a built-in model is the API's 400 naming
+    // `format`; weights not written yet are its 404 with the reason.
+    let file = server.spec_file("queued", &digits("cli-queued", 100));
+    let o = cli_at(
+        &server.base,
+        &["submit", file.to_str().unwrap()],
+        Some("cli-secret"),
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let queued = submitted_id(&o);
+    let out = server.file("model.out");
+    let out = out.to_str().unwrap();
+    let o = cli_at(
+        &server.base,
+        &["model", &queued, "--format", "onnx", "-o", out],
+        Some("cli-secret"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--format")
+            && err.contains("must be safetensors or torchscript, got \"onnx\""),
+        "{}",
+        show(&o)
+    );
+    let o = cli_at(
+        &server.base,
+        &["model", &queued, "--format", "torchscript", "-o", out],
+        Some("cli-secret"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = text(&o.stderr);
+    assert!(
+        err.starts_with("error: 400 Bad request:")
+            && err.contains("  format: the job's model is built-in (mlp)"),
+        "{}",
+        show(&o)
+    );
+    let o = cli_at(
+        &server.base,
+        &["model", &queued, "-o", out],
+        Some("cli-secret"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        text(&o.stderr).starts_with("error: 404 Not found: job ")
+            && text(&o.stderr).contains("has no final weights (it is queued)"),
+        "{}",
+        show(&o)
+    );
+    assert!(!std::path::Path::new(out).exists(), "nothing written");
+
     // Unknown and malformed job ids.
     let unknown = uuid::Uuid::new_v4().to_string();
     for cmd in ["job", "cancel", "logs"] {

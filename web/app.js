@@ -408,6 +408,7 @@ function jobView(main, id) {
     const every = job.spec.checkpoint;
     const plan = every ? `The spec asks for a checkpoint ${every.every_steps ? "every " + every.every_steps + " steps" : every.every_seconds ? "every " + every.every_seconds + " s" : "at the end"}, keeping ${every.keep}.` : "";
     const url = result && result.data && result.data.weights_url;
+    const scripted = job.spec.model && job.spec.model.kind === "torchscript";
     const rows = (checkpoints && checkpoints.checkpoints) || [];
     const table = rows.length
       ? el("table", { id: "checkpoint-table", class: "grid" },
@@ -422,8 +423,47 @@ function jobView(main, id) {
       url
         ? el("p", {}, "Final weights: ", el("a", { href: `/v1/jobs/${id}/model`, id: "weights-link", text: url, download: `${id}.safetensors` }))
         : el("p", { class: "muted", text: TERMINAL.has(job.state) ? "No weights were written." : "Final weights appear here when the job succeeds." }),
+      ...(url && scripted
+        ? [el("p", {}, "Trained TorchScript module: ", el("a", { href: `/v1/jobs/${id}/model?format=torchscript`, id: "torchscript-link", text: "model.pt", download: `${id}.pt` }))]
+        : []),
     );
   };
+
+  // The model's tensors (GET /v1/jobs/ID/tensors): what training moves
+  // (parameters), carries with them (buffers) and leaves alone (frozen).
+  let tensors = null;
+  const MAX_TENSOR_ROWS = 500;
+  const renderTensors = () => {
+    const box = $("#tensors");
+    if (!box || !tensors) return;
+    const n = (x) => x.toLocaleString();
+    $("#tensor-summary").textContent = tensors.source === "pending" ? "" :
+      `${n(tensors.count)} tensors · ${n(tensors.parameters)} trainable parameters · ${n(tensors.buffers)} buffer elements · ${n(tensors.frozen)} frozen`;
+    if (tensors.source === "pending") {
+      const ended = job && TERMINAL.has(job.state);
+      box.replaceChildren(el("p", { class: "muted", text: ended ? "The TorchScript module was never inspected: its tensors are unknown." : "The TorchScript module's tensors are listed once an executor has inspected it." }));
+      return;
+    }
+    const rows = tensors.tensors.slice(0, MAX_TENSOR_ROWS);
+    const kindOf = (t) => t.kind || "parameter";
+    const dtypeOf = (t) => t.dtype || "float32";
+    box.replaceChildren(
+      el("table", { id: "tensor-table", class: "grid" },
+        el("tr", {}, el("th", { text: "name" }), el("th", { text: "shape" }), el("th", { text: "kind" }), el("th", { text: "dtype" })),
+        ...rows.map((t) => el("tr", { "data-tensor": t.name, "data-kind": kindOf(t), "data-dtype": dtypeOf(t) },
+          el("td", {}, el("code", { text: t.name })),
+          el("td", { class: "num", text: t.shape.length ? `[${t.shape.join(", ")}]` : "scalar" }),
+          el("td", { class: "kind-" + kindOf(t), text: kindOf(t) }),
+          el("td", { text: dtypeOf(t) })))),
+      ...(tensors.count > rows.length ? [el("p", { class: "muted", text: `and ${n(tensors.count - rows.length)} more` })] : []),
+    );
+  };
+  const refreshTensors = debounced(async () => {
+    // A model's tensors change once, when a TorchScript module is inspected.
+    if (tensors && tensors.source !== "pending") return;
+    tensors = await api(`/v1/jobs/${id}/tensors`);
+    renderTensors();
+  }, 300);
   const refreshCheckpoints = debounced(async () => {
     checkpoints = await api(`/v1/jobs/${id}/checkpoints`);
     renderCheckpoints();
@@ -469,7 +509,7 @@ function jobView(main, id) {
     }
     renderLogs();
   }, 300);
-  const refreshAll = () => { refreshJob(); refreshCluster(); refreshMetrics(); refreshLogs(); refreshCheckpoints(); };
+  const refreshAll = () => { refreshJob(); refreshCluster(); refreshMetrics(); refreshLogs(); refreshCheckpoints(); refreshTensors(); };
   refreshAll();
   return {
     onEvent(kind, data) {

@@ -180,6 +180,11 @@ async function main() {
     }, await page.getAttribute("#weights-link", "href"));
     assert.equal(model.status, 200);
     assert.ok(model.bytes > 1000, `the model download has ${model.bytes} bytes`);
+    // The model's tensors are listed with their kind and dtype: the MLP's
+    // are all trainable float32 parameters.
+    await page.waitForSelector("#tensor-table tr[data-tensor]");
+    const tensors = await page.evaluate(() => [...document.querySelectorAll("#tensor-table tr[data-tensor]")].map((tr) => `${tr.dataset.kind}/${tr.dataset.dtype}`));
+    assert.ok(tensors.length >= 2 && tensors.every((t) => t === "parameter/float32"), tensors.join(", "));
     // The last steps' metrics may land just after the outcome; the page
     // still gets them (the stream announces late telemetry).
     await page.waitForFunction(() => /step 3000 of 3000/.test(document.querySelector("#job-progress-text")?.textContent));

@@ -89,6 +89,12 @@ impl ModelTensors {
                 }
                 seen.push((key.0, key.1, key.2, name.clone()));
             }
+            if dtype_name(t.kind()) == "unsupported" {
+                return Err(format!(
+                    "parameter {name:?} has dtype {:?}, which Trainyard cannot keep",
+                    t.kind()
+                ));
+            }
             if !t.requires_grad() {
                 out.frozen.push((name, t));
             } else if t.kind() != Kind::Float {

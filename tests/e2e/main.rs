@@ -10,4 +10,5 @@ mod provisioner;
 mod replicas;
 mod server_lifecycle;
 mod training;
+mod user_models;
 mod web;

@@ -310,7 +310,7 @@ fn five_user_models_train_in_every_pattern_as_well_as_in_pytorch() {
         seed: 7,
         eval_fraction: 0.05,
         batch: 32,
-        epochs: 20,
+        epochs: 30,
         optimizer: "adam",
         lr: 0.003,
         cosine: true,

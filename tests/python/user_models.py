@@ -281,6 +281,8 @@ def train(module, recipe, x, y, order=None):
     opt = optimizer(recipe, params)
     module.train()
     seed = recipe["seed"] if order is None else order
+    # Dropout's masks from a seeded generator: a reference run repeats.
+    torch.manual_seed(seed)
     batches = list(steps(rows, seed, recipe["epochs"], recipe["batch"]))
     for t, idx in enumerate(batches, start=1):
         for group in opt.param_groups:

@@ -32,8 +32,10 @@
 //! carries the shard's whole state — its values, then each optimizer state
 //! tensor, `version`, the data cursor and the optimizer's step count in
 //! `samples` — and `Update` one applied update — the gradient sum the shard
-//! applied, computed at `version` over `samples` samples with `lr`, and the
-//! cursor after it. The standby answers `Ack` with its version, or
+//! applied, computed at `version` over `samples` samples with `lr`, the
+//! cursor after it, and in `checkpoint` whether it carried state (1: the
+//! shard took the sum's tail over its buffer ranges as it is; 0: they
+//! stayed as they were). The standby answers `Ack` with its version, or
 //! `Reject` when an update does not follow from its version (the shard
 //! then sends its whole state).
 
@@ -103,7 +105,8 @@ pub struct Header {
     pub epoch: u64,
     /// Data cursor: samples of the epoch consumed.
     pub offset: u64,
-    /// Push: checkpoint under this step (0: no). Ack: a checkpoint is asked for.
+    /// Push: checkpoint under this step (0: no). Ack: a checkpoint is
+    /// asked for. State: part and parts. Update: it carried state.
     pub checkpoint: u64,
 }
 
@@ -227,6 +230,10 @@ pub enum Message {
         lr: f64,
         /// The shard's data cursor after the update.
         cursor: DataCursor,
+        /// The sum carried state: the shard's buffer ranges (its tail)
+        /// took the sum's values there (a sync round, or an async push
+        /// of worker rank 0); otherwise they were left as they were.
+        carries_state: bool,
     },
     /// Shard → worker, values: the shard's values at `version`.
     Weights {
@@ -321,11 +328,13 @@ impl Message {
                 samples,
                 lr,
                 cursor: c,
+                carries_state,
             } => {
                 h.version = before;
                 h.samples = samples;
                 h.lr = lr;
                 cursor(&mut h, &c);
+                h.checkpoint = u64::from(carries_state);
             }
             Message::Ack {
                 version,
@@ -388,6 +397,7 @@ impl Message {
                 samples: h.samples,
                 lr: h.lr,
                 cursor,
+                carries_state: h.checkpoint != 0,
             },
             Kind::Weights => Message::Weights {
                 version: h.version,
@@ -594,14 +604,15 @@ mod tests {
                         parts,
                     }
                 ),
-            (any::<u64>(), any::<u64>(), lr, cursor()).prop_map(|(before, samples, lr, cursor)| {
-                Message::Update {
+            (any::<u64>(), any::<u64>(), lr, cursor(), any::<bool>()).prop_map(
+                |(before, samples, lr, cursor, carries_state)| Message::Update {
                     before,
                     samples,
                     lr,
                     cursor,
+                    carries_state,
                 }
-            }),
+            ),
             (any::<u64>(), cursor())
                 .prop_map(|(version, cursor)| Message::Weights { version, cursor }),
             (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(
@@ -700,10 +711,22 @@ mod tests {
             samples: 8,
             lr: 0.5,
             cursor: c,
+            carries_state: false,
         };
         let mut h = Header::new(Kind::Update, 5);
         (h.version, h.samples, h.lr, h.epoch, h.offset) = (3, 8, 0.5, 2, 40);
         assert_eq!(update.header(5, 0).encode(), h.encode());
+        // Whether it carried state rides in the field no update used.
+        let carrying = Message::Update {
+            before: 3,
+            samples: 8,
+            lr: 0.5,
+            cursor: c,
+            carries_state: true,
+        };
+        h.checkpoint = 1;
+        assert_eq!(carrying.header(5, 0).encode(), h.encode());
+        assert_eq!(Message::decode(&h).unwrap(), carrying);
         let mut h = Header::new(Kind::Pull, 5);
         h.version = 6;
         assert_eq!(

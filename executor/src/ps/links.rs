@@ -29,6 +29,8 @@ impl ShardMap {
     /// The map of assignment `a`'s primaries over `replica`'s layout.
     pub(super) fn new(a: &Assignment, replica: &Replica) -> Result<ShardMap, String> {
         let layout = replica.layout();
+        // The flat vector's buffers follow its trainable parameters.
+        let trainable = replica.trainable_len();
         let peers: Vec<PsPeer> = a.primaries().into_iter().cloned().collect();
         let mut pieces = Vec::new();
         let mut covered = 0;
@@ -45,6 +47,22 @@ impl ShardMap {
                     return Err(format!(
                         "shard {} holds {}[{}..{}] but the tensor has {n} values",
                         p.shard, r.param, r.start, r.end
+                    ));
+                }
+                if r.buffer != (*off >= trainable) {
+                    return Err(format!(
+                        "shard {} holds {}[{}..{}] as a {}, but this model's {} is a {}",
+                        p.shard,
+                        r.param,
+                        r.start,
+                        r.end,
+                        if r.buffer { "buffer" } else { "parameter" },
+                        r.param,
+                        if r.buffer {
+                            "trainable parameter"
+                        } else {
+                            "buffer"
+                        }
                     ));
                 }
                 mine.push((off + r.start as usize, (r.end - r.start) as usize));

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-use trainyard_common::cluster::{Assignment, LogLevel};
+use trainyard_common::cluster::{Assignment, LogLevel, RoleOutcome};
 use trainyard_common::spec::Consistency;
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::ps::{self, Message, WireError};
@@ -75,7 +75,16 @@ pub fn serve_shard(
     // otherwise be served under these names).
     let mut shard = match parked {
         Some(s) if s.ranges == me.ranges => s,
-        _ => Shard::new(a, me.ranges.clone()),
+        parked => match Shard::new(a, me.ranges.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                // No generation can serve these ranges: the job fails.
+                let reason = format!("PS shard {}'s assignment: {e}", a.key.index);
+                log(LogLevel::Error, reason.clone());
+                let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
+                return parked;
+            }
+        },
     };
     if std::mem::take(&mut shard.was_standby) && shard.weights.is_none() {
         // Promoted before its primary ever reached it: whatever the

@@ -9,6 +9,18 @@
 //! served to pulls, acknowledged to its pushers, checkpointed — only once
 //! the standby acknowledged it ([`Visible`]). A shard without a standby
 //! publishes every change at once.
+//!
+//! A shard's values are its ranges in order: the parameter ranges (the
+//! head), then the buffer ranges (the tail, [`Range::buffer`]: BatchNorm's
+//! running statistics and the like, which the workers' forward passes
+//! change and no optimizer does). The optimizer, the scaling by the
+//! samples, weight decay and gradient clipping (its norm) see the head
+//! only; the tail is *replaced* by the pushed tail whenever the update
+//! carries state — every sync round (its sum is rank 0's buffers plus
+//! the other workers' zeros, rank 0's values exactly) and, in async and
+//! bounded modes, a push of worker rank 0 only — and is kept otherwise.
+//! The optimizer state stays zero over the tail, which is the checkpoint
+//! format ("each tensor over the pieces") unchanged.
 
 use super::consistency::{self, Round, Verdict, STALENESS_BUCKETS};
 use crate::replica::data::Cursor;
@@ -26,9 +38,34 @@ pub fn shard_len(ranges: &[Range]) -> usize {
     ranges.iter().map(|r| (r.end - r.start) as usize).sum()
 }
 
+/// Where a shard's buffer values begin: the elements of its parameter
+/// ranges, which must all come before its buffer ranges (the planner's
+/// shard map does so); an error naming the first buffer range that
+/// precedes a parameter range.
+pub fn buffer_offset(ranges: &[Range]) -> Result<usize, String> {
+    let head = ranges.iter().take_while(|r| !r.buffer).count();
+    if let Some(i) = ranges[head..].iter().position(|r| !r.buffer) {
+        let (b, p) = (&ranges[head], &ranges[head + i]);
+        return Err(format!(
+            "ranges[{head}] ({}[{}..{}]) is a buffer range before the parameter range ranges[{}] ({}[{}..{}]): a shard's buffer ranges must follow all of its parameter ranges",
+            b.param,
+            b.start,
+            b.end,
+            head + i,
+            p.param,
+            p.start,
+            p.end
+        ));
+    }
+    Ok(shard_len(&ranges[..head]))
+}
+
 /// One shard's state; it outlives generations on its executor.
 pub struct Shard {
     pub(super) ranges: Vec<Range>,
+    /// Elements of the parameter ranges: the values from here on are
+    /// buffers ([`buffer_offset`]).
+    pub(super) head: usize,
     /// The values: shared with pulls being written and with versions still
     /// to be published (an update copies them only while one still is).
     pub(super) weights: Option<Arc<Vec<f32>>>,
@@ -90,12 +127,14 @@ pub(super) enum Visible {
 }
 
 /// One applied update: the gradient sum it applied at version `before`,
-/// over `samples` samples with `lr`, and the state after it.
+/// over `samples` samples with `lr`, whether its tail replaced the
+/// buffers, and the state after it.
 pub(super) struct Update {
     pub(super) grad: Vec<f32>,
     pub(super) before: u64,
     pub(super) samples: u64,
     pub(super) lr: f64,
+    pub(super) carries_state: bool,
     pub(super) after: Published,
 }
 
@@ -117,11 +156,14 @@ pub(super) struct Taken {
 }
 
 impl Shard {
-    /// An empty shard of `ranges` for assignment `a`.
-    pub(super) fn new(a: &Assignment, ranges: Vec<Range>) -> Shard {
+    /// An empty shard of `ranges` for assignment `a`; an error where a
+    /// buffer range precedes a parameter range.
+    pub(super) fn new(a: &Assignment, ranges: Vec<Range>) -> Result<Shard, String> {
         let len = shard_len(&ranges);
-        Shard {
+        let head = buffer_offset(&ranges)?;
+        Ok(Shard {
             ranges,
+            head,
             weights: None,
             opt: SliceOptimizer::new(&a.spec.optimizer, len),
             version: 0,
@@ -145,7 +187,7 @@ impl Shard {
             visible: Visible::Current,
             outbox: VecDeque::new(),
             spare: Vec::new(),
-        }
+        })
     }
 
     /// Starts a generation: the half-summed version of the old membership
@@ -213,13 +255,17 @@ impl Shard {
         self.visible = Visible::Current;
     }
 
-    /// Takes over the shard's pieces of a committed checkpoint.
+    /// Takes over the shard's pieces of a committed checkpoint: the
+    /// weights with the buffers, and the optimizer state, which no
+    /// optimizer keeps over buffers (zero there, whatever was written).
     pub(super) fn restore(&mut self, l: &Loaded) {
         self.weights = Some(Arc::new(l.tensors[0].clone()));
         if l.tensors.len() == 1 + self.opt.state().len() {
+            let head = self.head;
             for (t, src) in self.opt.state_mut().iter_mut().zip(&l.tensors[1..]) {
                 if t.len() == src.len() {
                     t.copy_from_slice(src);
+                    t[head.min(src.len())..].fill(0.0);
                 }
             }
             self.opt.t = l.optimizer_t;
@@ -266,7 +312,8 @@ impl Shard {
     }
 
     /// Applies the mean gradient `(g + extra) / samples` (clipped to norm
-    /// `clip`) in one fused pass.
+    /// `clip`) to the parameters in one fused pass; where the update
+    /// `carries_state`, the buffers become `g + extra`'s tail as it is.
     pub(super) fn apply(
         &mut self,
         g: &[f32],
@@ -274,20 +321,45 @@ impl Shard {
         samples: u64,
         lr: f64,
         clip: Option<f64>,
+        carries_state: bool,
     ) {
         let Some(w) = self.weights.as_mut() else {
             return;
         };
+        let head = self.head.min(g.len()).min(w.len());
+        let (g, g_tail) = g.split_at(head);
+        let (extra, extra_tail) = match extra {
+            Some(e) => (Some(&e[..head]), Some(&e[head..])),
+            None => (None, None),
+        };
         let mut scale = 1.0 / samples.max(1) as f64;
         if let Some(c) = clip {
             // Per shard: the global norm is not known to any one shard.
+            // Buffers are no gradient: they take no part in it.
             let coef = c / (slice_norm(g, extra, scale) + 1e-6);
             if coef < 1.0 {
                 scale *= coef;
             }
         }
         let w: &mut Vec<f32> = Arc::make_mut(w);
+        let (w, w_tail) = w.split_at_mut(head);
         self.opt.step(w, g, extra, scale as f32, lr);
+        if carries_state {
+            // Rank 0's buffers, plus the others' zeros in a sync round:
+            // formed as the standby's replayed sum is, so both hold the
+            // same bits.
+            match extra_tail {
+                None => {
+                    let n = w_tail.len().min(g_tail.len());
+                    w_tail[..n].copy_from_slice(&g_tail[..n]);
+                }
+                Some(e) => {
+                    for ((wi, a), b) in w_tail.iter_mut().zip(g_tail).zip(e) {
+                        *wi = a + b;
+                    }
+                }
+            }
+        }
         self.version += 1;
         self.applied += 1;
     }
@@ -347,7 +419,10 @@ impl Shard {
                 let (samples, lr) = (self.acc_samples, self.lr);
                 let acc = std::mem::take(&mut self.acc);
                 let extra = with_sum.then_some(&acc[..]);
-                self.apply(grad, extra, samples, lr, clip);
+                // Every worker of the round is in the sum, rank 0 with its
+                // buffers and the others with zeros there: the round
+                // carries rank 0's buffers.
+                self.apply(grad, extra, samples, lr, clip, true);
                 self.staleness[consistency::bucket(staleness)] += 1;
                 self.cursor = self.next_cursor;
                 self.acc_samples = 0;
@@ -355,7 +430,7 @@ impl Shard {
                 // The standby applies the sum the update's pass formed
                 // (`(g + extra) · scale` there and `sum · scale` here
                 // round alike), so both hold the same bits.
-                self.queue_update(grad, extra, before, samples, lr);
+                self.queue_update(grad, extra, before, samples, lr, true);
                 self.acc = acc;
             }
             Verdict::Applied { staleness, .. } => {
@@ -363,9 +438,12 @@ impl Shard {
                 // published version stays visible while the standby takes
                 // this one (the update then writes a copy of the values).
                 self.hold_published();
-                self.apply(grad, None, samples, lr, clip);
+                // Only rank 0's buffers are the job's; the others push
+                // zeros in their place.
+                let carries_state = from == 0;
+                self.apply(grad, None, samples, lr, clip, carries_state);
                 self.staleness[consistency::bucket(staleness)] += 1;
-                self.queue_update(grad, None, before, samples, lr);
+                self.queue_update(grad, None, before, samples, lr, carries_state);
             }
         }
         Taken {
@@ -406,6 +484,7 @@ impl Shard {
         before: u64,
         samples: u64,
         lr: f64,
+        carries_state: bool,
     ) {
         if !self.replicated {
             return;
@@ -429,6 +508,7 @@ impl Shard {
             before,
             samples,
             lr,
+            carries_state,
             after,
         }));
         if matches!(self.visible, Visible::Current) {

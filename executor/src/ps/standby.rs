@@ -8,8 +8,9 @@
 //! and pushes of other versions never wait behind the standby. It sends
 //! the whole state once per connection (and wherever the standby cannot
 //! follow: a rejected update, a replaced state), then every applied
-//! update — the gradient sum, version, samples, learning rate and cursor,
-//! which the standby applies with the same code to the same bits. If the
+//! update — the gradient sum, version, samples, learning rate, cursor and
+//! whether it replaced the shard's buffers, which the standby applies with
+//! the same code to the same bits. If the
 //! standby cannot be reached the shard publishes nothing new until it can
 //! (retrying every [`STANDBY_RETRY`]), until the next generation assigns
 //! another standby (or none), or for at most [`STANDBY_GIVE_UP`]: then it
@@ -34,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-use trainyard_common::cluster::{Assignment, LogLevel, PsPeer};
+use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, RoleOutcome};
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, Message, WireError};
@@ -199,6 +200,7 @@ impl StandbyLink {
                 before,
                 samples,
                 lr,
+                carries_state,
                 after,
             }) => {
                 let m = Message::Update {
@@ -206,6 +208,7 @@ impl StandbyLink {
                     samples: *samples,
                     lr: *lr,
                     cursor: to_wire(after.cursor),
+                    carries_state: *carries_state,
                 };
                 match self.call(&m, grad, after.version, stop) {
                     Ok(()) => Ok(after.clone()),
@@ -410,7 +413,15 @@ pub fn serve_standby(
     };
     let mut shard = match parked {
         Some(s) if s.ranges == me.ranges => s,
-        _ => Shard::new(a, me.ranges.clone()),
+        parked => match Shard::new(a, me.ranges.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                let reason = format!("the standby of PS shard {shard_index}'s assignment: {e}");
+                log(LogLevel::Error, reason.clone());
+                let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
+                return parked;
+            }
+        },
     };
     let expected = shard.expected;
     shard.begin(a.key.generation, expected, false);
@@ -556,13 +567,16 @@ impl Standby<'_> {
                     samples,
                     lr,
                     cursor,
+                    carries_state,
                 } => {
                     ps::read_values(&mut r, &m, self.len, &mut buf)?;
                     let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
                     if s.weights.is_none() || s.version != before || !staged.is_empty() {
                         Message::Rejected { version: s.version }
                     } else {
-                        s.apply(&buf, None, samples, lr, self.clip);
+                        // The shard's very update: its buffers replaced
+                        // where the shard's were.
+                        s.apply(&buf, None, samples, lr, self.clip, carries_state);
                         s.cursor = from_wire(cursor);
                         ack(s.version)
                     }

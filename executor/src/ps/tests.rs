@@ -1,6 +1,8 @@
 //! The PS unit tests: a shard and its standby over a real data plane
 //! (bit-identical copies, promotion without double application, malformed
-//! state refused, pulls never waiting behind a slow standby).
+//! state refused, pulls never waiting behind a slow standby), and a
+//! shard's buffer tail (rank 0's values taken as they are, never
+//! optimized; replicated and checkpointed with the weights).
 
 use super::*;
 use crate::context::Context;
@@ -19,23 +21,49 @@ use trainyard_dataplane::{plane, DataPlane, EndpointRole};
 
 const LEN: u64 = 46;
 
+/// Elements of the shard's parameter ranges; the rest of its `LEN` are
+/// buffers.
+const HEAD: usize = 40;
+
+/// The shard's ranges: a parameter, then two buffers (a float one and an
+/// integer counter).
+fn ranges() -> Vec<Range> {
+    let r = |param: &str, end, buffer| Range {
+        param: param.into(),
+        start: 0,
+        end,
+        buffer,
+    };
+    vec![
+        r("w", HEAD as u64, false),
+        r("bn.running_mean", LEN - HEAD as u64 - 1, true),
+        r("bn.num_batches_tracked", 1, true),
+    ]
+}
+
 /// Shard 0's role `role` (the shard or its standby) of a two-worker job.
 fn assignment(plane: &DataPlane, role: RoleKind, consistency: serde_json::Value) -> Assignment {
+    let adam = json!({"kind": "adam", "lr": 0.01, "grad_clip": 0.5, "weight_decay": 0.01});
+    assignment_with(plane, role, consistency, adam)
+}
+
+/// [`assignment`] with another optimizer.
+fn assignment_with(
+    plane: &DataPlane,
+    role: RoleKind,
+    consistency: serde_json::Value,
+    optimizer: serde_json::Value,
+) -> Assignment {
     let spec: trainyard_common::JobSpec = serde_json::from_value(json!({
         "name": "standby", "model": {"kind": "mlp", "inputs": 8, "hidden": [4], "outputs": 2},
         "dataset": {"kind": "classification", "samples": 100, "features": 8, "classes": 2},
-        "loss": "cross_entropy", "optimizer": {"kind": "adam", "lr": 0.01, "grad_clip": 0.5},
+        "loss": "cross_entropy", "optimizer": optimizer,
         "batch_size": 4, "steps": 10, "strategy": "parameter_server", "replicas": 1,
         "consistency": consistency, "workers": {"min": 2, "max": 2}
     }))
     .unwrap();
     let address = plane.local_addr().to_string();
-    let ranges = vec![Range {
-        param: "w".into(),
-        start: 0,
-        end: LEN,
-        buffer: false,
-    }];
+    let ranges = ranges();
     let peer = |standby| PsPeer {
         shard: 0,
         standby,
@@ -119,7 +147,8 @@ fn pull(at_least: u64) -> Message {
     Message::Pull { at_least }
 }
 
-/// Worker `r`'s push of a gradient computed at `version` (4 samples).
+/// Worker `r`'s push of a gradient computed at `version` (4 samples);
+/// rank 0's carries its buffers after `version`'s step.
 fn push_at(version: u64, r: u32) -> (Message, Vec<f32>) {
     let push = Message::Push {
         computed_at: version,
@@ -131,7 +160,7 @@ fn push_at(version: u64, r: u32) -> (Message, Vec<f32>) {
         },
         checkpoint: None,
     };
-    (push, grad(version as u32 * 2 + r))
+    (push, pushed(version as u32 * 2 + r, r, version))
 }
 
 fn init(values: &[f32]) -> (Message, &[f32]) {
@@ -160,6 +189,35 @@ fn grad(seed: u32) -> Vec<f32> {
     (0..LEN as u32)
         .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 997.0 - 0.5)
         .collect()
+}
+
+/// Rank 0's buffers after step `step`: running means of a few units (far
+/// from what an optimizer step or a scaling would leave them) and the
+/// integer count of batches, as an exact f32.
+fn tail_at(step: u64) -> Vec<f32> {
+    let n = LEN as usize - HEAD;
+    (0..n)
+        .map(|i| {
+            if i == n - 1 {
+                (step + 1) as f32
+            } else {
+                3.0 + i as f32 * 0.37 - step as f32 * 0.11
+            }
+        })
+        .collect()
+}
+
+/// What worker `rank` pushes at step `step` (as the replica's gradients
+/// are): a gradient over the parameters, then rank 0's buffers or the
+/// other ranks' zeros.
+fn pushed(seed: u32, rank: u32, step: u64) -> Vec<f32> {
+    let mut g = grad(seed);
+    if rank == 0 {
+        g[HEAD..].copy_from_slice(&tail_at(step));
+    } else {
+        g[HEAD..].fill(0.0);
+    }
+    g
 }
 
 /// Two workers train three sync steps (and three async ones) through a
@@ -221,7 +279,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                         },
                         checkpoint: None,
                     };
-                    let g = grad(step * 2 + r as u32);
+                    let g = pushed(step * 2 + r as u32, r as u32, u64::from(step));
                     assert!(acked(call(link, push, &g, &mut buf)));
                 }
             }
@@ -236,6 +294,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                 samples: 0,
                 lr: 0.0,
                 cursor: DataCursor::default(),
+                carries_state: true,
             };
             let reply = call(&mut odd, update, &grad(9), &mut buf);
             assert_eq!(
@@ -262,6 +321,11 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
         );
         let want = if consistency == "sync" { 3 } else { 6 };
         assert_eq!(shard.version, want, "{consistency}");
+        // Both hold rank 0's last buffers, and no optimizer state for them.
+        assert_eq!(bits(&a[HEAD..]), bits(&tail_at(2)), "{consistency}");
+        for t in shard.opt.state().iter().chain(copy.opt.state()) {
+            assert!(t[HEAD..].iter().all(|x| x.to_bits() == 0), "{consistency}");
+        }
     }
 }
 
@@ -336,6 +400,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
         );
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&buf), bits(dead.weights.as_ref().unwrap()));
+        assert_eq!(bits(&buf[HEAD..]), bits(&tail_at(0)), "rank 0's buffers");
         // The push whose acknowledgement was lost, again: refused.
         let (m, g) = push_at(0, 1);
         let again = call_at(&mut w[1], 4, m, &g, &mut buf);
@@ -350,6 +415,8 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
         sh.join().unwrap().unwrap()
     });
     assert_eq!((shard.version, shard.applied), (2, 2));
+    let w = shard.weights.as_ref().unwrap();
+    assert_eq!(bits(&w[HEAD..]), bits(&tail_at(1)));
     let mut errors = || {
         let mut out = Vec::new();
         while let Ok(item) = rx.try_recv() {
@@ -362,7 +429,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
     assert!(errors().is_empty());
 
     // A standby that never got its shard's state, promoted.
-    let mut empty = Shard::new(&promoted, shard.ranges.clone());
+    let mut empty = Shard::new(&promoted, shard.ranges.clone()).unwrap();
     empty.was_standby = true;
     let stop = AtomicBool::new(true);
     serve_shard(
@@ -573,4 +640,261 @@ fn a_flagged_version_is_checkpointed_once_replicated_and_a_drain_asks_rank_0_onc
     let c = &checkpoints[0];
     assert_eq!((c.step, c.shard, c.shards, c.state_tensors), (1, 0, 1, 2));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A shard of `ranges` for assignment `a`, holding `init`.
+fn seeded(a: &Assignment, init: &[f32]) -> Shard {
+    let mut shard = Shard::new(a, ranges()).unwrap();
+    shard.weights = Some(Arc::new(init.to_vec()));
+    shard
+}
+
+fn initial() -> Vec<f32> {
+    (0..LEN).map(|i| i as f32 / 100.0).collect()
+}
+
+/// A sync round, with every optimizer (weight decay on) and either push
+/// order: the parameters move exactly as the same optimizer moves them
+/// alone (scaled by the samples, clipped by their own norm), the buffers
+/// become rank 0's pushed values exactly, and no optimizer state grows
+/// over them.
+#[test]
+fn a_sync_round_takes_rank_0s_buffers_as_they_are_and_optimizes_only_the_parameters() {
+    use crate::replica::optim::{slice_norm, SliceOptimizer};
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    for kind in ["sgd", "momentum", "adam", "adamw"] {
+        let optimizer = json!({"kind": kind, "lr": 0.05, "grad_clip": 0.5, "weight_decay": 0.1});
+        let a = assignment_with(&plane, RoleKind::Ps, json!("sync"), optimizer);
+        let clip = a.spec.optimizer.grad_clip.unwrap();
+        for order in [[0u32, 1], [1, 0]] {
+            let mut shard = seeded(&a, &initial());
+            assert_eq!(shard.head, HEAD);
+            let mut reference = initial()[..HEAD].to_vec();
+            let mut opt = SliceOptimizer::new(&a.spec.optimizer, HEAD);
+            for step in 0..3u64 {
+                let g: Vec<Vec<f32>> = (0..2)
+                    .map(|r| pushed(step as u32 * 2 + r, r, step))
+                    .collect();
+                for (i, &r) in order.iter().enumerate() {
+                    let t = shard.take(
+                        trainyard_common::spec::Consistency::Sync,
+                        Some(clip),
+                        r,
+                        step,
+                        4,
+                        0.05,
+                        crate::replica::data::Cursor::default(),
+                        &g[r as usize],
+                    );
+                    assert!(t.accepted);
+                    assert_eq!(t.produced, (i == 1).then_some(step + 1));
+                }
+                // The last push with the first one's sum, over 8 samples.
+                let (first, last) = (&g[order[0] as usize][..HEAD], &g[order[1] as usize][..HEAD]);
+                let mut scale = 1.0 / 8.0;
+                let coef = clip / (slice_norm(last, Some(first), scale) + 1e-6);
+                if coef < 1.0 {
+                    scale *= coef;
+                }
+                opt.step(&mut reference, last, Some(first), scale as f32, 0.05);
+                let w = shard.weights.as_ref().unwrap();
+                assert_eq!(
+                    bits(&w[..HEAD]),
+                    bits(&reference),
+                    "{kind} {order:?} step {step}"
+                );
+                assert_eq!(
+                    bits(&w[HEAD..]),
+                    bits(&tail_at(step)),
+                    "{kind} {order:?} step {step}"
+                );
+            }
+            for t in shard.opt.state() {
+                assert!(t[HEAD..].iter().all(|x| x.to_bits() == 0), "{kind}");
+            }
+        }
+    }
+}
+
+/// Async and bounded: a push of another rank than 0 leaves the buffers
+/// as they are (whatever its tail holds), while it trains the parameters;
+/// rank 0's push replaces them.
+#[test]
+fn in_async_modes_only_rank_0s_push_replaces_the_buffers() {
+    use trainyard_common::spec::Consistency;
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    for (mode, c) in [
+        (json!("async"), Consistency::Async),
+        (
+            json!({"bounded": {"staleness": 4}}),
+            Consistency::Bounded { staleness: 4 },
+        ),
+    ] {
+        let a = assignment(&plane, RoleKind::Ps, mode);
+        assert_eq!(a.spec.consistency_mode(), c);
+        let init = initial();
+        let mut shard = seeded(&a, &init);
+        let take = |shard: &mut Shard, from: u32, g: &[f32]| {
+            let version = shard.version;
+            let t = shard.take(c, Some(0.5), from, version, 4, 0.01, Default::default(), g);
+            assert_eq!(t.produced, Some(version + 1), "{c:?}");
+        };
+        // Even a rank 1 that sent values there changes no buffer.
+        let mut g = grad(1);
+        g[HEAD..].fill(99.0);
+        take(&mut shard, 1, &g);
+        let w = shard.weights.clone().unwrap();
+        assert_ne!(bits(&w[..HEAD]), bits(&init[..HEAD]), "{c:?}");
+        assert_eq!(bits(&w[HEAD..]), bits(&init[HEAD..]), "{c:?}");
+        take(&mut shard, 0, &pushed(2, 0, 7));
+        assert_eq!(
+            bits(&shard.weights.as_ref().unwrap()[HEAD..]),
+            bits(&tail_at(7))
+        );
+        take(&mut shard, 1, &pushed(3, 1, 8));
+        assert_eq!(
+            bits(&shard.weights.as_ref().unwrap()[HEAD..]),
+            bits(&tail_at(7))
+        );
+        assert_eq!(shard.version, 3);
+    }
+}
+
+/// A checkpoint of a shard with buffers holds its weights with the
+/// buffers and optimizer state that is zero over them; it restores the
+/// very values into a shard of the same ranges, and into a shard of the
+/// buffers alone.
+#[test]
+fn a_checkpoint_of_a_shards_buffers_restores_them_exactly() {
+    use crate::storage::checkpoint::{load, Uploader};
+    use trainyard_common::checkpoint::{manifest_key, CheckpointRef, Manifest};
+    let dir = std::env::temp_dir().join(format!("ty-ps-buffers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cache = Arc::new(trainyard_store::cache::Cache::open(&dir.join("cache"), 1 << 20).unwrap());
+    let st = Arc::new(
+        crate::storage::Storage::open(
+            &format!("file://{}", dir.join("store").display()),
+            &[],
+            cache,
+            rt.handle().clone(),
+        )
+        .unwrap(),
+    );
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let a = assignment(&plane, RoleKind::Ps, json!("sync"));
+    let mut shard = seeded(&a, &initial());
+    for step in 0..2u64 {
+        for r in 0..2 {
+            let g = pushed(step as u32 * 2 + r, r, step);
+            shard.take(
+                trainyard_common::spec::Consistency::Sync,
+                Some(0.5),
+                r,
+                step,
+                4,
+                0.01,
+                Default::default(),
+                &g,
+            );
+        }
+    }
+    let snap = shard.snapshot(2, 0, 1, LEN).expect("a snapshot of step 2");
+    assert_eq!(snap.tensors.len(), 3, "weights and Adam's two moments");
+    assert_eq!(bits(&snap.tensors[0][HEAD..]), bits(&tail_at(1)));
+    for t in &snap.tensors[1..] {
+        assert!(t[..HEAD].iter().any(|x| *x != 0.0));
+        assert!(t[HEAD..].iter().all(|x| x.to_bits() == 0));
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = a.key.job_id;
+    let u = Uploader::start(st.clone(), job, tx, Context::for_tests().uploads, None);
+    u.submit(snap);
+    assert!(u.flush(Duration::from_secs(10)));
+    let mut reports = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        if let Item::Checkpoint(c) = item {
+            reports.push(c);
+        }
+    }
+    assert_eq!(reports[0].ranges, ranges(), "the buffer marks are kept");
+    let m = Manifest::from_reports(job, &reports).expect("a complete checkpoint");
+    st.put(
+        &manifest_key(job, 2),
+        serde_json::to_vec(&m).unwrap().into(),
+    )
+    .unwrap();
+    let at = CheckpointRef {
+        job_id: job,
+        step: 2,
+        manifest: manifest_key(job, 2),
+    };
+    let loaded = load(&st, &at, &ranges(), LEN, 2).unwrap();
+    let mut back = Shard::new(&a, ranges()).unwrap();
+    back.restore(&loaded);
+    assert_eq!(back.version, 2);
+    assert_eq!(back.opt.t, shard.opt.t);
+    assert_eq!(
+        bits(back.weights.as_ref().unwrap()),
+        bits(shard.weights.as_ref().unwrap())
+    );
+    for (x, y) in back.opt.state().iter().zip(shard.opt.state()) {
+        assert_eq!(bits(x), bits(y));
+    }
+    // A shard of the buffers alone (another shard count) takes them.
+    let tail = ranges()[1..].to_vec();
+    let loaded = load(&st, &at, &tail, LEN, 2).unwrap();
+    assert_eq!(bits(&loaded.tensors[0]), bits(&tail_at(1)));
+    let mut only = Shard::new(&a, tail).unwrap();
+    assert_eq!(only.head, 0);
+    only.restore(&loaded);
+    assert_eq!(bits(only.weights.as_ref().unwrap()), bits(&tail_at(1)));
+    assert!(only.opt.state().iter().flatten().all(|x| x.to_bits() == 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ranges whose buffer range comes before a parameter range are refused
+/// with the ranges named; a shard server given them fails its job rather
+/// than serving values it would optimize wrongly.
+#[test]
+fn a_shard_refuses_a_buffer_range_before_a_parameter_range() {
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let mut a = assignment(&plane, RoleKind::Ps, json!("sync"));
+    let mut bad = ranges();
+    bad.rotate_left(1);
+    assert_eq!(shard::buffer_offset(&ranges()), Ok(HEAD));
+    let e = Shard::new(&a, bad.clone()).err().expect("refused");
+    assert!(
+        e.contains("ranges[0] (bn.running_mean[0..5]) is a buffer range before the parameter range ranges[2] (w[0..40])"),
+        "{e}"
+    );
+    for p in &mut a.parameter_servers {
+        p.ranges = bad.clone();
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stop = AtomicBool::new(true);
+    let out = serve_shard(
+        &a,
+        &stop,
+        &tx,
+        &plane,
+        None,
+        crate::storage::no_storage(),
+        &Context::for_tests(),
+    );
+    assert!(out.is_none());
+    let mut failed = Vec::new();
+    while let Ok(item) = rx.try_recv() {
+        if let Item::Outcome(trainyard_common::cluster::RoleOutcome::Failed { reason }) = item {
+            failed.push(reason);
+        }
+    }
+    assert!(
+        failed.len() == 1 && failed[0].contains("is a buffer range before"),
+        "{failed:?}"
+    );
 }

@@ -9,6 +9,12 @@
 //! empty shards, decides which step the shards checkpoint, reports the
 //! curve, evaluates and, at the end, writes the final weights.
 //!
+//! A model's buffers (BatchNorm's running statistics) are the tail of the
+//! flat vector: rank 0's pushes carry its buffers there and the others'
+//! zeros, and each shard takes rank 0's as they are (`shard.rs`); they come
+//! back with the weights on every pull, so every worker's forward starts
+//! from rank 0's buffers, as PyTorch's DDP broadcasts them.
+//!
 //! Sync mode after a lost primary: the promoted standby may be one version
 //! behind the other shards. The worker keeps its last step's gradient
 //! ([`LastStep`], across generations) and pushes it again to the shards
@@ -75,6 +81,9 @@ pub fn work(
     let Some(rep) = replica.as_mut() else {
         return Err(RoleError::ps_fatal("no replica"));
     };
+    // Rank 0's pushes carry its buffers (the shards take them as they
+    // are); the others push zeros there. Ranks change between generations.
+    rep.set_carries_state(rank == 0);
     let map = ShardMap::new(a, rep).map_err(RoleError::ps_fatal)?;
     let mut links = links::connect(a, rank, &map, stop)?;
     let generation = a.key.generation;
@@ -149,17 +158,7 @@ pub fn work(
             // A lost primary left its shard a version behind the others:
             // it gets this version's gradients again, then all are pulled
             // at the same version.
-            let hi = catch_up(
-                &mut links,
-                &ex,
-                last_step,
-                &map,
-                a,
-                rank,
-                rep.total_steps(world),
-                stop,
-                &log,
-            )?;
+            let hi = catch_up(&mut links, &ex, last_step, &map, a, rank, rep, stop, &log)?;
             expect.fill(hi);
             continue;
         }
@@ -453,8 +452,10 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
 /// this worker's gradient of that version again — or, where this worker
 /// has none (it joined since, or its last step was another version), a
 /// zero gradient over no samples, which counts it as a contributor and
-/// changes neither the sum nor the samples. Returns the version all shards
-/// are to be pulled at. The shards are at most one version apart.
+/// changes neither the sum nor the samples (rank 0's carries the buffers
+/// it pulled from the shards, so the round leaves them as they are).
+/// Returns the version all shards are to be pulled at. The shards are at
+/// most one version apart.
 #[allow(clippy::too_many_arguments)]
 fn catch_up(
     links: &mut [Link],
@@ -463,10 +464,12 @@ fn catch_up(
     map: &ShardMap,
     a: &Assignment,
     rank: u32,
-    total: u64,
+    rep: &Replica,
     stop: &AtomicBool,
     log: &dyn Fn(LogLevel, String),
 ) -> Result<u64, RoleError> {
+    let world = a.workers.len() as u32;
+    let total = rep.total_steps(world);
     let lo = ex.versions.iter().copied().min().unwrap_or(0);
     let (ahead, hi) = ex
         .versions
@@ -489,7 +492,14 @@ fn catch_up(
     let (push, slices) = match mine {
         Some(l) => (l.push, &l.slices),
         None => {
-            zeros = map.lens.iter().map(|n| vec![0.0; *n]).collect();
+            // A sync round replaces the shards' buffers with its sum's tail:
+            // rank 0's holds the buffers as pulled, the others' zeros.
+            let mut flat = vec![0.0; rep.numel()];
+            if rank == 0 {
+                let p = rep.trainable_len().min(flat.len());
+                flat[p..].copy_from_slice(&rep.read_range(p, rep.numel() - p));
+            }
+            zeros = (0..links.len()).map(|s| map.gather(s, &flat)).collect();
             (
                 PushOf {
                     samples: 0,

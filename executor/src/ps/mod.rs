@@ -1,11 +1,12 @@
 //! The parameter-server pattern: shard servers, their hot standbys, and the
 //! workers that use them.
 //!
-//! A **shard server** holds its ranges of the model's flat parameters in
-//! fp32 with their optimizer state (the same update rules as a ring
-//! replica's) and a version, and serves workers over the data plane
-//! ([`trainyard_dataplane::ps`]'s typed messages), one thread per worker
-//! connection. The job's consistency decides when a pushed gradient is
+//! A **shard server** holds its ranges of the model's flat vector in fp32
+//! — parameters with their optimizer state (the same update rules as a
+//! ring replica's), then buffers, which take rank 0's pushed values as
+//! they are (`shard.rs`) — and a version, and serves workers over the
+//! data plane ([`trainyard_dataplane::ps`]'s typed messages), one thread
+//! per worker connection. The job's consistency decides when a pushed gradient is
 //! applied (`consistency.rs`). The shard's state outlives its generation on
 //! the executor (as a ring replica does): the next generation's server
 //! takes it over, drops the half-summed version of the old membership and

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-use trainyard_common::checkpoint::{flat_to_ranges, torchscript_key};
+use trainyard_common::checkpoint::torchscript_key;
 use trainyard_common::cluster::{Assignment, LogLevel, RoleOutcome, WorkerPeer};
 use trainyard_common::spec::Device;
 use trainyard_dataplane::DataPlane;
@@ -147,7 +147,7 @@ impl Role {
             return Err(RoleError::Assignment("no checkpoint to resume from".into()));
         };
         let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
-        let all = flat_to_ranges(&r.layout(), 0, r.numel());
+        let all = r.ranges(0, r.numel());
         let hits = s.cache.hits.load(Ordering::Relaxed);
         let loaded = checkpoint::load(s, at, &all, r.numel() as u64, states)?;
         r.restore(&loaded)?;

@@ -527,6 +527,19 @@ impl Replica {
         self.tensors.layout()
     }
 
+    /// The pieces of named tensors that flat elements `[start, end)` are,
+    /// buffers marked as such.
+    pub fn ranges(&self, start: usize, end: usize) -> Vec<trainyard_common::checkpoint::Range> {
+        let layout = self.layout();
+        let mut out = trainyard_common::checkpoint::flat_to_ranges(&layout, start, end);
+        for r in &mut out {
+            r.buffer = layout
+                .iter()
+                .any(|(k, off, _)| *k == r.param && *off >= self.trainable);
+        }
+        out
+    }
+
     /// Overwrites the flat weights from `offset` with `values`.
     pub fn load_range(&mut self, offset: usize, values: &[f32]) {
         let src = Tensor::from_slice(values).to_device(self.device);

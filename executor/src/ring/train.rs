@@ -15,7 +15,7 @@ use crate::storage::checkpoint::{Checkpointing, Snapshot};
 use crate::storage::Fetcher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use trainyard_common::checkpoint::{flat_to_ranges, ring_slice, CursorState};
+use trainyard_common::checkpoint::{ring_slice, CursorState};
 use trainyard_common::spec::JobSpecInput;
 use trainyard_dataplane::Ring;
 
@@ -98,7 +98,7 @@ pub fn write_slice(replica: &Replica, c: &mut Checkpointing, rank: u32, world: u
         generation: c.generation,
         shard: rank,
         shards: world,
-        ranges: flat_to_ranges(&replica.layout(), a, b),
+        ranges: replica.ranges(a, b),
         tensors: replica.snapshot(a, b),
         numel: replica.numel() as u64,
         optimizer_t: replica.optimizer_t(),

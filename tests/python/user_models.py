@@ -31,7 +31,8 @@ the Python side of the tests that hold the platform to that promise:
 Each command prints one JSON document on stdout. RECIPE is a JSON file:
 {"seed", "eval_fraction", "batch" (global), "epochs", "optimizer": {"kind",
 "lr"}, "schedule": "constant" | "cosine", "models": [names], and for
-`reference` "orders": [seeds of the data orders to train in]}.
+`reference` "orders": [seeds of the data orders to train in] and
+"lr_by_model": {name: the learning rate of a model trained at its own}}.
 """
 
 import json
@@ -308,6 +309,15 @@ def evaluate(module, x, y, batch=256):
     return {"accuracy": correct / len(x), "loss": loss / len(x), "samples": len(x)}
 
 
+def of(recipe, name):
+    """The recipe of model `name`: its own learning rate, if
+    `recipe["lr_by_model"]` gives one."""
+    lr = recipe.get("lr_by_model", {}).get(name)
+    if lr is None:
+        return recipe
+    return dict(recipe, optimizer=dict(recipe["optimizer"], lr=lr))
+
+
 def reference(out, recipe):
     """Each model trained once per data order in `recipe["orders"]` (the
     job's seed first): the accuracy of each run and their mean."""
@@ -317,8 +327,9 @@ def reference(out, recipe):
     for name in recipe["models"]:
         started = time.time()
         runs = []
+        mine = of(recipe, name)
         for order in recipe.get("orders", [recipe["seed"]]):
-            m = train(torch.jit.load(os.path.join(out, f"{name}.pt")), recipe, x, y, order)
+            m = train(torch.jit.load(os.path.join(out, f"{name}.pt")), mine, x, y, order)
             runs.append(evaluate(m, tx, ty))
         result[name] = {
             "runs": runs,

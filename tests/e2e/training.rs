@@ -9,8 +9,8 @@ use trainyard_common::api::JobLogLine;
 use trainyard_common::cluster::ExecutorState;
 use trainyard_common::JobState;
 use trainyard_e2e::{
-    eventually, example_digits, kill9, safetensors_f32, safetensors_header, torchscript,
-    write_torchscript, Consistency, MlpSpec, Platform, Proc,
+    digits_url, eventually, example_digits, kill9, safetensors_f32, safetensors_header,
+    torchscript, write_torchscript, Consistency, MlpSpec, Platform, Proc,
 };
 
 /// A platform that declares an executor lost after 25 silent heartbeats
@@ -182,6 +182,84 @@ fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
             .contains("not a loadable TorchScript module"),
         "{job:?}"
     );
+}
+
+/// Modules that cannot train on digits (64 features, labels 0–9), made by
+/// Python's torch in one call: a forward of two tensors, too few classes,
+/// the wrong input width.
+const MISFITS: &str = r#"
+import sys, os, torch
+class Two(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+    def forward(self, x, mask):
+        return self.fc(x * mask)
+class Few(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 3)
+    def forward(self, x):
+        return self.fc(x)
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(784, 10)
+    def forward(self, x):
+        return self.fc(x)
+for name, cls in [("two", Two), ("few", Few), ("wide", Wide)]:
+    torch.jit.script(cls()).save(os.path.join(sys.argv[1], name + ".pt"))
+"#;
+
+#[test]
+fn a_model_that_cannot_train_on_its_data_fails_in_inspecting_naming_the_mismatch() {
+    let p = platform();
+    let _exec = p.executor("inspector");
+    let dir = p.file("misfits");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("make.py");
+    std::fs::write(&script, MISFITS).unwrap();
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .expect("python3 with torch (run through scripts/test)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cases = [
+        ("two", vec!["forward must take one tensor", "Tensor mask"]),
+        ("few", vec!["labels go up to 9", "at least 10"]),
+        ("wide", vec!["cannot take a batch of the dataset", "64"]),
+    ];
+    let ids: Vec<String> = cases
+        .iter()
+        .map(|(name, _)| {
+            let mut spec = torchscript(
+                name,
+                &format!("file://{}", dir.join(format!("{name}.pt")).display()),
+            );
+            spec["dataset"] = json!({"kind": "file", "url": digits_url()});
+            spec["loss"] = json!("cross_entropy");
+            p.submit(&spec)
+        })
+        .collect();
+    for ((name, words), id) in cases.iter().zip(&ids) {
+        let job = p.wait_end(id, Duration::from_secs(90));
+        assert_eq!(job.state, JobState::Failed, "{name}: {job:?}");
+        for w in words {
+            assert!(
+                job.state_reason.contains(w),
+                "{name}: {:?} lacks {w:?}",
+                job.state_reason
+            );
+        }
+        // Refused before any worker started.
+        assert_eq!(p.states(id), ["queued", "inspecting", "failed"], "{name}");
+    }
 }
 
 #[test]

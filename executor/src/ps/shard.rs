@@ -343,7 +343,12 @@ impl Shard {
         }
         let w: &mut Vec<f32> = Arc::make_mut(w);
         let (w, w_tail) = w.split_at_mut(head);
-        self.opt.step(w, g, extra, scale as f32, lr);
+        // A push of no samples (a worker whose share of an epoch's last
+        // step is empty) is no gradient: PyTorch would take no step, and an
+        // Adam or momentum step on zeros would still move the weights.
+        if samples > 0 {
+            self.opt.step(w, g, extra, scale as f32, lr);
+        }
         if carries_state {
             // Rank 0's buffers, plus the others' zeros in a sync round:
             // formed as the standby's replayed sum is, so both hold the

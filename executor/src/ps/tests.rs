@@ -760,6 +760,26 @@ fn in_async_modes_only_rank_0s_push_replaces_the_buffers() {
     }
 }
 
+/// An async push of no samples (a worker whose share of an epoch's last
+/// step was empty) moves no weight: an Adam step on zeros would, along its
+/// momentum, where PyTorch takes no step at all.
+#[test]
+fn an_empty_async_push_takes_no_optimizer_step() {
+    use trainyard_common::spec::Consistency;
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let a = assignment(&plane, RoleKind::Ps, json!("async"));
+    let mut shard = seeded(&a, &initial());
+    let c = Consistency::Async;
+    let t = shard.take(c, None, 1, 0, 4, 0.01, Default::default(), &grad(1));
+    assert_eq!(t.produced, Some(1));
+    let (w, steps) = (shard.weights.clone().unwrap(), shard.opt.t);
+    let zeros = vec![0f32; w.len()];
+    let t = shard.take(c, None, 1, 1, 0, 0.01, Default::default(), &zeros);
+    assert_eq!(t.produced, Some(2), "the version still moves");
+    assert_eq!(bits(&shard.weights.as_ref().unwrap()[..]), bits(&w[..]));
+    assert_eq!(shard.opt.t, steps);
+}
+
 /// A checkpoint of a shard with buffers holds its weights with the
 /// buffers and optimizer state that is zero over them; it restores the
 /// very values into a shard of the same ranges, and into a shard of the

@@ -13,7 +13,8 @@ use reqwest::Method;
 use serde::Serialize;
 use trainyard_common::api::{
     CheckpointList, CreatedToken, EventPage, ExecutorInfo, ExecutorList, Job, JobAssignments,
-    JobPage, LogPage, MetricSeries, NewToken, ProvisionerStatus, TokenInfo, TokenList, WhoAmI,
+    JobPage, LogPage, MetricSeries, ModelTensors, NewToken, ProvisionerStatus, TokenInfo,
+    TokenList, WhoAmI,
 };
 use uuid::Uuid;
 
@@ -198,6 +199,12 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         let call = Call::get(format!("/v1/jobs/{id}/model")).query("format", Some(format));
         Ok(self.send(call).await?.body)
+    }
+
+    /// `GET /v1/jobs/{id}/tensors`: every tensor of the job's model (name,
+    /// shape, kind, dtype) and the element counts by kind.
+    pub async fn job_tensors(&self, id: Uuid) -> Result<ModelTensors, ClientError> {
+        self.call(Call::get(format!("/v1/jobs/{id}/tensors"))).await
     }
 
     /// `GET /v1/executors` (admins): newest first, only those in `state`

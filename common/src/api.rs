@@ -14,7 +14,8 @@
 //!   [`JobAssignments`] (with [`PsShard`], [`WorkerRole`], [`RoleHost`]);
 //! * telemetry: [`MetricSeries`] of [`MetricSample`]s, [`LogPage`] of
 //!   [`JobLogLine`]s, and the [`ReportAck`] an executor's report gets;
-//! * checkpoints: [`CheckpointList`] of [`CheckpointInfo`]s;
+//! * checkpoints: [`CheckpointList`] of [`CheckpointInfo`]s; the model's
+//!   tensors: [`ModelTensors`];
 //! * executors: [`ExecutorList`] of [`ExecutorInfo`]s with their
 //!   [`RoleInfo`]s;
 //! * the provisioner: [`ProvisionerStatus`];
@@ -23,7 +24,7 @@
 
 use crate::checkpoint::CursorState;
 use crate::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
-use crate::model::MemoryEstimate;
+use crate::model::{MemoryEstimate, ParamInfo};
 use crate::spec::{JobSpecInput, Strategy};
 use crate::JobState;
 use chrono::{DateTime, Utc};
@@ -263,6 +264,39 @@ pub struct CheckpointInfo {
     pub manifest_url: String,
     /// When it was committed.
     pub committed_at: DateTime<Utc>,
+}
+
+/// Where a job's tensor list comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorSource {
+    /// A built-in model: its tensors follow from the spec.
+    Spec,
+    /// A TorchScript module: as its inspection found them.
+    Inspection,
+    /// A TorchScript module not inspected yet (or whose inspection failed):
+    /// no tensors known.
+    Pending,
+}
+
+/// `GET /v1/jobs/{id}/tensors`: every tensor of the job's model.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelTensors {
+    /// Job id.
+    pub job_id: Uuid,
+    /// Where the list comes from.
+    pub source: TensorSource,
+    /// The tensors of the model's `state_dict()`, by PyTorch name, in the
+    /// order training lays them out (at most 10000 of them).
+    pub tensors: Vec<ParamInfo>,
+    /// Tensors in all (more than `tensors` holds when the list is cut).
+    pub count: u64,
+    /// Elements of the trainable parameters.
+    pub parameters: u64,
+    /// Elements of the buffers (e.g. BatchNorm's running statistics).
+    pub buffers: u64,
+    /// Elements of the frozen parameters (`requires_grad=False`).
+    pub frozen: u64,
 }
 
 /// `GET /v1/jobs/{id}/checkpoints`.

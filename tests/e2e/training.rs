@@ -156,6 +156,15 @@ fn a_torchscript_model_from_python_is_inspected_and_trained() {
             .contains("inspected: 4 tensors, 321 parameters"),
         "{inspected:?}"
     );
+    // The tensors under PyTorch's dotted names, as the inspection found them.
+    let t = p.tensors(&id);
+    assert_eq!(t.source, trainyard_common::api::TensorSource::Inspection);
+    let names: Vec<&str> = t.tensors.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["hidden.bias", "hidden.weight", "out.bias", "out.weight"]
+    );
+    assert_eq!((t.parameters, t.buffers, t.frozen), (321, 0, 0));
     let m = p.metrics(&id, Some(10000));
     let first = m.points[0].loss;
     let last = m.points.last().unwrap().loss;

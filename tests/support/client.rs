@@ -361,6 +361,13 @@ impl ApiClient {
         })
     }
 
+    /// The tensors of job `id`'s model (`GET /v1/jobs/{id}/tensors`).
+    pub fn tensors(&self, id: &str) -> trainyard_common::api::ModelTensors {
+        self.call(&format!("tensors of {id}"), || {
+            self.typed.job_tensors(uuid(id))
+        })
+    }
+
     /// The committed checkpoints of job `id`, newest first.
     pub fn checkpoints(&self, id: &str) -> CheckpointList {
         self.call(&format!("checkpoints of {id}"), || {

@@ -23,12 +23,12 @@ use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 pub use trainyard_common::api::{CheckpointInfo, CheckpointList};
+use trainyard_common::api::{ModelTensors, TensorSource};
 use trainyard_common::checkpoint::{model_key, torchscript_key, Manifest};
 use trainyard_common::model::{parameters, ParamInfo, TensorKind};
 use trainyard_common::spec::ModelSpec;
 use trainyard_common::JobSpecInput;
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 /// List a job's committed checkpoints, newest first.
 #[utoipa::path(
@@ -190,39 +190,6 @@ pub async fn model(
         body,
     )
         .into_response())
-}
-
-/// Where a job's tensor list comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum TensorSource {
-    /// A built-in model: its tensors follow from the spec.
-    Spec,
-    /// A TorchScript module: as its inspection found them.
-    Inspection,
-    /// A TorchScript module not inspected yet (or whose inspection failed):
-    /// no tensors known.
-    Pending,
-}
-
-/// `GET /v1/jobs/{id}/tensors`: every tensor of the job's model.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ModelTensors {
-    /// Job id.
-    pub job_id: Uuid,
-    /// Where the list comes from.
-    pub source: TensorSource,
-    /// The tensors of the model's `state_dict()`, by PyTorch name, in the
-    /// order training lays them out (at most 10000 of them).
-    pub tensors: Vec<ParamInfo>,
-    /// Tensors in all (more than `tensors` holds when the list is cut).
-    pub count: u64,
-    /// Elements of the trainable parameters.
-    pub parameters: u64,
-    /// Elements of the buffers (e.g. BatchNorm's running statistics).
-    pub buffers: u64,
-    /// Elements of the frozen parameters (`requires_grad=False`).
-    pub frozen: u64,
 }
 
 /// Longest tensor list the tensors endpoint returns (inspection accepts up

@@ -143,6 +143,15 @@ pub struct Replica {
     carries_state: bool,
 }
 
+/// Holds libtorch's process-wide generator while it is seeded and drawn
+/// from: two replicas built at once (two roles of one executor, tests in
+/// one process) would otherwise draw each other's numbers, and ranks that
+/// must start equal would not.
+pub(crate) fn seeded_rng() -> std::sync::MutexGuard<'static, ()> {
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RNG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Words of metadata at the end of an exported state: step, optimizer
 /// steps, epoch, offset and the last loss (f64 bits), two words each.
 const META_WORDS: usize = 10;
@@ -166,6 +175,7 @@ impl Replica {
     ) -> Result<Replica, TrainError> {
         let dataset = Dataset::load(spec, fetcher)?;
         let eval = dataset.eval_batch(spec);
+        let _seeded = seeded_rng();
         tch::manual_seed(spec.seed as i64);
         let vs = nn::VarStore::new(device);
         let (net, tensors): (Box<dyn model::Net>, _) = match &spec.model {

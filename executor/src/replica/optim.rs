@@ -357,6 +357,7 @@ mod tests {
             (OptimizerKind::Adamw, 0.05),
         ] {
             let spec = test_spec(kind, wd);
+            let _rng = super::super::seeded_rng();
             tch::manual_seed(1);
             let vs = nn::VarStore::new(tch::Device::Cpu);
             let p = vs.root().randn("p", &[50], 0.0, 1.0);

@@ -168,8 +168,11 @@ impl Role {
         Ok(())
     }
 
-    /// Rank 0's end: the weights to the object store and the job's outcome.
-    pub fn finish(&self, out: &Outcome) {
+    /// Rank 0's end: the weights (and, for a TorchScript job, the trained
+    /// module, saved from `replica` here alone, not on every rank) to the
+    /// object store, and the job's outcome.
+    pub fn finish(&self, out: &Outcome, replica: Option<&Replica>) {
+        let module = replica.map_or(Ok(None), |r| r.torchscript().map_err(|e| e.to_string()));
         let written = self
             .storage
             .as_ref()
@@ -178,9 +181,9 @@ impl Role {
                 let job = self.assignment.key.job_id;
                 // The module first: the safetensors' URL is what says the
                 // job's model is there.
-                match &out.torchscript {
+                match module {
                     Ok(Some(bytes)) => s
-                        .put(&torchscript_key(job), bytes.clone().into())
+                        .put(&torchscript_key(job), bytes.into())
                         .map_err(|e| format!("cannot write the trained module: {e}"))?,
                     Ok(None) => {}
                     Err(e) => return Err(format!("cannot save the trained module: {e}")),

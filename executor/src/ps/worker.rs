@@ -424,7 +424,7 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
         match result {
             // The finished model is kept for a generation that may still come.
             Ok(Some(out)) => {
-                role.finish(&out);
+                role.finish(&out, replica.as_ref());
                 return KeptWorker { replica, last_step };
             }
             Ok(None) | Err(RoleError::Stopped) => return KeptWorker { replica, last_step },

@@ -50,9 +50,6 @@ pub struct Outcome {
     pub eval_loss: Option<f64>,
     /// The trained tensors by their `state_dict()` names and dtypes.
     pub weights: Vec<(String, Tensor)>,
-    /// The trained TorchScript module, serialized (TorchScript jobs), or
-    /// why it could not be.
-    pub torchscript: Result<Option<Vec<u8>>, String>,
     /// SHA-256 of the weights (names and bytes): equal on every replica.
     pub weights_sha256: String,
 }
@@ -743,7 +740,6 @@ impl Replica {
             eval_accuracy: self.eval_accuracy,
             eval_loss: self.eval_loss,
             weights: self.weights(),
-            torchscript: self.torchscript().map_err(|e| e.to_string()),
             weights_sha256: self.weights_sha256(),
         }
     }

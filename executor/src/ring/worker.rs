@@ -177,7 +177,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                         if let Some(c) = ckpt.as_ref() {
                             c.uploader.flush(Duration::from_secs(120));
                         }
-                        role.finish(&out);
+                        role.finish(&out, replica.as_ref());
                     }
                 }
                 done = true;

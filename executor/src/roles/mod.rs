@@ -124,11 +124,20 @@ impl Roles {
             let sink = self.sink.clone();
             let fetcher = self.ctx.fetcher.clone();
             tokio::spawn(async move {
-                let result = tokio::task::spawn_blocking(move || inspect::inspect(&ins, &fetcher))
-                    .await
-                    .unwrap_or_else(|e| {
-                        InspectionResult::Error(format!("inspection crashed: {e}"))
-                    });
+                let work = tokio::task::spawn_blocking(move || inspect::inspect(&ins, &fetcher));
+                // A user's forward may never return (a loop in TorchScript):
+                // the job is refused rather than left in `inspecting`. The
+                // thread cannot be stopped; it ends with the executor.
+                let result = match tokio::time::timeout(inspect::LIMIT, work).await {
+                    Ok(Ok(found)) => found,
+                    Ok(Err(e)) => InspectionResult::Error(format!("inspection crashed: {e}")),
+                    Err(_) => InspectionResult::Error(format!(
+                        "inspection did not finish within {} s (loading the model and the \
+                         dataset, then a forward on {} rows of it)",
+                        inspect::LIMIT.as_secs(),
+                        inspect::TRIAL_ROWS
+                    )),
+                };
                 sink.deliver_inspection(InspectionReport { job_id, result });
             });
         }

@@ -193,41 +193,13 @@ fn a_corrupt_torchscript_file_fails_the_job_with_a_reason() {
     );
 }
 
-/// Modules that cannot train on digits (64 features, labels 0–9), made by
-/// Python's torch in one call: a forward of two tensors, too few classes,
-/// the wrong input width.
-const MISFITS: &str = r#"
-import sys, os, torch
-class Two(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(64, 10)
-    def forward(self, x, mask):
-        return self.fc(x * mask)
-class Few(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(64, 3)
-    def forward(self, x):
-        return self.fc(x)
-class Wide(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(784, 10)
-    def forward(self, x):
-        return self.fc(x)
-for name, cls in [("two", Two), ("few", Few), ("wide", Wide)]:
-    torch.jit.script(cls()).save(os.path.join(sys.argv[1], name + ".pt"))
-"#;
-
 #[test]
 fn a_model_that_cannot_train_on_its_data_fails_in_inspecting_naming_the_mismatch() {
     let p = platform();
     let _exec = p.executor("inspector");
     let dir = p.file("misfits");
     std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("make.py");
-    std::fs::write(&script, MISFITS).unwrap();
+    let script = trainyard_e2e::repo_root().join("tests/python/misfits.py");
     let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = std::process::Command::new(python)
         .arg(&script)

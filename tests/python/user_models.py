@@ -169,33 +169,9 @@ ALL = MATRIX + ["bn_cnn_exact"]
 
 # ---- The executor's data split and order (executor/src/replica) ----
 
-MASK = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-
-
-class SplitMix64:
-    """The executor's seeded generator (replica/rng.rs)."""
-
-    def __init__(self, seed, stream):
-        self.state = (seed ^ ((stream * GOLDEN) & MASK)) & MASK
-        self.next()
-
-    def next(self):
-        self.state = (self.state + GOLDEN) & MASK
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        return z ^ (z >> 31)
-
-    def below(self, n):
-        return (self.next() * n) >> 64
-
-    def permutation(self, n):
-        p = list(range(n))
-        for i in range(n - 1, 0, -1):
-            j = self.below(i + 1)
-            p[i], p[j] = p[j], p[i]
-        return p
+# The generator is evaluate_mlp.py's port of replica/rng.rs (this folder
+# is on the path when the file runs as a script).
+from evaluate_mlp import SplitMix64  # noqa: E402
 
 
 def split(n, seed, eval_fraction):

@@ -34,25 +34,33 @@ torch.manual_seed(0)
 torch.jit.script(Net()).save(sys.argv[1])
 "#;
 
+/// Runs the Python `script` (the venv's torch: `TRAINYARD_PYTHON`, else
+/// `python3`, first on PATH in `scripts/test`) with `arg`, from a file of
+/// its own beside `arg` (`torch.jit.script` reads the classes' source).
+pub(crate) fn python(script: &str, arg: &Path) {
+    let file = arg.with_extension("make.py");
+    std::fs::write(&file, script).unwrap();
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let run = Command::new(python)
+        .arg(&file)
+        .arg(arg)
+        .output()
+        .expect("python3 with torch (the venv of scripts/test)");
+    assert!(
+        run.status.success(),
+        "python could not write the module: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 /// The module's file, written once per test binary.
 pub(crate) fn module_file() -> PathBuf {
     static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("trainyard-replica-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (script, out) = (dir.join("make.py"), dir.join("bn.pt"));
-        std::fs::write(&script, MODULE).unwrap();
-        let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-        let run = Command::new(python)
-            .arg(&script)
-            .arg(&out)
-            .output()
-            .expect("python3 with torch (the venv of scripts/test)");
-        assert!(
-            run.status.success(),
-            "python could not write the module: {}",
-            String::from_utf8_lossy(&run.stderr)
-        );
+        let out = dir.join("bn.pt");
+        python(MODULE, &out);
         out
     })
     .clone()

@@ -20,7 +20,10 @@ use trainyard_common::cluster::{Inspection, InspectionResult};
 use trainyard_common::spec::{JobSpecInput, Loss};
 
 /// Rows of the trial batch.
-const TRIAL_ROWS: usize = 4;
+pub const TRIAL_ROWS: usize = 4;
+
+/// How long an inspection may take before the job is refused.
+pub const LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Inspects the file of `ins` (through `fetcher` when it is in an object
 /// store) and, when the spec came with it, tries a forward on its data.
@@ -144,60 +147,14 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    /// Modules that cannot train on digits (64 features, 10 classes), and
-    /// one that can, written by Python's torch in one call.
-    const MODULES: &str = r#"
-import sys, os, torch
-class Two(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(64, 10)
-    def forward(self, x, y):
-        return self.fc(x) + y
-class Few(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(64, 3)
-    def forward(self, x):
-        return self.fc(x)
-class Wide(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(100, 10)
-    def forward(self, x):
-        return self.fc(x)
-class Good(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(64, 10)
-        self.bn = torch.nn.BatchNorm1d(10)
-    def forward(self, x):
-        return self.bn(self.fc(x))
-d = sys.argv[1]
-for name, cls in [("two", Two), ("few", Few), ("wide", Wide), ("good", Good)]:
-    torch.jit.script(cls()).save(os.path.join(d, name + ".pt"))
-open(os.path.join(d, "junk.pt"), "wb").write(b"not a TorchScript archive")
-"#;
-
+    /// `tests/python/misfits.py`'s modules, written once per test binary.
     fn modules() -> PathBuf {
         static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
         DIR.get_or_init(|| {
             let dir =
                 std::env::temp_dir().join(format!("trainyard-inspect-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
-            let script = dir.join("make.py");
-            std::fs::write(&script, MODULES).unwrap();
-            let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-            let out = std::process::Command::new(python)
-                .arg(&script)
-                .arg(&dir)
-                .output()
-                .expect("python3 with torch (the venv of scripts/test)");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            crate::replica::tests::python(include_str!("../../../tests/python/misfits.py"), &dir);
             dir
         })
         .clone()
@@ -229,7 +186,7 @@ open(os.path.join(d, "junk.pt"), "wb").write(b"not a TorchScript archive")
         assert!(refusal("junk.pt").contains("not a loadable TorchScript module"));
         let two = refusal("two.pt");
         assert!(
-            two.contains("must take one tensor") && two.contains("Tensor y"),
+            two.contains("must take one tensor") && two.contains("Tensor mask"),
             "{two}"
         );
         let few = refusal("few.pt");

@@ -400,10 +400,16 @@ fn a_killed_rank_is_survived_and_a_new_executor_grows_the_ring_back() {
     let mut spec = ring_digits("ring-elastic", (2, 4), 300);
     spec["model"]["hidden"] = json!([256, 256]);
     let id = p.submit(&spec);
-    // Wait until the ring of 4 has trained a while.
+    // Wait until the ring of 4 has trained a while. Executors register one
+    // after another, so the first generation may be a ring of 2 or 3 that
+    // grows; and a generation's "starts" lines reach the log a heartbeat
+    // after it begins: wait for a generation that is a ring of 4.
     p.wait_steps(&id, 30, Duration::from_secs(120));
-    let generation = p.job(&id).generation;
-    assert_eq!(ring_size_of_generation(&p, &id, generation), Some(4));
+    let generation = eventually(Duration::from_secs(60), || {
+        let g = p.job(&id).generation;
+        (ring_size_of_generation(&p, &id, g) == Some(4)).then_some(g)
+    })
+    .unwrap_or_else(|| panic!("a ring of 4 forms: {:?}", p.log_messages(&id)));
 
     let victim = execs.remove(2);
     kill9(victim.pid());

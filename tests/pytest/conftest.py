@@ -330,12 +330,14 @@ def wait_state(client: trainyard.Client, job_id: str, states, limit: float = 120
         time.sleep(0.2)
 
 
-def mlp_spec(name: str, url: str, **extra) -> dict:
-    """A small built-in MLP job on a digits file at ``url``."""
+def mlp_spec(name: str, url: Optional[str], **extra) -> dict:
+    """A small built-in MLP job on a digits file at ``url`` (``.npz`` whatever
+    its name), or on generated data when ``url`` is ``None``."""
+    dataset = {"kind": "file", "url": url, "format": "npz"} if url else {"kind": "classification", "samples": 100, "features": 64, "classes": 10}
     spec = {
         "name": name,
         "model": {"kind": "mlp", "inputs": 64, "hidden": [32], "outputs": 10},
-        "dataset": {"kind": "file", "url": url},
+        "dataset": dataset,
         "loss": "cross_entropy",
         "optimizer": {"kind": "adam", "lr": 0.01},
         "batch_size": 32,

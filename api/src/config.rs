@@ -117,6 +117,28 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// A URL prefix users' jobs may read data and models from besides their
+    /// own artifacts (repeatable, or comma-separated in the variable), e.g.
+    /// `s3://datasets/` or `file:///srv/datasets/`. Matched by whole path
+    /// segments; the object store itself stays closed under any prefix.
+    /// Admins' jobs read any URL.
+    #[arg(long = "allow-data-url", env = "TRAINYARD_ALLOW_DATA_URLS", value_delimiter = ',', value_parser = data_url_prefix)]
+    pub allow_data_urls: Vec<String>,
+
+    /// Largest artifact (an uploaded model or dataset), in bytes.
+    #[arg(long, env = "TRAINYARD_MAX_ARTIFACT_BYTES", default_value_t = 4 << 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_artifact_bytes: u64,
+
+    /// Most bytes of artifacts one user may hold (versions that unfinished
+    /// jobs still read count until those jobs end). Admins are exempt.
+    #[arg(long, env = "TRAINYARD_MAX_ARTIFACT_BYTES_PER_USER", default_value_t = 16 << 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_artifact_bytes_per_user: u64,
+
+    /// Seconds an upload or download may go without moving a byte before
+    /// it is cut (a 408); uploads are not bound by the request timeout.
+    #[arg(long, env = "TRAINYARD_ARTIFACT_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub artifact_idle_timeout_secs: u64,
+
     /// Who starts executors: `local` (executor processes on this machine,
     /// on demand, released when idle), `none` (only hand-started ones), or
     /// `auto`: `local` when the server runs its private Postgres (one
@@ -166,6 +188,40 @@ pub struct Config {
     /// (default: the one beside this binary).
     #[arg(long, env = "TRAINYARD_PROVISION_EXECUTOR_BIN")]
     pub provision_executor_bin: Option<PathBuf>,
+}
+
+/// An `--allow-data-url` prefix: an absolute `file://` path or a
+/// `scheme://bucket/…` URL, kept with one trailing `/`.
+fn data_url_prefix(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return Err(format!(
+            "{s:?} is not a URL prefix such as s3://datasets/ or file:///srv/data/"
+        ));
+    };
+    if !trainyard_common::spec::URL_SCHEMES.contains(&scheme) {
+        return Err(format!(
+            "{s:?}: unsupported scheme; expected one of {}",
+            trainyard_common::spec::URL_SCHEMES.join(", ")
+        ));
+    }
+    let path = rest.trim_end_matches('/');
+    if path.is_empty() || (scheme == "file" && !path.starts_with('/')) {
+        return Err(format!(
+            "{s:?}: a prefix names a bucket or an absolute folder (file:///folder/)"
+        ));
+    }
+    if s.contains(['%', '?', '#', '\\'])
+        || path
+            .trim_start_matches('/')
+            .split('/')
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(format!(
+            "{s:?}: a prefix has no empty, '.' or '..' segments and no escapes"
+        ));
+    }
+    Ok(trainyard_common::artifact::normalize_prefix(s))
 }
 
 fn positive_rate(s: &str) -> Result<f64, String> {
@@ -229,6 +285,10 @@ impl Config {
             db_acquire_timeout_secs: 5,
             db_statement_timeout_secs: 30,
             log_format: LogFormat::Text,
+            allow_data_urls: Vec::new(),
+            max_artifact_bytes: 4 << 30,
+            max_artifact_bytes_per_user: 16 << 30,
+            artifact_idle_timeout_secs: 60,
             provisioner: ProvisionerKind::None,
             provision_max_executors: 4,
             provision_max_per_job: 4,

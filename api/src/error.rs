@@ -66,6 +66,10 @@ pub enum ApiError {
     /// 413: the body is larger than the limit.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// 413: an upload over a size limit, naming the limit and where the
+    /// caller stands.
+    #[error("{0}")]
+    TooLarge(String),
     /// 415: wrong or missing Content-Type.
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -152,7 +156,7 @@ impl ApiError {
             Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             Gone(_) => (StatusCode::GONE, "gone", "Gone"),
             Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "timeout", "Request timeout"),
-            PayloadTooLarge(_) => (
+            PayloadTooLarge(_) | TooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
                 "Payload too large",
@@ -206,7 +210,7 @@ impl IntoResponse for ApiError {
         };
         let errors = match self {
             ApiError::BadRequest(v) | ApiError::Unprocessable(v) => v,
-            ApiError::PayloadTooLarge(_) => vec![Violation {
+            ApiError::PayloadTooLarge(_) | ApiError::TooLarge(_) => vec![Violation {
                 field: "body".into(),
                 message: detail.clone(),
             }],

@@ -7,7 +7,8 @@
 
 use crate::error::Problem;
 use crate::routes::{
-    assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry, tokens,
+    artifacts, assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry,
+    tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -30,6 +31,7 @@ use utoipa_swagger_ui::SwaggerUi;
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         provisioner::status,
         tokens::create, tokens::list, tokens::revoke, tokens::whoami,
+        artifacts::upload, artifacts::list, artifacts::get, artifacts::content, artifacts::delete,
         health::healthz, health::readyz, health::metrics,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),
@@ -37,6 +39,7 @@ use utoipa_swagger_ui::SwaggerUi;
     tags(
         (name = "jobs", description = "Training jobs"),
         (name = "executors", description = "Executors: registration and heartbeats (executor credentials), listing (admin token)"),
+        (name = "artifacts", description = "Users' files (models, datasets) in the platform's store, named in specs as artifact:NAME"),
         (name = "tokens", description = "API tokens and roles: admins make and revoke them; anyone may ask who they are"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
@@ -152,8 +155,12 @@ pub fn inline_tagged_variants(doc: &mut serde_json::Value) {
             Some(r) => r.insert(0, Value::String(key.clone())),
             None => merged["required"] = Value::Array(vec![Value::String(key.clone())]),
         }
-        if let Some(d) = item.get("description") {
-            merged["description"] = d.clone();
+        // The variant's own description and title (the title names its
+        // model in generated clients) replace the struct's.
+        for key in ["description", "title"] {
+            if let Some(v) = item.get(key) {
+                merged[key] = v.clone();
+            }
         }
         Some(merged)
     }
@@ -188,4 +195,160 @@ pub fn document() -> String {
 /// `/openapi.json` and the Swagger UI at `/docs`.
 pub fn routes() -> Router<AppState> {
     Router::new().merge(SwaggerUi::new("/docs").external_url_unchecked("/openapi.json", openapi()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::collections::BTreeMap;
+
+    /// Every operation of the document, as `METHOD path` and the operation.
+    fn operations(doc: &Value) -> Vec<(String, &Value)> {
+        let mut out = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.push((format!("{} {path}", method.to_uppercase()), op));
+            }
+        }
+        out
+    }
+
+    /// OpenAPI requires operationIds to be unique; client generators name
+    /// their functions after them, so a repeated or missing one loses (or
+    /// silently overwrites) an operation.
+    #[test]
+    fn every_operation_has_a_unique_snake_case_operation_id() {
+        let doc = openapi();
+        let ops = operations(&doc);
+        assert!(ops.len() >= 28, "only {} operations", ops.len());
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (what, op) in &ops {
+            let id = op["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{what} has no operationId"));
+            assert!(
+                !id.is_empty()
+                    && id.starts_with(|c: char| c.is_ascii_lowercase())
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{what}: operationId {id:?} is not snake_case"
+            );
+            if let Some(other) = seen.insert(id, what) {
+                panic!("operationId {id:?} is used by both {other} and {what}");
+            }
+        }
+        assert_eq!(seen["submit_job"], "POST /v1/jobs");
+        assert_eq!(seen["list_jobs"], "GET /v1/jobs");
+        assert_eq!(seen["job_metrics"], "GET /v1/jobs/{id}/metrics");
+        assert_eq!(seen["server_metrics"], "GET /metrics");
+    }
+
+    /// A class name as generators make one from a schema name or title:
+    /// case and separators do not tell two apart.
+    fn class_key(name: &str) -> String {
+        name.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    }
+
+    /// Whether a schema is a model or enum of its own in a generated client
+    /// (not a reference, a scalar, an array or a map).
+    fn is_model(s: &Value) -> bool {
+        s.get("$ref").is_none() && (s.get("properties").is_some() || s.get("enum").is_some())
+    }
+
+    /// The models a generated client gets: each component schema, each
+    /// union variant (named by its title), and each inline enum property of
+    /// those (named by its model and the property). Fails on a union
+    /// variant without a title (generators then number them, `ModelSpecType0`)
+    /// and on an inline model nested in a variant, which openapi-python-client
+    /// 0.29 processes twice and drops as a duplicate of itself.
+    fn generated_models(doc: &Value) -> Vec<(String, String)> {
+        let mut models = Vec::new();
+        fn add(name: &str, where_: String, s: &Value, models: &mut Vec<(String, String)>) {
+            models.push((name.to_string(), where_.clone()));
+            for (prop, p) in s["properties"].as_object().into_iter().flatten() {
+                if is_model(p) {
+                    assert!(
+                        p.get("enum").is_some(),
+                        "{where_}.{prop}: an inline model; give it a schema of its own"
+                    );
+                    let pascal: String = prop
+                        .split('_')
+                        .map(|w| w[..1].to_uppercase() + &w[1..])
+                        .collect();
+                    models.push((format!("{name}{pascal}"), format!("{where_}.{prop}")));
+                }
+            }
+        }
+        for (name, s) in doc["components"]["schemas"].as_object().unwrap() {
+            add(name, format!("components/{name}"), s, &mut models);
+            for (i, v) in s["oneOf"].as_array().into_iter().flatten().enumerate() {
+                if !is_model(v) {
+                    continue;
+                }
+                let title = v["title"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name}.oneOf[{i}] has no title: {v}"));
+                add(title, format!("{name}.oneOf[{i}]"), v, &mut models);
+            }
+        }
+        models
+    }
+
+    /// No two models of a generated client would get the same class name:
+    /// openapi-python-client drops the second as a duplicate, and the models
+    /// that use it then import a module it never wrote.
+    #[test]
+    fn generated_model_names_are_distinct() {
+        let doc = openapi();
+        let models = generated_models(&doc);
+        let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, where_) in &models {
+            if let Some(other) = seen.insert(class_key(name), where_) {
+                panic!("{where_} and {other} would both be generated as {name}");
+            }
+        }
+        for name in [
+            "BoundedConsistency",
+            "StalenessBound",
+            "SucceededOutcome",
+            "RoleSuccess",
+            "FailedOutcome",
+            "MlpModel",
+            "FileDataset",
+            "WarmupCosineSchedule",
+        ] {
+            assert!(
+                seen.contains_key(&class_key(name)),
+                "no model {name}: {models:?}"
+            );
+        }
+    }
+
+    /// The check above catches what it is meant to: a duplicated title, a
+    /// missing one and an inline model nested in a variant.
+    #[test]
+    fn the_model_name_check_refuses_collisions() {
+        let dup = serde_json::json!({"components": {"schemas": {
+            "A": {"oneOf": [{"title": "B", "type": "object", "properties": {}}]},
+            "B": {"type": "object", "properties": {}},
+        }}});
+        let models = generated_models(&dup);
+        let keys: Vec<String> = models.iter().map(|(n, _)| class_key(n)).collect();
+        assert_eq!(keys, ["a", "b", "b"]);
+        let untitled = serde_json::json!({"components": {"schemas": {
+            "A": {"oneOf": [{"type": "object", "properties": {}}]},
+        }}});
+        assert!(std::panic::catch_unwind(|| generated_models(&untitled)).is_err());
+        let nested = serde_json::json!({"components": {"schemas": {
+            "A": {"oneOf": [{"title": "B", "type": "object", "properties": {
+                "b": {"type": "object", "properties": {"x": {"type": "integer"}}}
+            }}]},
+        }}});
+        assert!(std::panic::catch_unwind(|| generated_models(&nested)).is_err());
+    }
 }

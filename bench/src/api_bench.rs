@@ -121,6 +121,7 @@ fn main() -> anyhow::Result<()> {
             "NULL",
             "NULL",
             "0",
+            "'{\"unrestricted\": true}'",
         ],
     );
     let event = bind(

@@ -497,6 +497,10 @@ pub struct Assignment {
     /// job's newest, or the one its spec resumes from.
     #[serde(default)]
     pub resume: Option<crate::checkpoint::CheckpointRef>,
+    /// The URLs the job may read (its spec's `artifact:` URLs are already
+    /// resolved to the objects listed here). Absent, nothing may be read.
+    #[serde(default)]
+    pub data_policy: crate::artifact::DataPolicy,
 }
 
 impl Assignment {
@@ -531,6 +535,9 @@ pub struct Inspection {
     /// the job before any worker starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<Box<crate::spec::JobSpecInput>>,
+    /// The URLs the job may read, as in an [`Assignment`].
+    #[serde(default)]
+    pub data_policy: crate::artifact::DataPolicy,
 }
 
 /// What inspecting a TorchScript file found.
@@ -538,8 +545,10 @@ pub struct Inspection {
 #[serde(rename_all = "snake_case")]
 pub enum InspectionResult {
     /// The module's trainable tensors.
+    #[schema(title = "InspectionParameters")]
     Parameters(Vec<crate::model::ParamInfo>),
     /// The file is not a loadable TorchScript module.
+    #[schema(title = "InspectionError")]
     Error(String),
 }
 
@@ -633,8 +642,8 @@ pub struct LogLine {
     pub message: String,
 }
 
-/// How a role ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// How a role ended. Its OpenAPI schema is `RoleOutcomeSchema`'s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RoleOutcome {
     /// Training finished.
@@ -657,6 +666,121 @@ pub enum RoleOutcome {
         /// Why, naming the problem.
         reason: String,
     },
+}
+
+// The schema `RoleOutcome` publishes: the same wire format, each variant's
+// fields a named schema of their own (utoipa would inline them, and client
+// generators then fail to name a model for them; see `ConsistencySchema` in
+// `spec/input.rs`). Only its schema and, in tests, its serialization
+// (checked equal to `RoleOutcome`'s) are used. Its doc comment is the
+// published description.
+/// How a role ended.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)] // Built only by the wire-format test.
+pub(crate) enum RoleOutcomeSchema {
+    /// Training finished.
+    #[schema(title = "SucceededOutcome")]
+    Succeeded(RoleSuccess),
+    /// Training failed.
+    #[schema(title = "FailedOutcome")]
+    Failed(RoleFailure),
+}
+
+/// What a role that finished training reports.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RoleSuccess {
+    /// Steps run.
+    pub steps: u64,
+    /// Loss of the last step; `None` when the reporting rank knows none
+    /// (it joined after the last step and received the finished state).
+    #[serde(default)]
+    pub final_loss: Option<f64>,
+    /// Held-out loss.
+    pub eval_loss: Option<f64>,
+    /// Held-out accuracy.
+    pub eval_accuracy: Option<f64>,
+    /// Where the final weights (safetensors) were written.
+    pub weights_url: String,
+}
+
+/// What a role whose training failed reports.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RoleFailure {
+    /// Why, naming the problem.
+    pub reason: String,
+}
+
+impl utoipa::PartialSchema for RoleOutcome {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <RoleOutcomeSchema as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl ToSchema for RoleOutcome {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "RoleOutcome".into()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <RoleOutcomeSchema as ToSchema>::schemas(schemas)
+    }
+}
+
+#[cfg(test)]
+mod outcome_schema_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The published form of each outcome; exhaustive, so a new outcome (or
+    /// field) does not compile until the schema has it too.
+    fn published(o: RoleOutcome) -> RoleOutcomeSchema {
+        match o {
+            RoleOutcome::Succeeded {
+                steps,
+                final_loss,
+                eval_loss,
+                eval_accuracy,
+                weights_url,
+            } => RoleOutcomeSchema::Succeeded(RoleSuccess {
+                steps,
+                final_loss,
+                eval_loss,
+                eval_accuracy,
+                weights_url,
+            }),
+            RoleOutcome::Failed { reason } => RoleOutcomeSchema::Failed(RoleFailure { reason }),
+        }
+    }
+
+    /// The schema-only type serializes exactly as the wire type does.
+    #[test]
+    fn the_published_schema_has_the_wire_format() {
+        let succeeded = RoleOutcome::Succeeded {
+            steps: 12,
+            final_loss: Some(0.5),
+            eval_loss: None,
+            eval_accuracy: Some(0.97),
+            weights_url: "file:///w/model.safetensors".into(),
+        };
+        let failed = RoleOutcome::Failed {
+            reason: "out of memory".into(),
+        };
+        for o in [succeeded, failed] {
+            let wire = serde_json::to_value(&o).unwrap();
+            assert_eq!(serde_json::to_value(published(o.clone())).unwrap(), wire);
+            assert_eq!(serde_json::from_value::<RoleOutcome>(wire).unwrap(), o);
+        }
+        assert_eq!(
+            serde_json::to_value(RoleOutcome::Failed { reason: "x".into() }).unwrap(),
+            json!({"failed": {"reason": "x"}})
+        );
+    }
 }
 
 /// `POST /v1/executors/{id}/reports`: what a role measured and logged, and

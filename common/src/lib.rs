@@ -11,12 +11,14 @@
 //! * [`checkpoint`] — the checkpoint layout, manifests and re-sharding;
 //! * [`api`] — the REST API's resources (response bodies, the token request)
 //!   that the server sends and the typed client decodes;
+//! * [`artifact`] — users' uploaded files and the data policy of a job;
 //! * [`model`] — parameter counts of the built-in models and the per-role
 //!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
 //!
 //! This crate has no I/O and no async code; it builds in seconds.
 
 pub mod api;
+pub mod artifact;
 pub mod checkpoint;
 pub mod cluster;
 pub mod model;

@@ -20,4 +20,4 @@ pub mod cache;
 pub mod shard;
 mod store;
 
-pub use store::{parse_options, Store, StoreError, MULTIPART_PART};
+pub use store::{parse_options, Store, StoreError, Upload, MULTIPART_PART};

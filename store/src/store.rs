@@ -50,6 +50,45 @@ pub fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
+/// A streaming write of one object ([`Store::upload`]).
+pub struct Upload {
+    w: BufWriter,
+    url: String,
+}
+
+impl Upload {
+    fn failed(&self, e: std::io::Error) -> StoreError {
+        StoreError::Io {
+            key: self.url.clone(),
+            source: object_store::Error::Generic {
+                store: "multipart",
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// Appends `chunk`.
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
+        match self.w.write_all(chunk).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// Completes the object: it is visible at its key from here on.
+    pub async fn finish(mut self) -> Result<(), StoreError> {
+        match self.w.shutdown().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// Gives the write up: no object appears, the parts sent are dropped.
+    pub async fn abort(mut self) {
+        let _ = self.w.abort().await;
+    }
+}
+
 /// An object store under a URL's prefix.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -183,6 +222,24 @@ impl Store {
         Ok(())
     }
 
+    /// A streaming write of the object at `key`: chunks go up as parts of
+    /// [`MULTIPART_PART`] fill, so a large object is never held whole, and
+    /// nothing is visible at `key` before [`Upload::finish`].
+    pub fn upload(&self, key: &str) -> Upload {
+        Upload {
+            w: BufWriter::with_capacity(self.inner.clone(), self.path(key), MULTIPART_PART),
+            url: self.url_of(key),
+        }
+    }
+
+    /// Deletes the object at `key` (a missing one is no error).
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.inner.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.io(key)(e)),
+        }
+    }
+
     /// Reads the object at `key`.
     pub async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
         let r = self
@@ -268,6 +325,30 @@ mod tests {
         let d = std::env::temp_dir().join(format!("ty-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[tokio::test]
+    async fn an_upload_appears_whole_on_finish_and_not_at_all_on_abort() {
+        let dir = tmp("up");
+        let s = Store::open(&format!("file://{}", dir.display()), &[]).unwrap();
+        let body: Vec<u8> = (0..MULTIPART_PART * 2 + 17)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut up = s.upload("a/big");
+        for chunk in body.chunks(1 << 16) {
+            up.write(chunk).await.unwrap();
+        }
+        assert!(!s.exists("a/big").await.unwrap());
+        up.finish().await.unwrap();
+        assert_eq!(s.get("a/big").await.unwrap().as_ref(), &body[..]);
+        let mut up = s.upload("a/gone");
+        up.write(&body[..1000]).await.unwrap();
+        up.abort().await;
+        assert!(!s.exists("a/gone").await.unwrap());
+        s.delete("a/big").await.unwrap();
+        s.delete("a/big").await.unwrap();
+        assert!(!s.exists("a/big").await.unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

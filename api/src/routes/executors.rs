@@ -10,6 +10,7 @@
 
 use super::shared::access::{authorize, executor_row, EXECUTOR_COLUMNS};
 use super::shared::checkpointing;
+use super::shared::data_access;
 use super::shared::job_rows::fetch_job;
 use super::shared::params::{parse_body, text};
 use crate::auth::{bearer, constant_time_eq, hash_token as hash};
@@ -101,7 +102,7 @@ async fn roles_of(db: &sqlx::PgPool, ids: &[Uuid]) -> ApiResult<HashMap<Uuid, Ve
 /// Needs `Authorization: Bearer <cluster join token>`. Returns the
 /// executor's id and its own credential (shown only here).
 #[utoipa::path(
-    post, path = "/v1/executors", tag = "executors",
+    post, path = "/v1/executors", operation_id = "register_executor", tag = "executors",
     request_body(content = RegisterRequest, content_type = "application/json"),
     responses(
         (status = 201, description = "Registered", body = RegisterResponse, headers(("Location" = String, description = "URL of the executor"))),
@@ -154,7 +155,7 @@ pub async fn register(
 
 /// List executors, newest first.
 #[utoipa::path(
-    get, path = "/v1/executors", tag = "executors", params(ExecutorQuery),
+    get, path = "/v1/executors", operation_id = "list_executors", tag = "executors", params(ExecutorQuery),
     responses(
         (status = 200, description = "Executors", body = ExecutorList),
         (status = 400, description = "Bad query", body = Problem, content_type = "application/problem+json"),
@@ -204,7 +205,7 @@ async fn info(st: &AppState, id: Uuid) -> ApiResult<ExecutorInfo> {
 
 /// Read one executor.
 #[utoipa::path(
-    get, path = "/v1/executors/{id}", tag = "executors",
+    get, path = "/v1/executors/{id}", operation_id = "get_executor", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
     responses(
         (status = 200, description = "The executor", body = ExecutorInfo),
@@ -233,7 +234,7 @@ fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
 
 /// Heartbeat: report running roles, receive assignments.
 #[utoipa::path(
-    post, path = "/v1/executors/{id}/heartbeat", tag = "executors",
+    post, path = "/v1/executors/{id}/heartbeat", operation_id = "executor_heartbeat", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
     request_body(content = HeartbeatRequest, content_type = "application/json"),
     responses(
@@ -290,39 +291,58 @@ pub async fn heartbeat(
         Some(true) => notify(&st.db, id).await?,
         Some(false) => {}
     }
-    let inspections: Vec<(Uuid, serde_json::Value)> =
-        sqlx::query_as("SELECT id, spec FROM jobs WHERE inspector = $1 AND state = 'inspecting'")
-            .bind(id)
-            .fetch_all(&st.db)
-            .await?;
+    let inspections: Vec<(Uuid, serde_json::Value, String, Option<serde_json::Value>)> =
+        sqlx::query_as(
+            "SELECT id, spec, owner, data_policy FROM jobs WHERE inspector = $1 AND state = 'inspecting'",
+        )
+        .bind(id)
+        .fetch_all(&st.db)
+        .await?;
     Ok(Json(HeartbeatResponse {
         state,
         heartbeat_interval_ms: st.config.heartbeat_interval_ms,
         assignments: assignments_for(&st, id).await?,
         inspections: inspections
             .into_iter()
-            .filter_map(|(job_id, spec)| inspection_of(job_id, spec))
+            .filter_map(|(job_id, spec, owner, policy)| {
+                inspection_of(&st, job_id, spec, &owner, policy)
+            })
             .collect(),
     }))
 }
 
 /// What an inspector is asked to do for job `job_id` with the stored
 /// `spec`: load `model.url` and, with the spec, try a forward pass on a
-/// batch of the job's data. A spec that no longer decodes (written by an
-/// older release) still gets the file inspected, without the forward pass.
-fn inspection_of(job_id: Uuid, spec: serde_json::Value) -> Option<Inspection> {
-    let url = spec.get("model")?.get("url")?.as_str()?.to_owned();
+/// batch of the job's data, under the job's data policy (its `artifact:`
+/// URLs resolved). A spec that no longer decodes (written by an older
+/// release) is not inspected: the inspector could not check its URL.
+fn inspection_of(
+    st: &AppState,
+    job_id: Uuid,
+    spec: serde_json::Value,
+    owner: &str,
+    policy: Option<serde_json::Value>,
+) -> Option<Inspection> {
     let spec = serde_json::from_value::<JobSpecInput>(spec)
-        .map_err(|e| tracing::warn!(job = %job_id, error = %e, "stored spec does not decode; inspecting without it"))
-        .ok()
-        .map(Box::new);
-    Some(Inspection { job_id, url, spec })
+        .map_err(|e| tracing::warn!(job = %job_id, error = %e, "stored spec does not decode; not inspecting it"))
+        .ok()?;
+    let (spec, data_policy) = data_access::for_executor(st, owner, policy, spec);
+    let url = match &spec.model {
+        trainyard_common::spec::ModelSpec::Torchscript(t) => t.url.clone(),
+        _ => return None,
+    };
+    Some(Inspection {
+        job_id,
+        url,
+        spec: Some(Box::new(spec)),
+        data_policy,
+    })
 }
 
 async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> {
     let rows = sqlx::query(
         "SELECT a.job_id, a.generation, a.role, a.index, a.executor_id, a.device, a.ranges, e.address,
-                j.spec, j.strategy, j.secret
+                j.spec, j.strategy, j.secret, j.owner, j.data_policy
          FROM assignments a
          JOIN executors e ON e.id = a.executor_id
          JOIN jobs j ON j.id = a.job_id
@@ -335,6 +355,8 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
     .await?;
     struct JobPeers {
         spec: serde_json::Value,
+        owner: String,
+        policy: Option<serde_json::Value>,
         strategy: Strategy,
         secret: String,
         workers: Vec<WorkerPeer>,
@@ -348,6 +370,8 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::btree_map::Entry::Vacant(v) => v.insert(JobPeers {
                 spec: r.try_get("spec")?,
+                owner: r.try_get("owner")?,
+                policy: r.try_get("data_policy")?,
                 strategy: if r.try_get::<Option<String>, _>("strategy")?.as_deref()
                     == Some("allreduce")
                 {
@@ -402,13 +426,19 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
     for (id, j) in &jobs {
         let spec: JobSpecInput =
             serde_json::from_value(j.spec.clone()).map_err(|e| ApiError::Internal(e.into()))?;
-        specs.insert(*id, spec);
+        specs.insert(
+            *id,
+            data_access::for_executor(st, &j.owner, j.policy.clone(), spec),
+        );
     }
-    let wanted: Vec<_> = specs.iter().map(|(id, s)| (*id, s.resume_from)).collect();
+    let wanted: Vec<_> = specs
+        .iter()
+        .map(|(id, (s, _))| (*id, s.resume_from))
+        .collect();
     let resume = checkpointing::resume_points(&st.db, &wanted).await?;
     let mut out = Vec::new();
     for (id, j) in jobs {
-        let Some(spec) = specs.remove(&id) else {
+        let Some((spec, data_policy)) = specs.remove(&id) else {
             continue;
         };
         for (key, device) in j.mine {
@@ -421,6 +451,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 workers: j.workers.clone(),
                 parameter_servers: j.ps.clone(),
                 resume: resume.get(&id).cloned(),
+                data_policy: data_policy.clone(),
             });
         }
     }
@@ -429,7 +460,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
 
 /// Drain: the scheduler moves the executor's roles off; it takes no new ones.
 #[utoipa::path(
-    post, path = "/v1/executors/{id}/drain", tag = "executors",
+    post, path = "/v1/executors/{id}/drain", operation_id = "drain_executor", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
     responses(
         (status = 200, description = "Draining", body = ExecutorInfo),
@@ -459,7 +490,7 @@ pub async fn drain(
 
 /// Leave: after a drain, once no role is assigned to it.
 #[utoipa::path(
-    delete, path = "/v1/executors/{id}", tag = "executors",
+    delete, path = "/v1/executors/{id}", operation_id = "leave_executor", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
     responses(
         (status = 200, description = "Left", body = ExecutorInfo),
@@ -516,7 +547,7 @@ pub async fn leave(
 /// repeated name, an unknown dtype, an integer parameter) is a 422 naming
 /// the tensor's field.
 #[utoipa::path(
-    post, path = "/v1/executors/{id}/inspections", tag = "executors",
+    post, path = "/v1/executors/{id}/inspections", operation_id = "report_inspection", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
     request_body(content = InspectionReport, content_type = "application/json"),
     responses(

@@ -6,6 +6,7 @@
 //! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
 
 use super::shared::checkpointing;
+use super::shared::data_access;
 pub use super::shared::job_rows::JOB_COLUMNS;
 use super::shared::job_rows::{ensure_job, fetch_job, job_from_row, job_not_found};
 use super::shared::params::{parse_after, parse_limit, AfterQuery};
@@ -63,12 +64,12 @@ pub struct ListQuery {
 }
 
 /// The submit's insert: `$1` id, `$2` name, `$3` owner, `$4` spec, `$5`
-/// idempotency key, `$6` request hash, `$7` priority (the API-load
+/// idempotency key, `$6` request hash, `$7` priority, `$8` data policy (the API-load
 /// benchmark runs this very statement through `pgbench`).
 pub fn insert_job_sql() -> String {
     format!(
-        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority, data_policy)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (owner, idempotency_key) DO NOTHING
          RETURNING {JOB_COLUMNS}"
     )
@@ -121,7 +122,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 /// the first one created (with `Idempotent-Replayed: true`); reusing the key
 /// for a different spec is a 422.
 #[utoipa::path(
-    post, path = "/v1/jobs", tag = "jobs",
+    post, path = "/v1/jobs", operation_id = "submit_job", tag = "jobs",
     request_body(content = JobSpecInput, content_type = "application/json"),
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this submit return the same job (1–255 visible ASCII characters)")),
     responses(
@@ -186,6 +187,9 @@ pub async fn submit(
             return Err(ApiError::invalid_field(field, what));
         }
     }
+    let (policy, versions) =
+        data_access::policy_at_submit(&st, &who.user, who.is_admin(), &spec).await?;
+    let policy_json = serde_json::to_value(&policy).map_err(|e| ApiError::Internal(e.into()))?;
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     // Hash of the canonical (validated, re-serialized) spec: a retry with
     // different whitespace or key order is still the same request.
@@ -194,6 +198,29 @@ pub async fn submit(
         .map(|_| Sha256::digest(spec_json.to_string().as_bytes()).to_vec());
 
     let mut tx = st.db.begin().await?;
+    if !versions.is_empty() {
+        // Under the owner's artifact lock, the versions resolved above are
+        // still current: a replace or delete that came between has not
+        // swept them, and none can until this job is recorded as a reader.
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtextextended('trainyard-artifacts:' || $1, 0))",
+        )
+        .bind(&who.user)
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM artifacts WHERE owner = $1 AND version = ANY($2)",
+        )
+        .bind(&who.user)
+        .bind(&versions)
+        .fetch_one(&mut *tx)
+        .await?;
+        if current as usize != versions.len() {
+            return Err(ApiError::Conflict(
+                "an artifact this spec names was replaced or deleted while the job was submitted; submit again".into(),
+            ));
+        }
+    }
     if !who.is_admin() {
         // One submit of this user at a time past this point, so that the
         // count and the insert agree (the cap holds across API replicas).
@@ -239,11 +266,19 @@ pub async fn submit(
         .bind(&key)
         .bind(&hash)
         .bind(spec.priority)
+        .bind(&policy_json)
         .fetch_optional(&mut *tx)
         .await?;
 
     if let Some(row) = inserted {
         let job = job_from_row(&row)?;
+        for v in &versions {
+            sqlx::query("INSERT INTO job_artifacts (job_id, version) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .bind(job.id)
+                .bind(v)
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query(INSERT_SUBMITTED_EVENT)
         .bind(job.id)
         .bind(serde_json::json!({ "strategy": job.strategy, "idempotency_key": key, "owner": job.owner }))
@@ -308,7 +343,7 @@ fn parse_states(raw: Option<&str>) -> ApiResult<Option<Vec<String>>> {
 
 /// List jobs, newest first.
 #[utoipa::path(
-    get, path = "/v1/jobs", tag = "jobs",
+    get, path = "/v1/jobs", operation_id = "list_jobs", tag = "jobs",
     params(ListQuery),
     responses(
         (status = 200, description = "A page of jobs", body = JobPage),
@@ -376,7 +411,7 @@ pub async fn list(
 
 /// Read one job.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}", tag = "jobs",
+    get, path = "/v1/jobs/{id}", operation_id = "get_job", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "The job", body = Job),
@@ -393,7 +428,7 @@ pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json
 /// Idempotent: cancelling a cancelled job returns it unchanged (and writes
 /// no second event). A job that already succeeded or failed is a 409.
 #[utoipa::path(
-    post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    post, path = "/v1/jobs/{id}/cancel", operation_id = "cancel_job", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "The cancelled job", body = Job),
@@ -420,7 +455,7 @@ pub async fn cancel(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<J
 
 /// A job's event log, oldest first.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/events", tag = "jobs",
+    get, path = "/v1/jobs/{id}/events", operation_id = "list_job_events", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id"), AfterQuery),
     responses(
         (status = 200, description = "A page of events", body = EventPage),

@@ -1,7 +1,8 @@
 //! The router: resources, middleware and fallbacks.
 //!
 //! Layers, outermost first: panic catcher (a bug becomes a 500 problem, never
-//! a dropped connection), request tracing, metrics, timeout, body limit.
+//! a dropped connection), request tracing, metrics, timeout, body limit;
+//! the artifact routes sit outside the timeout ([`artifacts`]).
 //! User-facing `/v1` routes sit behind [`auth::authenticate`] (a caller
 //! resolved to a user and role, or a 401); tokens and the executor listing
 //! behind [`auth::require_admin`] too; a job's own routes behind
@@ -14,6 +15,7 @@
 //! credentials, checkpoint commits) is in [`shared`], so no resource module
 //! imports another.
 
+pub mod artifacts;
 pub mod assignments;
 pub mod checkpoints;
 pub mod executors;
@@ -91,6 +93,27 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/executors/{id}/reports", post(telemetry::report))
         .route("/executors/{id}/inspections", post(executors::inspection));
     let v1 = users.merge(agents);
+    // Artifacts move files of any size: outside the request timeout (an
+    // upload that stalls is cut by its own idle timeout) and the JSON body
+    // limit (the handler bounds what it streams).
+    let artifacts = Router::new()
+        .route("/v1/artifacts", get(artifacts::list))
+        .route(
+            "/v1/artifacts/{name}",
+            get(artifacts::get)
+                .put(artifacts::upload)
+                .delete(artifacts::delete),
+        )
+        .route("/v1/artifacts/{name}/content", get(artifacts::content))
+        .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            metrics::track,
+        ));
 
     Router::new()
         .nest("/v1", v1)
@@ -113,6 +136,7 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
             axum::http::StatusCode::REQUEST_TIMEOUT,
             Duration::from_secs(state.config.request_timeout_secs),
         ))
+        .merge(artifacts)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(BodyLimit(limit)))
         .layer(TraceLayer::new_for_http())

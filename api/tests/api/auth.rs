@@ -240,6 +240,15 @@ fn operations() -> Vec<Op> {
         op(M::GET, "/v1/jobs/{id}/tensors", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/metrics", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/logs", Rule::JobOwner, None),
+        op(
+            M::PUT,
+            "/v1/artifacts/{name}",
+            Rule::AnyUser,
+            Some(json!({"an": "artifact"})),
+        ),
+        op(M::GET, "/v1/artifacts", Rule::AnyUser, None),
+        op(M::GET, "/v1/artifacts/{name}", Rule::AnyUser, None),
+        op(M::GET, "/v1/artifacts/{name}/content", Rule::AnyUser, None),
         op(M::GET, "/v1/tokens", Rule::AdminOnly, None),
         op(
             M::POST,
@@ -280,6 +289,7 @@ fn operations() -> Vec<Op> {
             Rule::OwnExecutorOrAdmin,
             None,
         ),
+        op(M::DELETE, "/v1/artifacts/{name}", Rule::AnyUser, None),
         op(M::DELETE, "/v1/tokens/{id}", Rule::AdminOnly, None),
         op(
             M::DELETE,
@@ -298,7 +308,7 @@ fn concrete(w: &World, template: &str) -> String {
     } else {
         &w.executor
     };
-    template.replace("{id}", id)
+    template.replace("{id}", id).replace("{name}", "table.json")
 }
 
 #[tokio::test]

@@ -55,6 +55,16 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
     admin.close().await.unwrap();
 
     let mut config = Config::for_tests("127.0.0.1:0".parse().unwrap());
+    // The specs of these tests read file:///data/…: an admin allowed it,
+    // so users' jobs may too (the policy's own tests say otherwise).
+    config.allow_data_urls = vec!["file:///data/".into()];
+    // A store of the test's own (the default is under the working folder).
+    config.object_store = Some(format!(
+        "file://{}",
+        std::env::temp_dir()
+            .join(format!("{db_name}-objects"))
+            .display()
+    ));
     tweak(&mut config);
     let url = url_for(&db_name);
     let app = Application::build(config, &url).await.expect("build app");

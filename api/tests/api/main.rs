@@ -1,6 +1,7 @@
 //! Integration tests of the API: the production wiring (`Application`) on
 //! port 0 against a fresh Postgres database per test, driven over real HTTP.
 
+mod artifacts;
 mod auth;
 mod checkpoints;
 mod executors;

@@ -37,11 +37,17 @@ impl Checker {
         if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return self.fail(field, "must not contain whitespace or control characters");
         }
+        if let Some(name) = crate::artifact::artifact_of(url) {
+            if let Some(why) = crate::artifact::artifact_name_problem(name) {
+                self.fail(field, why);
+            }
+            return;
+        }
         let Some((scheme, rest)) = url.split_once("://") else {
             return self.fail(
                 field,
                 format!(
-                    "must be a URL such as file:///path or s3://bucket/key (schemes: {})",
+                    "must be artifact:NAME (an upload of yours) or a URL such as s3://bucket/key (schemes: {})",
                     URL_SCHEMES.join(", ")
                 ),
             );

@@ -163,6 +163,8 @@ fn each_bound_is_rejected_with_its_field() {
         ("dataset.url", json!("ftp://x/y.npz"), "dataset.url"),
         ("dataset.url", json!("file://relative/y.npz"), "dataset.url"),
         ("dataset.url", json!("s3://bucket"), "dataset.url"),
+        ("dataset.url", json!("artifact:../bob/x.npz"), "dataset.url"),
+        ("dataset.url", json!("artifact:"), "dataset.url"),
         (
             "dataset.url",
             json!("file:///data/digits.csv"),
@@ -319,6 +321,10 @@ fn memory_arithmetic_decides_auto_and_rejects_what_cannot_fit() {
 #[test]
 fn file_format_comes_from_the_extension() {
     assert_eq!(file_format_from_url("s3://b/x.NPZ"), Some(FileFormat::Npz));
+    assert_eq!(
+        file_format_from_url("artifact:digits.npz"),
+        Some(FileFormat::Npz)
+    );
     assert_eq!(file_format_from_url("file:///a.b/c"), None);
     assert_eq!(
         file_format_from_url("file:///t.txt"),

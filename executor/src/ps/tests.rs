@@ -92,6 +92,7 @@ fn assignment_with(
             .collect(),
         parameter_servers: vec![peer(false), peer(true)],
         resume: None,
+        data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
     }
 }
 

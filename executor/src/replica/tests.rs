@@ -257,3 +257,40 @@ fn export_import_and_the_saved_module_carry_the_buffers() {
     d.import(&a.export()).unwrap();
     assert!(tensor(&d.weights(), "conv.weight").equal(tensor(&a.weights(), "conv.weight")));
 }
+
+/// A role's replica reads only what its assignment's data policy allows:
+/// a model URL outside it fails the replica with the URL named and the
+/// policy's reason, and the same spec under a policy that allows its
+/// folders builds.
+#[test]
+fn a_replica_refuses_a_model_url_outside_its_jobs_data_policy() {
+    use trainyard_common::artifact::DataPolicy;
+    let s = spec();
+    let data_dir = std::path::Path::new(digits_url().trim_start_matches("file://"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let only_data = DataPolicy {
+        allowed_prefixes: vec![format!("file://{}/", data_dir.display())],
+        ..DataPolicy::default()
+    };
+    let fetcher = Fetcher::local_only().with_policy(only_data.clone());
+    let err = Replica::new(&s, tch::Device::Cpu, &fetcher)
+        .err()
+        .expect("refused")
+        .to_string();
+    let trainyard_common::spec::ModelSpec::Torchscript(t) = &s.model else {
+        unreachable!()
+    };
+    assert!(err.contains(&t.url) && err.contains("refused"), "{err}");
+    let model_dir = module_file().parent().unwrap().to_path_buf();
+    let both = DataPolicy {
+        allowed_prefixes: vec![
+            format!("file://{}/", data_dir.display()),
+            format!("file://{}/", model_dir.display()),
+        ],
+        ..only_data
+    };
+    let fetcher = Fetcher::local_only().with_policy(both);
+    assert!(Replica::new(&s, tch::Device::Cpu, &fetcher).is_ok());
+}

@@ -170,6 +170,7 @@ mod tests {
             job_id: uuid::Uuid::nil(),
             url,
             spec: Some(Box::new(spec)),
+            data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
         };
         inspect(&ins, &Fetcher::local_only())
     }

@@ -122,7 +122,7 @@ impl Roles {
             }
             let (job_id, ins) = (i.job_id, i.clone());
             let sink = self.sink.clone();
-            let fetcher = self.ctx.fetcher.clone();
+            let fetcher = self.ctx.fetcher.with_policy(i.data_policy.clone());
             tokio::spawn(async move {
                 let work = tokio::task::spawn_blocking(move || inspect::inspect(&ins, &fetcher));
                 // A user's forward may never return (a loop in TorchScript):
@@ -233,13 +233,16 @@ impl Roles {
             return;
         };
         let previous = handovers.remove(&slot);
+        // The role reads only what its job may (the API's data policy).
+        let mut ctx = self.ctx.clone();
+        ctx.fetcher = ctx.fetcher.with_policy(a.data_policy.clone());
         let role = Role {
             assignment: a,
             stop,
             tx,
             storage,
             plane: self.plane.clone(),
-            ctx: self.ctx.clone(),
+            ctx,
         };
         let handle = std::thread::Builder::new()
             .name(format!("worker-{}", role.assignment.key.index))

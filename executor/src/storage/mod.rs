@@ -15,6 +15,7 @@ use bytes::Bytes;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use trainyard_common::artifact::DataPolicy;
 use trainyard_store::cache::Cache;
 use trainyard_store::{shard, Store, StoreError};
 use uuid::Uuid;
@@ -40,6 +41,24 @@ pub enum StorageError {
         url: String,
         /// Why.
         reason: &'static str,
+    },
+    /// The job may not read this URL (its data policy, from the API).
+    #[error("{url}: refused: {reason}")]
+    Refused {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// An artifact's bytes are not those the API recorded.
+    #[error("{url}: the bytes read have SHA-256 {found}, the artifact recorded {expected}")]
+    Corrupt {
+        /// The URL.
+        url: String,
+        /// The recorded digest.
+        expected: String,
+        /// The digest of what was read.
+        found: String,
     },
     /// A checkpoint that is not what its manifest says, or not this model's.
     #[error("{0}")]
@@ -110,9 +129,15 @@ impl Storage {
 /// (`aws_endpoint=…`), its local cache tier, and the runtime their I/O
 /// runs on. `None` parts mean a process without object-store access (unit
 /// tests, benchmarks): only `file://` URLs are read.
+///
+/// A role's fetcher carries its job's [`DataPolicy`] ([`Fetcher::with_policy`]):
+/// every URL is checked against it before anything is opened, a `file://`
+/// path again once its links are resolved, and an artifact's bytes against
+/// the SHA-256 the API recorded.
 #[derive(Clone)]
 pub struct Fetcher {
     remote: Option<Remote>,
+    policy: Option<Arc<DataPolicy>>,
 }
 
 #[derive(Clone)]
@@ -131,12 +156,35 @@ impl Fetcher {
     ) -> Fetcher {
         Fetcher {
             remote: Some(Remote { options, cache, rt }),
+            policy: None,
         }
     }
 
     /// Reads local files only.
     pub fn local_only() -> Fetcher {
-        Fetcher { remote: None }
+        Fetcher {
+            remote: None,
+            policy: None,
+        }
+    }
+
+    /// This fetcher, reading only what `policy` allows.
+    pub fn with_policy(&self, policy: DataPolicy) -> Fetcher {
+        Fetcher {
+            remote: self.remote.clone(),
+            policy: Some(Arc::new(policy)),
+        }
+    }
+
+    /// Why the job may not read `url`, if it may not.
+    fn refused(&self, url: &str) -> Result<(), StorageError> {
+        match self.policy.as_ref().and_then(|p| p.refusal(url)) {
+            None => Ok(()),
+            Some(reason) => Err(StorageError::Refused {
+                url: url.to_owned(),
+                reason,
+            }),
+        }
     }
 
     /// Opens the store at `url` through this executor's cache.
@@ -153,8 +201,26 @@ impl Fetcher {
     /// the object fetched through the local cache tier (read from disk when
     /// it is already there).
     pub fn materialize(&self, url: &str) -> Result<PathBuf, StorageError> {
+        self.refused(url)?;
+        let artifact = self.policy.as_ref().and_then(|p| p.artifact(url)).cloned();
         if let Some(p) = url.strip_prefix("file://") {
-            return Ok(PathBuf::from(p));
+            let path = PathBuf::from(p);
+            if artifact.is_none() && self.policy.as_ref().is_some_and(|p| !p.unrestricted) {
+                // A link under an allowed folder may lead anywhere: the
+                // place it resolves to must be allowed too.
+                if let Ok(real) = std::fs::canonicalize(&path) {
+                    let real_url = format!("file://{}", real.display());
+                    if real_url != url {
+                        self.refused(&real_url).map_err(|_| StorageError::Refused {
+                            url: url.to_owned(),
+                            reason: format!(
+                                "it resolves to {real_url}, outside what this job may read"
+                            ),
+                        })?;
+                    }
+                }
+            }
+            return Ok(path);
         }
         let r = self.remote.as_ref().ok_or(StorageError::Url {
             url: url.to_owned(),
@@ -170,6 +236,16 @@ impl Fetcher {
         })?;
         let store = Store::open(parent, &r.options)?;
         let bytes = r.rt.block_on(store.get(name))?;
+        if let Some(a) = &artifact {
+            let found = shard::sha256(&bytes);
+            if found != a.sha256 {
+                return Err(StorageError::Corrupt {
+                    url: url.to_owned(),
+                    expected: a.sha256.clone(),
+                    found,
+                });
+            }
+        }
         r.cache.misses.fetch_add(1, Ordering::Relaxed);
         match r.cache.put(url, &bytes) {
             Ok(Some(p)) => Ok(p),
@@ -214,4 +290,87 @@ pub fn write_weights(
     let key = trainyard_common::checkpoint::model_key(job);
     storage.put(&key, bytes?.into())?;
     Ok(storage.store.url_of(&key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trainyard_common::artifact::ResolvedArtifact;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ty-fetch-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn policy(allowed: &std::path::Path) -> DataPolicy {
+        DataPolicy {
+            unrestricted: false,
+            allowed_prefixes: vec![format!("file://{}/", allowed.display())],
+            denied_prefixes: vec!["s3://trainyard/objects/".into()],
+            artifacts: vec![ResolvedArtifact {
+                field: "model.url".into(),
+                name: "m.pt".into(),
+                url: "s3://trainyard/objects/artifacts/alice/v1/m.pt".into(),
+                sha256: "00".into(),
+                size: 1,
+            }],
+        }
+    }
+
+    fn refused(r: Result<PathBuf, StorageError>) -> String {
+        match r {
+            Err(e @ StorageError::Refused { .. }) => e.to_string(),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    /// A URL outside the policy is refused before anything is opened: the
+    /// refusal names the policy even where the file does not exist (a read
+    /// would have said "no such file").
+    #[test]
+    fn a_url_outside_the_policy_is_refused_before_it_is_opened() {
+        let d = scratch("policy");
+        let f = Fetcher::local_only().with_policy(policy(&d));
+        for url in [
+            "file:///nonexistent/secret.npz".to_owned(),
+            format!("file://{}/../x.npz", d.display()),
+            "s3://trainyard/objects/0190-job/final/model.safetensors".into(),
+            "s3://trainyard/objects/artifacts/bob/v9/m.pt".into(),
+            "s3://elsewhere/x.npz".into(),
+        ] {
+            let why = refused(f.materialize(&url));
+            assert!(why.contains(&url), "{why}");
+        }
+        std::fs::write(d.join("ok.npz"), b"x").unwrap();
+        let ok = format!("file://{}/ok.npz", d.display());
+        assert_eq!(f.materialize(&ok).unwrap(), d.join("ok.npz"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A link inside an allowed folder that leads out of it is refused.
+    #[test]
+    fn a_link_out_of_an_allowed_folder_is_refused() {
+        let d = scratch("link");
+        let allowed = d.join("allowed");
+        std::fs::create_dir_all(&allowed).unwrap();
+        std::fs::write(d.join("secret.txt"), b"the join token").unwrap();
+        std::os::unix::fs::symlink(d.join("secret.txt"), allowed.join("data.txt")).unwrap();
+        let f = Fetcher::local_only().with_policy(policy(&allowed));
+        let why = refused(f.materialize(&format!("file://{}/data.txt", allowed.display())));
+        assert!(why.contains("resolves to"), "{why}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Without a policy (unit tests, benchmarks) and with an admin's,
+    /// anything local is read.
+    #[test]
+    fn an_unrestricted_policy_reads_anything() {
+        let f = Fetcher::local_only().with_policy(DataPolicy::unrestricted());
+        assert!(f.materialize("file:///etc/hostname").is_ok());
+        assert!(Fetcher::local_only()
+            .materialize("file:///etc/hostname")
+            .is_ok());
+    }
 }

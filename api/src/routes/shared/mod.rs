@@ -8,10 +8,13 @@
 //!   and the 404 for a missing one;
 //! * [`access`] — an executor's credential (or an admin's token) checked
 //!   against its row;
+//! * [`data_access`] — what a job may read: `artifact:` URLs resolved at
+//!   submit, the data policy sent to executors, superseded versions swept;
 //! * [`checkpointing`] — committing checkpoints from shard reports, retention
 //!   and clean-up, and the checkpoint a job's roles start from.
 
 pub mod access;
 pub mod checkpointing;
+pub mod data_access;
 pub mod job_rows;
 pub mod params;

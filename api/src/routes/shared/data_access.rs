@@ -1,0 +1,191 @@
+//! What a job may read: its spec's `artifact:` URLs resolved at submit to
+//! the owner's current versions, and the [`DataPolicy`] fixed with them
+//! (docs/security.md). The submit handler calls [`policy_at_submit`]; the
+//! heartbeat hands [`for_executor`]'s policy and rewritten spec to the
+//! executors, which check every URL against it again before opening it.
+
+use crate::error::{ApiError, ApiResult};
+use crate::AppState;
+use sqlx::Row;
+use trainyard_common::artifact::{artifact_of, DataPolicy, ResolvedArtifact};
+use trainyard_common::spec::{DatasetSpec, ModelSpec};
+use trainyard_common::{JobSpec, JobSpecInput, Violation};
+use uuid::Uuid;
+
+/// The store key of an artifact version's bytes.
+pub fn artifact_key(owner: &str, version: Uuid, name: &str) -> String {
+    format!("artifacts/{owner}/{version}/{name}")
+}
+
+/// The URL fields of a spec a job reads from: `(field, url)`.
+pub fn data_urls(spec: &JobSpecInput) -> Vec<(&'static str, &str)> {
+    let mut out = Vec::new();
+    if let ModelSpec::Torchscript(t) = &spec.model {
+        out.push(("model.url", t.url.as_str()));
+    }
+    if let DatasetSpec::File(f) = &spec.dataset {
+        out.push(("dataset.url", f.url.as_str()));
+    }
+    out
+}
+
+/// The prefixes no job of a user reads: the object store (checkpoints,
+/// weights, other users' artifacts) and the server's data folder (its join
+/// token, its private Postgres).
+fn denied_prefixes(st: &AppState) -> Vec<String> {
+    let data =
+        std::path::absolute(&st.config.data_dir).unwrap_or_else(|_| st.config.data_dir.clone());
+    vec![
+        trainyard_common::artifact::normalize_prefix(st.store.url()),
+        trainyard_common::artifact::normalize_prefix(&format!("file://{}", data.display())),
+    ]
+}
+
+/// The policy of a user's job before its artifacts are added.
+fn user_policy(st: &AppState) -> DataPolicy {
+    DataPolicy {
+        unrestricted: false,
+        allowed_prefixes: st.config.allow_data_urls.clone(),
+        denied_prefixes: denied_prefixes(st),
+        artifacts: Vec::new(),
+    }
+}
+
+/// The data policy of a job `owner` submits with `spec`, and the artifact
+/// versions it reads; a 422 naming each field whose URL the owner may not
+/// read, or whose artifact does not exist. An admin's job reads any URL
+/// (its `artifact:` names are still the admin's own).
+pub async fn policy_at_submit(
+    st: &AppState,
+    owner: &str,
+    admin: bool,
+    spec: &JobSpec,
+) -> ApiResult<(DataPolicy, Vec<Uuid>)> {
+    let mut policy = if admin {
+        DataPolicy::unrestricted()
+    } else {
+        user_policy(st)
+    };
+    let mut versions = Vec::new();
+    let mut errors = Vec::new();
+    for (field, url) in data_urls(spec) {
+        if let Some(name) = artifact_of(url) {
+            let row = sqlx::query(
+                "SELECT v.id, v.size, v.sha256, v.key FROM artifacts a
+                 JOIN artifact_versions v ON v.id = a.version
+                 WHERE a.owner = $1 AND a.name = $2",
+            )
+            .bind(owner)
+            .bind(name)
+            .fetch_optional(&st.db)
+            .await?;
+            let Some(row) = row else {
+                errors.push(Violation {
+                    field: field.into(),
+                    message: format!(
+                        "you have no artifact named {name:?} (artifacts are per user: upload it with PUT /v1/artifacts/{name})"
+                    ),
+                });
+                continue;
+            };
+            let key: String = row.try_get("key")?;
+            versions.push(row.try_get("id")?);
+            policy.artifacts.push(ResolvedArtifact {
+                field: field.into(),
+                name: name.into(),
+                url: st.store.url_of(&key),
+                sha256: row.try_get("sha256")?,
+                size: row.try_get::<i64, _>("size")? as u64,
+            });
+        } else if let Some(why) = policy.refusal(url) {
+            errors.push(Violation {
+                field: field.into(),
+                message: format!("{url} may not be read by this job: {why}"),
+            });
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::Unprocessable(errors));
+    }
+    Ok((policy, versions))
+}
+
+/// The spec and policy an executor receives for a job: every `artifact:`
+/// URL replaced by its version's object URL. A job stored without a policy
+/// (submitted before artifacts existed) reads as an admin's when the
+/// bootstrap admin owns it, else under today's user rules.
+pub fn for_executor(
+    st: &AppState,
+    owner: &str,
+    stored: Option<serde_json::Value>,
+    mut spec: JobSpecInput,
+) -> (JobSpecInput, DataPolicy) {
+    let policy = match stored.map(serde_json::from_value::<DataPolicy>) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "a job's stored data policy does not decode; it may read nothing");
+            DataPolicy::default()
+        }
+        None if owner == crate::auth::BOOTSTRAP_USER => DataPolicy::unrestricted(),
+        None => user_policy(st),
+    };
+    let resolve = |field: &str, url: &mut String| {
+        if let Some(a) = policy.artifacts.iter().find(|a| a.field == field) {
+            *url = a.url.clone();
+        }
+    };
+    if let ModelSpec::Torchscript(t) = &mut spec.model {
+        resolve("model.url", &mut t.url);
+    }
+    if let DatasetSpec::File(f) = &mut spec.dataset {
+        resolve("dataset.url", &mut f.url);
+    }
+    (spec, policy)
+}
+
+/// Deletes artifact versions that are superseded (replaced or deleted)
+/// and that no unfinished job reads, objects first; returns how many.
+/// Failures are logged: a version left behind is swept next time.
+pub async fn sweep_superseded(st: &AppState) -> usize {
+    let rows: Vec<(Uuid, String)> = match sqlx::query_as(
+        "SELECT v.id, v.key FROM artifact_versions v
+         WHERE v.superseded_at IS NOT NULL
+           AND NOT EXISTS (
+             SELECT 1 FROM job_artifacts ja JOIN jobs j ON j.id = ja.job_id
+             WHERE ja.version = v.id AND j.state NOT IN ('succeeded', 'failed', 'cancelled'))
+         LIMIT 100",
+    )
+    .fetch_all(&st.db)
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "sweeping superseded artifacts");
+            return 0;
+        }
+    };
+    let mut swept = 0;
+    for (id, key) in rows {
+        if let Err(e) = st.store.delete(&key).await {
+            tracing::warn!(error = %e, %key, "deleting a superseded artifact");
+            continue;
+        }
+        let gone = sqlx::query("DELETE FROM job_artifacts WHERE version = $1")
+            .bind(id)
+            .execute(&st.db)
+            .await
+            .and(
+                sqlx::query(
+                    "DELETE FROM artifact_versions WHERE id = $1 AND superseded_at IS NOT NULL",
+                )
+                .bind(id)
+                .execute(&st.db)
+                .await,
+            );
+        match gone {
+            Ok(_) => swept += 1,
+            Err(e) => tracing::warn!(error = %e, %key, "forgetting a superseded artifact"),
+        }
+    }
+    swept
+}

@@ -78,6 +78,23 @@ torch_env() {
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# ensure_pytest: what the Python test suite (tests/pytest) needs, in the
+# torch venv "$VENV" (after ensure_torch): pytest, the SDK's dependencies,
+# the generated client's runtime (httpx, attrs, python-dateutil), hatchling
+# to build the SDK offline, and the SDK itself (./sdk/python), reinstalled
+# every time so that the suite tests this clone's SDK. PyPI is asked only
+# when a package is missing.
+ensure_pytest() {
+  local py="$VENV/bin/python"
+  if ! "$py" -c 'import pytest, requests, safetensors, tqdm, httpx, attrs, dateutil, hatchling' 2>/dev/null; then
+    log "installing pytest and the Python SDK's dependencies into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+      pytest requests safetensors tqdm httpx attrs python-dateutil hatchling
+  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
+    --force-reinstall "$ROOT/sdk/python"
+}
+
 # ensure_postgres_binaries: initdb/pg_ctl/psql from Debian's packages when missing.
 ensure_postgres_binaries() {
   if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v psql >/dev/null 2>&1; then

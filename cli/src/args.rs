@@ -85,6 +85,29 @@ fn parse_model_format(s: &str) -> Result<ModelFormat, String> {
     s.parse()
 }
 
+/// `trainyard upload`.
+#[derive(Debug, Args)]
+pub struct UploadArgs {
+    /// The file (a TorchScript model, a dataset): streamed, never read whole.
+    pub file: PathBuf,
+    /// The artifact's name (default: the file's name); a spec names it
+    /// `artifact:NAME`. Uploading a name again replaces it.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard artifacts`.
+#[derive(Debug, Args)]
+pub struct ArtifactsArgs {
+    /// Only this user's (admins; a user sees only its own).
+    #[arg(long)]
+    pub owner: Option<String>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
 /// `trainyard executors`.
 #[derive(Debug, Args)]
 pub struct ExecutorsArgs {

@@ -4,8 +4,8 @@
 //! or two of the typed client and a printout of the typed answer.
 
 use crate::args::{
-    ExecutorsArgs, JobArgs, JobsArgs, ModelArgs, ProvisionerArgs, SubmitArgs, TokenArgs,
-    TokenCommand, WhoamiArgs,
+    ArtifactsArgs, ExecutorsArgs, JobArgs, JobsArgs, ModelArgs, ProvisionerArgs, SubmitArgs,
+    TokenArgs, TokenCommand, UploadArgs, WhoamiArgs,
 };
 use crate::error::{CliError, OrCli};
 use crate::follow::follow;
@@ -392,6 +392,68 @@ pub async fn model(args: ModelArgs) -> Result<u8, CliError> {
         output.display(),
         bytes.len()
     );
+    Ok(0)
+}
+
+/// `trainyard upload FILE [--name N]`: streams the file up as an artifact
+/// and prints it, with the URL to write in a spec.
+pub async fn upload(args: UploadArgs) -> Result<u8, CliError> {
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => args
+            .file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                CliError::Other(format!(
+                    "{} has no file name to use; give one with --name",
+                    args.file.display()
+                ))
+            })?,
+    };
+    if let Some(why) = trainyard_common::artifact::artifact_name_problem(&name) {
+        return Err(CliError::Other(format!("--name {name:?}: {why}")));
+    }
+    if !args.file.is_file() {
+        return Err(CliError::Other(format!(
+            "{}: no such file",
+            args.file.display()
+        )));
+    }
+    let client = args.conn.client()?;
+    let a = client
+        .upload_artifact(&name, &args.file)
+        .await
+        .or_cli(&client)?;
+    println!(
+        "uploaded {} as {} ({} bytes, sha256 {})",
+        args.file.display(),
+        a.url,
+        a.size,
+        a.sha256
+    );
+    Ok(0)
+}
+
+/// `trainyard artifacts [--owner U]`: name, size, SHA-256 and age of each.
+pub async fn artifacts(args: ArtifactsArgs) -> Result<u8, CliError> {
+    let client = args.conn.client()?;
+    let page = client
+        .artifacts(args.owner.as_deref())
+        .await
+        .or_cli(&client)?;
+    let mut rows = vec![["URL", "OWNER", "SIZE", "SHA256", "UPLOADED"].map(str::to_owned)];
+    for a in page.artifacts {
+        rows.push([
+            a.url,
+            a.owner,
+            bytes(a.size as f64),
+            a.sha256.chars().take(12).collect(),
+            a.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        ]);
+    }
+    print_table(&rows);
     Ok(0)
 }
 

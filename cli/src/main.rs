@@ -59,6 +59,11 @@ enum Command {
     /// Show the provisioner: its limits, the executors it started, and its
     /// recent decisions with their reasons.
     Provisioner(args::ProvisionerArgs),
+    /// Upload a file (model or dataset) as an artifact; a spec names it
+    /// `artifact:NAME`.
+    Upload(args::UploadArgs),
+    /// List your artifacts (an admin's: everybody's).
+    Artifacts(args::ArtifactsArgs),
     /// Make, list and revoke API tokens (admins).
     Token(args::TokenArgs),
     /// Print the user and role the server takes your token for.
@@ -90,6 +95,8 @@ async fn main() -> ExitCode {
         Command::Checkpoints(a) => commands::checkpoints(a).await,
         Command::Model(a) => commands::model(a).await,
         Command::Provisioner(a) => commands::provisioner(a).await,
+        Command::Upload(a) => commands::upload(a).await,
+        Command::Artifacts(a) => commands::artifacts(a).await,
         Command::Token(a) => commands::token(a).await,
         Command::Whoami(a) => commands::whoami(a).await,
     };

@@ -39,6 +39,7 @@
 //! The executor's token is the client's ([`Client::set_token`] after each
 //! registration); the join token is passed to [`Client::register`] alone.
 
+pub mod artifacts;
 pub mod error;
 pub mod executors;
 pub mod retry;

@@ -172,7 +172,14 @@ async fn upload_list_get_download_replace_and_delete() {
 #[tokio::test]
 async fn bad_names_are_400s_naming_the_field() {
     let (app, alice, _) = app_with(|_| {}).await;
-    for name in [".hidden", "...", "a%20b", "x%2Fy", "%C3%A9", &"n".repeat(129)] {
+    for name in [
+        ".hidden",
+        "...",
+        "a%20b",
+        "x%2Fy",
+        "%C3%A9",
+        &"n".repeat(129),
+    ] {
         let r = put(&app, &alice, name, b"x".to_vec()).await;
         assert_problem(r, 400, Some("name")).await;
     }

@@ -37,6 +37,9 @@ def test_upload_and_list_with_the_cli(platform, tmp_path):
         a = dana.artifact(name)
         assert (a["size"], a["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
     assert dana.artifact_content("from-cli.bin") == data
+    # A bad name is refused, with a message and a failing exit status.
+    r = subprocess.run([str(binary("trainyard")), "upload", str(f), "--name", ".hidden", "--api", platform.api, "--token", token], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and ".hidden" in r.stderr, (r.returncode, r.stdout, r.stderr)
     # Another user's listing does not show them.
     other = cli("artifacts", "--api", platform.api, "--token", platform.user_token("cli-erin"))
     assert "from-cli.bin" not in other, other

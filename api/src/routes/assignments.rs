@@ -21,7 +21,7 @@ use trainyard_common::cluster::{ExecutorState, Range, RoleKind};
 
 /// A job's current roles and where they run.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/assignments", tag = "jobs",
+    get, path = "/v1/jobs/{id}/assignments", operation_id = "get_job_assignments", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "The job's roles at its current generation", body = JobAssignments),

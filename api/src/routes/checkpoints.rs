@@ -32,7 +32,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// List a job's committed checkpoints, newest first.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs",
+    get, path = "/v1/jobs/{id}/checkpoints", operation_id = "list_checkpoints", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "Committed checkpoints", body = CheckpointList),
@@ -132,7 +132,7 @@ fn builtin_kind(model: &ModelSpec) -> Option<&'static str> {
 /// Stream the job's final model: safetensors (default) or, for a
 /// TorchScript job, the trained TorchScript module.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/model", tag = "jobs",
+    get, path = "/v1/jobs/{id}/model", operation_id = "download_model", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id"), ModelQuery),
     responses(
         (status = 200, description = "The final model. `safetensors`: one tensor per entry of the model's `state_dict()` (parameters and buffers), by its PyTorch name, in its dtype. `torchscript`: the submitted module with the trained parameters and buffers (`torch.jit.load`, then `.eval()`).", content_type = "application/octet-stream"),
@@ -198,7 +198,7 @@ pub const MAX_LISTED_TENSORS: usize = 10_000;
 
 /// List the model's tensors: name, shape, kind and dtype.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/tensors", tag = "jobs",
+    get, path = "/v1/jobs/{id}/tensors", operation_id = "get_model_tensors", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id")),
     responses(
         (status = 200, description = "The model's tensors (at most 10000 listed; the element counts cover all)", body = ModelTensors),

@@ -24,14 +24,14 @@ pub struct Health {
 }
 
 /// Liveness: the process answers.
-#[utoipa::path(get, path = "/healthz", tag = "health",
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "health",
     responses((status = 200, description = "Alive", body = Health)))]
 pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
 /// Readiness: Postgres answers within two seconds.
-#[utoipa::path(get, path = "/readyz", tag = "health",
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "health",
     responses(
         (status = 200, description = "Ready", body = Health),
         (status = 503, description = "Postgres unreachable", body = Problem, content_type = "application/problem+json"),
@@ -47,7 +47,7 @@ pub async fn readyz(State(st): State<AppState>) -> ApiResult<Json<Health>> {
 }
 
 /// Prometheus metrics in the text exposition format.
-#[utoipa::path(get, path = "/metrics", tag = "health",
+#[utoipa::path(get, path = "/metrics", operation_id = "server_metrics", tag = "health",
     responses((status = 200, description = "Metrics", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse> {
     let rows = sqlx::query("SELECT state::text AS state, count(*) AS n FROM jobs GROUP BY state")

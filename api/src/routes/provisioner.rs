@@ -29,7 +29,7 @@ pub struct StatusQuery {
 
 /// The provisioner: settings, executors it started, recent decisions.
 #[utoipa::path(
-    get, path = "/v1/provisioner", tag = "executors",
+    get, path = "/v1/provisioner", operation_id = "provisioner_status", tag = "executors",
     params(StatusQuery),
     responses(
         (status = 200, description = "The provisioner's state", body = ProvisionerStatus),

@@ -273,7 +273,7 @@ pub struct StreamEvent {
 /// job's metrics and logs); read it again with the REST endpoints. `ready`
 /// comes first; `resync` means events may have been missed.
 #[utoipa::path(
-    get, path = "/v1/events/stream", tag = "jobs",
+    get, path = "/v1/events/stream", operation_id = "stream_events", tag = "jobs",
     responses(
         (status = 200, description = "An endless text/event-stream: events `ready`, `job` {id}, `executor` {id}, `progress` {job, step}, `resync`", body = StreamEvent, content_type = "text/event-stream"),
         (status = 401, description = "Missing or wrong token", body = crate::error::Problem, content_type = "application/problem+json"),

@@ -46,7 +46,7 @@ fn finite(x: Option<f64>) -> Option<f64> {
 
 /// Report a role's metrics, logs and outcome.
 #[utoipa::path(
-    post, path = "/v1/executors/{id}/reports", tag = "executors",
+    post, path = "/v1/executors/{id}/reports", operation_id = "report_roles", tag = "executors",
     params(("id" = Uuid, Path, description = "Executor id")),
     request_body(content = RoleReport, content_type = "application/json"),
     responses(
@@ -332,7 +332,7 @@ pub struct MetricsQuery {
 
 /// A job's training curve (rank 0), downsampled for long runs.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/metrics", tag = "jobs",
+    get, path = "/v1/jobs/{id}/metrics", operation_id = "job_metrics", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id"), MetricsQuery),
     responses(
         (status = 200, description = "The curve", body = MetricSeries),
@@ -423,7 +423,7 @@ pub async fn metrics(
 
 /// Every role's log lines, oldest first.
 #[utoipa::path(
-    get, path = "/v1/jobs/{id}/logs", tag = "jobs",
+    get, path = "/v1/jobs/{id}/logs", operation_id = "job_logs", tag = "jobs",
     params(("id" = Uuid, Path, description = "Job id"), AfterQuery),
     responses(
         (status = 200, description = "A page of log lines", body = LogPage),

@@ -88,7 +88,7 @@ fn check(t: &NewToken) -> Vec<Violation> {
 ///
 /// The response carries the token once; only its SHA-256 is stored.
 #[utoipa::path(
-    post, path = "/v1/tokens", tag = "tokens",
+    post, path = "/v1/tokens", operation_id = "create_token", tag = "tokens",
     request_body(content = NewToken, content_type = "application/json"),
     responses(
         (status = 201, description = "The new token, shown only now", body = CreatedToken),
@@ -136,7 +136,7 @@ pub async fn create(
 
 /// List tokens (admin only), newest first; never the tokens themselves.
 #[utoipa::path(
-    get, path = "/v1/tokens", tag = "tokens",
+    get, path = "/v1/tokens", operation_id = "list_tokens", tag = "tokens",
     responses(
         (status = 200, description = "Every token", body = TokenList),
         (status = 401, description = "Missing or wrong token", body = Problem, content_type = "application/problem+json"),
@@ -160,7 +160,7 @@ pub async fn list(State(st): State<AppState>) -> ApiResult<Json<TokenList>> {
 /// Requests with it are refused from now on; the jobs its user submitted
 /// keep running.
 #[utoipa::path(
-    delete, path = "/v1/tokens/{id}", tag = "tokens",
+    delete, path = "/v1/tokens/{id}", operation_id = "revoke_token", tag = "tokens",
     params(("id" = Uuid, Path, description = "Token id")),
     responses(
         (status = 200, description = "The revoked token", body = TokenInfo),
@@ -189,7 +189,7 @@ pub async fn revoke(
 
 /// Who the server takes the caller for.
 #[utoipa::path(
-    get, path = "/v1/whoami", tag = "tokens",
+    get, path = "/v1/whoami", operation_id = "whoami", tag = "tokens",
     responses(
         (status = 200, description = "The caller's user and role", body = WhoAmI),
         (status = 401, description = "Missing or wrong token", body = Problem, content_type = "application/problem+json"),

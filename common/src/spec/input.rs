@@ -90,13 +90,17 @@ fn default_eval_fraction() -> f64 {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ModelSpec {
     /// Fully connected layers with ReLU between them.
+    #[schema(title = "MlpModel")]
     Mlp(MlpSpec),
     /// 3×3 convolutions, each followed by ReLU and 2×2 max-pooling, then two
     /// linear layers.
+    #[schema(title = "CnnModel")]
     Cnn(CnnSpec),
     /// A character-level decoder-only transformer language model.
+    #[schema(title = "TransformerModel")]
     Transformer(TransformerSpec),
     /// A TorchScript module (`torch.jit.script(model).save(...)`) at a URL.
+    #[schema(title = "TorchscriptModel")]
     Torchscript(TorchscriptSpec),
 }
 
@@ -164,12 +168,16 @@ pub struct TorchscriptSpec {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum DatasetSpec {
     /// Gaussian clusters, one per class.
+    #[schema(title = "ClassificationDataset")]
     Classification(ClassificationData),
     /// A noisy random linear map.
+    #[schema(title = "RegressionDataset")]
     Regression(RegressionData),
     /// Generated text for language models.
+    #[schema(title = "TextDataset")]
     Text(TextData),
     /// A file at an object-store URL.
+    #[schema(title = "FileDataset")]
     File(FileData),
 }
 
@@ -291,8 +299,10 @@ pub struct OptimizerSpec {
 pub enum Schedule {
     /// The same rate throughout.
     #[default]
+    #[schema(title = "ConstantSchedule")]
     Constant,
     /// Linear warm-up to `lr`, then cosine decay to zero at the last step.
+    #[schema(title = "WarmupCosineSchedule")]
     WarmupCosine {
         /// Steps of linear warm-up.
         warmup_steps: u64,
@@ -340,8 +350,9 @@ pub enum Compression {
     Bf16,
 }
 
-/// Update consistency of the parameter-server pattern.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// Update consistency of the parameter-server pattern. Its OpenAPI schema
+/// is `ConsistencySchema`'s (see there why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Consistency {
     /// Each shard averages one gradient from every worker per version.
@@ -353,6 +364,97 @@ pub enum Consistency {
         /// Largest accepted version lag (0–10000).
         staleness: u32,
     },
+}
+
+// The schema `Consistency` publishes: the same wire format, with the
+// `bounded` mode's settings a named schema of their own. utoipa inlines a
+// struct variant's fields into the union, and client generators then name
+// (or, like openapi-python-client, fail to name) a model for them; a named
+// payload and a title per variant give every variant a model of its own.
+// Only its schema and, in tests, its serialization (checked equal to
+// `Consistency`'s) are used. Its doc comment is the published description.
+/// Update consistency of the parameter-server pattern.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)] // Built only by the wire-format test.
+pub(crate) enum ConsistencySchema {
+    /// Each shard averages one gradient from every worker per version.
+    #[schema(title = "SyncConsistency")]
+    Sync,
+    /// Gradients are applied as they arrive.
+    #[schema(title = "AsyncConsistency")]
+    Async,
+    /// Accepted iff `current_version − gradient_version ≤ staleness`.
+    #[schema(title = "BoundedConsistency")]
+    Bounded(StalenessBound),
+}
+
+/// The `bounded` consistency mode's settings.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StalenessBound {
+    /// Largest accepted version lag (0–10000).
+    pub staleness: u32,
+}
+
+impl utoipa::PartialSchema for Consistency {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <ConsistencySchema as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl ToSchema for Consistency {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Consistency".into()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <ConsistencySchema as ToSchema>::schemas(schemas)
+    }
+}
+
+#[cfg(test)]
+mod consistency_schema_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The published form of each mode; exhaustive, so a new mode does not
+    /// compile until the schema has it too.
+    fn published(c: Consistency) -> ConsistencySchema {
+        match c {
+            Consistency::Sync => ConsistencySchema::Sync,
+            Consistency::Async => ConsistencySchema::Async,
+            Consistency::Bounded { staleness } => {
+                ConsistencySchema::Bounded(StalenessBound { staleness })
+            }
+        }
+    }
+
+    /// The schema-only type serializes exactly as the wire type does, and
+    /// the wire type refuses the unknown fields the schema refuses.
+    #[test]
+    fn the_published_schema_has_the_wire_format() {
+        for c in [
+            Consistency::Sync,
+            Consistency::Async,
+            Consistency::Bounded { staleness: 7 },
+        ] {
+            let wire = serde_json::to_value(c).unwrap();
+            assert_eq!(serde_json::to_value(published(c)).unwrap(), wire, "{c:?}");
+            assert_eq!(serde_json::from_value::<Consistency>(wire).unwrap(), c);
+        }
+        assert_eq!(
+            serde_json::to_value(Consistency::Bounded { staleness: 3 }).unwrap(),
+            json!({"bounded": {"staleness": 3}})
+        );
+        let extra = json!({"bounded": {"staleness": 3, "lag": 1}});
+        assert!(serde_json::from_value::<Consistency>(extra).is_err());
+    }
 }
 
 /// Which checkpoint a new job starts from.

@@ -5,6 +5,7 @@ mod chaos;
 mod checkpoints;
 mod cli;
 mod cluster;
+mod data_policy;
 mod executor_probe;
 mod provisioner;
 mod replicas;

@@ -341,7 +341,8 @@ pub async fn list(
     get, path = "/v1/artifacts/{name}", operation_id = "get_artifact", tag = "artifacts",
     params(("name" = String, Path, description = "The artifact's name"), GetQuery),
     responses(
-        (status = 200, description = "The artifact (its bytes with `?download`)", body = Artifact),
+        (status = 200, description = "The artifact's metadata; its bytes with `?download`",
+         content((Artifact = "application/json"), (Vec<u8> = "application/octet-stream"))),
         (status = 400, description = "Bad name or query", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such artifact", body = Problem, content_type = "application/problem+json"),
     ),

@@ -57,6 +57,10 @@ pub struct Job {
     pub estimate: Option<MemoryEstimate>,
     /// The spec as submitted, with defaults filled in.
     pub spec: JobSpecInput,
+    /// The artifact versions its `artifact:` URLs resolved to at submit:
+    /// what the job reads, whatever the names point at later.
+    #[serde(default)]
+    pub artifacts: Vec<crate::artifact::ResolvedArtifact>,
     /// When it was submitted.
     pub created_at: DateTime<Utc>,
     /// When it last changed.

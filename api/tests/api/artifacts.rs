@@ -315,8 +315,10 @@ async fn a_job_keeps_its_version_and_holds_it_against_delete() {
     assert_eq!(r.status(), 201);
     let job: Value = r.json().await.unwrap();
     let id = job["id"].as_str().unwrap().to_owned();
-    // The job shows the spec as written.
+    // The job shows the spec as written, and the version it reads.
     assert_eq!(job["spec"]["model"]["url"], "artifact:m.pt");
+    assert_eq!(job["artifacts"][0]["field"], "model.url");
+    assert_eq!(job["artifacts"][0]["sha256"], v1["sha256"]);
     let policy: Value = sqlx::query_scalar("SELECT data_policy FROM jobs WHERE id = $1::uuid")
         .bind(&id)
         .fetch_one(&app.db)
@@ -330,6 +332,8 @@ async fn a_job_keeps_its_version_and_holds_it_against_delete() {
     // Replaced while the job waits: the job still reads version one.
     let r = put(&app, &alice, "m.pt", b"version two".to_vec()).await;
     assert_eq!(r.status(), 200);
+    let again = app.get_json_as(&format!("/v1/jobs/{id}"), &alice).await;
+    assert_eq!(again["artifacts"], job["artifacts"]);
     assert_eq!(std::fs::read(&v1_path).unwrap(), b"version one");
     // Deleting the name is refused while the job has not finished...
     let r = put(&app, &alice, "d.npz", b"data".to_vec()).await;

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
 /// SQL through `pgbench` as its baseline).
-pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at";
+pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts";
 
 /// Decodes a row of [`JOB_COLUMNS`].
 pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
@@ -36,6 +36,12 @@ pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
         },
         estimate: spec.estimate(),
         spec,
+        artifacts: match row.try_get::<Option<serde_json::Value>, _>("artifacts")? {
+            Some(a) => serde_json::from_value(a).map_err(|e| {
+                ApiError::Internal(anyhow::anyhow!("stored artifacts do not decode: {e}"))
+            })?,
+            None => Vec::new(),
+        },
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         started_at: row.try_get("started_at")?,

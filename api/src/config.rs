@@ -134,13 +134,15 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_MAX_ARTIFACT_BYTES_PER_USER", default_value_t = 16 << 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_artifact_bytes_per_user: u64,
 
-    /// Seconds an upload or download may go without moving a byte before
-    /// it is cut (a 408); uploads are not bound by the request timeout.
+    /// Seconds an upload may go without moving a byte before it is cut (a
+    /// 408); past that first period it must also average 64 KiB/s. Uploads
+    /// are not bound by the request timeout.
     #[arg(long, env = "TRAINYARD_ARTIFACT_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub artifact_idle_timeout_secs: u64,
 
     /// Who starts executors: `local` (executor processes on this machine,
-    /// on demand, released when idle), `none` (only hand-started ones), or
+    /// on demand, released when idle), `slurm` (Slurm batch jobs, see the
+    /// `--slurm-*` settings), `none` (only hand-started ones), or
     /// `auto`: `local` when the server runs its private Postgres (one
     /// machine), else `none`.
     #[arg(long, env = "TRAINYARD_PROVISIONER", value_enum, default_value_t = ProvisionerKind::Auto)]

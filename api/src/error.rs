@@ -63,6 +63,9 @@ pub enum ApiError {
     /// 408: the request took longer than the configured timeout.
     #[error("the request took longer than {0} s")]
     Timeout(u64),
+    /// 408: an upload stalled or crawled.
+    #[error("{0}")]
+    Stalled(String),
     /// 413: the body is larger than the limit.
     #[error("request body larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -155,7 +158,7 @@ impl ApiError {
             ),
             Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             Gone(_) => (StatusCode::GONE, "gone", "Gone"),
-            Timeout(_) => (StatusCode::REQUEST_TIMEOUT, "timeout", "Request timeout"),
+            Timeout(_) | Stalled(_) => (StatusCode::REQUEST_TIMEOUT, "timeout", "Request timeout"),
             PayloadTooLarge(_) | TooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",

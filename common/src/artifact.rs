@@ -143,7 +143,7 @@ impl DataPolicy {
         }
         if self.denied_prefixes.iter().any(|p| under_prefix(url, p)) {
             return Some(
-                "it is inside the platform's object store, whose objects are not readable by jobs: name your own upload as artifact:NAME, or resume from a job with resume_from".into(),
+                "it is inside the platform's own storage (its object store or data folder), which jobs cannot read: name your own upload as artifact:NAME, or resume from a job with resume_from".into(),
             );
         }
         if self.allowed_prefixes.iter().any(|p| under_prefix(url, p)) {
@@ -163,6 +163,18 @@ impl DataPolicy {
 /// `prefix` with exactly one trailing `/`, so that it matches whole segments.
 pub fn normalize_prefix(prefix: &str) -> String {
     format!("{}/", prefix.trim_end_matches('/'))
+}
+
+/// Every spelling of a store prefix a job's URL could use for the same
+/// objects: as given, and with `s3a://` (which the store opens as S3)
+/// written `s3://`, the only S3 scheme specs accept.
+pub fn prefix_spellings(prefix: &str) -> Vec<String> {
+    let p = normalize_prefix(prefix);
+    let mut out = vec![p.clone()];
+    if let Some(rest) = p.strip_prefix("s3a://") {
+        out.push(format!("s3://{rest}"));
+    }
+    out
 }
 
 /// Whether `url` lies under `prefix` (compared as whole segments).
@@ -261,8 +273,17 @@ mod tests {
         let why = p
             .refusal("s3://trainyard/objects/0190/final/model.safetensors")
             .unwrap();
-        assert!(why.contains("object store"), "{why}");
+        assert!(why.contains("object store or data folder"), "{why}");
         assert_eq!(p.refusal("s3://trainyard/public/x.npz"), None);
+    }
+
+    #[test]
+    fn an_s3a_store_is_closed_under_its_s3_spelling() {
+        assert_eq!(
+            prefix_spellings("s3a://b/objects"),
+            ["s3a://b/objects/", "s3://b/objects/"]
+        );
+        assert_eq!(prefix_spellings("file:///x/"), ["file:///x/"]);
     }
 
     #[test]

@@ -25,6 +25,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use trainyard_common::artifact::{artifact_name_problem, Artifact, ArtifactPage, ARTIFACT_SCHEME};
 use utoipa::IntoParams;
@@ -38,6 +39,49 @@ use uuid::Uuid;
 pub struct OwnerQuery {
     /// The owner (admins may name any user; a user only itself).
     pub owner: Option<String>,
+}
+
+/// The average rate an upload must keep once its first idle period is
+/// over.
+const MIN_UPLOAD_BYTES_PER_SEC: f64 = 64.0 * 1024.0;
+
+/// Uploads one user may stream at once through one API process (each holds
+/// a connection and up to one multipart part in memory, and stages bytes
+/// in the store before the quota's final check).
+const MAX_UPLOADS_PER_USER: usize = 2;
+
+/// One of a user's upload slots, given back when dropped.
+struct UploadSlot(String);
+
+static UPLOADS: std::sync::Mutex<BTreeMap<String, usize>> = std::sync::Mutex::new(BTreeMap::new());
+
+impl UploadSlot {
+    fn take(key: &str, owner: &str) -> ApiResult<UploadSlot> {
+        let mut m = UPLOADS.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(key.to_owned()).or_default();
+        if *n >= MAX_UPLOADS_PER_USER {
+            return Err(ApiError::TooManyRequests {
+                detail: format!(
+                    "user {owner:?} already streams {MAX_UPLOADS_PER_USER} uploads; retry when one has finished"
+                ),
+                retry_after: 5,
+            });
+        }
+        *n += 1;
+        Ok(UploadSlot(key.to_owned()))
+    }
+}
+
+impl Drop for UploadSlot {
+    fn drop(&mut self) {
+        let mut m = UPLOADS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.0);
+            }
+        }
+    }
 }
 
 /// Query of `GET /v1/artifacts/{name}`.
@@ -134,15 +178,18 @@ fn over_quota(owner: &str, held: u64, quota: u64) -> ApiError {
 /// Upload an artifact (the request body is the file), or replace one.
 #[utoipa::path(
     put, path = "/v1/artifacts/{name}", operation_id = "upload_artifact", tag = "artifacts",
-    params(("name" = String, Path, description = "The artifact's name: 1–128 of A-Z a-z 0-9 . _ -, not starting with a dot")),
+    params(("name" = String, Path, description = "The artifact's name: 1–128 of A-Z a-z 0-9 . _ -, not starting with a dot"), OwnerQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
     responses(
         (status = 200, description = "Replaced: the name now points at this upload", body = Artifact),
         (status = 201, description = "Created", body = Artifact),
         (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong token", body = Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The upload stalled", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A user naming another owner", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The upload stalled or crawled", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Over the per-artifact or per-user limit", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The user already streams as many uploads as allowed at once", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "Seconds after which a retry can succeed"))),
     ),
     security((), ("bearer" = []))
 )]
@@ -150,13 +197,33 @@ pub async fn upload(
     State(st): State<AppState>,
     who: Principal,
     Path(name): Path<String>,
+    QueryParams(q): QueryParams<OwnerQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     checked_name(&name)?;
-    let owner = who.user.clone();
+    let owner = match owner_for(&who, q.owner)? {
+        Some(o) => o,
+        None => {
+            return Err(ApiError::Forbidden(
+                "a user uploads into its own namespace only".into(),
+            ))
+        }
+    };
+    let _slot = if who.is_admin() {
+        None
+    } else {
+        // Keyed by the store too: test processes serve several platforms.
+        Some(UploadSlot::take(
+            &format!("{}\u{0}{owner}", st.store.url()),
+            &owner,
+        )?)
+    };
     let limit = st.config.max_artifact_bytes;
     let quota = (!who.is_admin()).then_some(st.config.max_artifact_bytes_per_user);
+    // Versions no unfinished job reads any more leave before the quota is
+    // measured (a job's end does not sweep by itself).
+    sweep_superseded(&st).await;
     let held = held_bytes(&st.db, &owner).await?;
     // What this upload may add: an early 413 on a declared length, and the
     // bound the streamed bytes are held to.
@@ -178,11 +245,17 @@ pub async fn upload(
     let mut up = st.store.upload(&key);
     let mut hash = Sha256::new();
     let mut size: u64 = 0;
-    let idle = Duration::from_secs(st.config.artifact_idle_timeout_secs);
+    let idle_secs = st.config.artifact_idle_timeout_secs;
+    let idle = Duration::from_secs(idle_secs);
+    let started = std::time::Instant::now();
     let mut stream = body.into_data_stream();
     let failed = loop {
         let chunk = match tokio::time::timeout(idle, stream.next()).await {
-            Err(_) => break Some(ApiError::Timeout(st.config.artifact_idle_timeout_secs)),
+            Err(_) => {
+                break Some(ApiError::Stalled(format!(
+                    "no byte of the upload arrived for {idle_secs} s (--artifact-idle-timeout-secs)"
+                )))
+            }
             Ok(None) => break None,
             Ok(Some(Err(e))) => {
                 break Some(ApiError::bad_field(
@@ -193,6 +266,16 @@ pub async fn upload(
             Ok(Some(Ok(c))) => c,
         };
         size += chunk.len() as u64;
+        // A body trickled a byte at a time never stalls, yet holds a
+        // connection and a part buffer for ever: past the first idle
+        // period, the upload must keep up a floor rate on average.
+        let past = started.elapsed().saturating_sub(idle).as_secs_f64();
+        if past > 0.0 && (size as f64) < past * MIN_UPLOAD_BYTES_PER_SEC {
+            break Some(ApiError::Stalled(format!(
+                "the upload is slower than {} KiB/s on average",
+                MIN_UPLOAD_BYTES_PER_SEC / 1024.0
+            )));
+        }
         if size > limit {
             break Some(too_large(limit));
         }
@@ -356,8 +439,15 @@ pub async fn get(
 ) -> ApiResult<Response> {
     checked_name(&name)?;
     let owner = owner_for(&who, q.owner)?;
-    if q.download.is_some() {
-        return content_of(&st, owner, &name).await;
+    match q.download.as_deref() {
+        None | Some("false") | Some("0") => {}
+        Some("" | "true" | "1") => return content_of(&st, owner, &name).await,
+        Some(_) => {
+            return Err(ApiError::bad_field(
+                "download",
+                "give it without a value (?download), or as true/false",
+            ))
+        }
     }
     Ok(Json(current(&st, owner, &name).await?.0).into_response())
 }

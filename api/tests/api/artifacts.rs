@@ -382,3 +382,69 @@ async fn a_job_keeps_its_version_and_holds_it_against_delete() {
         .await;
     assert_eq!(r.bytes().await.unwrap().as_ref(), b"version two");
 }
+
+#[tokio::test]
+async fn a_stalled_or_trickled_upload_is_a_408_and_leaves_nothing() {
+    let (app, alice, _) = app_with(|c| c.artifact_idle_timeout_secs = 1).await;
+    // One piece, then silence past the idle timeout.
+    let stalled = stream::unfold(0u8, |n| async move {
+        match n {
+            0 => Some((Ok::<_, std::io::Error>(vec![1u8; 100]), 1)),
+            _ => {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                None
+            }
+        }
+    });
+    let r = put(&app, &alice, "stalled", Body::wrap_stream(stalled)).await;
+    let p = assert_problem(r, 408, None).await;
+    assert!(p["detail"].as_str().unwrap().contains("no byte"), "{p}");
+    // A byte every 200 ms never stalls, but is far below the floor rate.
+    let trickle = stream::unfold(0u32, |n| async move {
+        (n < 50).then_some(())?;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        Some((Ok::<_, std::io::Error>(vec![2u8]), n + 1))
+    });
+    let r = put(&app, &alice, "trickled", Body::wrap_stream(trickle)).await;
+    let p = assert_problem(r, 408, None).await;
+    assert!(p["detail"].as_str().unwrap().contains("KiB/s"), "{p}");
+    let list = app.get_json_as("/v1/artifacts", &alice).await;
+    assert_eq!(list["artifacts"], json!([]));
+}
+
+#[tokio::test]
+async fn a_user_streams_at_most_two_uploads_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (app, alice, bob) = app_with(|_| {}).await;
+    // Two uploads over raw sockets: headers and the first 10 of 100 bytes.
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+        let head = format!(
+            "PUT /v1/artifacts/open-{i} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {alice}\r\nContent-Length: 100\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&[0u8; 10]).await.unwrap();
+        open.push(s);
+    }
+    // Both have taken their slots once their headers are in (a second is
+    // far more than that; a probe sent earlier could itself hold a slot
+    // when one of them arrives, and turn it away).
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let third = put(&app, &alice, "third", b"x".to_vec()).await;
+    assert!(third.headers().contains_key("retry-after"));
+    assert_problem(third, 429, None).await;
+    // Another user is not held up.
+    assert_eq!(put(&app, &bob, "bobs", b"x".to_vec()).await.status(), 201);
+    // The two finish, and their slots are free again.
+    for mut s in open {
+        s.write_all(&[0u8; 90]).await.unwrap();
+        let mut answer = vec![0u8; 12];
+        s.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 201");
+    }
+    assert_eq!(
+        put(&app, &alice, "third", b"x".to_vec()).await.status(),
+        201
+    );
+}

@@ -168,8 +168,37 @@ impl Fetcher {
         }
     }
 
-    /// This fetcher, reading only what `policy` allows.
-    pub fn with_policy(&self, policy: DataPolicy) -> Fetcher {
+    /// This fetcher, reading only what `policy` allows. Its `file://`
+    /// prefixes also count with their links resolved on this host, since
+    /// the paths it opens are compared resolved.
+    pub fn with_policy(&self, mut policy: DataPolicy) -> Fetcher {
+        let resolved = |prefixes: &[String]| -> Vec<String> {
+            prefixes
+                .iter()
+                .filter_map(|p| p.strip_prefix("file://"))
+                .filter_map(|dir| std::fs::canonicalize(dir).ok())
+                .map(|real| {
+                    trainyard_common::artifact::normalize_prefix(&format!(
+                        "file://{}",
+                        real.display()
+                    ))
+                })
+                .collect()
+        };
+        let (allowed, denied) = (
+            resolved(&policy.allowed_prefixes),
+            resolved(&policy.denied_prefixes),
+        );
+        for (list, extra) in [
+            (&mut policy.allowed_prefixes, allowed),
+            (&mut policy.denied_prefixes, denied),
+        ] {
+            for p in extra {
+                if !list.contains(&p) {
+                    list.push(p);
+                }
+            }
+        }
         Fetcher {
             remote: self.remote.clone(),
             policy: Some(Arc::new(policy)),
@@ -205,22 +234,35 @@ impl Fetcher {
         let artifact = self.policy.as_ref().and_then(|p| p.artifact(url)).cloned();
         if let Some(p) = url.strip_prefix("file://") {
             let path = PathBuf::from(p);
-            if artifact.is_none() && self.policy.as_ref().is_some_and(|p| !p.unrestricted) {
-                // A link under an allowed folder may lead anywhere: the
-                // place it resolves to must be allowed too.
-                if let Ok(real) = std::fs::canonicalize(&path) {
-                    let real_url = format!("file://{}", real.display());
-                    if real_url != url {
-                        self.refused(&real_url).map_err(|_| StorageError::Refused {
-                            url: url.to_owned(),
-                            reason: format!(
-                                "it resolves to {real_url}, outside what this job may read"
-                            ),
-                        })?;
-                    }
-                }
+            let Some(policy) = self.policy.as_ref().filter(|p| !p.unrestricted) else {
+                return Ok(path);
+            };
+            if let Some(a) = &artifact {
+                // An artifact in a local store: the bytes must be the
+                // version's (the store folder is the platform's, but a
+                // file there can still be changed behind its back).
+                check_file_digest(url, &path, &a.sha256)?;
+                return Ok(path);
             }
-            return Ok(path);
+            // A link under an allowed folder may lead anywhere: the place
+            // it resolves to must be allowed too, and that place is what
+            // is opened (so the link cannot be swapped after the check).
+            let real = std::fs::canonicalize(&path).map_err(|e| StorageError::File {
+                path: path.clone(),
+                source: e,
+            })?;
+            let real_url = format!("file://{}", real.display());
+            if let Some(why) = policy.refusal(&real_url) {
+                return Err(StorageError::Refused {
+                    url: url.to_owned(),
+                    reason: if real_url == url {
+                        why
+                    } else {
+                        format!("it resolves to {real_url}, outside what this job may read: {why}")
+                    },
+                });
+            }
+            return Ok(real);
         }
         let r = self.remote.as_ref().ok_or(StorageError::Url {
             url: url.to_owned(),
@@ -264,6 +306,32 @@ impl Fetcher {
             }
         }
     }
+}
+
+/// Checks that the file at `path` (the object of `url`) has SHA-256
+/// `expected`, reading it in pieces.
+fn check_file_digest(
+    url: &str,
+    path: &std::path::Path,
+    expected: &str,
+) -> Result<(), StorageError> {
+    use sha2::{Digest, Sha256};
+    let file_error = |source| StorageError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(file_error)?;
+    let mut hash = Sha256::new();
+    std::io::copy(&mut f, &mut hash).map_err(file_error)?;
+    let found = hex::encode(hash.finalize());
+    if found != expected {
+        return Err(StorageError::Corrupt {
+            url: url.to_owned(),
+            expected: expected.to_owned(),
+            found,
+        });
+    }
+    Ok(())
 }
 
 /// Writes the final weights to `{store}/{job}/final/model.safetensors`
@@ -345,7 +413,10 @@ mod tests {
         }
         std::fs::write(d.join("ok.npz"), b"x").unwrap();
         let ok = format!("file://{}/ok.npz", d.display());
-        assert_eq!(f.materialize(&ok).unwrap(), d.join("ok.npz"));
+        assert_eq!(
+            f.materialize(&ok).unwrap(),
+            std::fs::canonicalize(d.join("ok.npz")).unwrap()
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -360,6 +431,27 @@ mod tests {
         let f = Fetcher::local_only().with_policy(policy(&allowed));
         let why = refused(f.materialize(&format!("file://{}/data.txt", allowed.display())));
         assert!(why.contains("resolves to"), "{why}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A local artifact is read only with the bytes its version recorded.
+    #[test]
+    fn a_local_artifact_with_other_bytes_is_refused() {
+        let d = scratch("digest");
+        let file = d.join("m.pt");
+        std::fs::write(&file, b"the version").unwrap();
+        let url = format!("file://{}", file.display());
+        let mut p = policy(&d);
+        p.allowed_prefixes.clear();
+        p.artifacts[0].url = url.clone();
+        p.artifacts[0].sha256 = trainyard_store::shard::sha256(b"the version");
+        let f = Fetcher::local_only().with_policy(p);
+        assert_eq!(f.materialize(&url).unwrap(), file);
+        std::fs::write(&file, b"changed behind the store's back").unwrap();
+        match f.materialize(&url) {
+            Err(StorageError::Corrupt { .. }) => {}
+            other => panic!("expected a digest mismatch, got {other:?}"),
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 

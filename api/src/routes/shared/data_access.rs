@@ -31,14 +31,33 @@ pub fn data_urls(spec: &JobSpecInput) -> Vec<(&'static str, &str)> {
 
 /// The prefixes no job of a user reads: the object store (checkpoints,
 /// weights, other users' artifacts) and the server's data folder (its join
-/// token, its private Postgres).
+/// token, its private Postgres), each in every spelling that reaches it —
+/// a folder both as given and with its links resolved (an allowed prefix
+/// may name the same place through another path), a store also as `s3://`
+/// when it was given as `s3a://`.
 fn denied_prefixes(st: &AppState) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut add = |url: String| {
+        for p in trainyard_common::artifact::prefix_spellings(&url) {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    };
+    let store = st.store.url().to_owned();
+    add(store.clone());
+    if let Some(dir) = store.strip_prefix("file://") {
+        if let Ok(real) = std::fs::canonicalize(dir) {
+            add(format!("file://{}", real.display()));
+        }
+    }
     let data =
         std::path::absolute(&st.config.data_dir).unwrap_or_else(|_| st.config.data_dir.clone());
-    vec![
-        trainyard_common::artifact::normalize_prefix(st.store.url()),
-        trainyard_common::artifact::normalize_prefix(&format!("file://{}", data.display())),
-    ]
+    add(format!("file://{}", data.display()));
+    if let Ok(real) = std::fs::canonicalize(&data) {
+        add(format!("file://{}", real.display()));
+    }
+    out
 }
 
 /// The policy of a user's job before its artifacts are added.

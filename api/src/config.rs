@@ -187,9 +187,77 @@ pub struct Config {
     pub provision_executor_memory_mb: u64,
 
     /// The `trainyard-executor` binary the local provisioner starts
-    /// (default: the one beside this binary).
+    /// (default: the one beside this binary). The Slurm provisioner's jobs
+    /// run the same path on the nodes.
     #[arg(long, env = "TRAINYARD_PROVISION_EXECUTOR_BIN")]
     pub provision_executor_bin: Option<PathBuf>,
+
+    /// Slurm: the partition executors' jobs run in (`--partition`).
+    #[arg(long, env = "TRAINYARD_SLURM_PARTITION")]
+    pub slurm_partition: Option<String>,
+
+    /// Slurm: the account they are charged to (`--account`).
+    #[arg(long, env = "TRAINYARD_SLURM_ACCOUNT")]
+    pub slurm_account: Option<String>,
+
+    /// Slurm: their quality of service (`--qos`).
+    #[arg(long, env = "TRAINYARD_SLURM_QOS")]
+    pub slurm_qos: Option<String>,
+
+    /// Slurm: each executor's time limit, in Slurm's syntax (`--time`:
+    /// `60`, `4:00:00`, `1-00`); the partition's default when absent.
+    #[arg(long, env = "TRAINYARD_SLURM_TIME_LIMIT")]
+    pub slurm_time_limit: Option<String>,
+
+    /// Slurm: generic resources of each executor (`--gres`, e.g. `gpu:1`);
+    /// the GPU count is what each executor offers the planner.
+    #[arg(long, env = "TRAINYARD_SLURM_GRES")]
+    pub slurm_gres: Option<String>,
+
+    /// Slurm: seconds before the time limit Slurm sends SIGUSR1 (the
+    /// executor drains with a checkpoint).
+    #[arg(long, env = "TRAINYARD_SLURM_SIGNAL_SECS", default_value_t = 120, value_parser = clap::value_parser!(u32).range(1..=65_535))]
+    pub slurm_signal_secs: u32,
+
+    /// Slurm: the API's URL as the nodes reach it (default: this server's
+    /// listen address).
+    #[arg(long, env = "TRAINYARD_SLURM_API_URL")]
+    pub slurm_api_url: Option<String>,
+
+    /// Slurm: the executors' data-plane listen address; with `0.0.0.0`
+    /// they advertise their node's host name.
+    #[arg(long, env = "TRAINYARD_SLURM_DATA_LISTEN", default_value = "0.0.0.0:0")]
+    pub slurm_data_listen: SocketAddr,
+
+    /// Slurm: the folder of the executors' logs and caches, on a file
+    /// system the nodes share (default: `<data-dir>/executors`).
+    #[arg(long, env = "TRAINYARD_SLURM_DIR")]
+    pub slurm_dir: Option<PathBuf>,
+
+    /// Slurm: the comment every job of this server carries, its identity
+    /// in `squeue` (adoption after a restart checks it).
+    #[arg(long, env = "TRAINYARD_SLURM_COMMENT", default_value = "trainyard")]
+    pub slurm_comment: String,
+
+    /// Slurm: one more `sbatch` argument, verbatim (repeatable, or
+    /// comma-separated in the variable).
+    #[arg(
+        long = "slurm-sbatch-arg",
+        env = "TRAINYARD_SLURM_SBATCH_ARGS",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
+    pub slurm_sbatch_args: Vec<String>,
+
+    /// Slurm: a variable of this server's environment the executors get
+    /// too, when set (repeatable, or comma-separated; `PATH`,
+    /// `LD_LIBRARY_PATH`, `HOME` and `RUST_LOG` always are).
+    #[arg(
+        long = "slurm-export",
+        env = "TRAINYARD_SLURM_EXPORT",
+        value_delimiter = ','
+    )]
+    pub slurm_export: Vec<String>,
 }
 
 /// An `--allow-data-url` prefix: an absolute `file://` path or a
@@ -251,6 +319,8 @@ pub enum ProvisionerKind {
     Local,
     /// Hand-started executors only.
     None,
+    /// Executors as Slurm batch jobs (`--slurm-*` settings).
+    Slurm,
 }
 
 /// How logs are written.
@@ -301,6 +371,18 @@ impl Config {
             provision_executor_cpus: 1.0,
             provision_executor_memory_mb: 2048,
             provision_executor_bin: None,
+            slurm_partition: None,
+            slurm_account: None,
+            slurm_qos: None,
+            slurm_time_limit: None,
+            slurm_gres: None,
+            slurm_signal_secs: 120,
+            slurm_api_url: None,
+            slurm_data_listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            slurm_dir: None,
+            slurm_comment: "trainyard".into(),
+            slurm_sbatch_args: Vec::new(),
+            slurm_export: Vec::new(),
         }
     }
 
@@ -309,7 +391,7 @@ impl Config {
     pub fn local_provisioner(&self) -> bool {
         match self.provisioner {
             ProvisionerKind::Local => true,
-            ProvisionerKind::None => false,
+            ProvisionerKind::None | ProvisionerKind::Slurm => false,
             ProvisionerKind::Auto => self.database_url.is_none(),
         }
     }

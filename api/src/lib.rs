@@ -42,6 +42,7 @@ use trainyard_scheduler::fleet::{Fleet, FleetConfig};
 use trainyard_scheduler::local::{LocalConfig, LocalProvisioner};
 use trainyard_scheduler::provision::Limits;
 use trainyard_scheduler::service::{Scheduler, SchedulerConfig, SchedulerMetrics};
+use trainyard_scheduler::slurm::{SlurmConfig, SlurmProvisioner};
 
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -248,6 +249,9 @@ fn provisioner(
             )]
         },
     };
+    if config.provisioner == config::ProvisionerKind::Slurm {
+        return slurm_provisioner(config, local, db);
+    }
     let max = config
         .provision_max_executors
         .min(local.fits(cpus, memory_mb));
@@ -292,6 +296,96 @@ fn provisioner(
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_else(|_| "localhost".into()),
+        },
+    );
+    Ok((settings, Some(fleet)))
+}
+
+/// The Slurm provisioner (`--provisioner slurm`): the local provisioner's
+/// executor settings, submitted as Slurm batch jobs with the `--slurm-*`
+/// settings. Its limit is `--provision-max-executors`: the cluster, not
+/// this machine, holds the executors.
+fn slurm_provisioner(
+    config: &Config,
+    local: LocalConfig,
+    db: &PgPool,
+) -> anyhow::Result<(routes::provisioner::ProvisionerSettings, Option<Fleet>)> {
+    let cpus = (config.provision_executor_cpus.ceil() as u32).max(1);
+    let max = config.provision_max_executors;
+    let settings = routes::provisioner::ProvisionerSettings {
+        kind: "slurm".into(),
+        max_executors: max,
+        max_per_job: config.provision_max_per_job,
+        idle_timeout_secs: config.provision_idle_timeout_secs,
+        start_timeout_secs: config.provision_start_timeout_secs,
+        cpu_budget: f64::from(cpus * max),
+        memory_budget_mb: config.provision_executor_memory_mb * u64::from(max),
+        executor_cpus: f64::from(cpus),
+        executor_memory_mb: config.provision_executor_memory_mb,
+    };
+    if config.no_scheduler {
+        return Ok((settings, None));
+    }
+    let mut pass_env: Vec<String> = ["PATH", "LD_LIBRARY_PATH", "HOME", "RUST_LOG"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    pass_env.extend(config.slurm_export.iter().cloned());
+    let slurm = SlurmConfig {
+        executor_bin: local.executor_bin,
+        api_url: config.slurm_api_url.clone().unwrap_or(local.api_url),
+        join_token: local.join_token,
+        dir: match &config.slurm_dir {
+            Some(d) => std::path::absolute(d).unwrap_or_else(|_| d.clone()),
+            None => local.dir,
+        },
+        partition: config.slurm_partition.clone(),
+        account: config.slurm_account.clone(),
+        qos: config.slurm_qos.clone(),
+        time_limit: config.slurm_time_limit.clone(),
+        gres: config.slurm_gres.clone(),
+        cpus,
+        memory_mb: config.provision_executor_memory_mb,
+        gpu_memory_mb: 16_384,
+        signal_secs: config.slurm_signal_secs,
+        data_listen: config.slurm_data_listen.to_string(),
+        comment: config.slurm_comment.clone(),
+        extra_args: config.slurm_sbatch_args.clone(),
+        env: local.env,
+        pass_env,
+    };
+    // sbatch must answer here, or nothing could ever start.
+    let probe = std::process::Command::new("sbatch")
+        .arg("--version")
+        .output()
+        .context("the Slurm provisioner runs sbatch, which cannot be started here: install Slurm's client commands or run with --provisioner none")?;
+    if !probe.status.success() {
+        anyhow::bail!(
+            "sbatch --version failed: {}",
+            String::from_utf8_lossy(&probe.stderr).trim()
+        );
+    }
+    tracing::info!(
+        max_executors = max,
+        partition = slurm.partition.as_deref().unwrap_or("(default)"),
+        cpus,
+        memory_mb = slurm.memory_mb,
+        "slurm provisioner: executors start as Slurm batch jobs on demand and go when idle"
+    );
+    let fleet = Fleet::new(
+        db.clone(),
+        Box::new(SlurmProvisioner::new(slurm)),
+        FleetConfig {
+            limits: Limits {
+                max_executors: max,
+                max_per_job: config.provision_max_per_job,
+                idle_timeout: Duration::from_secs(config.provision_idle_timeout_secs),
+            },
+            start_timeout: Duration::from_secs(config.provision_start_timeout_secs),
+            stop_timeout: Duration::from_secs(60),
+            // Jobs are the cluster's, not this machine's: any server with
+            // the same comment adopts them after a restart.
+            host: format!("slurm:{}", config.slurm_comment),
         },
     );
     Ok((settings, Some(fleet)))

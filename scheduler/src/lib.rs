@@ -14,7 +14,8 @@
 //! * [`provision`] — capacity on demand: how many executors the queue's
 //!   unmet demand needs, which idle ones to release (pure, property-tested);
 //!   [`fleet`] carries it out through a [`fleet::Provisioner`], of which
-//!   [`local`] starts executor processes on this machine.
+//!   [`local`] starts executor processes on this machine and [`slurm`]
+//!   submits them as Slurm batch jobs.
 //! * [`lifecycle`] — the one function through which every job state change
 //!   is made, checked against [`JobState::can_move_to`](trainyard_common::JobState::can_move_to)
 //!   and written with its event row; the other event rows and the job
@@ -29,5 +30,6 @@ pub mod plan;
 pub mod provision;
 pub mod service;
 pub mod shard;
+pub mod slurm;
 
 pub use lifecycle::{transition, Transition, TransitionError};

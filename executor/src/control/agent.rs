@@ -8,7 +8,7 @@
 //! the executor keeps its roles running and retries at the heartbeat
 //! interval; when the
 //! API says it was declared lost (410) or forgotten (404), it registers
-//! again. On SIGTERM/SIGINT it drains (the scheduler moves its roles away),
+//! again. On SIGTERM/SIGINT/SIGUSR1 it drains (the scheduler moves its roles away),
 //! waits until nothing is assigned, leaves, and exits.
 //!
 //! The data-plane listener is bound before registering so that the address
@@ -182,17 +182,23 @@ async fn drain_and_leave(client: &Client, s: &Session, roles: &mut Roles, ctx: &
     }
 }
 
+/// Resolves on SIGINT, SIGTERM (a preemption or `scancel` under Slurm) or
+/// SIGUSR1 (Slurm's warning before a job's time limit, `sbatch
+/// --signal=B:USR1@N`): each is a drain with a checkpoint.
 async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+    async fn on(kind: tokio::signal::unix::SignalKind) {
+        match tokio::signal::unix::signal(kind) {
             Ok(mut s) => {
                 s.recv().await;
             }
             Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
+        () = on(tokio::signal::unix::SignalKind::terminate()) => {}
+        () = on(tokio::signal::unix::SignalKind::user_defined1()) => {
+            tracing::info!("SIGUSR1: Slurm's time limit is near; draining");
+        }
     }
 }

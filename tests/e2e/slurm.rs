@@ -5,7 +5,8 @@
 //! job is signalled (`scancel --signal=USR1`, Slurm's time-limit warning)
 //! drains with a checkpoint and its job goes on; a node set down loses its
 //! executor and the job recovers on the other node; a restarted API adopts
-//! the Slurm jobs its crashed predecessor submitted; afterwards the fleet
+//! the Slurm jobs its crashed predecessor submitted, and a requeued one
+//! registers again and rejoins its job; afterwards the fleet
 //! goes back to zero and no Slurm job of this server is left.
 //!
 //! One test, in stages: the stages share the two nodes (setting one down
@@ -346,10 +347,66 @@ fn slurm_jobs_carry_ring_and_ps_jobs_through_signals_and_a_lost_node() {
         names.is_subset(&adopted),
         "{names:?} run the job, adopted {adopted:?}"
     );
+
+    // 5. Slurm requeues one of them (its job marked requeueable first: the
+    //    test cluster's default is not): the executor drains, the same
+    //    Slurm job runs again, and its executor registers again under the
+    //    same name as a new executor that the job uses.
+    let (requeued, name) = an_executor_of(&p, &kept);
+    let id_of = |name: &str| {
+        p.executors(Some("live"))
+            .executors
+            .into_iter()
+            .find(|e| e.name == name)
+            .map(|e| e.id)
+    };
+    let first_id = id_of(&name).expect("live before the requeue");
+    let job = format!("jobid={requeued}");
+    run("scontrol", &["update", &job, "requeue=1"]);
+    run("scontrol", &["requeue", &requeued.to_string()]);
+    // A requeued job waits a while (`BeginTime`) before it may start
+    // again; not here.
+    eventually(Duration::from_secs(30), || {
+        let out = Command::new("squeue")
+            .args([
+                "--noheader",
+                "--format=%T|%r",
+                &format!("--jobs={requeued}"),
+            ])
+            .output()
+            .ok()?;
+        (String::from_utf8_lossy(&out.stdout).trim() == "PENDING|BeginTime").then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "Slurm job {requeued} was not requeued: {:?}",
+            ours(&comment)
+        )
+    });
+    run("scontrol", &["update", &job, "starttime=now"]);
+    eventually(Duration::from_secs(90), || {
+        let again = id_of(&name).filter(|id| *id != first_id)?;
+        let names: BTreeSet<String> = p
+            .assignments(&kept)
+            .workers
+            .iter()
+            .map(|w| w.executor.name.clone())
+            .collect();
+        (p.state(&kept) == "running" && names.contains(&name)).then_some(again)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "{name} (Slurm job {requeued}) did not come back: {} {:?}\n{}\n{}",
+            p.state(&kept),
+            ours(&comment),
+            p.get("/v1/provisioner?limit=1000"),
+            log_of(&name)
+        )
+    });
     let (code, _) = p.post(&format!("/v1/jobs/{kept}/cancel"), &serde_json::json!({}));
     assert_eq!(code, 200);
 
-    // 5. Scale to zero: every executor is released, and no Slurm job of
+    // 6. Scale to zero: every executor is released, and no Slurm job of
     //    this server is left.
     eventually(Duration::from_secs(60), || {
         let rows = ours(&comment);

@@ -71,7 +71,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 SlurmdTimeout=30
-KillWait=15
+KillWait=5
 MinJobAge=300
 JobRequeue=0
 NodeName=ty-n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$n1_port CPUs=4 RealMemory=8192 State=UNKNOWN
@@ -117,8 +117,15 @@ stop_test_slurm() {
   [ -n "$TEST_SLURM_DIR" ] || return 0
   local dir="$TEST_SLURM_DIR"
   TEST_SLURM_DIR=""
-  # Whatever a test left running goes first, while the nodes still answer.
-  scancel --full --quiet --partition=trainyard 2>/dev/null || true
+  # Whatever a test left running goes first, while the nodes still answer
+  # (a step whose slurmd is gone would linger): cancelled, then waited for
+  # until KillWait's SIGKILL at most.
+  scancel --quiet --partition=trainyard 2>/dev/null || true
+  local i
+  for ((i = 0; i < 150; i++)); do
+    [ -z "$(squeue --noheader --partition=trainyard --format=%i 2>/dev/null)" ] && break
+    sleep 0.1
+  done
   _stop_pidfile "$dir/slurmd-ty-n1.pid"
   _stop_pidfile "$dir/slurmd-ty-n2.pid"
   _stop_pidfile "$dir/slurmctld.pid"

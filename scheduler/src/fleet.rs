@@ -52,6 +52,15 @@ pub trait Provisioner: Send + Sync {
     fn adopt(&mut self, name: &str, pid: Option<u32>) -> bool;
     /// Where `name`'s output goes, for messages.
     fn log_of(&self, name: &str) -> String;
+    /// How the cluster manager knows `name` (`Slurm job 4711`), for events.
+    fn handle(&self, _name: &str) -> Option<String> {
+        None
+    }
+    /// Whether `name` waits for the cluster manager to run it at all (a
+    /// pending batch job): its start timeout counts from when it runs.
+    fn waiting(&self, _name: &str) -> bool {
+        false
+    }
 }
 
 /// Settings of a [`Fleet`].
@@ -218,6 +227,10 @@ impl Fleet {
                             .bind(id)
                             .execute(&self.db)
                             .await?;
+                    } else if self.provisioner.waiting(&name) {
+                        if let Some(m) = self.members.get_mut(&name) {
+                            m.phase = Phase::Starting { since: now };
+                        }
                     } else if now.duration_since(since) > self.config.start_timeout {
                         self.kill_now(&name);
                         let why = format!(
@@ -386,10 +399,22 @@ impl Fleet {
             return Ok(());
         }
         let jobs: Vec<String> = serves.keys().map(Uuid::to_string).collect();
+        // Each with the cluster manager's name for it, where it has one.
+        let handles: BTreeMap<&str, String> = started
+            .iter()
+            .filter_map(|n| Some((n.as_str(), self.provisioner.handle(n)?)))
+            .collect();
+        let shown: Vec<String> = started
+            .iter()
+            .map(|n| match handles.get(n.as_str()) {
+                Some(h) => format!("{n} ({h})"),
+                None => n.clone(),
+            })
+            .collect();
         let why = format!(
             "starting {} executor(s) ({}) of {} for {} waiting job(s) whose minimum sets the live executors cannot hold; {} of at most {} executor(s) now",
             started.len(),
-            started.join(", "),
+            shown.join(", "),
             template.describe(),
             serves.len().max(1),
             self.members.len(),
@@ -400,14 +425,14 @@ impl Fleet {
             None,
             None,
             &why,
-            json!({ "executors": started, "jobs": jobs, "managed": self.members.len(), "max_executors": self.config.limits.max_executors }),
+            json!({ "executors": started, "handles": handles, "jobs": jobs, "managed": self.members.len(), "max_executors": self.config.limits.max_executors }),
         )
         .await?;
         for (job, need) in serves {
             let reason = format!(
                 "provisioning: starting {} executor(s) ({}); this job alone needs {need} new executor(s) of {}",
                 started.len(),
-                started.join(", "),
+                shown.join(", "),
                 template.describe()
             );
             job_event(&self.db, *job, &reason).await?;

@@ -223,6 +223,8 @@ fn finished(state: &str) -> bool {
 pub struct SlurmProvisioner {
     config: SlurmConfig,
     jobs: BTreeMap<String, u32>,
+    /// Jobs the last `squeue` showed pending (queued, or requeued).
+    pending: std::collections::BTreeSet<String>,
     polled: Option<Instant>,
 }
 
@@ -232,6 +234,7 @@ impl SlurmProvisioner {
         SlurmProvisioner {
             config,
             jobs: BTreeMap::new(),
+            pending: Default::default(),
             polled: None,
         }
     }
@@ -375,7 +378,11 @@ impl Provisioner for SlurmProvisioner {
             }
         };
         let mut out = Vec::new();
+        self.pending.clear();
         for (name, id) in &self.jobs {
+            if rows.iter().any(|r| r.id == *id && r.state == "PENDING") {
+                self.pending.insert(name.clone());
+            }
             match rows.iter().find(|r| r.id == *id) {
                 Some(r) if finished(&r.state) => {
                     let reason = if r.reason.is_empty() || r.reason == "None" {
@@ -397,6 +404,14 @@ impl Provisioner for SlurmProvisioner {
             let _ = std::fs::remove_dir_all(self.config.dir.join(format!("{name}.cache")));
         }
         out
+    }
+
+    fn handle(&self, name: &str) -> Option<String> {
+        self.job_of(name).map(|id| format!("Slurm job {id}"))
+    }
+
+    fn waiting(&self, name: &str) -> bool {
+        self.pending.contains(name)
     }
 
     fn adopt(&mut self, name: &str, pid: Option<u32>) -> bool {

@@ -218,6 +218,26 @@ fn slurm_jobs_carry_ring_and_ps_jobs_through_signals_and_a_lost_node() {
             "{job}: no provisioning event"
         );
     }
+    // The start decisions name each executor's Slurm job.
+    let started: Vec<String> = prov["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "start")
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        !started.is_empty() && started.iter().all(|r| r.contains("(Slurm job ")),
+        "start events without their Slurm job ids: {started:?}"
+    );
+    for job in [&ring, &ps] {
+        assert!(
+            p.events(job)
+                .iter()
+                .any(|e| e.kind == "provisioning" && e.reason.contains("(Slurm job ")),
+            "{job}: its provisioning event names no Slurm job"
+        );
+    }
 
     // 2. Slurm's time-limit warning (SIGUSR1) on one executor of a running
     //    ring job: it drains with a checkpoint and the job goes on.

@@ -285,18 +285,13 @@ fn provisioner(
     let fleet = Fleet::new(
         db.clone(),
         Box::new(LocalProvisioner::new(local)),
-        FleetConfig {
-            limits: Limits {
-                max_executors: max,
-                max_per_job: config.provision_max_per_job,
-                idle_timeout: Duration::from_secs(config.provision_idle_timeout_secs),
-            },
-            start_timeout: Duration::from_secs(config.provision_start_timeout_secs),
-            stop_timeout: Duration::from_secs(60),
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+        fleet_config(
+            config,
+            max,
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_else(|_| "localhost".into()),
-        },
+        ),
     );
     Ok((settings, Some(fleet)))
 }
@@ -375,20 +370,26 @@ fn slurm_provisioner(
     let fleet = Fleet::new(
         db.clone(),
         Box::new(SlurmProvisioner::new(slurm)),
-        FleetConfig {
-            limits: Limits {
-                max_executors: max,
-                max_per_job: config.provision_max_per_job,
-                idle_timeout: Duration::from_secs(config.provision_idle_timeout_secs),
-            },
-            start_timeout: Duration::from_secs(config.provision_start_timeout_secs),
-            stop_timeout: Duration::from_secs(60),
-            // Jobs are the cluster's, not this machine's: any server with
-            // the same comment adopts them after a restart.
-            host: format!("slurm:{}", config.slurm_comment),
-        },
+        // Jobs are the cluster's, not this machine's: any server with the
+        // same comment adopts them after a restart.
+        fleet_config(config, max, format!("slurm:{}", config.slurm_comment)),
     );
     Ok((settings, Some(fleet)))
+}
+
+/// The fleet settings every provisioner shares: at most `max` executors,
+/// the configured per-job limit and timeouts, adopted by servers on `host`.
+fn fleet_config(config: &Config, max: u32, host: String) -> FleetConfig {
+    FleetConfig {
+        limits: Limits {
+            max_executors: max,
+            max_per_job: config.provision_max_per_job,
+            idle_timeout: Duration::from_secs(config.provision_idle_timeout_secs),
+        },
+        start_timeout: Duration::from_secs(config.provision_start_timeout_secs),
+        stop_timeout: Duration::from_secs(60),
+        host,
+    }
 }
 
 fn available_memory_mb() -> Option<u64> {

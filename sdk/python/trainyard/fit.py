@@ -368,7 +368,15 @@ class Run:
     def final_eval(self) -> Optional[Dict[str, Any]]:
         """The job's last held-out evaluation: ``{"step", "eval_loss",
         "eval_accuracy"}`` (``eval_accuracy`` is ``None`` for regression), or
-        ``None`` before any."""
+        ``None`` before any. Once the job has succeeded this is its result's
+        evaluation of the final weights (a parameter-server job's last
+        periodic evaluation can be a few steps older); before, the newest
+        evaluation in its metrics."""
+        for e in reversed(self.events()):
+            if e.get("kind") == "result":
+                d = e.get("data") or {}
+                if d.get("eval_loss") is not None:
+                    return {"step": d.get("steps"), "eval_loss": d["eval_loss"], "eval_accuracy": d.get("eval_accuracy")}
         points = self.metrics(max_points=10_000).get("points") or []
         for p in reversed(points):
             if p.get("eval_loss") is not None:

@@ -22,8 +22,13 @@ pub enum Reported {
     /// twice).
     Stored(ReportAck),
     /// Refused for good because its outcome is from a generation the job
-    /// has left: delivered, nothing to retry.
+    /// has left (its metrics and logs were stored), or because the role or
+    /// a checkpoint shard it names was never this executor's (nothing was
+    /// stored): delivered, nothing to retry.
     Stale,
+    /// Refused for good because this executor holds no role in the job
+    /// (403): nothing was stored, and a retry would be refused the same.
+    Refused(String),
 }
 
 impl Client {
@@ -54,13 +59,15 @@ impl Client {
     }
 
     /// `POST /v1/executors/{id}/reports`: a role's metrics, logs, checkpoint
-    /// shards and outcome. A 409 (the outcome of a stale generation) is
-    /// [`Reported::Stale`], not an error.
+    /// shards and outcome. A 409 (the outcome of a stale generation, or a role
+    /// that was not this executor's) is [`Reported::Stale`] and a 403 (no
+    /// role in the job) [`Reported::Refused`], not errors: neither is retried.
     pub async fn report(&self, id: Uuid, report: &RoleReport) -> Result<Reported, ClientError> {
         let call = Call::post(format!("/v1/executors/{id}/reports")).json(report)?;
         match self.call(call).await {
             Ok(ack) => Ok(Reported::Stored(ack)),
             Err(e) if e.status() == Some(STALE) => Ok(Reported::Stale),
+            Err(e) if e.status() == Some(403) => Ok(Reported::Refused(e.to_string())),
             Err(e) => Err(e),
         }
     }

@@ -223,10 +223,22 @@ async fn an_executor_registers_beats_reports_drains_and_leaves() {
         1
     );
 
-    let job = api.submit_job(&spec("reported"), None).await.unwrap();
+    // A one-rank job, placed on the only executor at generation 1.
+    let mut one = spec("reported");
+    one["workers"] = json!({"min": 1, "max": 1});
+    let job = api.submit_job(&one, None).await.unwrap();
+    let mut generation = 0;
+    for _ in 0..200 {
+        generation = api.job(job.id).await.unwrap().generation;
+        if generation == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(generation, 1, "the job was not placed");
     let key = RoleKey {
         job_id: job.id,
-        generation: 0,
+        generation: 1,
         role: RoleKind::Worker,
         index: 0,
     };
@@ -239,7 +251,7 @@ async fn an_executor_registers_beats_reports_drains_and_leaves() {
     };
     match exec.report(reg.id, &empty).await.unwrap() {
         Reported::Stored(ack) => assert_eq!(ack.metrics_stored, 0),
-        Reported::Stale => panic!("stored, not stale"),
+        other => panic!("stored, not {other:?}"),
     }
     let stale = RoleReport {
         key: RoleKey {
@@ -249,18 +261,52 @@ async fn an_executor_registers_beats_reports_drains_and_leaves() {
         outcome: Some(RoleOutcome::Failed {
             reason: "from another generation".into(),
         }),
-        ..empty
+        ..empty.clone()
     };
     assert!(matches!(
         exec.report(reg.id, &stale).await.unwrap(),
         Reported::Stale
     ));
+    // An executor that holds no role in the job: refused for good.
+    let stranger = Client::builder(api.base_url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let other = stranger
+        .register(
+            JOIN,
+            &RegisterRequest {
+                name: "typed-stranger".into(),
+                ..registration.clone()
+            },
+        )
+        .await
+        .unwrap();
+    stranger.set_token(Some(other.token.clone()));
+    match stranger.report(other.id, &empty).await.unwrap() {
+        Reported::Refused(why) => assert!(why.contains("holds no role"), "{why}"),
+        other => panic!("refused, not {other:?}"),
+    }
 
     assert_eq!(
         exec.drain(reg.id).await.unwrap().state,
         ExecutorState::Draining
     );
-    assert_eq!(exec.leave(reg.id).await.unwrap().state, ExecutorState::Left);
+    // Once the drain has moved its role away, it may leave.
+    let mut left = None;
+    for _ in 0..200 {
+        match exec.leave(reg.id).await {
+            Ok(info) => {
+                left = Some(info.state);
+                break;
+            }
+            Err(e) if e.status() == Some(409) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(left, Some(ExecutorState::Left));
     let gone = exec
         .heartbeat(reg.id, &HeartbeatRequest::default())
         .await

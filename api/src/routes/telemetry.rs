@@ -2,7 +2,10 @@
 //! role's outcome; users read metrics (downsampled) and logs, which stay in
 //! Postgres after the executors are gone.
 //!
-//! Reports are idempotent (metrics keyed by job, rank and step; log lines by
+//! A report is stored only from the executor that held the role it names
+//! in the generation it names ([`fencing`]): a stranger is answered 403, a
+//! zombie claiming another role or generation 409, and nothing of theirs
+//! is stored. Reports are idempotent (metrics keyed by job, rank and step; log lines by
 //! role instance and sequence number), so an executor that retries after a
 //! lost answer duplicates nothing. An outcome is accepted only from a role
 //! of the job's current generation: it ends the job (`succeeded` with its
@@ -12,6 +15,7 @@
 
 use super::shared::access::authorize_executor;
 use super::shared::checkpointing;
+use super::shared::fencing;
 use super::shared::job_rows::ensure_job;
 use super::shared::params::{
     parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery,
@@ -53,8 +57,9 @@ fn finite(x: Option<f64>) -> Option<f64> {
         (status = 200, description = "Stored", body = ReportAck),
         (status = 400, description = "The id is not a UUID, or the body is malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or wrong executor credential", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The executor holds no role in the job: nothing is stored", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such executor or job", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The outcome is from a stale generation", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The outcome is from a stale generation (its metrics and logs are stored), or the role or a checkpoint shard was never this executor's (nothing is stored)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "The body is not JSON (Content-Type)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid report", body = Problem, content_type = "application/problem+json"),
     ),
@@ -71,9 +76,10 @@ pub async fn report(
     check_report(&r)?;
     let key = r.key;
     ensure_job(&st.db, key.job_id).await?;
+    fencing::check(&st.db, executor, &key, &r.checkpoints).await?;
     // Checkpoints first: a checkpoint written at the end is committed
     // before the outcome ends the job.
-    checkpointing::record(&st, key.job_id, &r.checkpoints).await?;
+    checkpointing::record(&st, key.job_id, executor, &r.checkpoints).await?;
     let mut tx = st.db.begin().await?;
     let metrics_stored = store_metrics(&mut tx, &key, &r.metrics).await?;
     let logs_stored = store_logs(&mut tx, executor, &key, &r.logs).await?;
@@ -119,7 +125,10 @@ fn check_report(r: &RoleReport) -> ApiResult<()> {
 }
 
 /// Stores a worker's step metrics (a PS role's are ignored); returns how
-/// many were new.
+/// many were new. A step measured again by a newer generation (one that
+/// resumed from a checkpoint before it) replaces the older measurement, so
+/// the curve shows the steps that led to the weights; an older generation's
+/// late report never replaces a newer one's.
 async fn store_metrics(
     tx: &mut PgConnection,
     key: &RoleKey,
@@ -137,8 +146,16 @@ async fn store_metrics(
     for m in metrics {
         let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
         stored += sqlx::query(
-            "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
+            "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected, generation)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             ON CONFLICT (job_id, rank, step) DO UPDATE SET
+                 loss = EXCLUDED.loss, lr = EXCLUDED.lr, samples_per_sec = EXCLUDED.samples_per_sec,
+                 data_seconds = EXCLUDED.data_seconds, compute_seconds = EXCLUDED.compute_seconds,
+                 comm_seconds = EXCLUDED.comm_seconds, eval_loss = EXCLUDED.eval_loss,
+                 eval_accuracy = EXCLUDED.eval_accuracy, comm_bytes = EXCLUDED.comm_bytes,
+                 staleness = EXCLUDED.staleness, rejected = EXCLUDED.rejected,
+                 generation = EXCLUDED.generation, at = clock_timestamp()
+             WHERE job_metrics.generation < EXCLUDED.generation",
         )
         .bind(key.job_id)
         .bind(rank)
@@ -154,6 +171,7 @@ async fn store_metrics(
         .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
         .bind(m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
         .bind(i32::try_from(m.rejected).unwrap_or(i32::MAX))
+        .bind(key.generation)
         .execute(&mut *tx)
         .await?
         .rows_affected();

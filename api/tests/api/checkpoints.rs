@@ -3,7 +3,7 @@
 //! to the object store first, the newest K are kept, partial ones are
 //! removed, and malformed shard reports are refused naming the field.
 
-use crate::executors::register;
+use crate::executors::{place_ring_job, register};
 use crate::helpers::{assert_problem, digits_spec, spawn_app_with};
 use serde_json::{json, Value};
 
@@ -26,7 +26,8 @@ async fn checkpoints_commit_when_complete_keep_k_and_drop_partial_ones() {
     let (id, token) = register(&app, "writer").await;
     let mut spec = digits_spec("checkpointed");
     spec["checkpoint"] = json!({"every_steps": 10, "keep": 2});
-    let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    // Reports are taken from the executor holding the role they name.
+    let job = place_ring_job(&app, spec, 1).await;
     let report = |shards: Vec<Value>| {
         let body = json!({
             "key": {"job_id": job, "generation": 1, "role": "worker", "index": 0},

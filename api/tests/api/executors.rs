@@ -385,14 +385,9 @@ async fn higher_priority_is_placed_first() {
 
 #[tokio::test]
 async fn reports_are_idempotent_sanitized_and_outcomes_need_the_current_generation() {
-    let app = spawn_app().await;
-    let (id, token) = register(&app, "reporter").await;
-    let job = app.submit(&digits_spec("reported")).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (app, id, token, job) = one_rank_job_placed("reported").await;
     let report = json!({
-        "key": {"job_id": job, "generation": 0, "role": "worker", "index": 0},
+        "key": {"job_id": job, "generation": 1, "role": "worker", "index": 0},
         "metrics": [{"step": 1, "loss": 2.5, "lr": 0.1, "samples_per_sec": 100.0, "data_seconds": 0.01, "compute_seconds": 0.02, "comm_seconds": 0.0}],
         "logs": [{"seq": 1, "at_ms": 0, "level": "info", "message": "a\u{0}b"}]
     });
@@ -437,6 +432,19 @@ async fn reports_are_idempotent_sanitized_and_outcomes_need_the_current_generati
         .await;
     assert_problem(r, 404, None).await;
 
+    // The role moves to another executor (generation 2): the first one's
+    // outcome is a stale generation's.
+    let (other, _) = register(&app, "reported-other").await;
+    let r = app
+        .client
+        .post(app.url(&format!("/v1/executors/{id}/drain")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_for_generation(&app, &job, 2).await;
+    assert_eq!(holder_of_rank(&app, &job, 0).await, other);
     let mut stale = report.clone();
     stale["outcome"] = json!({"failed": {"reason": "x"}});
     let r = app
@@ -480,15 +488,19 @@ async fn reports_are_idempotent_sanitized_and_outcomes_need_the_current_generati
 #[tokio::test]
 async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
     let app = spawn_app().await;
-    let (id, token) = register(&app, "ps-reporter").await;
-    let job = app.submit(&digits_spec("ps-metrics")).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let url = app.url(&format!("/v1/executors/{id}/reports"));
+    let mut tokens = std::collections::HashMap::new();
+    for name in ["ps-reporter-0", "ps-reporter-1"] {
+        let (id, token) = register(&app, name).await;
+        tokens.insert(id, token);
+    }
+    // Two ranks, each reporting as the executor that holds it.
+    let job = place_ring_job(&app, digits_spec("ps-metrics"), 2).await;
     // Rank 0 and rank 1 each report two steps with their staleness and
     // rejections; 2 MB in 0.01 s per step is 0.2 GB/s.
     for (index, staleness, rejected) in [(0, [0, 1], [0, 2]), (1, [2, 12], [1, 0])] {
+        let id = holder_of_rank(&app, &job, index).await;
+        let token = &tokens[&id];
+        let url = app.url(&format!("/v1/executors/{id}/reports"));
         let metrics: Vec<Value> = (0..2)
             .map(|i| {
                 json!({"step": i + 1, "loss": 1.0, "lr": 0.1, "samples_per_sec": 10.0, "data_seconds": 0.0,
@@ -499,8 +511,8 @@ async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
         let r = app
             .client
             .post(&url)
-            .bearer_auth(&token)
-            .json(&json!({"key": {"job_id": job, "generation": 0, "role": "worker", "index": index}, "metrics": metrics}))
+            .bearer_auth(token)
+            .json(&json!({"key": {"job_id": job, "generation": 1, "role": "worker", "index": index}, "metrics": metrics}))
             .send()
             .await
             .unwrap();
@@ -530,23 +542,46 @@ async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
 async fn one_rank_job_placed(name: &str) -> (TestApp, String, String, String) {
     let app = spawn_app().await;
     let (id, token) = register(&app, &format!("{name}-executor")).await;
-    let mut spec = digits_spec(name);
+    let job = place_ring_job(&app, digits_spec(name), 1).await;
+    (app, id, token, job)
+}
+
+/// Submits `spec` as a ring job of exactly `ranks` workers and waits until
+/// the scheduler has placed it (generation 1) on the registered executors.
+pub async fn place_ring_job(app: &TestApp, mut spec: Value, ranks: u32) -> String {
     spec["strategy"] = json!("allreduce");
-    spec["workers"] = json!({"min": 1, "max": 1});
+    spec["workers"] = json!({"min": ranks, "max": ranks});
     spec.as_object_mut().unwrap().remove("parameter_servers");
     spec.as_object_mut().unwrap().remove("consistency");
     let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
-    let mut placed = false;
-    for _ in 0..100 {
+    wait_for_generation(app, &job, 1).await;
+    job
+}
+
+/// Waits until job `job` is at generation `generation`.
+pub async fn wait_for_generation(app: &TestApp, job: &str, generation: i64) {
+    for _ in 0..200 {
         let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
-        if j["generation"] == 1 {
-            placed = true;
-            break;
+        if j["generation"] == generation {
+            return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(placed, "the job was not placed");
-    (app, id, token, job)
+    panic!("job {job} never reached generation {generation}");
+}
+
+/// The executor id holding rank `rank` of job `job` now.
+pub async fn holder_of_rank(app: &TestApp, job: &str, rank: u64) -> String {
+    let a: Value = app.get_json(&format!("/v1/jobs/{job}/assignments")).await;
+    a["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{a}"))
+        .iter()
+        .find(|w| w["rank"] == rank)
+        .unwrap_or_else(|| panic!("no rank {rank} in {a}"))["executor"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 #[tokio::test]

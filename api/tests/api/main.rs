@@ -5,6 +5,7 @@ mod artifacts;
 mod auth;
 mod checkpoints;
 mod executors;
+mod fencing;
 mod health;
 mod helpers;
 mod jobs;

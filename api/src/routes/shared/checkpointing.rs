@@ -70,15 +70,24 @@ pub fn validate(key: &RoleKey, shards: &[ShardUploaded]) -> ApiResult<()> {
 /// one is committed in ascending step order before retention and clean-up
 /// run, so clean-up never removes a checkpoint that another report was
 /// about to complete.
-pub async fn record(st: &AppState, job: Uuid, shards: &[ShardUploaded]) -> ApiResult<()> {
+pub async fn record(
+    st: &AppState,
+    job: Uuid,
+    executor: Uuid,
+    shards: &[ShardUploaded],
+) -> ApiResult<()> {
     if shards.is_empty() {
         return Ok(());
     }
     for s in shards {
-        sqlx::query(
-            "INSERT INTO checkpoint_shards (job_id, step, generation, shard, shards, report)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (job_id, step, generation, shard) DO UPDATE SET report = EXCLUDED.report, shards = EXCLUDED.shards",
+        // A retry of the reporting executor may update its shard; another
+        // executor's report of the same shard changes nothing (the fence
+        // refused it before; this holds under a race too).
+        let stored = sqlx::query(
+            "INSERT INTO checkpoint_shards (job_id, step, generation, shard, shards, report, executor_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (job_id, step, generation, shard) DO UPDATE SET report = EXCLUDED.report, shards = EXCLUDED.shards
+             WHERE checkpoint_shards.executor_id IS NULL OR checkpoint_shards.executor_id = EXCLUDED.executor_id",
         )
         .bind(job)
         .bind(s.step as i64)
@@ -86,8 +95,16 @@ pub async fn record(st: &AppState, job: Uuid, shards: &[ShardUploaded]) -> ApiRe
         .bind(s.shard as i32)
         .bind(s.shards as i32)
         .bind(serde_json::to_value(s).map_err(|e| ApiError::Internal(e.into()))?)
+        .bind(executor)
         .execute(&st.db)
-        .await?;
+        .await?
+        .rows_affected();
+        if stored == 0 {
+            return Err(ApiError::Conflict(format!(
+                "shard {} of checkpoint step {} (generation {}) was reported by another executor",
+                s.shard, s.step, s.generation
+            )));
+        }
     }
     let mut tx = st.db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7001))")

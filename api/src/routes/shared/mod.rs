@@ -10,11 +10,14 @@
 //!   against its row;
 //! * [`data_access`] — what a job may read: `artifact:` URLs resolved at
 //!   submit, the data policy sent to executors, superseded versions swept;
+//! * [`fencing`] — a role report accepted only from the executor that held
+//!   the role it names, in the generation it names;
 //! * [`checkpointing`] — committing checkpoints from shard reports, retention
 //!   and clean-up, and the checkpoint a job's roles start from.
 
 pub mod access;
 pub mod checkpointing;
 pub mod data_access;
+pub mod fencing;
 pub mod job_rows;
 pub mod params;

@@ -32,7 +32,7 @@
 //! |---|---|---|
 //! | register with the join token | [`Client::register`] | until it succeeds: `RetryPolicy::forever(200 ms, 5 s).retrying(Retry::Any)` (a refusal is logged and tried again; a duplicate registration is harmless, the extra executor is never heard of and declared lost) |
 //! | heartbeat | [`Client::heartbeat`] | once; the agent's loop tries again at the heartbeat interval (a growing backoff would outlast the scheduler's lost timeout); 404/410 ([`ClientError::status`]) mean register again |
-//! | role report | [`Client::report`] | once per call; the delivery loop keeps the slice and asks `RetryPolicy::forever(500 ms, 5 s).retrying(Retry::Any)` for [`RetryPolicy::next_delay`] while it batches, since the session (id, token) may change between attempts; a stale generation's outcome (409) is [`Reported::Stale`], delivered |
+//! | role report | [`Client::report`] | once per call; the delivery loop keeps the slice and asks `RetryPolicy::forever(500 ms, 5 s).retrying(Retry::Any)` for [`RetryPolicy::next_delay`] while it batches, with the credential its role started under ([`Client::with_own_token`]); a 409 of the fence is [`Reported::Stale`] and a 403 [`Reported::Refused`], delivered |
 //! | inspection report | [`Client::report_inspection`] | `RetryPolicy::forever(200 ms, 3.2 s)`: until the API takes it or refuses it (a 4xx), never giving up, or the job stays `inspecting` |
 //! | drain, leave | [`Client::drain`], [`Client::leave`] | once: on the way out nothing waits for them |
 //!
@@ -272,6 +272,23 @@ impl Client {
     /// The bearer token requests carry now.
     pub fn token(&self) -> Option<String> {
         self.shared.token.read().ok().and_then(|t| t.clone())
+    }
+
+    /// A client of the same server, settings and connection pool whose
+    /// token is its own: [`Client::set_token`] on either leaves the other's.
+    /// An executor's role keeps the credential it was started under, so
+    /// that its reports still speak for the executor that held the role
+    /// after the executor registered again.
+    pub fn with_own_token(&self, token: Option<String>) -> Client {
+        Client {
+            shared: Arc::new(Shared {
+                http: self.shared.http.clone(),
+                base: self.shared.base.clone(),
+                timeout: self.shared.timeout,
+                token: RwLock::new(token),
+            }),
+            retry: self.retry,
+        }
     }
 
     /// Sends `call`, retrying as the policy says; a success's body.

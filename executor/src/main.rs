@@ -85,6 +85,14 @@ struct Cli {
     /// Most bytes the local cache keeps, in MiB.
     #[arg(long, env = "TRAINYARD_CACHE_MB", default_value_t = 2048)]
     cache_mb: u64,
+
+    /// Longest a drain (SIGTERM, SIGINT, SIGUSR1) may take, in seconds: the
+    /// scheduler moving roles away, checkpoint uploads and report delivery.
+    /// When it ends the executor exits, logging what the API did not
+    /// receive; a second signal exits at once.
+    #[arg(long, env = "TRAINYARD_SHUTDOWN_GRACE_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    shutdown_grace_secs: u64,
 }
 
 /// The data-plane address registered for peers: `host` (when given) with
@@ -130,7 +138,7 @@ fn main() -> anyhow::Result<()> {
     );
     let options =
         trainyard_store::parse_options(&cli.object_store_options).map_err(anyhow::Error::msg)?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let address = advertised(plane.local_addr(), cli.advertise_host.as_deref());
         let name = cli.name.clone().unwrap_or_else(|| {
             format!(
@@ -169,10 +177,15 @@ fn main() -> anyhow::Result<()> {
                 std::sync::Arc::new(cache),
                 tokio::runtime::Handle::current(),
             ),
+            grace: std::time::Duration::from_secs(cli.shutdown_grace_secs),
         })
         .await
         .context("the agent stopped")
-    })
+    });
+    // Whatever still runs on the runtime (a role thread stuck in libtorch,
+    // a report the grace period gave up on) must not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {

@@ -251,6 +251,18 @@ impl Platform {
         std::mem::replace(&mut self.server, again)
     }
 
+    /// SIGKILLs the server and leaves it down, until [`Platform::start_api`].
+    pub fn stop_api(&mut self) {
+        kill9(self.server.pid());
+        let _ = self.server.wait_exit(Duration::from_secs(10));
+    }
+
+    /// Starts the server again on its port against its database (after
+    /// [`Platform::stop_api`]).
+    pub fn start_api(&mut self) {
+        self.server = self.options.spawn_server(&self.db, self.port, &self.data);
+    }
+
     /// A second server with the same options against the same database, on
     /// a port (and in a folder) of its own; it leaves the database to this
     /// one.

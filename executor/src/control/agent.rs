@@ -11,6 +11,13 @@
 //! again. On SIGTERM/SIGINT/SIGUSR1 it drains (the scheduler moves its roles away),
 //! waits until nothing is assigned, leaves, and exits.
 //!
+//! The drain is bounded by the grace period (`--shutdown-grace-secs`): when
+//! the API is unreachable the roles still stop with a checkpoint, whose
+//! shards are uploaded to the object store (and kept in the local cache
+//! tier) while the reports are retried; when the grace period ends the
+//! executor exits and logs what it could not deliver. A second signal
+//! during the drain exits at once.
+//!
 //! The data-plane listener is bound before registering so that the address
 //! peers receive is real.
 
@@ -27,7 +34,9 @@ use uuid::Uuid;
 
 /// Timeout of each request to the API.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest a drain waits for the scheduler to move roles away.
+/// The default grace period of a drain: the longest it waits for the
+/// scheduler to move roles away, for checkpoint shards to be uploaded and
+/// for reports to be delivered, before the executor exits.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Settings of the agent.
@@ -42,6 +51,8 @@ pub struct AgentConfig {
     pub plane: Arc<trainyard_dataplane::DataPlane>,
     /// How roles reach the object store and the local cache tier.
     pub fetcher: Fetcher,
+    /// The longest a drain may take ([`DRAIN_TIMEOUT`] by default).
+    pub grace: Duration,
 }
 
 struct Session {
@@ -60,6 +71,7 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
         id: Arc::new(RwLock::new(Uuid::nil())),
         object_store: Arc::new(RwLock::new(String::new())),
         uploads: ctx.uploads.clone(),
+        deliveries: Default::default(),
     };
     let mut roles = Roles::new(Arc::new(sink.clone()), config.plane.clone(), ctx.clone());
     let shutdown = shutdown_signal();
@@ -95,7 +107,13 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
             () = &mut shutdown => break,
         }
     }
-    drain_and_leave(&client, &session, &mut roles, &ctx).await;
+    // A second signal ends the drain: the operator wants out now.
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tracing::warn!("a second signal during the drain: exiting at once");
+        std::process::exit(130);
+    });
+    drain_and_leave(&client, &session, &mut roles, &ctx, &sink, config.grace).await;
     Ok(())
 }
 
@@ -152,33 +170,64 @@ async fn heartbeat(client: &Client, s: &Session, roles: &mut Roles) -> Result<()
     }
 }
 
-async fn drain_and_leave(client: &Client, s: &Session, roles: &mut Roles, ctx: &Context) {
-    tracing::info!("draining: asking the scheduler to move this executor's roles away");
+async fn drain_and_leave(
+    client: &Client,
+    s: &Session,
+    roles: &mut Roles,
+    ctx: &Context,
+    sink: &Sink,
+    grace: Duration,
+) {
+    tracing::info!(
+        ?grace,
+        "draining: asking the scheduler to move this executor's roles away"
+    );
+    let deadline = tokio::time::Instant::now() + grace;
+    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
     ctx.drain.start();
-    if let Err(e) = client.drain(s.id).await {
-        tracing::warn!(error = %e, "drain failed; leaving without it");
+    match tokio::time::timeout(left(), client.drain(s.id)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "drain failed; leaving without it"),
+        Err(_) => tracing::warn!("drain not answered within the grace period"),
     }
-    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
     while tokio::time::Instant::now() < deadline {
-        match heartbeat(client, s, roles).await {
-            Ok(()) if roles.is_empty() => break,
-            Ok(()) => {}
-            // The API is gone too (a whole-system stop): nothing to hand over.
-            Err(_) => break,
+        match tokio::time::timeout(left(), heartbeat(client, s, roles)).await {
+            Ok(Ok(())) if roles.is_empty() => break,
+            Ok(Ok(())) => {}
+            // The API is gone too (a whole-system stop, or a partition):
+            // nothing to hand over; the roles stop here with a checkpoint.
+            Ok(Err(_)) | Err(_) => break,
         }
-        tokio::time::sleep(s.interval).await;
+        tokio::time::sleep(s.interval.min(left())).await;
     }
     roles.apply(&[]);
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    tokio::task::block_in_place(|| roles.wait_stopped(left));
-    // Checkpoint shards still uploading or not yet reported go first.
-    while ctx.uploads.count() > 0 && tokio::time::Instant::now() < deadline {
+    let wait = left();
+    tokio::task::block_in_place(|| roles.wait_stopped(wait));
+    // Checkpoint shards still uploading, and every report still held, go
+    // first — for as long as the grace period lasts.
+    while (ctx.uploads.count() > 0 || sink.deliveries.count() > 0)
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    match client.leave(s.id).await {
-        Ok(_) => tracing::info!("left the cluster"),
-        Err(e) if e.status().is_some() => tracing::warn!(error = %e, "leave refused"),
-        Err(e) => tracing::warn!(error = %e, "leave failed"),
+    let held = sink.deliveries.held();
+    if sink.deliveries.count() > 0 || ctx.uploads.count() > 0 {
+        tracing::error!(
+            metrics = held.metrics,
+            logs = held.logs,
+            checkpoint_shards = held.checkpoints,
+            outcome = held.outcome,
+            uploads_unacknowledged = ctx.uploads.count(),
+            "the grace period ended with reports the API has not received; exiting without them \
+             (uploaded checkpoint shards stay in the object store and the local cache, uncommitted)"
+        );
+    }
+    let left = left().max(Duration::from_secs(1)).min(REQUEST_TIMEOUT);
+    match tokio::time::timeout(left, client.leave(s.id)).await {
+        Ok(Ok(_)) => tracing::info!("left the cluster"),
+        Ok(Err(e)) if e.status().is_some() => tracing::warn!(error = %e, "leave refused"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "leave failed"),
+        Err(_) => tracing::warn!("leave not answered"),
     }
 }
 

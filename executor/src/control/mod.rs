@@ -30,8 +30,10 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const REGISTER: RetryPolicy =
     RetryPolicy::forever(Duration::from_millis(200), MAX_BACKOFF).retrying(Retry::Any);
 
-/// Reports: without end, whatever the failure (the session may change
-/// between attempts), from one flush interval up to [`MAX_BACKOFF`].
+/// Reports: until the API takes or refuses them for good (a 409 or 403 of
+/// the fence, a 401 or 404 for a credential it no longer knows) or the
+/// executor's grace period ends at shutdown, whatever else fails, from one
+/// flush interval up to [`MAX_BACKOFF`].
 pub const REPORT: RetryPolicy =
     RetryPolicy::forever(report::FLUSH_EVERY, MAX_BACKOFF).retrying(Retry::Any);
 

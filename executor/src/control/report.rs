@@ -28,7 +28,8 @@ pub const METRICS_PER_REPORT: usize = 500;
 pub const LOGS_PER_REPORT: usize = 100;
 
 /// Where reports go; the id and the client's credential change when the
-/// executor registers again.
+/// executor registers again (a role's delivery keeps those it started
+/// with).
 #[derive(Clone)]
 pub struct Sink {
     /// The API's client, holding the executor's credential.
@@ -40,6 +41,87 @@ pub struct Sink {
     /// Checkpoint shards not yet acknowledged: a delivered report takes its
     /// shards off.
     pub uploads: PendingUploads,
+    /// Deliveries still holding something to send.
+    pub deliveries: Deliveries,
+}
+
+/// The deliveries that have not handed everything over yet, and what they
+/// still hold.
+#[derive(Clone, Default)]
+pub struct Deliveries(Arc<std::sync::Mutex<std::collections::HashMap<u64, Held>>>);
+
+/// What one delivery still holds.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Metric points.
+    pub metrics: usize,
+    /// Log lines.
+    pub logs: usize,
+    /// Checkpoint shard reports.
+    pub checkpoints: usize,
+    /// Whether the role's outcome is among them.
+    pub outcome: bool,
+}
+
+impl Deliveries {
+    fn start(&self) -> DeliveryGuard {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(id, Held::default());
+        }
+        DeliveryGuard {
+            id,
+            all: self.clone(),
+        }
+    }
+
+    /// How many deliveries are still running.
+    pub fn count(&self) -> usize {
+        self.0.lock().map_or(0, |m| m.len())
+    }
+
+    /// What the running deliveries still hold, summed.
+    pub fn held(&self) -> Held {
+        self.0.lock().map_or(Held::default(), |m| {
+            m.values().fold(Held::default(), |a, h| Held {
+                metrics: a.metrics + h.metrics,
+                logs: a.logs + h.logs,
+                checkpoints: a.checkpoints + h.checkpoints,
+                outcome: a.outcome || h.outcome,
+            })
+        })
+    }
+}
+
+/// A running delivery's entry in [`Deliveries`], removed when it ends.
+struct DeliveryGuard {
+    id: u64,
+    all: Deliveries,
+}
+
+impl DeliveryGuard {
+    fn holds(&self, r: &RoleReport) {
+        if let Ok(mut m) = self.all.0.lock() {
+            m.insert(
+                self.id,
+                Held {
+                    metrics: r.metrics.len(),
+                    logs: r.logs.len(),
+                    checkpoints: r.checkpoints.len(),
+                    outcome: r.outcome.is_some(),
+                },
+            );
+        }
+    }
+}
+
+impl Drop for DeliveryGuard {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.all.0.lock() {
+            m.remove(&self.id);
+        }
+    }
 }
 
 impl Sink {
@@ -68,6 +150,14 @@ impl Reporter for Sink {
 
 /// Delivers `items` for role `key` until the channel closes and all is sent.
 pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item>) {
+    let guard = sink.deliveries.start();
+    // The role speaks for the executor session it was started under: the
+    // API takes a role's reports only from the executor that held it, and
+    // a registration after a 410 is another executor.
+    let (executor, client) = (
+        sink.executor_id(),
+        sink.client.with_own_token(sink.client.token()),
+    );
     let mut pending = RoleReport {
         key,
         metrics: Vec::new(),
@@ -103,6 +193,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 Err(_) => break,
             }
         }
+        guard.holds(&pending);
         if pending.metrics.is_empty()
             && pending.logs.is_empty()
             && pending.outcome.is_none()
@@ -128,10 +219,23 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             // the job's end (at_end) is applied.
             checkpoints: pending.checkpoints.clone(),
         };
-        match sink.client.report(sink.executor_id(), &slice).await {
+        let answer = match client.report(executor, &slice).await {
+            // The credential this role started under is no longer one the
+            // API knows (the executor's row is gone): no retry can help.
+            Err(e) if matches!(e.status(), Some(401 | 404)) => Ok(Reported::Refused(e.to_string())),
+            other => other,
+        };
+        match answer {
             Ok(answer) => {
-                if matches!(answer, Reported::Stale) {
-                    tracing::warn!(job = %key.job_id, "outcome from a stale generation was refused");
+                match answer {
+                    Reported::Stale => tracing::warn!(
+                        job = %key.job_id,
+                        "the API refused this report as from a stale generation or another executor's role"
+                    ),
+                    Reported::Refused(why) => {
+                        tracing::warn!(job = %key.job_id, %why, "the API refused this report; it is dropped")
+                    }
+                    Reported::Stored(_) => {}
                 }
                 failures = 0;
                 pending.metrics.drain(..nm);

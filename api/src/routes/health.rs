@@ -67,9 +67,9 @@ pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse>
         "SELECT owner,
                 sum(cuda_devices * secs)::float8 AS cuda, sum(cpu_workers * secs)::float8 AS cpu,
                 sum(ps_ram_bytes::float8 / 1073741824 * secs / 3600)::float8 AS ram
-         FROM (SELECT owner, cuda_devices, cpu_workers, ps_ram_bytes,
-                      extract(epoch FROM coalesce(ended_at, clock_timestamp()) - started_at)::float8 AS secs
-               FROM usage_intervals) u
+         FROM (SELECT i.owner, i.cuda_devices, i.cpu_workers, i.ps_ram_bytes,
+                      greatest(0, extract(epoch FROM coalesce(i.ended_at, j.finished_at, clock_timestamp()) - i.started_at))::float8 AS secs
+               FROM usage_intervals i JOIN jobs j ON j.id = i.job_id) u
          GROUP BY owner",
     )
     .fetch_all(&st.db)

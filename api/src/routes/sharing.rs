@@ -78,8 +78,9 @@ async fn quota_info(st: &AppState, owner: &str) -> ApiResult<QuotaInfo> {
                 coalesce(u.cuda, 0)::int8 AS use_cuda, coalesce(u.cpu, 0)::int8 AS use_cpu, coalesce(u.ram, 0)::int8 AS use_ram
          FROM (SELECT $1::text AS owner) o
          LEFT JOIN quotas q ON q.owner = o.owner
-         LEFT JOIN (SELECT owner, sum(cuda_devices) AS cuda, sum(cpu_workers) AS cpu, sum(ps_ram_bytes) AS ram
-                    FROM usage_intervals WHERE ended_at IS NULL AND owner = $1 GROUP BY owner) u ON u.owner = o.owner",
+         LEFT JOIN (SELECT i.owner, sum(i.cuda_devices) AS cuda, sum(i.cpu_workers) AS cpu, sum(i.ps_ram_bytes) AS ram
+                    FROM usage_intervals i JOIN jobs j ON j.id = i.job_id
+                    WHERE i.ended_at IS NULL AND j.finished_at IS NULL AND i.owner = $1 GROUP BY i.owner) u ON u.owner = o.owner",
     )
     .bind(owner)
     .fetch_one(&st.db)
@@ -281,11 +282,13 @@ pub async fn usage(
         }
         (false, _) => Some(who.user.clone()),
     };
+    // An interval still open of a job that has ended (the scheduler closes
+    // it at its next round) ends when the job did.
     const WINDOW: &str = "WITH w AS (
-            SELECT job_id, owner, cuda_devices, cpu_workers, ps_ram_bytes,
-                   extract(epoch FROM least(coalesce(ended_at, $2), $2) - greatest(started_at, $1))::float8 AS secs
-            FROM usage_intervals
-            WHERE started_at < $2 AND coalesce(ended_at, $2) > $1 AND ($3::text IS NULL OR owner = $3))";
+            SELECT u.job_id, u.owner, u.cuda_devices, u.cpu_workers, u.ps_ram_bytes,
+                   extract(epoch FROM least(coalesce(u.ended_at, j.finished_at, $2), $2) - greatest(u.started_at, $1))::float8 AS secs
+            FROM usage_intervals u JOIN jobs j ON j.id = u.job_id
+            WHERE u.started_at < $2 AND coalesce(u.ended_at, j.finished_at, $2) > $1 AND ($3::text IS NULL OR u.owner = $3))";
     const SUMS: &str =
         "sum(cuda_devices * secs)::float8 AS cuda, sum(cpu_workers * secs)::float8 AS cpu,
             sum(ps_ram_bytes::float8 / 1073741824 * secs / 3600)::float8 AS ram";

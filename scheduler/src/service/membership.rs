@@ -73,7 +73,6 @@ pub(super) async fn apply(
     if let Some(note) = note {
         reason = format!("{note}: {reason}");
     }
-    record_usage(&mut tx, job, next, new).await?;
     sqlx::query("DELETE FROM assignments WHERE job_id = $1")
         .bind(job.id)
         .execute(&mut *tx)
@@ -135,6 +134,7 @@ pub(super) async fn apply(
         placement_json(next, new),
     )
     .await?;
+    record_usage(&mut tx, job, next, new).await?;
     match (state, new.is_some()) {
         (JobState::Queued, true) => {
             transition(&mut tx, job.id, JobState::Scheduling, &reason)
@@ -174,7 +174,8 @@ pub(super) async fn apply(
 }
 
 /// Closes the job's open usage interval and opens one for generation
-/// `generation` with what `new` holds (the assignments' timeline, which
+/// `generation` with what `new` holds, both at the time of the placement
+/// event just written: usage is exactly the placement timeline (which
 /// usage accounting and fair share read).
 async fn record_usage(
     tx: &mut sqlx::PgConnection,
@@ -182,11 +183,18 @@ async fn record_usage(
     generation: i64,
     new: Option<&Placement>,
 ) -> Result<(), sqlx::Error> {
+    let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT at FROM job_events WHERE job_id = $1 AND kind = 'placement' ORDER BY id DESC LIMIT 1",
+    )
+    .bind(job.id)
+    .fetch_one(&mut *tx)
+    .await?;
     sqlx::query(
-        "UPDATE usage_intervals SET ended_at = greatest(started_at, clock_timestamp())
+        "UPDATE usage_intervals SET ended_at = greatest(started_at, $2)
          WHERE job_id = $1 AND ended_at IS NULL",
     )
     .bind(job.id)
+    .bind(at)
     .execute(&mut *tx)
     .await?;
     let Some(p) = new else { return Ok(()) };
@@ -208,7 +216,7 @@ async fn record_usage(
     };
     sqlx::query(
         "INSERT INTO usage_intervals (job_id, owner, generation, cuda_devices, cpu_workers, ps_ram_bytes, started_at)
-         VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (job_id, generation) DO NOTHING",
     )
     .bind(job.id)
@@ -217,6 +225,7 @@ async fn record_usage(
     .bind(cuda)
     .bind(cpu)
     .bind(i64::try_from(ps_ram).unwrap_or(i64::MAX))
+    .bind(at)
     .execute(&mut *tx)
     .await?;
     Ok(())

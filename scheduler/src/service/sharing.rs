@@ -16,7 +16,7 @@ use super::error::SchedulerError;
 use super::world::World;
 use crate::lifecycle::event;
 use crate::plan::{plan_shared, Plan, Quota, Sharing};
-use crate::share::{decayed, preempt, preempted_reason, Action};
+use crate::share::{decayed, preempt, Action};
 use serde_json::json;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, HashMap};
@@ -153,18 +153,17 @@ pub(super) async fn decide(
             }
         }
     }
-    // Released victims: their preemption is done.
+    // Released victims: their preemption is done (the release's reason is
+    // their waiting reason, `preempted by …`).
     for a in &taken {
-        if let Action::Preempt { victim, by } = a {
+        if let Action::Preempt { victim, .. } = a {
             sqlx::query("DELETE FROM preemptions WHERE victim = $1")
                 .bind(victim)
                 .execute(db)
                 .await?;
-            if let (Some(b), Some(v)) = (by_id.get(by), by_id.get(victim)) {
-                notes.insert(*victim, preempted_reason(b, v));
-            }
         }
     }
+    remind_preempted(db, &mut plan).await?;
     Ok(Decided {
         plan,
         notes,
@@ -242,6 +241,38 @@ pub(super) async fn record(
         }
         crate::lifecycle::notify(&mut tx, by).await?;
         tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// A queued job whose last preemption event released it keeps saying so
+/// while it waits, after what it waits for.
+async fn remind_preempted(db: &PgPool, plan: &mut Plan) -> Result<(), sqlx::Error> {
+    let waiting: Vec<Uuid> = plan.waiting.keys().copied().collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let rows = sqlx::query(
+        "SELECT DISTINCT ON (job_id) job_id, data->>'action' AS action, data->>'by' AS by
+         FROM job_events WHERE kind = 'preemption' AND job_id = ANY($1)
+         ORDER BY job_id, id DESC",
+    )
+    .bind(&waiting)
+    .fetch_all(db)
+    .await?;
+    for r in &rows {
+        if r.get::<Option<String>, _>("action").as_deref() != Some("preempted") {
+            continue;
+        }
+        let by: Option<String> = r.get("by");
+        if let Some(w) = plan.waiting.get_mut(&r.get::<Uuid, _>("job_id")) {
+            if !w.starts_with("preempted by") {
+                *w = format!(
+                    "{w} (preempted by job {}; resumes from its newest checkpoint)",
+                    by.unwrap_or_default()
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -25,7 +25,9 @@
 //! checkpoint, then releases it back to `queued`; it resumes from that
 //! checkpoint later). Nothing is taken unless it lets the job start, and
 //! shrinks that turn out unnecessary once a whole job is preempted are
-//! undone. A shrunk job grows back by the planner's growth rule once
+//! undone. Lower-priority jobs this round's plan would only now start are
+//! held back first (they wait; nothing of theirs runs yet). The pass tries
+//! at most [`MAX_TRIALS`] plans a round. A shrunk job grows back by the planner's growth rule once
 //! capacity is free again.
 
 use crate::plan::{plan_shared, ExecutorView, JobView, Plan, Sharing};
@@ -112,6 +114,19 @@ pub fn preempt(
             .filter(|v| v.priority < w.priority && !cause.contains_key(&v.id))
             .collect();
         if victims.is_empty() {
+            continue;
+        }
+        // A job that would not fit even the whole cluster takes nothing
+        // (and costs no trials round after round).
+        let alone = JobView {
+            current: None,
+            starving: false,
+            ..w.clone()
+        };
+        if !crate::plan::plan(std::slice::from_ref(&alone), executors)
+            .placements
+            .contains_key(&w.id)
+        {
             continue;
         }
         // Jobs this plan would only start now go first (nothing of theirs

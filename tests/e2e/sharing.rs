@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use trainyard_common::api::JobEvent;
 use trainyard_common::JobState;
-use trainyard_e2e::{digits_url, eventually, ApiClient, MlpSpec, Platform, Proc};
+use trainyard_e2e::{binary, digits_url, eventually, ApiClient, MlpSpec, Platform, Proc};
 
 const ADMIN: &str = "e2e-sharing-admin";
 
@@ -204,6 +204,26 @@ fn a_higher_priority_job_shrinks_an_elastic_ring_which_grows_back_and_usage_foll
         .map(|o| o["owner"].as_str().unwrap())
         .collect();
     assert_eq!(owners, ["bob"], "{mine}");
+    // The same through the command line.
+    let cli = |args: &[&str], token: &str| {
+        let out = std::process::Command::new(binary("trainyard").unwrap())
+            .args(args)
+            .args(["--api", &p.client.base, "--token", token])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "trainyard {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let quota = cli(&["quota", "get", "alice"], ADMIN);
+    assert!(
+        quota.starts_with("alice: cuda devices unlimited (in use 0), cpu workers 3 (in use 0)"),
+        "{quota}"
+    );
+    let table = cli(&["usage", "--owner", "bob"], ADMIN);
+    assert!(
+        table.contains("bob-urgent") && !table.contains("alice-elastic"),
+        "{table}"
+    );
     let metrics = p.client.get_text("/metrics");
     assert!(
         metrics.contains("trainyard_scheduler_preemptions_total{kind=\"shrink\"} 1"),

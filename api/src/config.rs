@@ -78,6 +78,22 @@ pub struct Config {
     #[arg(long, env = "TRAINYARD_HEARTBEAT_MISSES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub heartbeat_misses: u32,
 
+    /// Half-life, in seconds, of the usage fair share compares: among
+    /// waiting jobs of one priority, the owner with the fewest decayed
+    /// device-seconds goes first.
+    #[arg(long, env = "TRAINYARD_FAIR_SHARE_HALF_LIFE_SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    pub fair_share_half_life_secs: u64,
+
+    /// A job queued this many seconds goes before every other waiting job
+    /// of its priority, and later ones may not take what it needs.
+    #[arg(long, env = "TRAINYARD_FAIR_SHARE_MAX_WAIT_SECS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    pub fair_share_max_wait_secs: u64,
+
+    /// Seconds a job chosen for preemption may run on to commit a
+    /// checkpoint before it is released (sooner once it has).
+    #[arg(long, env = "TRAINYARD_PREEMPTION_GRACE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub preemption_grace_secs: u64,
+
     /// Do not run the scheduler loop in this process (another replica does).
     #[arg(long, env = "TRAINYARD_NO_SCHEDULER")]
     pub no_scheduler: bool,
@@ -348,6 +364,9 @@ impl Config {
             join_token: Some("test-join-token".into()),
             heartbeat_interval_ms: 1000,
             heartbeat_misses: 3,
+            fair_share_half_life_secs: 3600,
+            fair_share_max_wait_secs: 600,
+            preemption_grace_secs: 30,
             no_scheduler: false,
             max_body_bytes: 1 << 20,
             request_timeout_secs: 30,

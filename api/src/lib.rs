@@ -410,6 +410,11 @@ pub fn scheduler_config(c: &Config) -> SchedulerConfig {
     SchedulerConfig {
         heartbeat_interval: Duration::from_millis(c.heartbeat_interval_ms),
         heartbeat_misses: c.heartbeat_misses,
+        sharing: trainyard_scheduler::service::SharingConfig {
+            half_life: Duration::from_secs(c.fair_share_half_life_secs),
+            grace: Duration::from_secs(c.preemption_grace_secs),
+            max_wait: Duration::from_secs(c.fair_share_max_wait_secs),
+        },
     }
 }
 

@@ -1,6 +1,7 @@
 //! Prometheus metrics: HTTP requests by route and status, request latency,
-//! and jobs by state (read from Postgres at scrape time, so several API
-//! replicas all report the truth).
+//! jobs by state, and each user's usage from the assignment history (both
+//! read from Postgres at scrape time, so several API replicas all report
+//! the truth).
 //!
 //! Each [`Metrics`] has its own registry, so several servers in one process
 //! (the integration tests) do not share counters.
@@ -9,8 +10,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,6 +25,11 @@ pub struct Metrics {
     pub jobs: IntGaugeVec,
     /// Jobs created by this server (replayed submits not counted).
     pub jobs_submitted: IntCounter,
+    /// Worker-seconds by owner and device kind (`cuda`, `cpu`), brought up
+    /// to the history's total at each scrape.
+    pub usage_worker_seconds: CounterVec,
+    /// PS RAM GiB-hours by owner, likewise.
+    pub usage_ps_ram_gib_hours: CounterVec,
 }
 
 impl Metrics {
@@ -52,6 +58,22 @@ impl Metrics {
             "trainyard_jobs_submitted_total",
             "Jobs created by this server",
         )?;
+        let usage_worker_seconds = CounterVec::new(
+            Opts::new(
+                "trainyard_usage_worker_seconds_total",
+                "Seconds × workers held by each user's jobs, by device kind",
+            ),
+            &["owner", "device"],
+        )?;
+        let usage_ps_ram_gib_hours = CounterVec::new(
+            Opts::new(
+                "trainyard_usage_ps_ram_gib_hours_total",
+                "GiB × hours of PS shard RAM held by each user's jobs",
+            ),
+            &["owner"],
+        )?;
+        registry.register(Box::new(usage_worker_seconds.clone()))?;
+        registry.register(Box::new(usage_ps_ram_gib_hours.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(jobs.clone()))?;
@@ -62,6 +84,8 @@ impl Metrics {
             latency,
             jobs,
             jobs_submitted,
+            usage_worker_seconds,
+            usage_ps_ram_gib_hours,
         })
     }
 

@@ -7,8 +7,8 @@
 
 use crate::error::Problem;
 use crate::routes::{
-    artifacts, assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry,
-    tokens,
+    artifacts, assignments, checkpoints, executors, health, jobs, provisioner, sharing, stream,
+    telemetry, tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -33,6 +33,7 @@ use utoipa_swagger_ui::SwaggerUi;
         tokens::create, tokens::list, tokens::revoke, tokens::whoami,
         artifacts::upload, artifacts::list, artifacts::get, artifacts::content, artifacts::delete,
         health::healthz, health::readyz, health::metrics,
+        sharing::set_quota, sharing::get_quota, sharing::list_quotas, sharing::usage,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),
     modifiers(&BearerAuth),
@@ -42,6 +43,7 @@ use utoipa_swagger_ui::SwaggerUi;
         (name = "artifacts", description = "Users' files (models, datasets) in the platform's store, named in specs as artifact:NAME"),
         (name = "tokens", description = "API tokens and roles: admins make and revoke them; anyone may ask who they are"),
         (name = "health", description = "Liveness, readiness, metrics"),
+        (name = "sharing", description = "Sharing the cluster: users' quotas (admins) and usage accounting"),
     )
 )]
 pub struct ApiDoc;

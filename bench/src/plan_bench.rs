@@ -67,6 +67,8 @@ fn jobs(n: usize) -> Vec<JobView> {
                     params: Some(params.clone()),
                 },
                 current: None,
+                owner: String::new(),
+                starving: false,
             }
         })
         .collect()

@@ -159,6 +159,62 @@ pub enum TokenCommand {
     },
 }
 
+/// `trainyard quota`.
+#[derive(Debug, Args)]
+pub struct QuotaArgs {
+    #[command(subcommand)]
+    pub command: QuotaCommand,
+}
+
+/// What to do with quotas (admins only).
+#[derive(Debug, clap::Subcommand)]
+pub enum QuotaCommand {
+    /// Set a user's limits; a limit not given is unlimited.
+    Set {
+        /// The user.
+        owner: String,
+        /// Most workers on CUDA devices at once.
+        #[arg(long)]
+        cuda_devices: Option<u32>,
+        /// Most workers on CPU devices at once.
+        #[arg(long)]
+        cpu_workers: Option<u32>,
+        /// Most PS shard RAM at once, in MiB.
+        #[arg(long)]
+        ps_ram_mb: Option<u64>,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// A user's limits and what its jobs hold now.
+    Get {
+        /// The user.
+        owner: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Every user with a quota.
+    List {
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
+/// `trainyard usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Start of the window, RFC 3339 (default: a day before --to).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End of the window, RFC 3339 (default: now).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Only this user (admins; users always see their own).
+    #[arg(long)]
+    pub owner: Option<String>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
 /// `trainyard whoami`.
 #[derive(Debug, Args)]
 pub struct WhoamiArgs {

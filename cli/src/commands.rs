@@ -4,8 +4,8 @@
 //! or two of the typed client and a printout of the typed answer.
 
 use crate::args::{
-    ArtifactsArgs, ExecutorsArgs, JobArgs, JobsArgs, ModelArgs, ProvisionerArgs, SubmitArgs,
-    TokenArgs, TokenCommand, UploadArgs, WhoamiArgs,
+    ArtifactsArgs, ExecutorsArgs, JobArgs, JobsArgs, ModelArgs, ProvisionerArgs, QuotaArgs,
+    QuotaCommand, SubmitArgs, TokenArgs, TokenCommand, UploadArgs, UsageArgs, WhoamiArgs,
 };
 use crate::error::{CliError, OrCli};
 use crate::follow::follow;
@@ -453,6 +453,159 @@ pub async fn artifacts(args: ArtifactsArgs) -> Result<u8, CliError> {
             a.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         ]);
     }
+    print_table(&rows);
+    Ok(0)
+}
+
+fn checked_user(owner: &str) -> Result<&str, CliError> {
+    let ok = owner.len() <= 64
+        && owner
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && owner
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if ok {
+        Ok(owner)
+    } else {
+        Err(CliError::Other(format!(
+            "{owner:?} is not a user name (1–64 of a-z 0-9 . _ -, starting with a letter or digit)"
+        )))
+    }
+}
+
+fn limit(v: Option<impl std::fmt::Display>) -> String {
+    v.map_or("unlimited".into(), |v| v.to_string())
+}
+
+fn print_quota(q: &trainyard_common::api::QuotaInfo) {
+    println!(
+        "{}: cuda devices {} (in use {}), cpu workers {} (in use {}), PS RAM {} (in use {} MiB)",
+        q.owner,
+        limit(q.limits.cuda_devices),
+        q.in_use.cuda_devices,
+        limit(q.limits.cpu_workers),
+        q.in_use.cpu_workers,
+        q.limits
+            .ps_ram_bytes
+            .map_or("unlimited".into(), |b| format!("{} MiB", b >> 20)),
+        q.in_use.ps_ram_bytes >> 20
+    );
+}
+
+/// `trainyard quota set|get|list` (admins).
+pub async fn quota(args: QuotaArgs) -> Result<u8, CliError> {
+    match args.command {
+        QuotaCommand::Set {
+            owner,
+            cuda_devices,
+            cpu_workers,
+            ps_ram_mb,
+            conn,
+        } => {
+            let client = conn.client()?;
+            let limits = trainyard_common::api::QuotaLimits {
+                cuda_devices,
+                cpu_workers,
+                ps_ram_bytes: ps_ram_mb.map(|m| m.saturating_mul(1 << 20)),
+            };
+            let q = client
+                .set_quota(checked_user(&owner)?, &limits)
+                .await
+                .or_cli(&client)?;
+            print_quota(&q);
+        }
+        QuotaCommand::Get { owner, conn } => {
+            let client = conn.client()?;
+            let q = client.quota(checked_user(&owner)?).await.or_cli(&client)?;
+            print_quota(&q);
+        }
+        QuotaCommand::List { conn } => {
+            let client = conn.client()?;
+            let list = client.quotas().await.or_cli(&client)?;
+            let mut rows = vec![[
+                "OWNER",
+                "CUDA",
+                "IN USE",
+                "CPU WORKERS",
+                "IN USE",
+                "PS RAM MiB",
+                "IN USE",
+                "BY",
+            ]
+            .map(str::to_owned)];
+            for q in list.quotas {
+                rows.push([
+                    q.owner,
+                    limit(q.limits.cuda_devices),
+                    q.in_use.cuda_devices.to_string(),
+                    limit(q.limits.cpu_workers),
+                    q.in_use.cpu_workers.to_string(),
+                    limit(q.limits.ps_ram_bytes.map(|b| b >> 20)),
+                    (q.in_use.ps_ram_bytes >> 20).to_string(),
+                    q.updated_by.unwrap_or_default(),
+                ]);
+            }
+            print_table(&rows);
+        }
+    }
+    Ok(0)
+}
+
+/// `trainyard usage`: per user, then per job, over the window.
+pub async fn usage(args: UsageArgs) -> Result<u8, CliError> {
+    if let Some(o) = &args.owner {
+        checked_user(o)?;
+    }
+    let client = args.conn.client()?;
+    let q = trainyard_client::UsageQuery {
+        from: args.from,
+        to: args.to,
+        owner: args.owner,
+    };
+    let r = client.usage(&q).await.or_cli(&client)?;
+    println!("usage from {} to {}", wire(&r.from), wire(&r.to));
+    let mut rows = vec![[
+        "OWNER",
+        "JOBS",
+        "DEVICE-SECONDS",
+        "CPU-WORKER-SECONDS",
+        "PS RAM GiB-HOURS",
+    ]
+    .map(str::to_owned)];
+    for o in &r.owners {
+        rows.push([
+            o.owner.clone(),
+            o.jobs.to_string(),
+            format!("{:.1}", o.usage.device_seconds),
+            format!("{:.1}", o.usage.cpu_worker_seconds),
+            format!("{:.4}", o.usage.ps_ram_gib_hours),
+        ]);
+    }
+    print_table(&rows);
+    let mut rows = vec![[
+        "JOB",
+        "NAME",
+        "OWNER",
+        "STATE",
+        "DEVICE-SECONDS",
+        "CPU-WORKER-SECONDS",
+        "PS RAM GiB-HOURS",
+    ]
+    .map(str::to_owned)];
+    for j in &r.jobs {
+        rows.push([
+            j.job_id.to_string(),
+            j.name.clone(),
+            j.owner.clone(),
+            j.state.as_str().to_owned(),
+            format!("{:.1}", j.usage.device_seconds),
+            format!("{:.1}", j.usage.cpu_worker_seconds),
+            format!("{:.4}", j.usage.ps_ram_gib_hours),
+        ]);
+    }
+    println!();
     print_table(&rows);
     Ok(0)
 }

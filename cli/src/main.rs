@@ -68,6 +68,10 @@ enum Command {
     Token(args::TokenArgs),
     /// Print the user and role the server takes your token for.
     Whoami(args::WhoamiArgs),
+    /// Users' quotas: set, read, list (admins).
+    Quota(args::QuotaArgs),
+    /// Usage per user and per job over a window (yours; admins: everyone's).
+    Usage(args::UsageArgs),
 }
 
 #[tokio::main]
@@ -99,6 +103,8 @@ async fn main() -> ExitCode {
         Command::Artifacts(a) => commands::artifacts(a).await,
         Command::Token(a) => commands::token(a).await,
         Command::Whoami(a) => commands::whoami(a).await,
+        Command::Quota(a) => commands::quota(a).await,
+        Command::Usage(a) => commands::usage(a).await,
     };
     match client {
         Ok(code) => ExitCode::from(code),

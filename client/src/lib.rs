@@ -21,6 +21,7 @@
 //!   [`Client::with_retry`]). Requests that make something and may not be
 //!   repeated — a submit without an idempotency key, making a token — are
 //!   never retried, whatever the policy.
+//! * [`sharing`]: users' quotas (admins) and usage accounting;
 //! * [`users`]: the user-facing endpoints — jobs, their events,
 //!   assignments, metrics, logs, checkpoints and weights; executors and the
 //!   provisioner as admins see them; tokens and `whoami`; health.
@@ -43,11 +44,13 @@ pub mod artifacts;
 pub mod error;
 pub mod executors;
 pub mod retry;
+pub mod sharing;
 pub mod users;
 
 pub use error::{ClientError, Problem};
 pub use executors::Reported;
 pub use retry::{Retry, RetryPolicy};
+pub use sharing::UsageQuery;
 pub use users::{JobQuery, ModelFormat};
 
 use reqwest::header::{HeaderValue, CONTENT_TYPE};

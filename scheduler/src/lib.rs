@@ -4,6 +4,9 @@
 //!   assignments) → new assignments`): gang admission, placement, growth,
 //!   ring order, `strategy: auto`; property-tested without a database.
 //! * [`shard`] — the byte-balanced PS shard map.
+//! * [`share`] — sharing the cluster: the fair-share usage formula and the
+//!   preemption pass (shrink elastic lower-priority jobs, then preempt
+//!   whole ones), pure like the planner.
 //! * [`service`] — the loop around the planner: leader lease (Postgres
 //!   advisory lock), lost-executor detection, one transaction per
 //!   membership change (new assignments, generation + 1, event). Its parts:
@@ -30,6 +33,7 @@ pub mod plan;
 pub mod provision;
 pub mod service;
 pub mod shard;
+pub mod share;
 pub mod slurm;
 
 pub use lifecycle::{transition, Transition, TransitionError};

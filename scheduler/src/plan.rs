@@ -24,6 +24,18 @@
 //!    `workers.max` while capacity remains. Growth runs after every
 //!    admission so that one job's growth never keeps another from starting.
 //!
+//! Sharing (see [`Sharing`] and [`crate::share`]): jobs of one priority
+//! that wait are visited by their owner's recent usage, lowest first (fair
+//! share), except that a job marked `starving` goes before every other
+//! waiting job of its priority and, when it fits the cluster alone but not
+//! now, stops later jobs of its priority or lower from starting and placed
+//! ones from growing until it has started (so no job waits forever behind
+//! a stream of smaller ones). An owner's [`Quota`] bounds the workers (per
+//! device kind) and PS RAM its placed jobs hold together: a job beyond it
+//! waits, a placed elastic job is trimmed towards `workers.min`. Caps
+//! (shrunk elastic jobs) and held-back jobs (preempted ones) come from the
+//! preemption pass.
+//!
 //! Placement: one worker per device of the job's kind (`cpu` devices are
 //! the executor's host, whose memory is its RAM), best fit by free memory;
 //! PS shards take only RAM — never a device — and go where the most memory
@@ -104,6 +116,76 @@ pub struct JobView {
     pub demand: Demand,
     /// Its current placement, if it has one.
     pub current: Option<Placement>,
+    /// Who submitted it: quotas and fair share are per owner.
+    pub owner: String,
+    /// It has waited longer than the scheduler allows (fair share's bound
+    /// on waiting): it goes first among waiting jobs of its priority.
+    pub starving: bool,
+}
+
+/// An owner's limits on what its placed jobs hold at once; `None` is
+/// unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// Workers on `cuda` devices.
+    pub cuda_devices: Option<u32>,
+    /// Workers on `cpu` devices.
+    pub cpu_workers: Option<u32>,
+    /// RAM of PS shards and their standbys.
+    pub ps_ram_bytes: Option<u64>,
+}
+
+/// What one owner's placed jobs hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Workers on `cuda` devices.
+    pub cuda_devices: u32,
+    /// Workers on `cpu` devices.
+    pub cpu_workers: u32,
+    /// RAM of PS shards and standbys.
+    pub ps_ram_bytes: u64,
+}
+
+impl Holding {
+    fn workers(&self, d: Device) -> u32 {
+        match d {
+            Device::Cpu => self.cpu_workers,
+            Device::Cuda => self.cuda_devices,
+        }
+    }
+
+    fn add(&mut self, d: Device, workers: u32, ps_ram: u64) {
+        match d {
+            Device::Cpu => self.cpu_workers += workers,
+            Device::Cuda => self.cuda_devices += workers,
+        }
+        self.ps_ram_bytes += ps_ram;
+    }
+}
+
+impl Quota {
+    /// Most workers of kind `d` the owner may hold.
+    pub fn workers(&self, d: Device) -> Option<u32> {
+        match d {
+            Device::Cpu => self.cpu_workers,
+            Device::Cuda => self.cuda_devices,
+        }
+    }
+}
+
+/// What sharing the cluster adds to a plan: quotas and recent usage per
+/// owner, and this round's preemption decisions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sharing {
+    /// Owners with limits (absent: unlimited).
+    pub quotas: BTreeMap<String, Quota>,
+    /// Each owner's decayed usage (device-seconds, see [`crate::share`]);
+    /// absent is 0.
+    pub usage: BTreeMap<String, f64>,
+    /// Most workers a shrunk elastic job keeps this round.
+    pub caps: BTreeMap<Uuid, u32>,
+    /// Jobs released this round (preempted), with why they wait.
+    pub held_back: BTreeMap<Uuid, String>,
 }
 
 /// One worker of a placed job.
@@ -151,6 +233,11 @@ pub struct Plan {
     pub waiting: BTreeMap<Uuid, String>,
     /// How `auto` was decided, for jobs decided in this plan.
     pub decisions: BTreeMap<Uuid, String>,
+    /// Waiting jobs that lack only capacity (not quota, not inspection):
+    /// the ones preemption and the provisioner may help.
+    pub capacity_waiting: BTreeSet<Uuid>,
+    /// Waiting jobs held back by their owner's quota.
+    pub over_quota: BTreeSet<Uuid>,
 }
 
 /// Free capacity, changed as roles are placed, with ordered indexes so
@@ -450,20 +537,57 @@ struct Kept {
     taken: Vec<Taken>,
 }
 
-/// Plans every job over the live executors.
+/// Plans every job over the live executors, with no quotas, usage or
+/// preemption (what the provisioner's what-if plans use).
 pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
+    plan_shared(jobs, executors, &Sharing::default())
+}
+
+/// Gives back worker `w` of a job from what it took.
+fn drop_worker(cap: &mut Capacity, taken: &mut Vec<Taken>, w: (Uuid, u32), kind: Device) {
+    let k = kind_key(kind);
+    if let Some(i) = taken.iter().position(|t| {
+        matches!(t, Taken::Worker { executor, kind, index, .. } if *executor == w.0 && *kind == k && *index == w.1)
+    }) {
+        cap.give_back(taken.remove(i));
+    }
+}
+
+/// The order jobs are visited in: placed first, then by priority; waiting
+/// jobs of one priority starving first (oldest first), then by their
+/// owner's usage, lowest first; then submission order.
+fn visit_order(a: &JobView, b: &JobView, sharing: &Sharing) -> std::cmp::Ordering {
+    let usage = |o: &str| sharing.usage.get(o).copied().unwrap_or(0.0);
+    (a.current.is_none(), std::cmp::Reverse(a.priority))
+        .cmp(&(b.current.is_none(), std::cmp::Reverse(b.priority)))
+        .then_with(|| {
+            if a.current.is_some() || b.current.is_some() {
+                return std::cmp::Ordering::Equal;
+            }
+            (!a.starving).cmp(&!b.starving).then_with(|| {
+                if a.starving && b.starving {
+                    std::cmp::Ordering::Equal
+                } else {
+                    usage(&a.owner).total_cmp(&usage(&b.owner))
+                }
+            })
+        })
+        .then((a.seq, a.id).cmp(&(b.seq, b.id)))
+}
+
+/// Plans every job over the live executors under `sharing`'s quotas, fair
+/// share and this round's preemption decisions.
+pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Sharing) -> Plan {
     let mut executors = executors.to_vec();
     executors.sort_by_key(|e| e.id);
     let mut cap = Capacity::new(&executors);
     let mut order: Vec<&JobView> = jobs.iter().collect();
-    order.sort_by_key(|j| {
-        (
-            j.current.is_none(),
-            std::cmp::Reverse(j.priority),
-            j.seq,
-            j.id,
-        )
-    });
+    order.sort_by(|a, b| visit_order(a, b, sharing));
+    // What each owner's placed jobs hold so far.
+    let mut owners: HashMap<&str, Holding> = HashMap::new();
+    // Set when a starving job that fits the cluster alone could not start:
+    // its priority; later jobs of that priority or lower neither start nor grow.
+    let mut blocked: Option<(i32, Uuid)> = None;
 
     let mut out = Plan::default();
     // Per placed job: strategy, shard count, workers, PS executors by shard.
@@ -480,6 +604,9 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
     // 1. Keep what can stay.
     for j in &order {
         let Some(cur) = &j.current else { continue };
+        if sharing.held_back.contains_key(&j.id) {
+            continue;
+        }
         let d = &j.demand;
         let mut taken = Vec::new();
         let mut workers = Vec::new();
@@ -528,6 +655,17 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
     // 2. Repair placed jobs and admit waiting ones, all or nothing.
     for j in &order {
         let d = &j.demand;
+        if let Some(why) = sharing.held_back.get(&j.id) {
+            out.waiting.insert(j.id, why.clone());
+            continue;
+        }
+        if let Some((p, first)) = blocked.filter(|(p, _)| j.current.is_none() && j.priority <= *p) {
+            out.waiting.insert(
+                j.id,
+                format!("job {first} (priority {p}) has waited longest and starts first"),
+            );
+            continue;
+        }
         let (strategy, shards) = match &j.current {
             Some(cur) => (cur.strategy, cur.parameter_servers.len() as u32),
             None => match decide(d, cap.smallest_eligible(d.device)) {
@@ -565,6 +703,58 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
         }
         let mut failed = None;
         let wb = worker_bytes(d, strategy);
+        // The owner's quota and this round's cap bound the workers; the
+        // minimum set's PS RAM must fit the quota too.
+        let quota = sharing.quotas.get(&j.owner).copied().unwrap_or_default();
+        let holding = owners.get(j.owner.as_str()).copied().unwrap_or_default();
+        let worker_room = quota
+            .workers(d.device)
+            .map_or(u32::MAX, |m| m.saturating_sub(holding.workers(d.device)));
+        let allowed = worker_room.min(
+            sharing
+                .caps
+                .get(&j.id)
+                .copied()
+                .unwrap_or(u32::MAX)
+                .max(d.min_workers),
+        );
+        let shard_bytes = ps_bytes(d, shards);
+        let min_ps_ram = shard_bytes
+            .saturating_mul(u64::from(shards))
+            .saturating_mul(if replicated && j.current.is_none() {
+                2
+            } else {
+                1
+            });
+        let ps_room = quota
+            .ps_ram_bytes
+            .map_or(u64::MAX, |m| m.saturating_sub(holding.ps_ram_bytes));
+        let mut over_quota = false;
+        if d.min_workers > worker_room {
+            over_quota = true;
+            failed = Some(format!(
+                "over its owner's quota: {} may hold {} {} worker(s) at once, its other jobs hold {}, this job needs {}",
+                j.owner,
+                quota.workers(d.device).unwrap_or(0),
+                kind_name(d.device),
+                holding.workers(d.device),
+                d.min_workers
+            ));
+        } else if min_ps_ram > ps_room {
+            over_quota = true;
+            failed = Some(format!(
+                "over its owner's quota: {} may hold {} MiB of PS RAM at once, its other jobs hold {} MiB, this job needs {} MiB",
+                j.owner,
+                mib(quota.ps_ram_bytes.unwrap_or(0)),
+                mib(holding.ps_ram_bytes),
+                mib(min_ps_ram)
+            ));
+        }
+        while failed.is_none() && workers.len() as u32 > allowed {
+            if let Some(w) = workers.pop() {
+                drop_worker(&mut cap, &mut taken, w, d.device);
+            }
+        }
         while failed.is_none() && (workers.len() as u32) < d.min_workers {
             match cap.best_worker_slot(d.device, wb) {
                 Some((e, i)) => {
@@ -584,7 +774,6 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 }
             }
         }
-        let shard_bytes = ps_bytes(d, shards);
         for shard in 0..ps.len() {
             if failed.is_some() || ps[shard].is_some() {
                 continue;
@@ -608,9 +797,13 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             }
         }
         // Standbys: part of a new job's minimum set; a placed job gets
-        // them as capacity allows.
+        // them as capacity (and its owner's PS RAM quota) allows.
         for shard in 0..ps.len() {
             if failed.is_some() || !replicated || standbys[shard].is_some() {
+                continue;
+            }
+            let in_use = (ps.iter().flatten().count() + standbys.iter().flatten().count()) as u64;
+            if j.current.is_some() && shard_bytes.saturating_mul(in_use + 1) > ps_room {
                 continue;
             }
             let mine: BTreeSet<Uuid> = ps.iter().chain(&standbys).flatten().copied().collect();
@@ -632,14 +825,50 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
                 }
             }
         }
+        // A placed job whose kept shards exceed a lowered quota waits too.
+        let ps_ram = shard_bytes.saturating_mul(
+            (ps.iter().flatten().count() + standbys.iter().flatten().count()) as u64,
+        );
+        if failed.is_none() && ps_ram > ps_room {
+            over_quota = true;
+            failed = Some(format!(
+                "over its owner's quota: {} may hold {} MiB of PS RAM at once, its other jobs hold {} MiB, this job needs {} MiB",
+                j.owner,
+                mib(quota.ps_ram_bytes.unwrap_or(0)),
+                mib(holding.ps_ram_bytes),
+                mib(ps_ram)
+            ));
+        }
         if let Some(why) = failed {
             for t in taken.into_iter().rev() {
                 cap.give_back(t);
+            }
+            if over_quota {
+                out.over_quota.insert(j.id);
+            } else if j.current.is_none() {
+                out.capacity_waiting.insert(j.id);
+                if j.starving && blocked.is_none() {
+                    let alone = JobView {
+                        current: None,
+                        starving: false,
+                        ..(*j).clone()
+                    };
+                    if plan(std::slice::from_ref(&alone), &executors)
+                        .placements
+                        .contains_key(&j.id)
+                    {
+                        blocked = Some((j.priority, j.id));
+                    }
+                }
             }
             out.waiting.insert(j.id, why);
             out.decisions.remove(&j.id);
             continue;
         }
+        owners
+            .entry(j.owner.as_str())
+            .or_default()
+            .add(d.device, workers.len() as u32, ps_ram);
         held.insert(
             j.id,
             Held {
@@ -658,8 +887,22 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             continue;
         };
         let d = &j.demand;
+        if blocked.is_some_and(|(p, _)| j.priority <= p) {
+            continue;
+        }
         let wb = worker_bytes(d, h.strategy);
-        while (h.workers.len() as u32) < d.max_workers {
+        let most = d
+            .max_workers
+            .min(sharing.caps.get(&j.id).copied().unwrap_or(u32::MAX));
+        let quota = sharing
+            .quotas
+            .get(&j.owner)
+            .and_then(|q| q.workers(d.device));
+        while (h.workers.len() as u32) < most {
+            let holding = owners.entry(j.owner.as_str()).or_default();
+            if quota.is_some_and(|m| holding.workers(d.device) >= m) {
+                break;
+            }
             let Some((e, i)) = cap.best_worker_slot(d.device, wb) else {
                 break;
             };
@@ -668,6 +911,10 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
             };
             h.taken.push(t);
             h.workers.push((e, i));
+            owners
+                .entry(j.owner.as_str())
+                .or_default()
+                .add(d.device, 1, 0);
         }
     }
 
@@ -728,4 +975,4 @@ pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

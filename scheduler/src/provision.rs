@@ -308,6 +308,8 @@ mod tests {
                 params: Some(params),
             },
             current: None,
+            owner: String::new(),
+            starving: false,
         }
     }
 

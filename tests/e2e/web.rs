@@ -161,6 +161,7 @@ fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
         "job-recovered",
         "job-ps-running",
         "job-ring-running",
+        "usage",
     ] {
         let f = shots.join(format!("{page}.png"));
         let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);

@@ -275,6 +275,14 @@ async function main() {
     assert.match(await page.textContent(`#executors tr[data-executor="${before}"] td.heartbeat`), /\d+ s ago/);
     await shot(page, "executors-busy");
 
+    // ---- usage: the jobs that ran, with the workers' seconds they held ----
+    await page.click("[data-nav=usage]");
+    await page.waitForFunction(() => document.querySelectorAll("#usage-jobs tr[data-job]").length >= 3);
+    const cpuSeconds = await page.$$eval("#usage-jobs tr[data-job] td.num:nth-of-type(5)", (tds) => tds.map((t) => Number(t.textContent)));
+    assert.ok(cpuSeconds.every((s) => s >= 0) && cpuSeconds.some((s) => s > 0), `CPU-worker-seconds ${cpuSeconds}`);
+    assert.equal(await page.textContent("#usage-owners tr[data-owner] td b"), "admin");
+    await shot(page, "usage");
+
     assert.equal(await page.evaluate(() => window.__sameDocument), "never reloaded");
     assert.deepEqual(pageErrors, [], "no script errors on the page");
     log("all browser checks passed");

@@ -61,6 +61,47 @@ pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse>
         let n: i64 = r.try_get("n")?;
         st.metrics.jobs.with_label_values(&[&state]).set(n);
     }
+    // Usage counters catch up with the history's totals (which only grow
+    // while jobs are kept).
+    let rows = sqlx::query(
+        "SELECT owner,
+                sum(cuda_devices * secs)::float8 AS cuda, sum(cpu_workers * secs)::float8 AS cpu,
+                sum(ps_ram_bytes::float8 / 1073741824 * secs / 3600)::float8 AS ram
+         FROM (SELECT i.owner, i.cuda_devices, i.cpu_workers, i.ps_ram_bytes,
+                      greatest(0, extract(epoch FROM coalesce(i.ended_at, j.finished_at, clock_timestamp()) - i.started_at))::float8 AS secs
+               FROM usage_intervals i JOIN jobs j ON j.id = i.job_id) u
+         GROUP BY owner",
+    )
+    .fetch_all(&st.db)
+    .await?;
+    for r in rows {
+        let owner: String = r.try_get("owner")?;
+        for (counter, total) in [
+            (
+                st.metrics
+                    .usage_worker_seconds
+                    .with_label_values(&[&owner, "cuda"]),
+                r.try_get::<f64, _>("cuda")?,
+            ),
+            (
+                st.metrics
+                    .usage_worker_seconds
+                    .with_label_values(&[&owner, "cpu"]),
+                r.try_get::<f64, _>("cpu")?,
+            ),
+            (
+                st.metrics
+                    .usage_ps_ram_gib_hours
+                    .with_label_values(&[&owner]),
+                r.try_get::<f64, _>("ram")?,
+            ),
+        ] {
+            let gap = total - counter.get();
+            if gap > 0.0 {
+                counter.inc_by(gap);
+            }
+        }
+    }
     Ok((
         [(
             header::CONTENT_TYPE,

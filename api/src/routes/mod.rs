@@ -5,7 +5,8 @@
 //! the artifact routes sit outside the timeout ([`artifacts`]).
 //! User-facing `/v1` routes sit behind [`auth::authenticate`] (a caller
 //! resolved to a user and role, or a 401); tokens and the executor listing
-//! behind [`auth::require_admin`] too; a job's own routes behind
+//! behind [`auth::require_admin`] too (and quotas; usage is any user's,
+//! scoped to its own); a job's own routes behind
 //! [`auth::job_visible`] (another user's job is a 404). Executor endpoints
 //! check the join token or the executor's own credential instead. Health,
 //! metrics, the OpenAPI document, the docs page and the web page are open. Unknown routes and wrong methods answer with problem details too.
@@ -23,6 +24,7 @@ pub mod health;
 pub mod jobs;
 pub mod provisioner;
 pub mod shared;
+pub mod sharing;
 pub mod stream;
 pub mod telemetry;
 pub mod tokens;
@@ -68,6 +70,11 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/executors", get(executors::list))
         .route("/executors/{id}", get(executors::get))
+        .route("/quotas", get(sharing::list_quotas))
+        .route(
+            "/quotas/{owner}",
+            get(sharing::get_quota).put(sharing::set_quota),
+        )
         .route_layer(middleware::from_fn(auth::require_admin));
     // Every user-facing route: the caller is resolved to a Principal (or
     // 401s) before anything else runs.
@@ -76,6 +83,7 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/events/stream", get(stream::stream))
         .route("/provisioner", get(provisioner::status))
         .route("/whoami", get(tokens::whoami))
+        .route("/usage", get(sharing::usage))
         .merge(job_scoped)
         .merge(admin_only)
         .method_not_allowed_fallback(method_not_allowed)

@@ -256,6 +256,15 @@ fn operations() -> Vec<Op> {
             Rule::AdminOnly,
             Some(json!({"owner": "carol", "role": "user"})),
         ),
+        op(M::GET, "/v1/usage", Rule::AnyUser, None),
+        op(M::GET, "/v1/quotas", Rule::AdminOnly, None),
+        op(M::GET, "/v1/quotas/{owner}", Rule::AdminOnly, None),
+        op(
+            M::PUT,
+            "/v1/quotas/{owner}",
+            Rule::AdminOnly,
+            Some(json!({"cpu_workers": 8})),
+        ),
         op(M::GET, "/v1/executors", Rule::AdminOnly, None),
         op(M::GET, "/v1/executors/{id}", Rule::AdminOnly, None),
         op(
@@ -308,7 +317,10 @@ fn concrete(w: &World, template: &str) -> String {
     } else {
         &w.executor
     };
-    template.replace("{id}", id).replace("{name}", "table.json")
+    template
+        .replace("{id}", id)
+        .replace("{name}", "table.json")
+        .replace("{owner}", "carol")
 }
 
 #[tokio::test]

@@ -12,3 +12,4 @@ mod jobs;
 mod models;
 mod openapi;
 mod provisioner;
+mod sharing;

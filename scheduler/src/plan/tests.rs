@@ -6,14 +6,14 @@ use proptest::strategy::Strategy as _;
 use trainyard_common::model::parameters;
 use trainyard_common::spec::{MlpSpec, ModelSpec, MAX_PS_REPLICAS};
 
-const GIB: u64 = 1 << 30;
-const MIB: u64 = 1 << 20;
+pub(crate) const GIB: u64 = 1 << 30;
+pub(crate) const MIB: u64 = 1 << 20;
 
-fn id(n: u128) -> Uuid {
+pub(crate) fn id(n: u128) -> Uuid {
     Uuid::from_u128(n)
 }
 
-fn cpu_exec(n: u128, ram: u64, host: Option<&str>) -> ExecutorView {
+pub(crate) fn cpu_exec(n: u128, ram: u64, host: Option<&str>) -> ExecutorView {
     ExecutorView {
         id: id(n),
         host: host.map(str::to_owned),
@@ -35,7 +35,7 @@ fn mlp_params(hidden: u32) -> Vec<ParamInfo> {
     .unwrap()
 }
 
-fn demand(strategy: Strategy, min: u32, max: u32, ps: u32, mem: u64) -> Demand {
+pub(crate) fn demand(strategy: Strategy, min: u32, max: u32, ps: u32, mem: u64) -> Demand {
     let params = mlp_params(128);
     let n: u64 = params.iter().map(ParamInfo::numel).sum();
     Demand {
@@ -54,18 +54,20 @@ fn demand(strategy: Strategy, min: u32, max: u32, ps: u32, mem: u64) -> Demand {
     }
 }
 
-fn job(n: u128, priority: i32, d: Demand) -> JobView {
+pub(crate) fn job(n: u128, priority: i32, d: Demand) -> JobView {
     JobView {
         id: id(1000 + n),
         priority,
         seq: n as i64,
         demand: d,
         current: None,
+        owner: format!("u{}", n % 3),
+        starving: false,
     }
 }
 
 /// Checks every invariant of a plan; panics with a message on violation.
-fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
+pub(crate) fn check(jobs: &[JobView], executors: &[ExecutorView], plan: &Plan) {
     let live: HashMap<Uuid, &ExecutorView> = executors.iter().map(|e| (e.id, e)).collect();
     let mut device_used: BTreeSet<(Uuid, u8, u32)> = BTreeSet::new();
     let mut ram_used: HashMap<Uuid, u64> = HashMap::new();
@@ -190,7 +192,7 @@ fn ps_job_is_placed_and_a_lost_role_moves_to_the_spare() {
     assert_eq!(after.workers, placed.workers);
 }
 
-fn replicated(d: Demand) -> Demand {
+pub(crate) fn replicated(d: Demand) -> Demand {
     Demand {
         estimate: d.estimate.map(|e| e.with_ps_replicas(1)),
         ..d
@@ -474,7 +476,7 @@ fn ring_keeps_hosts_adjacent() {
     check(std::slice::from_ref(&j), &execs, &p);
 }
 
-fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView>> {
+pub(crate) fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView>> {
     prop::collection::vec(
         (
             1u64..16,
@@ -515,7 +517,7 @@ fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView
     })
 }
 
-fn arb_jobs() -> impl proptest::strategy::Strategy<Value = Vec<JobView>> {
+pub(crate) fn arb_jobs() -> impl proptest::strategy::Strategy<Value = Vec<JobView>> {
     prop::collection::vec(
         (
             0u8..3,

@@ -28,6 +28,7 @@ pub(super) async fn apply(
     world: &World,
     plan: &Plan,
     job: &JobView,
+    note: Option<&str>,
 ) -> Result<(), SchedulerError> {
     let meta = &world.meta[&job.id];
     let new = plan.placements.get(&job.id);
@@ -68,7 +69,10 @@ pub(super) async fn apply(
         return Ok(()); // Changed under us: the next round sees the new truth.
     }
     let next = generation + 1;
-    let reason = describe(world, job.current.as_ref(), new, plan.waiting.get(&job.id));
+    let mut reason = describe(world, job.current.as_ref(), new, plan.waiting.get(&job.id));
+    if let Some(note) = note {
+        reason = format!("{note}: {reason}");
+    }
     sqlx::query("DELETE FROM assignments WHERE job_id = $1")
         .bind(job.id)
         .execute(&mut *tx)
@@ -130,6 +134,7 @@ pub(super) async fn apply(
         placement_json(next, new),
     )
     .await?;
+    record_usage(&mut tx, job, next, new).await?;
     match (state, new.is_some()) {
         (JobState::Queued, true) => {
             transition(&mut tx, job.id, JobState::Scheduling, &reason)
@@ -165,6 +170,76 @@ pub(super) async fn apply(
         metrics.placement_latency.observe(waited);
     }
     tracing::info!(job = %job.id, generation = next, "{reason}");
+    Ok(())
+}
+
+/// Closes the job's open usage interval and opens one for generation
+/// `generation` with what `new` holds, both at the time of the placement
+/// event just written: usage is exactly the placement timeline (which
+/// usage accounting and fair share read).
+async fn record_usage(
+    tx: &mut sqlx::PgConnection,
+    job: &JobView,
+    generation: i64,
+    new: Option<&Placement>,
+) -> Result<(), sqlx::Error> {
+    let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT at FROM job_events WHERE job_id = $1 AND kind = 'placement' ORDER BY id DESC LIMIT 1",
+    )
+    .bind(job.id)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE usage_intervals SET ended_at = greatest(started_at, $2)
+         WHERE job_id = $1 AND ended_at IS NULL",
+    )
+    .bind(job.id)
+    .bind(at)
+    .execute(&mut *tx)
+    .await?;
+    let Some(p) = new else { return Ok(()) };
+    let workers = p.workers.len() as i32;
+    let (cuda, cpu) = match job.demand.device {
+        trainyard_common::spec::Device::Cuda => (workers, 0),
+        trainyard_common::spec::Device::Cpu => (0, workers),
+    };
+    let shards = p.parameter_servers.len();
+    let roles = shards
+        + p.parameter_servers
+            .iter()
+            .filter(|s| s.standby.is_some())
+            .count();
+    let ps_ram = if shards == 0 {
+        0
+    } else {
+        crate::plan::ps_bytes(&job.demand, shards as u32).saturating_mul(roles as u64)
+    };
+    sqlx::query(
+        "INSERT INTO usage_intervals (job_id, owner, generation, cuda_devices, cpu_workers, ps_ram_bytes, started_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (job_id, generation) DO NOTHING",
+    )
+    .bind(job.id)
+    .bind(&job.owner)
+    .bind(generation)
+    .bind(cuda)
+    .bind(cpu)
+    .bind(i64::try_from(ps_ram).unwrap_or(i64::MAX))
+    .bind(at)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Closes the usage intervals of jobs that ended, at their end.
+pub(super) async fn close_finished_usage(db: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE usage_intervals u SET ended_at = greatest(u.started_at, coalesce(j.finished_at, clock_timestamp()))
+         FROM jobs j
+         WHERE u.job_id = j.id AND u.ended_at IS NULL AND j.state IN ('succeeded', 'failed', 'cancelled')",
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 

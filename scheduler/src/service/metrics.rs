@@ -1,7 +1,7 @@
 //! The scheduler's Prometheus metrics: placement latency, round time,
-//! queue length, live executors, replans and leadership.
+//! queue length, live executors, replans, preemptions and leadership.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// The scheduler's Prometheus metrics.
 #[derive(Clone)]
@@ -18,6 +18,9 @@ pub struct SchedulerMetrics {
     pub replans: IntCounter,
     /// 1 while this process holds the leader lease.
     pub leader: IntGauge,
+    /// Capacity taken for higher-priority jobs, by `kind` (`shrink`,
+    /// `preempt`).
+    pub preemptions: IntCounterVec,
 }
 
 impl SchedulerMetrics {
@@ -54,7 +57,15 @@ impl SchedulerMetrics {
                 "trainyard_scheduler_leader",
                 "1 while this process leads scheduling",
             )?,
+            preemptions: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_scheduler_preemptions_total",
+                    "Elastic jobs shrunk and jobs preempted for higher-priority ones",
+                ),
+                &["kind"],
+            )?,
         };
+        registry.register(Box::new(m.preemptions.clone()))?;
         registry.register(Box::new(m.placement_latency.clone()))?;
         registry.register(Box::new(m.round_seconds.clone()))?;
         registry.register(Box::new(m.queue_length.clone()))?;

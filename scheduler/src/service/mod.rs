@@ -30,6 +30,8 @@
 //! * `membership` — writing one job's change, and `→ running` once every
 //!   role runs;
 //! * `inspection` — handing TorchScript jobs to an executor to inspect;
+//! * `sharing` — quotas, fair-share usage and preemption decisions for the
+//!   round (over [`crate::share`]);
 //! * this file — the lease, the loop, and the round that ties them together.
 
 mod describe;
@@ -37,15 +39,17 @@ mod error;
 mod inspection;
 mod membership;
 mod metrics;
+mod sharing;
 mod world;
 
 pub use error::SchedulerError;
 pub use membership::new_secret;
 pub use metrics::SchedulerMetrics;
+pub use sharing::{quotas, usage, SharingConfig};
 
 use crate::fleet::{Fleet, RoundView};
 use crate::lifecycle;
-use crate::plan::{plan, Plan};
+use crate::plan::Plan;
 use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool};
 use std::collections::{BTreeSet, HashMap};
@@ -66,6 +70,8 @@ pub struct SchedulerConfig {
     pub heartbeat_interval: Duration,
     /// Missed heartbeats before an executor is lost.
     pub heartbeat_misses: u32,
+    /// Fair share and preemption.
+    pub sharing: SharingConfig,
 }
 
 impl SchedulerConfig {
@@ -247,15 +253,20 @@ impl Scheduler {
             tracing::warn!(executor = %id, %name, "executor lost: no heartbeat for {lost_after:.1}s");
         }
 
-        // Roles of finished jobs are released.
+        // Roles of finished jobs are released, their usage closed.
+        membership::close_finished_usage(&self.db).await?;
         sqlx::query("DELETE FROM assignments a USING jobs j WHERE a.job_id = j.id AND j.state IN ('succeeded', 'failed', 'cancelled')")
             .execute(&self.db)
             .await?;
 
         inspection::assign_inspections(&self.db).await?;
-        let world = World::load(&self.db).await?;
+        let mut world = World::load(&self.db).await?;
         self.metrics.live_executors.set(world.live.len() as i64);
-        let mut plan = plan(&world.jobs, &world.live);
+        let sharing::Decided {
+            mut plan,
+            notes,
+            actions,
+        } = sharing::decide(&self.db, &mut world, &self.config.sharing).await?;
         if let Some(fleet) = &self.fleet {
             if let Err(e) = self.provision(fleet, &world, &mut plan).await {
                 tracing::warn!(error = %e, "provisioner round failed");
@@ -263,10 +274,21 @@ impl Scheduler {
         }
         self.metrics.queue_length.set(plan.waiting.len() as i64);
         for job in &world.jobs {
-            if let Err(e) = membership::apply(&self.db, &self.metrics, &world, &plan, job).await {
+            let note = notes.get(&job.id).map(String::as_str);
+            if let Err(e) =
+                membership::apply(&self.db, &self.metrics, &world, &plan, job, note).await
+            {
                 tracing::warn!(job = %job.id, error = %e, "scheduler: writing the plan of a job failed");
             }
         }
+        for a in &actions {
+            let kind = match a {
+                crate::share::Action::Shrink { .. } => "shrink",
+                crate::share::Action::Preempt { .. } => "preempt",
+            };
+            self.metrics.preemptions.with_label_values(&[kind]).inc();
+        }
+        sharing::record(&self.db, &world, &actions).await?;
         membership::promote_acknowledged(&self.db).await?;
         Ok(())
     }
@@ -305,12 +327,19 @@ impl Scheduler {
             .iter()
             .map(|(id, (name, _))| (*id, name.clone()))
             .collect();
+        // Jobs over their owner's quota get no executors started for them.
+        let jobs: Vec<crate::plan::JobView> = world
+            .jobs
+            .iter()
+            .filter(|j| !plan.over_quota.contains(&j.id))
+            .cloned()
+            .collect();
         fleet
             .lock()
             .await
             .round(
                 RoundView {
-                    jobs: &world.jobs,
+                    jobs: &jobs,
                     live: &world.live,
                     names: &names,
                     busy: &busy,

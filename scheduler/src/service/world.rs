@@ -17,6 +17,8 @@ pub(super) struct JobMeta {
     pub(super) generation: i64,
     pub(super) state_reason: String,
     pub(super) created_at: chrono::DateTime<chrono::Utc>,
+    /// Seconds since it last became `queued` (or was submitted).
+    pub(super) waited_secs: f64,
 }
 
 /// What one round sees.
@@ -83,7 +85,8 @@ impl World {
         let mut jobs = Vec::new();
         let mut meta = HashMap::new();
         for r in sqlx::query(
-            "SELECT id, spec, priority, created_at, generation, state_reason, strategy, params
+            "SELECT id, spec, priority, created_at, generation, state_reason, strategy, params, owner, state::text AS state,
+                    CASE WHEN state = 'queued' THEN extract(epoch FROM clock_timestamp() - coalesce((SELECT max(at) FROM job_events e WHERE e.job_id = jobs.id AND e.to_state = 'queued'), created_at))::float8 END AS waited
              FROM jobs WHERE state IN ('queued', 'scheduling', 'running', 'recovering')",
         )
         .fetch_all(db)
@@ -98,6 +101,7 @@ impl World {
                     generation: r.get("generation"),
                     state_reason: r.get("state_reason"),
                     created_at: r.get("created_at"),
+                    waited_secs: r.get::<Option<f64>, _>("waited").unwrap_or(0.0),
                 },
             );
             jobs.push(job);
@@ -171,5 +175,7 @@ fn job_view(
             params: Some(params),
         },
         current,
+        owner: r.get("owner"),
+        starving: false,
     })
 }

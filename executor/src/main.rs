@@ -85,6 +85,12 @@ struct Cli {
     /// Most bytes the local cache keeps, in MiB.
     #[arg(long, env = "TRAINYARD_CACHE_MB", default_value_t = 2048)]
     cache_mb: u64,
+
+    /// Most memory, in MiB, a sharded dataset's loaded data may take in
+    /// each role (shuffle windows, decoded shards, prefetched batches),
+    /// where the job's `dataset.memory_mb` does not say.
+    #[arg(long, env = "TRAINYARD_DATA_MEMORY_MB", default_value_t = trainyard_executor::replica::shards::DEFAULT_MEMORY_MB)]
+    data_memory_mb: u64,
 }
 
 /// The data-plane address registered for peers: `host` (when given) with
@@ -168,7 +174,8 @@ fn main() -> anyhow::Result<()> {
                 options,
                 std::sync::Arc::new(cache),
                 tokio::runtime::Handle::current(),
-            ),
+            )
+            .with_data_memory_mb(cli.data_memory_mb),
         })
         .await
         .context("the agent stopped")

@@ -10,6 +10,7 @@ mod executor_probe;
 mod provisioner;
 mod replicas;
 mod server_lifecycle;
+mod sharded;
 mod slurm;
 mod training;
 mod user_models;

@@ -130,6 +130,9 @@ fn a_gib_of_shards_on_s3_is_trained_exactly_once_through_a_kill_and_a_join() {
         .s3(&s3)
         .heartbeat_misses(10)
         .executor_env("TRAINYARD_DATA_MEMORY_MB", "192")
+        // Steps of a few ms more, so that the kill and the join both land
+        // well inside the one epoch.
+        .executor_env("TRAINYARD_SLOW_WORKER", "*:4")
         .start();
     let mut execs: Vec<_> = (0..3).map(|i| p.executor(&format!("shards-{i}"))).collect();
     let sharded = spec(
@@ -187,11 +190,12 @@ fn a_gib_of_shards_on_s3_is_trained_exactly_once_through_a_kill_and_a_join() {
     );
 
     // The epoch's accounting, as rank 0 logged it.
-    let lines = p.log_messages(&id);
-    let account = lines
-        .iter()
-        .find(|l| l.starts_with("epoch 0 consumed "))
-        .unwrap_or_else(|| panic!("an epoch-0 accounting line: {lines:?}"));
+    let account = eventually(Duration::from_secs(20), || {
+        p.log_messages(&id)
+            .into_iter()
+            .find(|l| l.starts_with("epoch 0 consumed "))
+    })
+    .unwrap_or_else(|| panic!("an epoch-0 accounting line: {:?}", p.log_messages(&id)));
     let samples: u64 = account
         .trim_start_matches("epoch 0 consumed ")
         .split(' ')

@@ -226,6 +226,14 @@ impl Dataset {
         Dataset::load_whole(spec, fetcher, true)
     }
 
+    /// Why the data loader stopped: a sharded set's reason, or a generic one.
+    pub fn loader_failure(&self) -> String {
+        self.sharded.as_ref().and_then(|s| s.failure()).map_or_else(
+            || "the data loader stopped".into(),
+            |e| format!("data: {e}"),
+        )
+    }
+
     /// A sharded training set's loader figures (`None` in memory).
     pub fn stats(&self) -> Option<Arc<DataStats>> {
         self.sharded.as_ref().map(|s| s.stats.clone())

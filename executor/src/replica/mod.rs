@@ -581,6 +581,11 @@ impl Replica {
         out
     }
 
+    /// Why this replica's data loader stopped (see [`Dataset::loader_failure`]).
+    pub fn loader_failure(&self) -> String {
+        self.dataset.loader_failure()
+    }
+
     /// A sharded dataset's loader figures (`None` for data in memory).
     pub fn data_stats(&self) -> Option<std::sync::Arc<shards::DataStats>> {
         self.dataset.stats()

@@ -706,6 +706,8 @@ pub struct Sharded {
     unit_budget: u64,
     /// What the loaders did.
     pub stats: Arc<DataStats>,
+    /// Why a loader stopped, for the job's failure.
+    failure: std::sync::Mutex<Option<String>>,
 }
 
 /// Splits a set's shards (or, for one shard, its units) into training
@@ -833,6 +835,7 @@ impl Sharded {
             max_windows,
             unit_budget,
             stats: Arc::new(DataStats::default()),
+            failure: std::sync::Mutex::new(None),
         };
         if s.train_len() < 1 {
             return Err(DataError::Shape(
@@ -847,6 +850,14 @@ impl Sharded {
         self.eval = std::mem::take(&mut self.train);
         self.eval_set = self.set.clone();
         self
+    }
+
+    /// Why a loader of this dataset stopped, if one failed.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Training samples (all workers together).
@@ -894,8 +905,8 @@ impl Sharded {
                         id_hash,
                     },
                     Err(e) => {
-                        tracing::error!(error = %e, "the data loader failed");
-                        // An empty channel end tells the loop the loader stopped.
+                        // The loop sees the channel close and asks why.
+                        *me.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                         return;
                     }
                 };

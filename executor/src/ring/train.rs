@@ -55,7 +55,7 @@ pub fn train_with(
         }
         let waited = Instant::now();
         let Ok(b) = batches.recv() else {
-            return Err(RoleError::Assignment("the data loader stopped".into()));
+            return Err(RoleError::Assignment(replica.loader_failure()));
         };
         let data_seconds = waited.elapsed().as_secs_f64();
         let lr = progress::learning_rate(&spec, replica.step + 1, total);

@@ -163,7 +163,7 @@ fn main() {
     }
     println!(
         "# data: MLP 256-1024-1024-10, batch 256, {steps} steps; {SHARDS} npz shards of {PER_SHARD} samples x {FEATURES} f32 ({} MiB); shuffle buffer 4096, 128 MiB budget{}",
-        SHARDS as i64 * PER_SHARD * (FEATURES * 4 + 8) >> 20,
+        (SHARDS as i64 * PER_SHARD * (FEATURES * 4 + 8)) >> 20,
         if s3.is_none() { "; no S3 server (TRAINYARD_TEST_S3_URL unset): S3 skipped" } else { "" }
     );
     let mut record =

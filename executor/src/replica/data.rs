@@ -243,7 +243,7 @@ impl Dataset {
     /// (`None` without them).
     pub fn evaluate_shards(
         &self,
-        eval: &mut dyn FnMut(&(Tensor, Tensor)) -> (f64, Option<f64>),
+        eval: &mut super::shards::EvalFn<'_>,
     ) -> Option<Result<(f64, Option<f64>), DataError>> {
         let s = self.eval_shards.as_ref()?;
         s.evaluate(eval).transpose()

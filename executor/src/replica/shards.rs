@@ -45,6 +45,7 @@ use super::data::{check, slice, Batch, Cursor, Data, DataError};
 use super::rng::Rng;
 use crate::storage::{Fetcher, Source};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
 use std::sync::Arc;
@@ -670,6 +671,9 @@ pub fn id_mix(id: u64) -> u64 {
 
 // ---------------------------------------------------------------- the loader
 
+/// Held-out loss and accuracy of one batch (the replica's evaluation).
+pub type EvalFn<'a> = dyn FnMut(&(Tensor, Tensor)) -> (f64, Option<f64>) + 'a;
+
 /// What a dataset's loader did, for the step metrics.
 #[derive(Debug, Default)]
 pub struct DataStats {
@@ -954,10 +958,7 @@ impl Sharded {
     /// Held-out loss and accuracy: `eval` on every held-out unit in turn,
     /// rows summed (so memory holds one unit at a time). `None` without a
     /// held-out set.
-    pub fn evaluate(
-        &self,
-        eval: &mut dyn FnMut(&(Tensor, Tensor)) -> (f64, Option<f64>),
-    ) -> Result<Option<(f64, Option<f64>)>, DataError> {
+    pub fn evaluate(&self, eval: &mut EvalFn<'_>) -> Result<Option<(f64, Option<f64>)>, DataError> {
         if self.eval.is_empty() {
             return Ok(None);
         }
@@ -1285,9 +1286,9 @@ impl EpochOrder {
 struct Loader<'a> {
     s: &'a Sharded,
     epoch: Option<(u64, EpochOrder)>,
-    windows: HashMap<(u32, u64), Arc<Window>>,
+    windows: HashMap<(u32, u64), Rc<Window>>,
     window_lru: VecDeque<(u32, u64)>,
-    units: HashMap<(usize, usize), Arc<Unit>>,
+    units: HashMap<(usize, usize), Rc<Unit>>,
     unit_lru: VecDeque<(usize, usize)>,
     unit_bytes: u64,
     prefetch: Sender<String>,
@@ -1364,7 +1365,7 @@ impl<'a> Loader<'a> {
     }
 
     /// Window `(lane, k)` of the current epoch, decoded (cached).
-    fn window(&mut self, epoch: u64, key: (u32, u64)) -> Result<Arc<Window>, DataError> {
+    fn window(&mut self, epoch: u64, key: (u32, u64)) -> Result<Rc<Window>, DataError> {
         if let Some(w) = self.windows.get(&key) {
             let w = w.clone();
             self.window_lru.retain(|k| *k != key);
@@ -1405,7 +1406,7 @@ impl<'a> Loader<'a> {
             ids.extend_from_slice(&unit.ids[r as usize..(r + take) as usize]);
             p += take;
         }
-        let w = Arc::new(Window {
+        let w = Rc::new(Window {
             x: Tensor::cat(&xs, 0),
             y: Tensor::cat(&ys, 0),
             ids,
@@ -1436,7 +1437,7 @@ impl<'a> Loader<'a> {
     }
 
     /// Unit `u` of shard `shard`, decoded (cached within the budget).
-    fn unit(&mut self, shard: usize, u: usize) -> Result<Arc<Unit>, DataError> {
+    fn unit(&mut self, shard: usize, u: usize) -> Result<Rc<Unit>, DataError> {
         let key = (shard, u);
         if let Some(x) = self.units.get(&key) {
             let x = x.clone();
@@ -1448,7 +1449,7 @@ impl<'a> Loader<'a> {
         if self.prefetched.contains(&s.url) {
             self.s.stats.ahead.fetch_sub(1, Ordering::Relaxed);
         }
-        let unit = Arc::new(self.s.decode(s, u, true)?);
+        let unit = Rc::new(self.s.decode(s, u, true)?);
         let bytes = unit_bytes(&unit);
         while self.unit_bytes + bytes > self.s.unit_budget {
             let Some(old) = self.unit_lru.pop_front() else {

@@ -39,7 +39,7 @@ figures = []
 if os.path.exists(os.path.join(results, "figures.jsonl")):
     with open(os.path.join(results, "figures.jsonl")) as f:
         figures = [json.loads(line) for line in f if line.strip()]
-data = {b: load(f"{b}.json") for b in ["plan", "train", "checkpoint", "ring", "ps", "api", "e2e"]}
+data = {b: load(f"{b}.json") for b in ["plan", "train", "checkpoint", "data", "ring", "ps", "api", "e2e"]}
 durations = {}
 if os.path.exists(os.path.join(results, "durations")):
     for line in open(os.path.join(results, "durations")):
@@ -271,6 +271,17 @@ w("The checkpoint stall: the same job (MLP 784-1024-1024-10 with Adam, 22 MiB pe
   f"{ckpt_how}. "
   "Target: ≤ 1.10× the step time without checkpoints.\n")
 table("checkpoint")
+
+w("## Sharded datasets (`data-bench`)\n")
+d = data.get("data")
+data_how = f", {d['steps']} steps" if d else ""
+w("The data stall of streaming: the same job (MLP 256-1024-1024-10, batch 256) trained by the executor's loop "
+  "on the same samples in memory (one npz loaded whole), streamed from 24 local npz shards, and streamed from the "
+  "S3 server (Garage) from a cold cache tier; ms per step, the data-stall share (waiting for a batch over the "
+  f"step){data_how}, and the loader's read throughput over one epoch against 8 concurrent whole-object reads of "
+  "the same objects. Target: step time within 5 % of in memory while a step computes longer than its samples take "
+  "to read.\n")
+table("data")
 
 w("## Ring all-reduce (`ring-bench`)\n")
 w("Bus bandwidth (nccl-tests' busbw = size ÷ time × 2(N−1)/N) of Trainyard's ring (`trainyard-ring` processes) "

@@ -78,7 +78,8 @@ torch_env() {
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
-# ensure_pytest: what the Python test suite (tests/pytest) needs, in the
+# ensure_pytest: what the Python test suite (tests/pytest) needs (and the
+# e2e tests' pyarrow), in the
 # torch venv "$VENV" (after ensure_torch): pytest, the SDK's dependencies,
 # the generated client's runtime (httpx, attrs, python-dateutil), hatchling
 # to build the SDK offline, and the SDK itself (./sdk/python), reinstalled
@@ -86,10 +87,11 @@ torch_env() {
 # when a package is missing.
 ensure_pytest() {
   local py="$VENV/bin/python"
-  if ! "$py" -c 'import pytest, requests, safetensors, tqdm, httpx, attrs, dateutil, hatchling' 2>/dev/null; then
+  if ! "$py" -c 'import pytest, requests, safetensors, tqdm, httpx, attrs, dateutil, hatchling, pyarrow' 2>/dev/null; then
     log "installing pytest and the Python SDK's dependencies into $VENV"
+    # pyarrow: the sharded-dataset e2e test writes its held-out Parquet file.
     "$VENV/bin/pip" install -q --disable-pip-version-check \
-      pytest requests safetensors tqdm httpx attrs python-dateutil hatchling
+      pytest requests safetensors tqdm httpx attrs python-dateutil hatchling pyarrow
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
     --force-reinstall "$ROOT/sdk/python"

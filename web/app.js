@@ -51,6 +51,19 @@ function bytes(b) {
   return Math.round(b / 2 ** 20) + " MiB";
 }
 
+// A sharded dataset's loader figures over the points shown: bytes read
+// per step, cache hit rate, shards prefetched ahead (nothing for data in
+// memory).
+function dataLine(pts) {
+  const read = pts.filter((p) => p.data_bytes_read > 0 || (p.cache_hit_rate !== null && p.cache_hit_rate !== undefined));
+  if (!read.length) return "";
+  const mb = read.reduce((s, p) => s + p.data_bytes_read, 0) / pts.length / 1e6;
+  const rates = read.filter((p) => p.cache_hit_rate !== null && p.cache_hit_rate !== undefined);
+  const hit = rates.length ? ` · cache hits ${((rates.reduce((s, p) => s + p.cache_hit_rate, 0) / rates.length) * 100).toFixed(0)}%` : "";
+  const depth = pts[pts.length - 1].prefetch_depth || 0;
+  return ` · data read ${mb.toFixed(2)} MB/step${hit} · prefetched ${depth.toFixed(1)} shards ahead`;
+}
+
 function fmt(x, digits = 4) { return x === null || x === undefined || !isFinite(x) ? "–" : Number(x).toFixed(digits); }
 function clock(iso) { return new Date(iso).toLocaleTimeString([], { hour12: false }); }
 function short(id) { return id ? id.slice(-8) : ""; }
@@ -373,7 +386,7 @@ function jobView(main, id) {
     if (lastEval) text += ` · held-out accuracy ${(lastEval.eval_accuracy * 100).toFixed(1)}%`;
     $("#job-progress-text").textContent = text;
     $("#job-throughput").textContent = last
-      ? `${Math.round(last.samples_per_sec).toLocaleString()} samples/s · per step: data ${(last.data_seconds * 1000).toFixed(2)} ms, compute ${(last.compute_seconds * 1000).toFixed(2)} ms, communication ${(last.comm_seconds * 1000).toFixed(2)} ms`
+      ? `${Math.round(last.samples_per_sec).toLocaleString()} samples/s · per step: data ${(last.data_seconds * 1000).toFixed(2)} ms, compute ${(last.compute_seconds * 1000).toFixed(2)} ms, communication ${(last.comm_seconds * 1000).toFixed(2)} ms${dataLine(pts)}`
       : "no steps recorded yet";
     lineChart($("#loss-chart"), [
       { name: "training loss", color: "#2f6fde", points: pts.map((p) => [p.step, p.loss]) },

@@ -206,6 +206,17 @@ pub struct MetricSample {
     pub eval_loss: Option<f64>,
     /// Latest held-out accuracy in the bucket.
     pub eval_accuracy: Option<f64>,
+    /// Sharded datasets: mean bytes rank 0's loader read per step (0 for
+    /// data in memory).
+    #[serde(default)]
+    pub data_bytes_read: f64,
+    /// Sharded datasets: the share of rank 0's shard reads in the bucket
+    /// that its local cache answered; absent without shard reads.
+    #[serde(default)]
+    pub cache_hit_rate: Option<f64>,
+    /// Sharded datasets: mean shards fetched ahead of rank 0's loader.
+    #[serde(default)]
+    pub prefetch_depth: f64,
 }
 
 /// A job's training curve.

@@ -614,6 +614,39 @@ pub struct MetricPoint {
     /// Held-out accuracy, on evaluation steps of classification jobs.
     #[serde(default)]
     pub eval_accuracy: Option<f64>,
+    /// Sharded datasets: bytes this rank's loader read in the step (from
+    /// the store, or from local files).
+    #[serde(default)]
+    pub data_bytes_read: u64,
+    /// Sharded datasets: shard reads of the step the local cache tier
+    /// answered.
+    #[serde(default)]
+    pub data_cache_hits: u32,
+    /// Sharded datasets: shard reads of the step that went to the store.
+    #[serde(default)]
+    pub data_cache_misses: u32,
+    /// Sharded datasets: shards fetched ahead of the loader, not yet read.
+    #[serde(default)]
+    pub prefetch_depth: u32,
+    /// The epoch this step completed, with what it consumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_done: Option<EpochAccount>,
+}
+
+/// What one epoch consumed, as the ranks that trained it summed it: a
+/// sample count and an order-independent hash of the sample ids (the
+/// wrapping sum of SplitMix64's finaliser of each id; see README,
+/// *Sharded datasets*). Equal to the whole training set's exactly when
+/// every sample was used once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EpochAccount {
+    /// The epoch, from 0.
+    pub epoch: u64,
+    /// Samples consumed.
+    pub samples: u64,
+    /// The hash of their ids.
+    pub id_hash: u64,
 }
 
 /// Log severities.

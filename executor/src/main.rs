@@ -93,6 +93,12 @@ struct Cli {
     #[arg(long, env = "TRAINYARD_SHUTDOWN_GRACE_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     shutdown_grace_secs: u64,
+
+    /// Most memory, in MiB, a sharded dataset's loaded data may take in
+    /// each role (shuffle windows, decoded shards, prefetched batches),
+    /// where the job's `dataset.memory_mb` does not say.
+    #[arg(long, env = "TRAINYARD_DATA_MEMORY_MB", default_value_t = trainyard_executor::replica::shards::DEFAULT_MEMORY_MB)]
+    data_memory_mb: u64,
 }
 
 /// The data-plane address registered for peers: `host` (when given) with
@@ -176,7 +182,8 @@ fn main() -> anyhow::Result<()> {
                 options,
                 std::sync::Arc::new(cache),
                 tokio::runtime::Handle::current(),
-            ),
+            )
+            .with_data_memory_mb(cli.data_memory_mb),
             grace: std::time::Duration::from_secs(cli.shutdown_grace_secs),
         })
         .await

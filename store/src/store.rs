@@ -250,6 +250,36 @@ impl Store {
         r.bytes().await.map_err(self.io(key))
     }
 
+    /// Bytes `range` of the object at `key` (fewer where the object ends
+    /// first): a footer or header, read without the rest of the object.
+    pub async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StoreError> {
+        let opts = object_store::GetOptions::new().with_range(Some(range));
+        let r = self
+            .inner
+            .get_opts(&self.path(key), opts)
+            .await
+            .map_err(self.io(key))?;
+        r.bytes().await.map_err(self.io(key))
+    }
+
+    /// The last `n` bytes of the object at `key` (all of it when smaller),
+    /// and the object's size.
+    pub async fn get_tail(&self, key: &str, n: u64) -> Result<(Bytes, u64), StoreError> {
+        let opts =
+            object_store::GetOptions::new().with_range(Some(object_store::GetRange::Suffix(n)));
+        let r = self
+            .inner
+            .get_opts(&self.path(key), opts)
+            .await
+            .map_err(self.io(key))?;
+        let size = r.meta.size;
+        Ok((r.bytes().await.map_err(self.io(key))?, size))
+    }
+
     /// The object at `key` as a stream of chunks, with its size.
     pub async fn stream(
         &self,

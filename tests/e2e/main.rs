@@ -10,6 +10,7 @@ mod executor_probe;
 mod provisioner;
 mod replicas;
 mod server_lifecycle;
+mod sharded;
 mod sharing;
 mod shutdown;
 mod slurm;

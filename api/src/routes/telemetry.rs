@@ -146,14 +146,16 @@ async fn store_metrics(
     for m in metrics {
         let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
         stored += sqlx::query(
-            "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected, generation)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+            "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected, data_bytes_read, data_cache_hits, data_cache_misses, prefetch_depth, generation)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
              ON CONFLICT (job_id, rank, step) DO UPDATE SET
                  loss = EXCLUDED.loss, lr = EXCLUDED.lr, samples_per_sec = EXCLUDED.samples_per_sec,
                  data_seconds = EXCLUDED.data_seconds, compute_seconds = EXCLUDED.compute_seconds,
                  comm_seconds = EXCLUDED.comm_seconds, eval_loss = EXCLUDED.eval_loss,
                  eval_accuracy = EXCLUDED.eval_accuracy, comm_bytes = EXCLUDED.comm_bytes,
                  staleness = EXCLUDED.staleness, rejected = EXCLUDED.rejected,
+                 data_bytes_read = EXCLUDED.data_bytes_read, data_cache_hits = EXCLUDED.data_cache_hits,
+                 data_cache_misses = EXCLUDED.data_cache_misses, prefetch_depth = EXCLUDED.prefetch_depth,
                  generation = EXCLUDED.generation, at = clock_timestamp()
              WHERE job_metrics.generation < EXCLUDED.generation",
         )
@@ -171,6 +173,10 @@ async fn store_metrics(
         .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
         .bind(m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
         .bind(i32::try_from(m.rejected).unwrap_or(i32::MAX))
+        .bind(i64::try_from(m.data_bytes_read).unwrap_or(i64::MAX))
+        .bind(i32::try_from(m.data_cache_hits).unwrap_or(i32::MAX))
+        .bind(i32::try_from(m.data_cache_misses).unwrap_or(i32::MAX))
+        .bind(i32::try_from(m.prefetch_depth).unwrap_or(i32::MAX))
         .bind(key.generation)
         .execute(&mut *tx)
         .await?
@@ -383,7 +389,10 @@ pub async fn metrics(
                 avg(comm_bytes)::float8 AS comm_bytes,
                 CASE WHEN sum(comm_seconds) > 0 AND sum(comm_bytes) > 0 THEN sum(comm_bytes)::float8 / sum(comm_seconds) / 1e9 END AS bus_gbps,
                 (array_agg(eval_loss ORDER BY step DESC) FILTER (WHERE eval_loss IS NOT NULL))[1] AS eval_loss,
-                (array_agg(eval_accuracy ORDER BY step DESC) FILTER (WHERE eval_accuracy IS NOT NULL))[1] AS eval_accuracy
+                (array_agg(eval_accuracy ORDER BY step DESC) FILTER (WHERE eval_accuracy IS NOT NULL))[1] AS eval_accuracy,
+                avg(data_bytes_read)::float8 AS data_bytes_read,
+                CASE WHEN sum(data_cache_hits + data_cache_misses) > 0 THEN sum(data_cache_hits)::float8 / sum(data_cache_hits + data_cache_misses) END AS cache_hit_rate,
+                avg(prefetch_depth)::float8 AS prefetch_depth
          FROM (SELECT *, row_number() OVER (ORDER BY step) - 1 AS i FROM job_metrics WHERE job_id = $1 AND rank = 0) m
          GROUP BY i / $2 ORDER BY 1",
     )
@@ -406,6 +415,9 @@ pub async fn metrics(
                 bus_gbps: r.try_get("bus_gbps")?,
                 eval_loss: r.try_get("eval_loss")?,
                 eval_accuracy: r.try_get("eval_accuracy")?,
+                data_bytes_read: r.try_get("data_bytes_read")?,
+                cache_hit_rate: r.try_get("cache_hit_rate")?,
+                prefetch_depth: r.try_get("prefetch_depth")?,
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;

@@ -313,12 +313,7 @@ fn check_dataset(d: &DatasetSpec, v: &mut Checker) -> bool {
             v.range("dataset.targets", r.targets, 1, MAX_WIDTH);
         }
         DatasetSpec::Text(t) => v.range("dataset.characters", t.characters, 2, MAX_SAMPLES * 100),
-        DatasetSpec::File(f) => {
-            v.url("dataset.url", &f.url);
-            if f.format.is_none() && file_format_from_url(&f.url).is_none() {
-                v.fail("dataset.format", "cannot tell the format from the URL's extension (.npz, .safetensors, .txt); give format");
-            }
-        }
+        DatasetSpec::File(f) => check_file_data(f, v),
     }
     v.0.len() == before
 }
@@ -433,5 +428,72 @@ fn check_memory(s: &JobSpecInput, v: &mut Checker) {
             }
         }
         _ => {}
+    }
+}
+
+/// A file dataset's fields: its URLs (a file, a `*` glob in the last
+/// segment, or a `.json` manifest), the format, and the sharded-data
+/// settings.
+fn check_file_data(f: &FileData, v: &mut Checker) {
+    for (field, url) in [
+        ("dataset.url", Some(&f.url)),
+        ("dataset.eval_url", f.eval_url.as_ref()),
+    ] {
+        let Some(url) = url else { continue };
+        if is_glob(url) {
+            // The pattern is checked as the object it would name with its
+            // stars as letters; only the last segment may hold them, so a
+            // listing never leaves the folder the prefix names.
+            let (folder, _) = url.rsplit_once('/').unwrap_or(("", url));
+            if folder.contains('*') {
+                v.fail(field, "only the last path segment may hold `*`");
+                continue;
+            }
+            v.url(field, &url.replace('*', "x"));
+        } else {
+            v.url(field, url);
+        }
+    }
+    let fmt = f.format_or_guess();
+    if fmt.is_none() && !is_manifest(&f.url) {
+        v.fail("dataset.format", "cannot tell the format from the URL's extension (.npz, .safetensors, .parquet, .txt); give format");
+    }
+    let sharded = f.is_sharded()
+        || f.eval_url
+            .as_deref()
+            .is_some_and(|u| is_glob(u) || is_manifest(u));
+    if fmt == Some(FileFormat::Text) && sharded {
+        v.fail("dataset.format", "text is read as one file: a glob, manifest or eval_url needs npz, safetensors or parquet");
+    }
+    let parquet_only = [
+        ("dataset.x_columns", f.x_columns.is_some()),
+        ("dataset.y_column", f.y_column.is_some()),
+    ];
+    for (field, given) in parquet_only {
+        if given && fmt.is_some() && fmt != Some(FileFormat::Parquet) {
+            v.fail(field, "names Parquet columns; the dataset is not Parquet");
+        }
+    }
+    if let Some(cols) = &f.x_columns {
+        if cols.is_empty() || cols.len() > MAX_WIDTH as usize {
+            v.fail(
+                "dataset.x_columns",
+                format!("must name 1 to {MAX_WIDTH} columns"),
+            );
+        }
+    }
+    for (field, name) in [
+        ("dataset.y_column", f.y_column.as_ref()),
+        ("dataset.id_column", f.id_column.as_ref()),
+    ] {
+        if name.is_some_and(|n| n.is_empty() || n.chars().count() > MAX_NAME_CHARS) {
+            v.fail(field, format!("must be 1 to {MAX_NAME_CHARS} characters"));
+        }
+    }
+    if let Some(b) = f.shuffle_buffer {
+        v.range("dataset.shuffle_buffer", b, 1, MAX_SHUFFLE_BUFFER);
+    }
+    if let Some(m) = f.memory_mb {
+        v.range("dataset.memory_mb", m, MIN_MEMORY_MB, MAX_MEMORY_MB);
     }
 }

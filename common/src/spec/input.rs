@@ -218,16 +218,105 @@ pub struct TextData {
     pub characters: u64,
 }
 
-/// A dataset file.
+/// A dataset file, or a sharded dataset: a glob over many objects or a
+/// manifest listing them, streamed shard by shard within a memory budget
+/// (see README, *Sharded datasets*).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileData {
-    /// Object-store URL.
+    /// Object-store URL of one file, a glob whose last segment may hold
+    /// `*` (`s3://bucket/train/part-*.parquet`), or a manifest (`.json`:
+    /// `{"shards": [{"url", "samples", "sha256"?}]}`).
     #[schema(example = "file:///data/digits.npz")]
     pub url: String,
-    /// File format; taken from the URL's extension when absent.
+    /// File format of the file or of every shard; taken from the URL's
+    /// extension when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<FileFormat>,
+    /// Held-out data (a file, glob or manifest, like `url`); without it
+    /// `eval_fraction` of the samples (of the shards, for a sharded
+    /// dataset, chosen by the seed) is held out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_url: Option<String>,
+    /// Parquet: the feature columns, numeric, or one fixed-size-list
+    /// column (default `["x"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_columns: Option<Vec<String>>,
+    /// Parquet: the label column (default `y`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub y_column: Option<String>,
+    /// An integer column (Parquet) or array (npz) of sample ids, used in
+    /// the per-epoch accounting of a sharded dataset (default: the sample's
+    /// position in the sorted shard list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_column: Option<String>,
+    /// Sharded datasets: samples of the in-memory shuffle buffer (1 to
+    /// 2^24, default 8192).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_buffer: Option<u64>,
+    /// Sharded datasets: MiB the loaded data may use on each worker (16 to
+    /// 1 TiB; default the executor's `--data-memory-mb`, 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+}
+
+impl FileData {
+    /// One file at `url`, format from its extension.
+    pub fn at(url: impl Into<String>) -> FileData {
+        FileData {
+            url: url.into(),
+            format: None,
+            eval_url: None,
+            x_columns: None,
+            y_column: None,
+            id_column: None,
+            shuffle_buffer: None,
+            memory_mb: None,
+        }
+    }
+
+    /// Whether the data is read shard by shard (a glob, a manifest, or
+    /// Parquet) rather than loaded whole.
+    pub fn is_sharded(&self) -> bool {
+        is_glob(&self.url)
+            || is_manifest(&self.url)
+            || self.format_or_guess() == Some(FileFormat::Parquet)
+    }
+
+    /// The format given, else the one the URL's extension names.
+    pub fn format_or_guess(&self) -> Option<FileFormat> {
+        self.format.or_else(|| file_format_from_url(&self.url))
+    }
+}
+
+/// Whether a data URL is a glob (its last segment holds `*`).
+pub fn is_glob(url: &str) -> bool {
+    url.rsplit('/').next().is_some_and(|s| s.contains('*'))
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters (none included) and everything else for itself.
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, rest) = parts.split_first().expect("split yields one part");
+    let Some(mut left) = name.strip_prefix(first) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return left.is_empty();
+    };
+    for part in middle {
+        match left.find(part) {
+            Some(i) => left = &left[i + part.len()..],
+            None => return false,
+        }
+    }
+    left.len() >= last.len() && left.ends_with(last)
+}
+
+/// Whether a data URL names a manifest of shards (`.json`).
+pub fn is_manifest(url: &str) -> bool {
+    !is_glob(url) && url.to_ascii_lowercase().ends_with(".json")
 }
 
 /// Dataset file formats.
@@ -240,6 +329,9 @@ pub enum FileFormat {
     Safetensors,
     /// Plain text, for the language model.
     Text,
+    /// Apache Parquet (uncompressed or snappy pages) with the columns
+    /// `x_columns` and `y_column` name.
+    Parquet,
 }
 
 /// Training loss.
@@ -579,6 +671,7 @@ pub fn file_format_from_url(url: &str) -> Option<FileFormat> {
         "npz" => Some(FileFormat::Npz),
         "safetensors" => Some(FileFormat::Safetensors),
         "txt" | "text" => Some(FileFormat::Text),
+        "parquet" | "pq" => Some(FileFormat::Parquet),
         _ => None,
     }
 }

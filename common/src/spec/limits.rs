@@ -53,6 +53,8 @@ pub const MIN_MEMORY_MB: u64 = 16;
 pub const MAX_MEMORY_MB: u64 = 4 << 20;
 /// Largest |priority|.
 pub const MAX_PRIORITY: i32 = 1000;
+/// Largest shuffle buffer of a sharded dataset, in samples.
+pub const MAX_SHUFFLE_BUFFER: u64 = 1 << 24;
 /// Largest held-out fraction.
 pub const MAX_EVAL_FRACTION: f64 = 0.5;
 /// Object-store URL schemes a job may name.

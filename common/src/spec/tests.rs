@@ -394,3 +394,26 @@ proptest! {
         let _ = parse(&v);
     }
 }
+
+#[test]
+fn globs_match_stars_within_a_name() {
+    for (p, n, m) in [
+        ("part-*.npz", "part-0001.npz", true),
+        ("part-*.npz", "part-.npz", true),
+        ("part-*.npz", "part-1.npz.tmp", false),
+        ("*", "anything", true),
+        ("a*b*c", "abc", true),
+        ("a*b*c", "aXbYc", true),
+        ("a*b*c", "acb", false),
+        ("ab*ba", "aba", false),
+        ("x.npz", "x.npz", true),
+        ("x.npz", "y.npz", false),
+    ] {
+        assert_eq!(glob_matches(p, n), m, "{p} vs {n}");
+    }
+    assert!(is_glob("s3://b/train/part-*.parquet"));
+    assert!(!is_glob("s3://b/tr*ain/part.parquet"));
+    assert!(is_manifest("file:///d/shards.JSON"));
+    assert!(FileData::at("s3://b/x.parquet").is_sharded());
+    assert!(!FileData::at("s3://b/x.npz").is_sharded());
+}

@@ -117,6 +117,8 @@ pub fn work(
     let mut local = rep.cursor;
     let mut stream_at = rep.cursor;
     let mut batches = rep.batches(rank, world, stream_at);
+    let data_stats = rep.data_stats();
+    let mut seen = crate::ring::train::DataSeen::default();
     let mut rejected = 0u64;
     let mut rejected_since = 0u32;
     let mut prefetched: Option<Vec<Pulled>> = None;
@@ -190,7 +192,7 @@ pub fn work(
         }
         let waited = Instant::now();
         let Ok(b) = batches.recv() else {
-            return Err(RoleError::ps_fatal("the data loader stopped"));
+            return Err(RoleError::ps_fatal(rep.loader_failure()));
         };
         stream_at = b.next;
         let data_seconds = waited.elapsed().as_secs_f64();
@@ -346,6 +348,9 @@ pub fn work(
             },
         );
         stats.staleness = Some(u32::try_from(staleness).unwrap_or(u32::MAX));
+        if let Some(d) = &data_stats {
+            seen.fill(d, &mut stats);
+        }
         stats.rejected = std::mem::take(&mut rejected_since);
         if progress::evaluation_due(rank, stats.step, total, false) {
             (stats.eval_loss, stats.eval_accuracy) = rep.evaluate_now();

@@ -9,10 +9,16 @@
 //! seeded random offsets. Batches are gathered on a background thread into a
 //! bounded channel, so the training loop only waits when the data is slower
 //! than the model.
+//!
+//! A glob, a manifest or a Parquet file is a sharded dataset instead,
+//! streamed by [`super::shards`] with the same cursor and the same split of
+//! each step among the ranks.
 
 use super::rng::Rng;
+use super::shards::{DataStats, Sharded};
 use crate::storage::Fetcher;
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 use tch::{Kind, Tensor};
 use trainyard_common::spec::{DatasetSpec, FileFormat, JobSpecInput, Loss, ModelSpec};
 
@@ -48,11 +54,15 @@ pub enum Data {
     Text(Tensor),
 }
 
-/// A loaded dataset with its split.
+/// A loaded dataset with its split, or a sharded one.
 pub struct Dataset {
     data: Data,
     train: Vec<i64>,
     eval: Vec<i64>,
+    /// A sharded training set (then `data` and `train` are empty).
+    sharded: Option<Arc<Sharded>>,
+    /// Held-out shards (`eval_url`, or a sharded set's held-out part).
+    eval_shards: Option<Arc<Sharded>>,
 }
 
 fn unreadable(url: &str, reason: impl ToString) -> DataError {
@@ -161,6 +171,8 @@ fn load_file(url: &str, format: FileFormat, fetcher: &Fetcher) -> Result<Data, D
         FileFormat::Safetensors => {
             Tensor::read_safetensors(&path).map_err(|e| unreadable(url, e))?
         }
+        // Parquet is always streamed (see `Dataset::load`).
+        FileFormat::Parquet => return Err(unreadable(url, "Parquet is read shard by shard")),
     };
     let get = |name: &str| {
         named
@@ -184,6 +196,64 @@ impl Dataset {
     /// Loads (or generates) the dataset of `spec` (a file through
     /// `fetcher`), checks it against the model and the loss, and splits it.
     pub fn load(spec: &JobSpecInput, fetcher: &Fetcher) -> Result<Dataset, DataError> {
+        if let DatasetSpec::File(f) = &spec.dataset {
+            let mb = fetcher.data_memory_mb();
+            let eval_only = |url: &str| -> Result<Arc<Sharded>, DataError> {
+                let mut e = f.clone();
+                e.url = url.to_owned();
+                e.eval_url = None;
+                let mut s = spec.clone();
+                s.eval_fraction = 0.0;
+                Ok(Arc::new(Sharded::open(&s, &e, fetcher, mb)?.into_eval()))
+            };
+            if f.is_sharded() {
+                let s = Arc::new(Sharded::open(spec, f, fetcher, mb)?);
+                return Ok(Dataset {
+                    data: Data::Text(Tensor::new()),
+                    train: Vec::new(),
+                    eval: Vec::new(),
+                    eval_shards: (s.eval_len() > 0).then(|| s.clone()),
+                    sharded: Some(s),
+                });
+            }
+            if let Some(u) = &f.eval_url {
+                let eval = eval_only(u)?;
+                let mut d = Dataset::load_whole(spec, fetcher, false)?;
+                d.eval_shards = Some(eval);
+                return Ok(d);
+            }
+        }
+        Dataset::load_whole(spec, fetcher, true)
+    }
+
+    /// Why the data loader stopped: a sharded set's reason, or a generic one.
+    pub fn loader_failure(&self) -> String {
+        self.sharded.as_ref().and_then(|s| s.failure()).map_or_else(
+            || "the data loader stopped".into(),
+            |e| format!("data: {e}"),
+        )
+    }
+
+    /// A sharded training set's loader figures (`None` in memory).
+    pub fn stats(&self) -> Option<Arc<DataStats>> {
+        self.sharded.as_ref().map(|s| s.stats.clone())
+    }
+
+    /// Held-out loss and accuracy over held-out shards, unit by unit
+    /// (`None` without them).
+    pub fn evaluate_shards(
+        &self,
+        eval: &mut super::shards::EvalFn<'_>,
+    ) -> Option<Result<(f64, Option<f64>), DataError>> {
+        let s = self.eval_shards.as_ref()?;
+        s.evaluate(eval).transpose()
+    }
+
+    fn load_whole(
+        spec: &JobSpecInput,
+        fetcher: &Fetcher,
+        hold_out: bool,
+    ) -> Result<Dataset, DataError> {
         let data = match &spec.dataset {
             DatasetSpec::File(f) => {
                 let fmt = f
@@ -206,11 +276,14 @@ impl Dataset {
             )));
         }
         let order = Rng::new(spec.seed, 0x5E1).permutation(n);
-        let n_eval = ((n as f64 * spec.eval_fraction).round() as usize).min(n - 1);
+        let fraction = if hold_out { spec.eval_fraction } else { 0.0 };
+        let n_eval = ((n as f64 * fraction).round() as usize).min(n - 1);
         Ok(Dataset {
             eval: order[..n_eval].to_vec(),
             train: order[n_eval..].to_vec(),
             data,
+            sharded: None,
+            eval_shards: None,
         })
     }
 
@@ -227,7 +300,10 @@ impl Dataset {
 
     /// Training samples (all workers together).
     pub fn train_len(&self) -> usize {
-        self.train.len()
+        match &self.sharded {
+            Some(s) => s.train_len(),
+            None => self.train.len(),
+        }
     }
 
     /// The evaluation set as one batch.
@@ -249,6 +325,9 @@ impl Dataset {
         world: u32,
         cursor: Cursor,
     ) -> Receiver<Batch> {
+        if let Some(s) = &self.sharded {
+            return s.stream(rank, world, cursor);
+        }
         let (tx, rx) = sync_channel(PREFETCH);
         let spec = spec.clone();
         let batch = spec.batch_size as usize;
@@ -279,6 +358,9 @@ impl Dataset {
                     y,
                     samples: mine.len(),
                     next,
+                    id_hash: mine.iter().fold(0u64, |h, &i| {
+                        h.wrapping_add(super::shards::id_mix(i as u64))
+                    }),
                 };
                 if tx.send(b).is_err() {
                     return;
@@ -313,6 +395,9 @@ pub struct Batch {
     pub samples: usize,
     /// The cursor after this step.
     pub next: Cursor,
+    /// The wrapping sum of [`super::shards::id_mix`] over the batch's
+    /// sample ids: the epoch's accounting.
+    pub id_hash: u64,
 }
 
 /// The training indices of `epoch` in their seeded order; every worker
@@ -384,7 +469,7 @@ fn gather(data: &Data, idx: &[i64], spec: &JobSpecInput) -> (Tensor, Tensor) {
 }
 
 /// Checks that the data fits the model and the loss; converts kinds.
-fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
+pub(super) fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
     match data {
         Data::Text(t) => match &spec.model {
             ModelSpec::Transformer(m)

@@ -23,6 +23,7 @@ pub mod optim;
 pub mod progress;
 pub mod rng;
 pub mod script;
+pub mod shards;
 pub mod tensors;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -138,6 +139,8 @@ pub struct Replica {
     eval_accuracy: Option<f64>,
     /// Gradients carry the buffers (rank 0), not zeros.
     carries_state: bool,
+    /// Samples and the id hash consumed so far in the cursor's epoch.
+    account: (u64, u64),
 }
 
 /// Holds libtorch's process-wide generator while it is seeded and drawn
@@ -150,8 +153,9 @@ pub(crate) fn seeded_rng() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Words of metadata at the end of an exported state: step, optimizer
-/// steps, epoch, offset and the last loss (f64 bits), two words each.
-const META_WORDS: usize = 10;
+/// steps, epoch, offset, the last loss (f64 bits) and the epoch's
+/// accounting (samples, id hash), two words each.
+const META_WORDS: usize = 14;
 
 fn u64_words(v: u64) -> [f32; 2] {
     [f32::from_bits(v as u32), f32::from_bits((v >> 32) as u32)]
@@ -228,6 +232,7 @@ impl Replica {
             eval_loss: None,
             eval_accuracy: None,
             carries_state: true,
+            account: (0, 0),
         };
         replica.bind();
         Ok(replica)
@@ -321,6 +326,8 @@ impl Replica {
             self.cursor.offset,
             // NaN stands for "none" in the flat state only.
             self.last_loss.unwrap_or(f64::NAN).to_bits(),
+            self.account.0,
+            self.account.1,
         ]
         .into_iter()
         .enumerate()
@@ -358,6 +365,7 @@ impl Replica {
             offset: words_u64(&meta[6..8]),
         };
         self.last_loss = Some(f64::from_bits(words_u64(&meta[8..10]))).filter(|l| !l.is_nan());
+        self.account = (words_u64(&meta[10..12]), words_u64(&meta[12..14]));
         Ok(())
     }
 
@@ -415,6 +423,9 @@ impl Replica {
             epoch: l.cursor.epoch,
             offset: l.cursor.offset,
         };
+        // A checkpoint keeps no accounting: it restarts with the resumed
+        // epoch (complete again from the epoch after).
+        self.account = (0, 0);
         Ok(())
     }
 
@@ -570,6 +581,16 @@ impl Replica {
         out
     }
 
+    /// Why this replica's data loader stopped (see [`Dataset::loader_failure`]).
+    pub fn loader_failure(&self) -> String {
+        self.dataset.loader_failure()
+    }
+
+    /// A sharded dataset's loader figures (`None` for data in memory).
+    pub fn data_stats(&self) -> Option<std::sync::Arc<shards::DataStats>> {
+        self.dataset.stats()
+    }
+
     /// A background loader of this rank's batches from `cursor`.
     pub fn batches(
         &self,
@@ -595,6 +616,19 @@ impl Replica {
 
     /// Held-out loss and accuracy of the current weights; kept for the outcome.
     pub fn evaluate_now(&mut self) -> (Option<f64>, Option<f64>) {
+        let (spec, net, device) = (&self.spec, self.net.as_ref(), self.device);
+        let mut eval = |b: &(Tensor, Tensor)| progress::evaluate(spec, net, b, device);
+        match self.dataset.evaluate_shards(&mut eval) {
+            Some(Ok((l, a))) => {
+                (self.eval_loss, self.eval_accuracy) = (Some(l), a);
+                return (self.eval_loss, self.eval_accuracy);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "held-out shards could not be read");
+                return (self.eval_loss, self.eval_accuracy);
+            }
+            None => {}
+        }
         if let Some(batch) = self.eval.as_ref() {
             let (l, a) = progress::evaluate(&self.spec, self.net.as_ref(), batch, self.device);
             (self.eval_loss, self.eval_accuracy) = (Some(l), a);
@@ -725,6 +759,28 @@ impl Replica {
         self.cursor = next;
         self.last_loss = Some(loss);
         Ok(())
+    }
+
+    /// Adds a completed step's `samples` and id hash (summed over the
+    /// ranks) that started in `epoch` to the epoch's accounting; when the
+    /// step ended the epoch, returns the epoch's total and starts the next.
+    pub fn account(
+        &mut self,
+        epoch: u64,
+        samples: u64,
+        id_hash: u64,
+    ) -> Option<trainyard_common::cluster::EpochAccount> {
+        self.account.0 += samples;
+        self.account.1 = self.account.1.wrapping_add(id_hash);
+        if self.cursor.epoch == epoch {
+            return None;
+        }
+        let (samples, id_hash) = std::mem::take(&mut self.account);
+        Some(trainyard_common::cluster::EpochAccount {
+            epoch,
+            samples,
+            id_hash,
+        })
     }
 
     /// The device the replica computes on.

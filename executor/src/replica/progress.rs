@@ -85,6 +85,11 @@ pub fn step_stats(step: u64, loss: f64, lr: f64, t: Timings) -> StepStats {
         rejected: 0,
         eval_accuracy: None,
         eval_loss: None,
+        data_bytes_read: 0,
+        data_cache_hits: 0,
+        data_cache_misses: 0,
+        prefetch_depth: 0,
+        epoch_done: None,
     }
 }
 

@@ -32,7 +32,14 @@ pub struct StepFigures {
     pub comm_bytes: u64,
     /// Ranks that asked for a checkpoint at this step.
     pub votes: f32,
+    /// The epoch this step completed, with what the ranks consumed in it.
+    pub epoch_done: Option<trainyard_common::cluster::EpochAccount>,
 }
+
+/// 16-bit limbs of a batch's id hash in the all-reduce: each rank writes
+/// its hash into slots of its own (the others add zeros), so the sum
+/// carries every rank's hash exactly, even in f32.
+const HASH_LIMBS: usize = 4;
 
 /// A rank's step state kept across steps: the all-reduce buffer and
 /// whether this rank asks for a checkpoint at the coming step.
@@ -56,16 +63,18 @@ impl RingStep {
     ) -> Result<StepFigures, RoleError> {
         let computed = Instant::now();
         let n = replica.numel();
+        let epoch = replica.cursor.epoch;
         let (loss_sum, flat) = replica.forward_backward(&b)?;
         let compute = computed.elapsed().as_secs_f64();
         let comm_started = Instant::now();
         let sent_before = ring.stats().bytes_sent.load(Ordering::Relaxed);
         let vote = f32::from(u8::from(self.vote));
-        let (total, loss_sum, summed, votes) = if ring.world() == 1 {
+        let (total, loss_sum, summed, votes, id_hash) = if ring.world() == 1 {
             // Alone: the gradient stays where it is, on its device.
-            (b.samples as f32, loss_sum, flat, vote)
+            (b.samples as f32, loss_sum, flat, vote, b.id_hash)
         } else {
-            self.buf.resize(n + 3, 0.0);
+            let (rank, world) = (ring.rank() as usize, ring.world() as usize);
+            self.buf.resize(n + 3 + HASH_LIMBS * world, 0.0);
             match &flat {
                 Some(f) => f
                     .to_device(tch::Device::Cpu)
@@ -75,6 +84,11 @@ impl RingStep {
             self.buf[n] = b.samples as f32;
             self.buf[n + 1] = loss_sum as f32;
             self.buf[n + 2] = vote;
+            let limbs = &mut self.buf[n + 3..];
+            limbs.fill(0.0);
+            for i in 0..HASH_LIMBS {
+                limbs[rank * HASH_LIMBS + i] = ((b.id_hash >> (16 * i)) & 0xFFFF) as f32;
+            }
             match replica.spec().compression {
                 Compression::None => ring.allreduce(&mut self.buf, stop)?,
                 Compression::Bf16 => {
@@ -86,11 +100,20 @@ impl RingStep {
                 }
             }
             let summed = Tensor::from_slice(&self.buf[..n]).to_device(replica.device());
+            let mut id_hash = 0u64;
+            for r in 0..world {
+                let mut h = 0u64;
+                for i in 0..HASH_LIMBS {
+                    h |= (self.buf[n + 3 + r * HASH_LIMBS + i] as u64 & 0xFFFF) << (16 * i);
+                }
+                id_hash = id_hash.wrapping_add(h);
+            }
             (
                 self.buf[n],
                 f64::from(self.buf[n + 1]),
                 Some(summed),
                 self.buf[n + 2],
+                id_hash,
             )
         };
         let comm = comm_started.elapsed().as_secs_f64();
@@ -98,6 +121,7 @@ impl RingStep {
         let applied = Instant::now();
         let loss = loss_sum / f64::from(total.max(1.0));
         replica.apply_summed(summed, total, loss, lr, b.next)?;
+        let epoch_done = replica.account(epoch, total as u64, id_hash);
         let compute = compute + applied.elapsed().as_secs_f64();
         Ok(StepFigures {
             loss,
@@ -106,6 +130,7 @@ impl RingStep {
             comm,
             comm_bytes,
             votes,
+            epoch_done,
         })
     }
 }
@@ -119,6 +144,7 @@ pub fn step_on(replica: &mut Replica, x: &Tensor, y: &Tensor, lr: f64) -> Result
         y: y.shallow_clone(),
         samples: x.size().first().copied().unwrap_or(0).max(0) as usize,
         next: replica.cursor,
+        id_hash: 0,
     };
     let f = RingStep::default().run(replica, b, &mut Ring::solo(), lr, &AtomicBool::new(false))?;
     Ok(f.loss)

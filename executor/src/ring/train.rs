@@ -45,6 +45,8 @@ pub fn train_with(
     let spec = replica.spec().clone();
     let total = replica.total_steps(world);
     let batches = replica.batches(rank, world, replica.cursor);
+    let data_stats = replica.data_stats();
+    let mut seen = DataSeen::default();
     let mut step = RingStep::default();
     let mut evaluated_at = None;
     while !replica.finished() {
@@ -53,7 +55,7 @@ pub fn train_with(
         }
         let waited = Instant::now();
         let Ok(b) = batches.recv() else {
-            return Err(RoleError::Assignment("the data loader stopped".into()));
+            return Err(RoleError::Assignment(replica.loader_failure()));
         };
         let data_seconds = waited.elapsed().as_secs_f64();
         let lr = progress::learning_rate(&spec, replica.step + 1, total);
@@ -78,6 +80,10 @@ pub fn train_with(
                 comm_bytes: f.comm_bytes,
             },
         );
+        stats.epoch_done = f.epoch_done;
+        if let Some(d) = &data_stats {
+            seen.fill(d, &mut stats);
+        }
         if progress::evaluation_due(rank, replica.step, total, replica.finished()) {
             (stats.eval_loss, stats.eval_accuracy) = replica.evaluate_now();
             evaluated_at = Some(replica.step);
@@ -88,6 +94,35 @@ pub fn train_with(
         replica.evaluate_now();
     }
     Ok(replica.outcome())
+}
+
+/// A sharded loader's counters at the previous step: each step reports
+/// what changed since.
+#[derive(Default)]
+pub struct DataSeen {
+    bytes: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl DataSeen {
+    /// Puts the loader's figures since the previous call into `stats`.
+    pub fn fill(&mut self, d: &crate::replica::shards::DataStats, stats: &mut StepStats) {
+        let (bytes, hits, misses) = (
+            d.bytes_read.load(Ordering::Relaxed),
+            d.hits.load(Ordering::Relaxed),
+            d.misses.load(Ordering::Relaxed),
+        );
+        stats.data_bytes_read = bytes.saturating_sub(self.bytes);
+        stats.data_cache_hits = hits.saturating_sub(self.hits).min(u64::from(u32::MAX)) as u32;
+        stats.data_cache_misses =
+            misses.saturating_sub(self.misses).min(u64::from(u32::MAX)) as u32;
+        stats.prefetch_depth = d
+            .ahead
+            .load(Ordering::Relaxed)
+            .clamp(0, i64::from(u32::MAX)) as u32;
+        (self.bytes, self.hits, self.misses) = (bytes, hits, misses);
+    }
 }
 
 /// Hands this rank's slice of the replica's state to the uploader.

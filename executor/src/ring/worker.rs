@@ -142,6 +142,15 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                     return;
                 }
                 let _ = role.tx.send(Item::Metric(*s));
+                if let Some(e) = s.epoch_done {
+                    let _ = role.tx.send(Item::Log(
+                        LogLevel::Info,
+                        format!(
+                            "epoch {} consumed {} samples, sample-id hash {:016x}",
+                            e.epoch, e.samples, e.id_hash
+                        ),
+                    ));
+                }
                 if line.due(s) {
                     let _ = role.tx.send(Item::Log(
                         LogLevel::Info,

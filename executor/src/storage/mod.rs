@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use trainyard_common::artifact::DataPolicy;
+use trainyard_common::spec::glob_matches;
 use trainyard_store::cache::Cache;
 use trainyard_store::{shard, Store, StoreError};
 use uuid::Uuid;
@@ -138,6 +139,9 @@ impl Storage {
 pub struct Fetcher {
     remote: Option<Remote>,
     policy: Option<Arc<DataPolicy>>,
+    /// MiB a sharded dataset's loaded data may use where its spec gives no
+    /// `memory_mb` (the executor's `--data-memory-mb`).
+    data_memory_mb: u64,
 }
 
 #[derive(Clone)]
@@ -157,6 +161,7 @@ impl Fetcher {
         Fetcher {
             remote: Some(Remote { options, cache, rt }),
             policy: None,
+            data_memory_mb: crate::replica::shards::DEFAULT_MEMORY_MB,
         }
     }
 
@@ -165,6 +170,7 @@ impl Fetcher {
         Fetcher {
             remote: None,
             policy: None,
+            data_memory_mb: crate::replica::shards::DEFAULT_MEMORY_MB,
         }
     }
 
@@ -202,7 +208,21 @@ impl Fetcher {
         Fetcher {
             remote: self.remote.clone(),
             policy: Some(Arc::new(policy)),
+            data_memory_mb: self.data_memory_mb,
         }
+    }
+
+    /// This fetcher with a data memory budget of `mb` MiB for sharded
+    /// datasets whose spec gives none.
+    pub fn with_data_memory_mb(mut self, mb: u64) -> Fetcher {
+        self.data_memory_mb = mb.max(1);
+        self
+    }
+
+    /// The data memory budget, in MiB, of sharded datasets whose spec
+    /// gives none.
+    pub fn data_memory_mb(&self) -> u64 {
+        self.data_memory_mb
     }
 
     /// Why the job may not read `url`, if it may not.
@@ -230,19 +250,129 @@ impl Fetcher {
     /// the object fetched through the local cache tier (read from disk when
     /// it is already there).
     pub fn materialize(&self, url: &str) -> Result<PathBuf, StorageError> {
+        self.fetch(url).map(|f| f.path)
+    }
+
+    /// The objects a glob names (`*` in its last segment only), sorted by
+    /// URL; `artifact:` globs match the job's resolved artifacts by name.
+    /// Each one is checked against the policy again when it is read.
+    pub fn list_glob(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
+        let bad = |reason| StorageError::Url {
+            url: pattern.to_owned(),
+            reason,
+        };
+        if let Some(name) = trainyard_common::artifact::artifact_of(pattern) {
+            let mut out: Vec<String> = self
+                .policy
+                .iter()
+                .flat_map(|p| p.artifacts.iter())
+                .filter(|a| glob_matches(name, &a.name))
+                .map(|a| a.url.clone())
+                .collect();
+            out.sort();
+            out.dedup();
+            return Ok(out);
+        }
+        let (folder, name) = pattern.rsplit_once('/').ok_or(bad("not an object URL"))?;
+        if folder.contains('*') {
+            return Err(bad("only the last path segment may hold `*`"));
+        }
+        // The folder itself must be one the job may read.
+        self.refused(&format!("{folder}/{}", name.replace('*', "x")))?;
+        let mut out = Vec::new();
+        if let Some(dir) = folder.strip_prefix("file://") {
+            let entries = std::fs::read_dir(dir).map_err(|source| StorageError::File {
+                path: PathBuf::from(dir),
+                source,
+            })?;
+            for e in entries.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if glob_matches(name, &n) && e.path().is_file() {
+                    out.push(format!("{folder}/{n}"));
+                }
+            }
+        } else {
+            let r = self
+                .remote
+                .as_ref()
+                .ok_or(bad("this process has no object-store access"))?;
+            let store = Store::open(folder, &r.options)?;
+            for (key, _) in r.rt.block_on(store.list(""))? {
+                if !key.contains('/') && glob_matches(name, &key) {
+                    out.push(format!("{folder}/{key}"));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Bytes `range` of the object at `url` (a header), without reading
+    /// the rest, checked against the policy like [`Fetcher::materialize`].
+    pub fn read_range(
+        &self,
+        url: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StorageError> {
+        if url.starts_with("file://") {
+            let path = self.materialize(url)?;
+            return read_file_range(&path, Some(range)).map(|(b, _)| b);
+        }
+        self.refused(url)?;
+        let (store, name) = self.remote_parent(url)?;
+        let r = self.remote.as_ref().expect("remote_parent checked");
+        Ok(r.rt.block_on(store.get_range(name, range))?)
+    }
+
+    /// The last `n` bytes of the object at `url` (a footer) and its size.
+    pub fn read_tail(&self, url: &str, n: u64) -> Result<(Bytes, u64), StorageError> {
+        if url.starts_with("file://") {
+            let path = self.materialize(url)?;
+            return read_file_range(&path, None).and_then(|(_, size)| {
+                let from = size.saturating_sub(n);
+                read_file_range(&path, Some(from..size)).map(|(b, _)| (b, size))
+            });
+        }
+        self.refused(url)?;
+        let (store, name) = self.remote_parent(url)?;
+        let r = self.remote.as_ref().expect("remote_parent checked");
+        Ok(r.rt.block_on(store.get_tail(name, n))?)
+    }
+
+    fn remote_parent<'u>(&self, url: &'u str) -> Result<(Store, &'u str), StorageError> {
+        let r = self.remote.as_ref().ok_or(StorageError::Url {
+            url: url.to_owned(),
+            reason: "this process has no object-store access",
+        })?;
+        let (parent, name) = url.rsplit_once('/').ok_or(StorageError::Url {
+            url: url.to_owned(),
+            reason: "not an object URL",
+        })?;
+        Ok((Store::open(parent, &r.options)?, name))
+    }
+
+    /// [`Fetcher::materialize`], saying where the bytes came from.
+    pub fn fetch(&self, url: &str) -> Result<Fetched, StorageError> {
+        let local = |path: PathBuf| {
+            let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+            Fetched {
+                path,
+                source: Source::Local(bytes),
+            }
+        };
         self.refused(url)?;
         let artifact = self.policy.as_ref().and_then(|p| p.artifact(url)).cloned();
         if let Some(p) = url.strip_prefix("file://") {
             let path = PathBuf::from(p);
             let Some(policy) = self.policy.as_ref().filter(|p| !p.unrestricted) else {
-                return Ok(path);
+                return Ok(local(path));
             };
             if let Some(a) = &artifact {
                 // An artifact in a local store: the bytes must be the
                 // version's (the store folder is the platform's, but a
                 // file there can still be changed behind its back).
                 check_file_digest(url, &path, &a.sha256)?;
-                return Ok(path);
+                return Ok(local(path));
             }
             // A link under an allowed folder may lead anywhere: the place
             // it resolves to must be allowed too, and that place is what
@@ -262,7 +392,7 @@ impl Fetcher {
                     },
                 });
             }
-            return Ok(real);
+            return Ok(local(real));
         }
         let r = self.remote.as_ref().ok_or(StorageError::Url {
             url: url.to_owned(),
@@ -270,7 +400,10 @@ impl Fetcher {
         })?;
         if let Some(p) = r.cache.path_of(url) {
             r.cache.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(p);
+            return Ok(Fetched {
+                path: p,
+                source: Source::Cache,
+            });
         }
         let (parent, name) = url.rsplit_once('/').ok_or(StorageError::Url {
             url: url.to_owned(),
@@ -289,8 +422,9 @@ impl Fetcher {
             }
         }
         r.cache.misses.fetch_add(1, Ordering::Relaxed);
+        let source = Source::Store(bytes.len() as u64);
         match r.cache.put(url, &bytes) {
-            Ok(Some(p)) => Ok(p),
+            Ok(Some(p)) => Ok(Fetched { path: p, source }),
             // Larger than the whole cache: a private temporary file.
             _ => {
                 let p = std::env::temp_dir().join(format!(
@@ -302,10 +436,51 @@ impl Fetcher {
                     path: p.clone(),
                     source,
                 })?;
-                Ok(p)
+                Ok(Fetched { path: p, source })
             }
         }
     }
+}
+
+/// A local file holding an object, and where its bytes came from.
+pub struct Fetched {
+    /// The file.
+    pub path: PathBuf,
+    /// Where the bytes came from.
+    pub source: Source,
+}
+
+/// Where a fetched object's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A `file://` URL: read in place (its size).
+    Local(u64),
+    /// The local cache tier already held it.
+    Cache,
+    /// Fetched from the store now (its size).
+    Store(u64),
+}
+
+/// Bytes `range` of a local file (all of it for `None`) and its size.
+fn read_file_range(
+    path: &std::path::Path,
+    range: Option<std::ops::Range<u64>>,
+) -> Result<(Bytes, u64), StorageError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let err = |source| StorageError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(err)?;
+    let size = f.metadata().map_err(err)?.len();
+    let Some(range) = range else {
+        return Ok((Bytes::new(), size));
+    };
+    let (from, to) = (range.start.min(size), range.end.min(size));
+    f.seek(SeekFrom::Start(from)).map_err(err)?;
+    let mut buf = vec![0u8; (to - from) as usize];
+    f.read_exact(&mut buf).map_err(err)?;
+    Ok((buf.into(), size))
 }
 
 /// Checks that the file at `path` (the object of `url`) has SHA-256

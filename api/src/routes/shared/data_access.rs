@@ -25,6 +25,9 @@ pub fn data_urls(spec: &JobSpecInput) -> Vec<(&'static str, &str)> {
     }
     if let DatasetSpec::File(f) = &spec.dataset {
         out.push(("dataset.url", f.url.as_str()));
+        if let Some(u) = &f.eval_url {
+            out.push(("dataset.eval_url", u.as_str()));
+        }
     }
     out
 }
@@ -88,6 +91,42 @@ pub async fn policy_at_submit(
     let mut versions = Vec::new();
     let mut errors = Vec::new();
     for (field, url) in data_urls(spec) {
+        if let Some(pattern) = artifact_of(url).filter(|n| n.contains('*')) {
+            // A glob over the owner's artifacts: every match is one shard,
+            // resolved now like a single artifact.
+            let rows = sqlx::query(
+                "SELECT a.name, v.id, v.size, v.sha256, v.key FROM artifacts a
+                 JOIN artifact_versions v ON v.id = a.version
+                 WHERE a.owner = $1 ORDER BY a.name",
+            )
+            .bind(owner)
+            .fetch_all(&st.db)
+            .await?;
+            let mut matched = 0;
+            for row in rows {
+                let name: String = row.try_get("name")?;
+                if !trainyard_common::spec::glob_matches(pattern, &name) {
+                    continue;
+                }
+                matched += 1;
+                let key: String = row.try_get("key")?;
+                versions.push(row.try_get("id")?);
+                policy.artifacts.push(ResolvedArtifact {
+                    field: field.into(),
+                    name,
+                    url: st.store.url_of(&key),
+                    sha256: row.try_get("sha256")?,
+                    size: row.try_get::<i64, _>("size")? as u64,
+                });
+            }
+            if matched == 0 {
+                errors.push(Violation {
+                    field: field.into(),
+                    message: format!("none of your artifacts matches {pattern:?}"),
+                });
+            }
+            continue;
+        }
         if let Some(name) = artifact_of(url) {
             let row = sqlx::query(
                 "SELECT v.id, v.size, v.sha256, v.key FROM artifacts a
@@ -149,6 +188,11 @@ pub fn for_executor(
         None => user_policy(st),
     };
     let resolve = |field: &str, url: &mut String| {
+        // A glob stays one: the executor lists it from the policy's
+        // resolved artifacts.
+        if trainyard_common::spec::is_glob(url) {
+            return;
+        }
         if let Some(a) = policy.artifacts.iter().find(|a| a.field == field) {
             *url = a.url.clone();
         }
@@ -158,6 +202,9 @@ pub fn for_executor(
     }
     if let DatasetSpec::File(f) = &mut spec.dataset {
         resolve("dataset.url", &mut f.url);
+        if let Some(u) = f.eval_url.as_mut() {
+            resolve("dataset.eval_url", u);
+        }
     }
     (spec, policy)
 }

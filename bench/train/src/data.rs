@@ -1,0 +1,261 @@
+//! Data benchmark: what streaming a sharded dataset costs a training job.
+//! The same job (an MLP 256-1024-1024-10, batches of 256) is trained by the
+//! executor's own loop (a ring of one) on the same samples three ways in one
+//! invocation: in memory (one npz loaded whole), streamed from local npz
+//! shards through a glob, and streamed from the S3 server (Garage) when
+//! `TRAINYARD_TEST_S3_*` name one (`scripts/garage.sh`'s `start_test_s3`),
+//! each from a cold cache tier. Figures: the step time of each streamed run
+//! against in memory (target ≤ 1.05 while a step computes longer than its
+//! samples take to read), the data-stall share (waiting for a batch over
+//! the step), and the loader's read throughput over one epoch against a
+//! plain parallel reader of the same objects (8 concurrent whole-object
+//! reads).
+//!
+//! `cargo run --release -p trainyard-train-bench --bin data-bench
+//! [-- --quick]` after `source scripts/common.sh && torch_env`.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+use tch::{Device, Tensor};
+use trainyard_bench::figure::{record_data, Better, Figure, Target};
+use trainyard_common::spec::JobSpecInput;
+use trainyard_executor::replica::data::{Cursor, Dataset};
+use trainyard_executor::ring;
+use trainyard_executor::storage::Fetcher;
+
+const SHARDS: usize = 24;
+const PER_SHARD: i64 = 4096;
+const FEATURES: i64 = 256;
+
+fn job(url: &str, steps: u64) -> JobSpecInput {
+    serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
+        "name": "data-bench",
+        "model": {"kind": "mlp", "inputs": FEATURES, "hidden": [1024, 1024], "outputs": 10},
+        "dataset": {"kind": "file", "url": url, "shuffle_buffer": 4096, "memory_mb": 128},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.01},
+        "batch_size": 256,
+        "steps": steps,
+        "eval_fraction": 0.0,
+        "checkpoint": {"at_end": false}
+    }))
+    .expect("a valid spec")
+    .into()
+}
+
+/// Trains `steps` steps; returns ms per step (after the first few) and
+/// the share of step time spent waiting for data.
+fn train(url: &str, steps: u64, fetcher: &Fetcher) -> (f64, f64) {
+    let spec = job(url, steps);
+    let stop = AtomicBool::new(false);
+    let (mut total, mut data, mut n) = (0.0, 0.0, 0);
+    let mut from = None;
+    ring::run(&spec, Device::Cpu, fetcher, &stop, &mut |s| {
+        // The first steps include the first shard's fetch and decode.
+        if s.step > 5 {
+            from.get_or_insert_with(Instant::now);
+            total += s.data_seconds + s.compute_seconds + s.comm_seconds;
+            data += s.data_seconds;
+            n += 1;
+        }
+    })
+    .expect("training");
+    let wall = from.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    (wall * 1000.0 / f64::from(n.max(1)), data / total.max(1e-9))
+}
+
+/// MB/s of the loader over one epoch (rank 0 of 1, no training).
+fn stream_rate(url: &str, fetcher: &Fetcher) -> f64 {
+    let spec = job(url, 1);
+    let d = Dataset::load(&spec, fetcher).expect("the dataset");
+    let bytes = d.train_len() as f64 * (FEATURES as f64 * 4.0 + 8.0);
+    let started = Instant::now();
+    let rx = d.stream(&spec, 0, 1, Cursor::default());
+    while let Ok(b) = rx.recv() {
+        if b.next.epoch > 0 {
+            break;
+        }
+    }
+    bytes / started.elapsed().as_secs_f64() / 1e6
+}
+
+fn cold_fetcher(
+    dir: &Path,
+    name: &str,
+    options: &[(String, String)],
+    rt: &tokio::runtime::Runtime,
+) -> Fetcher {
+    let cache = trainyard_store::cache::Cache::open(&dir.join(name), 4 << 30).expect("a cache");
+    Fetcher::new(options.to_vec(), Arc::new(cache), rt.handle().clone())
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let steps = if quick { 120 } else { 400 };
+    let dir = std::env::temp_dir().join(format!("trainyard-data-bench-{}", std::process::id()));
+    let shards = dir.join("shards");
+    std::fs::create_dir_all(&shards).expect("a folder");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    tch::manual_seed(1);
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for i in 0..SHARDS {
+        let x = Tensor::randn([PER_SHARD, FEATURES], (tch::Kind::Float, Device::Cpu));
+        let y = Tensor::randint(10, [PER_SHARD], (tch::Kind::Int64, Device::Cpu));
+        Tensor::write_npz(
+            &[("x", &x), ("y", &y)],
+            shards.join(format!("part-{i:03}.npz")),
+        )
+        .expect("a shard");
+        xs.push(x);
+        ys.push(y);
+    }
+    let whole = dir.join("whole.npz");
+    Tensor::write_npz(
+        &[("x", Tensor::cat(&xs, 0)), ("y", Tensor::cat(&ys, 0))],
+        &whole,
+    )
+    .expect("the whole set");
+    drop((xs, ys));
+    let glob = format!("file://{}/part-*.npz", shards.display());
+    let local = Fetcher::local_only();
+
+    // Warm-up: allocator, page cache.
+    train(&glob, 20, &local);
+    let (mem_ms, mem_stall) = train(&format!("file://{}", whole.display()), steps, &local);
+    let (file_ms, file_stall) = train(&glob, steps, &local);
+    let mut runs = vec![("local shards", file_ms, file_stall)];
+
+    let s3 = std::env::var("TRAINYARD_TEST_S3_URL").ok().map(|base| {
+        let var = |k: &str| std::env::var(k).unwrap_or_default();
+        let options: Vec<(String, String)> = [
+            ("aws_endpoint", var("TRAINYARD_TEST_S3_ENDPOINT")),
+            ("aws_region", var("TRAINYARD_TEST_S3_REGION")),
+            ("aws_access_key_id", var("TRAINYARD_TEST_S3_ACCESS_KEY_ID")),
+            (
+                "aws_secret_access_key",
+                var("TRAINYARD_TEST_S3_SECRET_ACCESS_KEY"),
+            ),
+            ("aws_allow_http", "true".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let url = format!("{base}/data-bench-{}", uuid::Uuid::new_v4().simple());
+        let store = trainyard_store::Store::open(&url, &options).expect("the S3 store");
+        for i in 0..SHARDS {
+            let name = format!("part-{i:03}.npz");
+            let bytes = std::fs::read(shards.join(&name)).expect("a shard");
+            rt.block_on(store.put(&name, bytes.into()))
+                .expect("an upload");
+        }
+        (url, options, store)
+    });
+    if let Some((url, options, _)) = &s3 {
+        let f = cold_fetcher(&dir, "cache-train", options, &rt);
+        let (ms, stall) = train(&format!("{url}/part-*.npz"), steps, &f);
+        runs.push(("S3 shards", ms, stall));
+    }
+    println!(
+        "# data: MLP 256-1024-1024-10, batch 256, {steps} steps; {SHARDS} npz shards of {PER_SHARD} samples x {FEATURES} f32 ({} MiB); shuffle buffer 4096, 128 MiB budget{}",
+        (SHARDS as i64 * PER_SHARD * (FEATURES * 4 + 8)) >> 20,
+        if s3.is_none() { "; no S3 server (TRAINYARD_TEST_S3_URL unset): S3 skipped" } else { "" }
+    );
+    let mut record =
+        serde_json::json!({"steps": steps, "in_memory_ms": mem_ms, "in_memory_stall": mem_stall});
+    for (name, ms, stall) in &runs {
+        Figure::new(
+            "data",
+            format!("step time, {name}"),
+            *ms,
+            "ms",
+            "in memory",
+            mem_ms,
+            Better::Lower,
+        )
+        .target(Target::AtMost(1.05))
+        .emit();
+        Figure::new(
+            "data",
+            format!("data-stall share, {name}"),
+            stall * 100.0,
+            "%",
+            "in memory",
+            mem_stall * 100.0,
+            Better::Lower,
+        )
+        .emit();
+        record[format!("{name} ms")] = serde_json::json!(ms);
+        record[format!("{name} stall")] = serde_json::json!(stall);
+    }
+
+    // Read throughput: the loader over one epoch against 8 concurrent
+    // whole-object reads of the same objects.
+    let names: Vec<String> = (0..SHARDS).map(|i| format!("part-{i:03}.npz")).collect();
+    let file_rate = stream_rate(&glob, &local);
+    let started = Instant::now();
+    let mut total = 0u64;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .chunks(SHARDS.div_ceil(8))
+            .map(|part| {
+                let shards = &shards;
+                s.spawn(move || {
+                    part.iter()
+                        .map(|n| std::fs::read(shards.join(n)).map_or(0, |b| b.len() as u64))
+                        .sum::<u64>()
+                })
+            })
+            .collect();
+        total = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    });
+    let plain_file = total as f64 / started.elapsed().as_secs_f64() / 1e6;
+    Figure::new(
+        "data",
+        "loader read throughput, local shards",
+        file_rate,
+        "MB/s",
+        "8 parallel reads",
+        plain_file,
+        Better::Higher,
+    )
+    .emit();
+    record["local_stream_mbps"] = serde_json::json!(file_rate);
+    record["local_plain_mbps"] = serde_json::json!(plain_file);
+    if let Some((url, options, store)) = &s3 {
+        let f = cold_fetcher(&dir, "cache-rate", options, &rt);
+        let rate = stream_rate(&format!("{url}/part-*.npz"), &f);
+        let started = Instant::now();
+        let got: u64 = rt.block_on(async {
+            let gets = names.iter().map(|n| store.get(n));
+            let mut sum = 0u64;
+            use futures::StreamExt;
+            let mut s = futures::stream::iter(gets).buffer_unordered(8);
+            while let Some(r) = s.next().await {
+                sum += r.map_or(0, |b| b.len() as u64);
+            }
+            sum
+        });
+        let plain = got as f64 / started.elapsed().as_secs_f64() / 1e6;
+        Figure::new(
+            "data",
+            "loader read throughput, S3 shards",
+            rate,
+            "MB/s",
+            "8 concurrent object_store gets",
+            plain,
+            Better::Higher,
+        )
+        .emit();
+        record["s3_stream_mbps"] = serde_json::json!(rate);
+        record["s3_plain_mbps"] = serde_json::json!(plain);
+        let _ = rt.block_on(store.delete_prefix(""));
+    }
+    record_data("data", &record);
+    let _ = std::fs::remove_dir_all(&dir);
+}

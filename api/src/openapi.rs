@@ -7,8 +7,8 @@
 
 use crate::error::Problem;
 use crate::routes::{
-    artifacts, assignments, checkpoints, executors, health, jobs, provisioner, stream, telemetry,
-    tokens,
+    artifacts, assignments, checkpoints, executors, health, jobs, provisioner, stream, suspects,
+    telemetry, tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -29,6 +29,7 @@ use utoipa_swagger_ui::SwaggerUi;
         assignments::assignments, checkpoints::list, checkpoints::model, checkpoints::tensors, stream::stream,
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
+        suspects::report,
         provisioner::status,
         tokens::create, tokens::list, tokens::revoke, tokens::whoami,
         artifacts::upload, artifacts::list, artifacts::get, artifacts::content, artifacts::delete,

@@ -11,3 +11,4 @@ mod jobs;
 mod models;
 mod openapi;
 mod provisioner;
+mod suspects;

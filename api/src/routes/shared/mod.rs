@@ -11,10 +11,12 @@
 //! * [`data_access`] — what a job may read: `artifact:` URLs resolved at
 //!   submit, the data policy sent to executors, superseded versions swept;
 //! * [`checkpointing`] — committing checkpoints from shard reports, retention
-//!   and clean-up, and the checkpoint a job's roles start from.
+//!   and clean-up, and the checkpoint a job's roles start from;
+//! * [`wakeup`] — long-polling heartbeats woken by job changes.
 
 pub mod access;
 pub mod checkpointing;
 pub mod data_access;
 pub mod job_rows;
 pub mod params;
+pub mod wakeup;

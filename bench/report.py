@@ -346,8 +346,11 @@ if e:
     w(f"Recovery: a 2-worker job trains past step 300, one executor is SIGKILLed, and the time runs until the API "
       "holds a step beyond the furthest one before the kill; baseline: the same job's cold start (submit → first "
       f"step at the API). Production heartbeats ({e['heartbeat']['interval_ms']} ms, lost after "
-      f"{e['heartbeat']['misses']} silent beats) set the detection part; steps reach the API in reports every 0.5 s. "
-      "The PS jobs checkpoint every 50 steps; a lost shard is restored from the newest checkpoint.\n")
+      f"{e['heartbeat']['misses']} silent beats); the kill is detected by the victim's data-plane peers, which report it, "
+      "and confirmed by the scheduler's probe of its data plane; heartbeats are long-polls, so the new generation "
+      "reaches the survivors at once, and a role's first step reaches the API at once (later ones in reports every 0.5 s). "
+      "The PS jobs checkpoint every 50 steps; a lost shard is restored from the newest checkpoint, a replicated one "
+      "(`replicas: 1`) is taken over by its standby. Each kill runs 3 times (short mode) or 5 (full); the figures are medians.\n")
     w("| killed | detection (kill → new placement) | resumption | total | cold start |\n|---|---|---|---|---|")
     for r in e["recoveries"]:
         w(f"| {r['what']} | {num(r['detect_s'])} s | {num(r['total_s'] - r['detect_s'])} s | {num(r['total_s'])} s | {num(r['cold_start_s'])} s |")

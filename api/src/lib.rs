@@ -60,6 +60,8 @@ pub struct AppState {
     pub join_token: Arc<String>,
     /// Fans Postgres notifications out to `/v1/events/stream`.
     pub events: routes::stream::EventHub,
+    /// Wakes long-polling heartbeats when a job changes.
+    pub wakeup: routes::shared::wakeup::Wakeup,
     /// The object store of checkpoints and models.
     pub store: Arc<trainyard_store::Store>,
     /// The provisioner's settings (`kind: none` without one).
@@ -135,6 +137,7 @@ impl Application {
         ));
         let state = AppState {
             events: routes::stream::EventHub::new(db.clone()),
+            wakeup: routes::shared::wakeup::Wakeup::new(db.clone()),
             db,
             metrics,
             join_token: Arc::new(join_token),

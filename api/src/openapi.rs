@@ -8,6 +8,7 @@
 use crate::error::Problem;
 use crate::routes::{
     artifacts, assignments, checkpoints, executors, health, jobs, provisioner, sharing, stream,
+    suspects,
     telemetry, tokens,
 };
 use crate::AppState;
@@ -29,6 +30,7 @@ use utoipa_swagger_ui::SwaggerUi;
         assignments::assignments, checkpoints::list, checkpoints::model, checkpoints::tensors, stream::stream,
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
+        suspects::report,
         provisioner::status,
         tokens::create, tokens::list, tokens::revoke, tokens::whoami,
         artifacts::upload, artifacts::list, artifacts::get, artifacts::content, artifacts::delete,

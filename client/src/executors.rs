@@ -8,7 +8,7 @@ use reqwest::Method;
 use trainyard_common::api::{ExecutorInfo, Job, ReportAck};
 use trainyard_common::cluster::{
     HeartbeatRequest, HeartbeatResponse, InspectionReport, RegisterRequest, RegisterResponse,
-    RoleReport,
+    RoleReport, SuspectAnswer, SuspectReport,
 };
 use uuid::Uuid;
 
@@ -55,6 +55,17 @@ impl Client {
         beat: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, ClientError> {
         let call = Call::post(format!("/v1/executors/{id}/heartbeat")).json(beat)?;
+        self.call(call).await
+    }
+
+    /// `POST /v1/executors/{id}/suspects`: a data-plane peer that seems
+    /// dead; the answer is the scheduler's verdict with its evidence.
+    pub async fn report_suspect(
+        &self,
+        id: Uuid,
+        report: &SuspectReport,
+    ) -> Result<SuspectAnswer, ClientError> {
+        let call = Call::post(format!("/v1/executors/{id}/suspects")).json(report)?;
         self.call(call).await
     }
 

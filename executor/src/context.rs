@@ -9,9 +9,10 @@
 //! agent ([`crate::control::agent`]) makes one and hands it to
 //! [`crate::roles::Roles`], which gives each role's thread a clone. Tests
 //! make their own (`Context::for_tests`) and can set "draining" without
-//! touching any other test.
+//! touching any other test. Roles whose data-plane connection broke ask
+//! through it for their peers to be checked ([`Suspicions`]).
 
-pub use crate::shared::{Drain, PendingUploads};
+pub use crate::shared::{Drain, PendingUploads, Suspicions};
 use crate::storage::Fetcher;
 use std::time::Duration;
 
@@ -78,6 +79,9 @@ pub struct Context {
     pub fetcher: Fetcher,
     /// Test hooks.
     pub hooks: TestHooks,
+    /// Where a role whose data-plane connection broke asks for its peers
+    /// to be checked (and, if dead, reported).
+    pub suspects: Suspicions,
 }
 
 impl Context {
@@ -88,6 +92,7 @@ impl Context {
             uploads: PendingUploads::default(),
             fetcher,
             hooks: TestHooks::from_env(),
+            suspects: Suspicions::default(),
         }
     }
 
@@ -98,6 +103,7 @@ impl Context {
             uploads: PendingUploads::default(),
             fetcher: Fetcher::local_only(),
             hooks: TestHooks::default(),
+            suspects: Suspicions::default(),
         }
     }
 }

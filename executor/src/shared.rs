@@ -75,3 +75,54 @@ pub trait Reporter: Send + Sync {
     /// weights.
     fn object_store(&self) -> String;
 }
+
+/// A role's request to look at its job's peers after a data-plane
+/// connection broke: the agent probes each peer's data-plane address and
+/// reports those that do not answer ([`crate::control::suspects`]).
+#[derive(Debug, Clone)]
+pub struct PeerCheck {
+    /// The job.
+    pub job_id: uuid::Uuid,
+    /// The generation of the role that saw the failure.
+    pub generation: i64,
+    /// Every peer of the job in that generation: executor id and address.
+    pub peers: Vec<(uuid::Uuid, String)>,
+    /// What the role saw.
+    pub reason: String,
+}
+
+/// Where roles send [`PeerCheck`]s; without a channel (unit tests) a check
+/// goes nowhere.
+#[derive(Debug, Clone, Default)]
+pub struct Suspicions(Option<tokio::sync::mpsc::UnboundedSender<PeerCheck>>);
+
+impl Suspicions {
+    /// Checks go to `tx`.
+    pub fn new(tx: tokio::sync::mpsc::UnboundedSender<PeerCheck>) -> Suspicions {
+        Suspicions(Some(tx))
+    }
+
+    /// Asks for a look at every peer of assignment `a` (its workers, shards
+    /// and standbys) because of `reason`; returns at once.
+    pub fn check(&self, a: &trainyard_common::cluster::Assignment, reason: impl Into<String>) {
+        let Some(tx) = &self.0 else { return };
+        let mut peers: Vec<(uuid::Uuid, String)> = a
+            .workers
+            .iter()
+            .map(|w| (w.executor_id, w.address.clone()))
+            .chain(
+                a.parameter_servers
+                    .iter()
+                    .map(|p| (p.executor_id, p.address.clone())),
+            )
+            .collect();
+        peers.sort();
+        peers.dedup();
+        let _ = tx.send(PeerCheck {
+            job_id: a.key.job_id,
+            generation: a.key.generation,
+            peers,
+            reason: reason.into(),
+        });
+    }
+}

@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod data_policy;
 mod executor_probe;
+mod partitions;
 mod provisioner;
 mod replicas;
 mod server_lifecycle;

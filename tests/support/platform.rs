@@ -36,6 +36,7 @@ pub struct PlatformBuilder {
     executor_env: Vec<(String, String)>,
     executor_ram_mb: u32,
     client_timeout: Duration,
+    host: Option<String>,
 }
 
 impl PlatformBuilder {
@@ -122,6 +123,13 @@ impl PlatformBuilder {
         self
     }
 
+    /// Binds the API to `host` instead of 127.0.0.1 (a lab's gateway
+    /// address, [`crate::Lab::gateway`]).
+    pub fn listen_host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_owned());
+        self
+    }
+
     /// Starts the server and waits until it is ready (panics if it is not).
     pub fn start(self) -> Platform {
         let (database, own_database) = match &self.database {
@@ -137,7 +145,10 @@ impl PlatformBuilder {
         let server = self.spawn_server(&database, port, &data);
         Platform {
             server,
-            client: ApiClient::at(&format!("http://127.0.0.1:{port}"), self.client_timeout),
+            client: ApiClient::at(
+                &format!("http://{}:{port}", self.host()),
+                self.client_timeout,
+            ),
             port,
             db: database,
             data,
@@ -146,13 +157,17 @@ impl PlatformBuilder {
         }
     }
 
+    fn host(&self) -> &str {
+        self.host.as_deref().unwrap_or("127.0.0.1")
+    }
+
     fn spawn_server(&self, db: &str, port: u16, data: &std::path::Path) -> Proc {
         let mut cmd = Command::new(binary("trainyard").expect("the trainyard binary"));
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
             .args([
                 "serve",
                 "--listen",
-                &format!("127.0.0.1:{port}"),
+                &format!("{}:{port}", self.host()),
                 "--heartbeat-interval-ms",
                 &HEARTBEAT_MS.to_string(),
                 "--heartbeat-misses",
@@ -165,7 +180,7 @@ impl PlatformBuilder {
             .env("TRAINYARD_JOIN_TOKEN", &self.join);
         let mut server = Proc::spawn(cmd).expect("spawning trainyard serve");
         wait_ready(
-            &format!("http://127.0.0.1:{port}/readyz"),
+            &format!("http://{}:{port}/readyz", self.host()),
             &mut server,
             READY_LIMIT,
         )
@@ -180,7 +195,7 @@ pub struct Platform {
     pub server: Proc,
     /// A client of it.
     pub client: ApiClient,
-    /// Its port on 127.0.0.1.
+    /// Its port (on 127.0.0.1, or the host [`PlatformBuilder::listen_host`] gave).
     pub port: u16,
     /// The URL of its database.
     pub db: String,
@@ -205,6 +220,7 @@ impl Platform {
             executor_env: Vec::new(),
             executor_ram_mb: 2048,
             client_timeout: Duration::from_secs(10),
+            host: None,
         }
     }
 

@@ -30,7 +30,7 @@ pub use trainyard_common::api::{ExecutorInfo, ExecutorList, RoleInfo};
 use trainyard_common::cluster::{
     Assignment, ExecutorState, HeartbeatRequest, HeartbeatResponse, Inspection, InspectionReport,
     InspectionResult, PsPeer, Range, RegisterRequest, RegisterResponse, RoleKey, RoleKind,
-    WorkerPeer, MAX_REPORTED_ROLES,
+    WorkerPeer, MAX_HEARTBEAT_WAIT_MS, MAX_REPORTED_ROLES,
 };
 use trainyard_common::model::{ParamInfo, TensorKind};
 use trainyard_common::spec::{JobSpecInput, Strategy};
@@ -218,7 +218,7 @@ pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json
     Ok(Json(info(&st, id).await?))
 }
 
-fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
+pub(super) fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
     let state =
         ExecutorState::parse(&row.try_get::<String, _>("state")?).unwrap_or(ExecutorState::Lost);
     match state {
@@ -298,6 +298,24 @@ pub async fn heartbeat(
         .bind(id)
         .fetch_all(&st.db)
         .await?;
+    // Long-poll: held while nothing is to be inspected and its assignments
+    // are what it runs, until a job changes them or the wait is over.
+    let wait = req
+        .wait_ms
+        .unwrap_or(0)
+        .min(st.config.heartbeat_interval_ms)
+        .min(MAX_HEARTBEAT_WAIT_MS);
+    if wait > 0 && inspections.is_empty() {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
+        let mut wake = st.wakeup.subscribe();
+        wake.borrow_and_update();
+        while assigned_keys(&st, id).await? == req.roles {
+            match tokio::time::timeout_at(deadline, wake.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+    }
     Ok(Json(HeartbeatResponse {
         state,
         heartbeat_interval_ms: st.config.heartbeat_interval_ms,
@@ -337,6 +355,29 @@ fn inspection_of(
         spec: Some(Box::new(spec)),
         data_policy,
     })
+}
+
+/// The keys of the roles assigned to executor `id` in unfinished jobs,
+/// sorted (what [`assignments_for`] would list, cheaply).
+async fn assigned_keys(st: &AppState, id: Uuid) -> ApiResult<Vec<RoleKey>> {
+    let rows: Vec<(Uuid, i64, String, i32)> = sqlx::query_as(
+        "SELECT a.job_id, a.generation, a.role, a.index FROM assignments a JOIN jobs j ON j.id = a.job_id
+         WHERE a.executor_id = $1 AND j.state NOT IN ('succeeded', 'failed', 'cancelled')",
+    )
+    .bind(id)
+    .fetch_all(&st.db)
+    .await?;
+    let mut keys: Vec<RoleKey> = rows
+        .into_iter()
+        .map(|(job_id, generation, role, index)| RoleKey {
+            job_id,
+            generation,
+            role: RoleKind::parse(&role).unwrap_or(RoleKind::Worker),
+            index: index as u32,
+        })
+        .collect();
+    keys.sort();
+    Ok(keys)
 }
 
 async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> {

@@ -26,6 +26,7 @@ pub mod provisioner;
 pub mod shared;
 pub mod sharing;
 pub mod stream;
+pub mod suspects;
 pub mod telemetry;
 pub mod tokens;
 
@@ -99,7 +100,8 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/executors/{id}/heartbeat", post(executors::heartbeat))
         .route("/executors/{id}/drain", post(executors::drain))
         .route("/executors/{id}/reports", post(telemetry::report))
-        .route("/executors/{id}/inspections", post(executors::inspection));
+        .route("/executors/{id}/inspections", post(executors::inspection))
+        .route("/executors/{id}/suspects", post(suspects::report));
     let v1 = users.merge(agents);
     // Artifacts move files of any size: outside the request timeout (an
     // upload that stalls is cut by its own idle timeout) and the JSON body

@@ -291,6 +291,12 @@ fn operations() -> Vec<Op> {
             Rule::OwnExecutor,
             Some(json!({})),
         ),
+        op(
+            M::POST,
+            "/v1/executors/{id}/suspects",
+            Rule::OwnExecutor,
+            Some(json!({})),
+        ),
         op(M::POST, "/v1/jobs/{id}/cancel", Rule::JobOwner, None),
         op(
             M::POST,

@@ -13,3 +13,4 @@ mod models;
 mod openapi;
 mod provisioner;
 mod sharing;
+mod suspects;

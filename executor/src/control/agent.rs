@@ -2,7 +2,9 @@
 //!
 //! The executor registers with the cluster join token (retrying with
 //! backoff until the API answers), then heartbeats at the interval the API
-//! gives, reporting the roles it runs. Each answer lists every role
+//! gives, reporting the roles it runs. Each beat is a long-poll: the API
+//! holds it (up to one interval) until a membership change gives this
+//! executor other roles, so a new generation reaches it in milliseconds. Each answer lists every role
 //! assigned to it; a role whose generation changed is stopped and started
 //! again, a role no longer listed is stopped. When the API is unreachable
 //! the executor keeps its roles running and retries at the heartbeat
@@ -65,7 +67,9 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
     let client = Client::builder(config.api.clone())
         .timeout(REQUEST_TIMEOUT)
         .build()?;
-    let ctx = Context::new(config.fetcher.clone());
+    let mut ctx = Context::new(config.fetcher.clone());
+    let (checks, checked) = tokio::sync::mpsc::unbounded_channel();
+    ctx.suspects = crate::shared::Suspicions::new(checks);
     let sink = Sink {
         client: client.clone(),
         id: Arc::new(RwLock::new(Uuid::nil())),
@@ -73,6 +77,11 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
         uploads: ctx.uploads.clone(),
         deliveries: Default::default(),
     };
+    tokio::spawn(super::suspects::run(
+        client.clone(),
+        sink.id.clone(),
+        checked,
+    ));
     let mut roles = Roles::new(Arc::new(sink.clone()), config.plane.clone(), ctx.clone());
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
@@ -82,8 +91,13 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
         () = &mut shutdown => return Ok(()),
     };
     loop {
-        let wait = match heartbeat(&client, &session, &mut roles).await {
-            Ok(()) => session.interval,
+        let sent = tokio::time::Instant::now();
+        let wait = match heartbeat(&client, &session, &mut roles, true).await {
+            // New roles are reported running at once (that beat waits for
+            // the next change); otherwise one beat per interval, the
+            // long-poll's hold included.
+            Ok(true) => Duration::ZERO,
+            Ok(false) => session.interval.saturating_sub(sent.elapsed()),
             Err(Beat::Gone(why)) => {
                 tracing::warn!(%why, "the API no longer knows this executor; stopping its roles and registering again");
                 roles.apply(&[]);
@@ -151,9 +165,18 @@ enum Beat {
     Failed(ClientError),
 }
 
-async fn heartbeat(client: &Client, s: &Session, roles: &mut Roles) -> Result<(), Beat> {
+/// One heartbeat; with `long_poll` the API may hold it up to one interval
+/// until this executor's roles change. Whether the running roles changed.
+async fn heartbeat(
+    client: &Client,
+    s: &Session,
+    roles: &mut Roles,
+    long_poll: bool,
+) -> Result<bool, Beat> {
+    let before = roles.running();
     let body = HeartbeatRequest {
-        roles: roles.running(),
+        roles: before.clone(),
+        wait_ms: long_poll.then_some(s.interval.as_millis() as u64),
     };
     match client.heartbeat(s.id, &body).await {
         Ok(hb) => {
@@ -163,7 +186,11 @@ async fn heartbeat(client: &Client, s: &Session, roles: &mut Roles) -> Result<()
             }
             roles.apply(&hb.assignments);
             roles.inspect(&hb.inspections);
-            Ok(())
+            let mut before = before;
+            let mut after = roles.running();
+            before.sort();
+            after.sort();
+            Ok(before != after)
         }
         Err(e) if matches!(e.status(), Some(404 | 410)) => Err(Beat::Gone(e.to_string())),
         Err(e) => Err(Beat::Failed(e)),
@@ -191,9 +218,9 @@ async fn drain_and_leave(
         Err(_) => tracing::warn!("drain not answered within the grace period"),
     }
     while tokio::time::Instant::now() < deadline {
-        match tokio::time::timeout(left(), heartbeat(client, s, roles)).await {
-            Ok(Ok(())) if roles.is_empty() => break,
-            Ok(Ok(())) => {}
+        match tokio::time::timeout(left(), heartbeat(client, s, roles, false)).await {
+            Ok(Ok(_)) if roles.is_empty() => break,
+            Ok(Ok(_)) => {}
             // The API is gone too (a whole-system stop, or a partition):
             // nothing to hand over; the roles stop here with a checkpoint.
             Ok(Err(_)) | Err(_) => break,

@@ -6,7 +6,9 @@
 //! * [`report`] — delivery of each role's metrics, logs, checkpoint shards
 //!   and outcome, batched and retried until the API has them;
 //! * [`inspection`] — the answer to an inspection request, retried until
-//!   the API takes or refuses it.
+//!   the API takes or refuses it;
+//! * [`suspects`] — peers whose data-plane connection broke, probed and,
+//!   when unreachable, reported to the API at once.
 //!
 //! Every wait between attempts comes from the client's one
 //! [`RetryPolicy`]: [`REGISTER`], [`REPORT`] and [`INSPECTION`] below
@@ -18,6 +20,7 @@
 pub mod agent;
 pub mod inspection;
 pub mod report;
+pub mod suspects;
 
 use std::time::Duration;
 use trainyard_client::{Retry, RetryPolicy};

@@ -1,7 +1,7 @@
 //! Delivery of a role's metrics, logs and outcome to the API.
 //!
 //! A role's training thread sends [`Item`]s into a channel; a task batches
-//! them (every half second) into `POST /v1/executors/{id}/reports`. What
+//! them (every half second; a role's first step at once) into `POST /v1/executors/{id}/reports`. What
 //! could not be delivered stays buffered and is retried with backoff while
 //! the API is unreachable, so nothing is lost; the API stores each metric
 //! step and log line once however often a report is retried.
@@ -170,11 +170,20 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
     let mut backoff = FLUSH_EVERY;
     // Failed attempts in a row (the retry policy's wait grows with them).
     let mut failures = 0u32;
+    let mut first_step = true;
     loop {
         let deadline = tokio::time::Instant::now() + backoff;
         while open {
             match tokio::time::timeout_at(deadline, items.recv()).await {
-                Ok(Some(Item::Metric(m))) => pending.metrics.push(m),
+                Ok(Some(Item::Metric(m))) => {
+                    pending.metrics.push(m);
+                    // A role's first step goes out at once: after a
+                    // recovery it is what says training resumed.
+                    if first_step {
+                        first_step = false;
+                        break;
+                    }
+                }
                 Ok(Some(Item::Log(level, message))) => {
                     seq += 1;
                     let at_ms = std::time::SystemTime::now()

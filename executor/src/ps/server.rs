@@ -200,8 +200,24 @@ pub fn serve_shard(
                 endpoint.accept(Instant::now() + Duration::from_millis(200), stop)
             {
                 scope.spawn(move || {
-                    if let Err(e) = connection(stream, from, generation, served, stop) {
+                    let ended = connection(stream, from, generation, served, stop);
+                    if let Err(e) = &ended {
                         tracing::debug!(error = %e, "PS connection ended");
+                    }
+                    // A worker's connection that ends while this generation
+                    // runs may be its death: its peers are probed, and an
+                    // unreachable one reported at once.
+                    if !stop.load(Ordering::Relaxed) {
+                        let how = ended
+                            .err()
+                            .map_or_else(|| "closed".to_owned(), |e| e.to_string());
+                        ctx.suspects.check(
+                            a,
+                            format!(
+                                "PS shard {}: the connection of worker {from} ended ({how})",
+                                a.key.index
+                            ),
+                        );
                     }
                 });
             }

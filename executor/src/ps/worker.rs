@@ -435,6 +435,7 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
             Ok(None) | Err(RoleError::Stopped) => return KeptWorker { replica, last_step },
             Err(e) if e.is_transient() => {
                 if !role.stopping() {
+                    role.ctx.suspects.check(a, format!("PS worker {rank}: {e}"));
                     role.log(
                         LogLevel::Warn,
                         format!("{e}: keeping the model and retrying until the next generation"),

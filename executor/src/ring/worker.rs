@@ -83,6 +83,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 Err(e) => {
                     if !role.stopping() && !done {
                         role.log(LogLevel::Warn, format!("{e}; retrying"));
+                        role.ctx.suspects.check(a, format!("ring rank {rank}: {e}"));
                     }
                     if role.pause(Duration::from_millis(500)) {
                         return Kept { replica, broke_at };
@@ -214,6 +215,10 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                     return Kept { replica, broke_at };
                 }
                 broke_at.get_or_insert_with(Instant::now);
+                // A neighbour may be dead: its peers are probed and an
+                // unreachable one reported at once (not after the
+                // heartbeat timeout).
+                role.ctx.suspects.check(a, format!("ring rank {rank}: {e}"));
                 role.log(
                     LogLevel::Warn,
                     format!(

@@ -9,7 +9,10 @@
 //! reported new roles) and on a periodic tick, then reconciles:
 //!
 //! 1. executors whose last heartbeat is older than `misses × interval` are
-//!    marked `lost`;
+//!    marked `lost` (peer reports confirmed by [`suspect`] mark them
+//!    sooner; when none of two or more executors has been heard, this
+//!    server is probably the one cut off, and silence is judged against
+//!    [`PARTITION_GRACE`] until a timeout after it hears one again);
 //! 2. [`plan`] runs over the live (not draining) executors and every
 //!    unfinished job with its current assignments;
 //! 3. each job whose roles changed gets, in one transaction, its new
@@ -32,6 +35,9 @@
 //! * `inspection` — handing TorchScript jobs to an executor to inspect;
 //! * `sharing` — quotas, fair-share usage and preemption decisions for the
 //!   round (over [`crate::share`]);
+//! * [`suspect`] — confirming (or not) a peer's report that an executor
+//!   died, which marks it lost at once instead of after the heartbeat
+//!   timeout;
 //! * this file — the lease, the loop, and the round that ties them together.
 
 mod describe;
@@ -40,6 +46,7 @@ mod inspection;
 mod membership;
 mod metrics;
 mod sharing;
+pub mod suspect;
 mod world;
 
 pub use error::SchedulerError;
@@ -62,6 +69,11 @@ use world::World;
 pub const LEADER_LOCK_KEY: i64 = 0x7472_6169_6e79_6172;
 /// Channel on which executor changes are announced.
 pub const EXECUTOR_CHANNEL: &str = "trainyard_executors";
+
+/// Longest a scheduler that hears from none of its executors (two or
+/// more) waits before it declares them lost: a partition around the API
+/// must not end every job, a fleet that really died is re-placed after it.
+pub const PARTITION_GRACE: Duration = Duration::from_secs(60);
 
 /// Settings of the loop.
 #[derive(Debug, Clone)]
@@ -91,6 +103,9 @@ pub struct Scheduler {
     config: SchedulerConfig,
     metrics: SchedulerMetrics,
     fleet: Option<tokio::sync::Mutex<Fleet>>,
+    /// Until when no executor is declared lost by the timeout alone (see
+    /// [`PARTITION_GRACE`]).
+    deaf_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Longest a shutdown waits for provisioned executors to drain and exit.
@@ -104,6 +119,7 @@ impl Scheduler {
             config,
             metrics,
             fleet: None,
+            deaf_until: std::sync::Mutex::new(None),
         }
     }
 
@@ -237,13 +253,47 @@ impl Scheduler {
     /// `detect_lost` enables marking silent executors lost.
     pub async fn round(&self, detect_lost: bool) -> Result<(), SchedulerError> {
         let lost_after = self.config.lost_after().as_secs_f64();
+        // A scheduler that hears from none of several executors suspects
+        // its own network first (a partition around the API): while it
+        // hears nobody, and for one timeout after it hears someone again
+        // (the others' beats are on their way), only silence longer than
+        // PARTITION_GRACE is declared lost. One executor alone, or silence
+        // beside others that beat, is judged by the timeout as always.
         let lost: Vec<(Uuid, String)> = if detect_lost {
+            let (heard, members): (i64, i64) = sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE last_heartbeat_at >= clock_timestamp() - make_interval(secs => $1)),
+                        count(*)
+                 FROM executors WHERE state IN ('live', 'draining')",
+            )
+            .bind(lost_after)
+            .fetch_one(&self.db)
+            .await?;
+            let now = Instant::now();
+            let blind = {
+                let mut until = self.deaf_until.lock().unwrap_or_else(|p| p.into_inner());
+                if heard == 0 && members >= 2 {
+                    if until.is_none_or(|u| u <= now) {
+                        tracing::warn!(
+                            executors = members,
+                            "no executor heard for {lost_after:.1}s: this server may be cut off from them; declaring none lost for up to {:?}",
+                            PARTITION_GRACE
+                        );
+                    }
+                    *until = Some(now + self.config.lost_after());
+                }
+                until.is_some_and(|u| u > now)
+            };
+            let silence = if blind {
+                PARTITION_GRACE.as_secs_f64().max(lost_after)
+            } else {
+                lost_after
+            };
             sqlx::query_as(
                 "UPDATE executors SET state = 'lost', state_changed_at = clock_timestamp()
                  WHERE state IN ('live', 'draining') AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $1)
                  RETURNING id, name",
             )
-            .bind(lost_after)
+            .bind(silence)
             .fetch_all(&self.db)
             .await?
         } else {

@@ -13,7 +13,8 @@
 //! * [`fencing`] — a role report accepted only from the executor that held
 //!   the role it names, in the generation it names;
 //! * [`checkpointing`] — committing checkpoints from shard reports, retention
-//!   and clean-up, and the checkpoint a job's roles start from.
+//!   and clean-up, and the checkpoint a job's roles start from;
+//! * [`wakeup`] — long-polling heartbeats woken by job changes.
 
 pub mod access;
 pub mod checkpointing;
@@ -21,3 +22,4 @@ pub mod data_access;
 pub mod fencing;
 pub mod job_rows;
 pub mod params;
+pub mod wakeup;

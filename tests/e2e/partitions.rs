@@ -1,0 +1,263 @@
+//! Network faults in a multi-host lab (`trainyard_e2e::Lab`): executors in
+//! network namespaces of their own on a bridge, the API in the root
+//! namespace on the lab's gateway address, faults injected with routes and
+//! links, each healed within its bound.
+//!
+//! * an executor cut from the API but not from its peers for 3 s, less
+//!   than the heartbeat timeout (10 s here): the ring trains on, its reports arrive once
+//!   the link is back, nobody is declared lost (its peers see nothing
+//!   wrong: there is nothing to report), no new generation, and the job
+//!   ends within a point of the same spec run without the fault;
+//! * two hosts cut from each other (not from the API) for 6 s while a ring
+//!   forms on them: nobody is evicted (any report is rejected by the
+//!   scheduler's probe, which reaches the suspect), the generation stays,
+//!   the ring forms once the cut heals, and the job ends within a point of
+//!   a fault-free run.
+//!
+//! * the API cut from every executor for 30 s (six heartbeat timeouts):
+//!   the ring trains on, the scheduler — hearing nobody — suspects itself
+//!   and declares no one lost, every report arrives once the cut heals
+//!   (every step recorded once), the same generation throughout, and the
+//!   job ends within a point of the same spec run without the fault.
+//!
+//! They need root and network namespaces (`ip netns`), which the machines
+//! running `./scripts/test` have.
+
+use std::time::Duration;
+use trainyard_e2e::{eventually, start_executor, Lab, MlpSpec, Platform, Proc};
+
+const ADMIN: &str = "partitions-admin-token";
+const JOB_LIMIT: Duration = Duration::from_secs(180);
+
+/// A lab of `hosts` hosts, an API on its gateway that declares executors
+/// lost after `misses` silent 200 ms heartbeats, and one executor per host
+/// whose workers sleep `slow_ms` after each step (so that a fault lands
+/// mid-training).
+fn lab_platform(
+    label: &str,
+    hosts: usize,
+    slow_ms: u64,
+    misses: u32,
+) -> (Lab, Platform, Vec<Proc>) {
+    let lab =
+        Lab::new(hosts).expect("the partition tests need root and network namespaces (ip netns)");
+    let p = Platform::builder(label)
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .heartbeat_misses(misses)
+        .listen_host(&lab.gateway().to_string())
+        .start();
+    let slow = format!("*:{slow_ms}");
+    let executors: Vec<Proc> = (0..hosts)
+        .map(|i| {
+            lab.executor(
+                i,
+                &p.client.base,
+                p.join_token(),
+                &format!("{label}-h{i}"),
+                2048,
+                &[("TRAINYARD_SLOW_WORKER", &slow)],
+            )
+            .unwrap_or_else(|e| panic!("starting the executor of host {i}: {e}"))
+        })
+        .collect();
+    let admin = p.with_token(ADMIN);
+    eventually(Duration::from_secs(60), || {
+        (admin.live_executors().len() == hosts).then_some(())
+    })
+    .expect("every lab executor registers within a minute");
+    // Each registered at its own host's address.
+    let listed = admin.executors(Some("live"));
+    for h in lab.hosts() {
+        assert!(
+            listed
+                .executors
+                .iter()
+                .any(|e| e.address.starts_with(&format!("{}:", h.addr))),
+            "no executor at {}: {listed:?}",
+            h.addr
+        );
+    }
+    (lab, p, executors)
+}
+
+fn ring(name: &str, steps: u64) -> serde_json::Value {
+    MlpSpec::digits(name)
+        .batch_size(32)
+        .steps(steps)
+        .workers(2, 2)
+        .seed(11)
+        .build()
+}
+
+/// The lab host whose executor holds `rank` of job `id`.
+fn host_of_rank(lab: &Lab, admin: &trainyard_e2e::ApiClient, id: &str, rank: u32) -> usize {
+    let a = admin.assignments(id);
+    let w = a
+        .workers
+        .iter()
+        .find(|w| w.rank == rank)
+        .unwrap_or_else(|| panic!("no rank {rank} in {a:?}"));
+    let listed = admin.executors(None);
+    let address = &listed
+        .executors
+        .iter()
+        .find(|e| e.id == w.executor.id)
+        .expect("the rank's executor is listed")
+        .address;
+    lab.hosts()
+        .iter()
+        .position(|h| address.starts_with(&format!("{}:", h.addr)))
+        .unwrap_or_else(|| panic!("{address} is no lab host's"))
+}
+
+#[test]
+fn an_executor_cut_from_the_api_but_not_its_peers_trains_on() {
+    let (lab, p, _executors) = lab_platform("part-api-cut", 2, 20, 50);
+    let admin = p.with_token(ADMIN);
+    let steps = 240;
+    let clean = admin.submit(&ring("part-clean", steps));
+    let clean_job = admin.wait_end(&clean, JOB_LIMIT);
+    assert_eq!(
+        clean_job.state.as_str(),
+        "succeeded",
+        "{}",
+        clean_job.state_reason
+    );
+
+    let id = admin.submit(&ring("part-cut", steps));
+    admin.wait_steps(&id, 20, JOB_LIMIT);
+    let generation = admin.job(&id).generation;
+    // Rank 0 reports the steps: while it is cut they wait on its host.
+    let host = host_of_rank(&lab, &admin, &id, 0);
+    // 3 s: under the heartbeat timeout (50 × 200 ms), with room for a
+    // beat caught in the cut to time out (5 s) or be retransmitted.
+    let fault = lab
+        .cut_from_gateway(host, Duration::from_secs(3))
+        .expect("cutting the host from the API");
+    std::thread::sleep(Duration::from_secs(3));
+    fault.heal();
+    let job = admin.wait_end(&id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    // Nothing moved: no executor lost, the same generation, no suspect.
+    assert!(admin.executors(Some("lost")).executors.is_empty());
+    assert_eq!(job.generation, generation, "the job was re-placed");
+    assert!(
+        admin.events(&id).iter().all(|e| e.kind != "suspect"),
+        "{:?}",
+        admin.events(&id)
+    );
+    // Every step reached the API once, those of the cut included.
+    assert_eq!(admin.steps_recorded(&id), steps as i64);
+    let (a, b) = (admin.result_accuracy(&clean), admin.result_accuracy(&id));
+    assert!(
+        (a - b).abs() <= 0.01,
+        "accuracy {b} vs {a} without the fault"
+    );
+}
+
+#[test]
+fn a_peer_cut_from_a_healthy_rank_does_not_evict_it() {
+    let (lab, p, _executors) = lab_platform("part-peer-cut", 2, 20, 25);
+    let admin = p.with_token(ADMIN);
+    let steps = 240;
+    let clean = admin.submit(&ring("peer-clean", steps));
+    assert_eq!(
+        admin.wait_end(&clean, JOB_LIMIT).state.as_str(),
+        "succeeded"
+    );
+
+    // The two hosts cannot reach each other (both still reach the API)
+    // while the ring forms: each rank's connection to the other fails
+    // (the ring retries it until its connect timeout); a report either
+    // side makes is checked by the scheduler's own probe, which reaches
+    // the suspect.
+    let fault = lab
+        .cut(0, 1, Duration::from_secs(6))
+        .expect("cutting the pair");
+    let id = admin.submit(&ring("peer-cut", steps));
+    std::thread::sleep(Duration::from_secs(6));
+    fault.heal();
+    let generation = admin.job(&id).generation;
+    let job = admin.wait_end(&id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    let events = admin.events(&id);
+    let suspects: Vec<_> = events.iter().filter(|e| e.kind == "suspect").collect();
+    assert!(
+        suspects
+            .iter()
+            .all(|e| e.data["verdict"] == "rejected" && e.data["probe"]["outcome"] == "answered"),
+        "{suspects:?}"
+    );
+    assert!(admin.executors(Some("lost")).executors.is_empty());
+    assert_eq!(job.generation, generation, "a healthy rank was evicted");
+    let (a, b) = (admin.result_accuracy(&clean), admin.result_accuracy(&id));
+    assert!(
+        (a - b).abs() <= 0.01,
+        "accuracy {b} vs {a} without the fault"
+    );
+}
+
+#[test]
+fn the_api_cut_from_every_executor_for_30_s_loses_nothing() {
+    // The fault-free run, on a platform of its own on loopback (its
+    // workers do not sleep: the ring's result depends on the data, the
+    // seed and the ranks, not on time).
+    let steps = 400;
+    let clean_platform = Platform::builder("part-all-clean").no_provisioner().start();
+    let _clean_executors: Vec<Proc> = (0..2)
+        .map(|i| {
+            start_executor(
+                &clean_platform.client.base,
+                clean_platform.join_token(),
+                &format!("clean-{i}"),
+                2048,
+                &[],
+            )
+            .expect("starting a clean executor")
+        })
+        .collect();
+    let clean = clean_platform.submit(&ring("all-clean", steps));
+
+    // 100 ms per step: the job trains about 40 s, the cut lands inside.
+    let (lab, p, _executors) = lab_platform("part-all-cut", 2, 100, 25);
+    let admin = p.with_token(ADMIN);
+    let id = admin.submit(&ring("all-cut", steps));
+    admin.wait_steps(&id, 20, JOB_LIMIT);
+    let generation = admin.job(&id).generation;
+    let faults: Vec<_> = (0..2)
+        .map(|i| {
+            lab.cut_from_gateway(i, Duration::from_secs(30))
+                .expect("cutting a host from the API")
+        })
+        .collect();
+    // The bound heals them; meanwhile the API hears nothing.
+    std::thread::sleep(Duration::from_secs(30));
+    for f in &faults {
+        f.heal();
+    }
+    let job = admin.wait_end(&id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    assert!(
+        admin.executors(Some("lost")).executors.is_empty(),
+        "an executor was declared lost: {:?}",
+        admin.executors(None)
+    );
+    assert_eq!(job.generation, generation, "the job was re-placed");
+    assert_eq!(admin.steps_recorded(&id), steps as i64, "a step was lost");
+    let clean_job = clean_platform.wait_end(&clean, JOB_LIMIT);
+    assert_eq!(
+        clean_job.state.as_str(),
+        "succeeded",
+        "{}",
+        clean_job.state_reason
+    );
+    let (a, b) = (
+        clean_platform.result_accuracy(&clean),
+        admin.result_accuracy(&id),
+    );
+    assert!(
+        (a - b).abs() <= 0.01,
+        "accuracy {b} vs {a} without the fault"
+    );
+}

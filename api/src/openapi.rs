@@ -8,8 +8,7 @@
 use crate::error::Problem;
 use crate::routes::{
     artifacts, assignments, checkpoints, executors, health, jobs, provisioner, sharing, stream,
-    suspects,
-    telemetry, tokens,
+    suspects, telemetry, tokens,
 };
 use crate::AppState;
 use axum::Router;

@@ -700,6 +700,10 @@ pub struct Sharded {
     spec: JobSpecInput,
     fetcher: Fetcher,
     columns: Columns,
+    /// The held-out set's columns: those of `columns`, without the sample
+    /// ids when it is a set of its own (`eval_url`: no sample of it is
+    /// trained on, so none needs an id).
+    eval_columns: Columns,
     set: ShardSet,
     eval_set: ShardSet,
     train: Vec<Entry>,
@@ -780,9 +784,11 @@ impl Sharded {
     ) -> Result<Sharded, DataError> {
         let columns = Columns::of(f);
         let set = ShardSet::open(&f.url, f, fetcher, &columns)?;
+        let mut eval_columns = columns.clone();
         let (train, eval, eval_set) = match &f.eval_url {
             Some(u) => {
-                let es = ShardSet::open(u, f, fetcher, &columns)?;
+                eval_columns.id = None;
+                let es = ShardSet::open(u, f, fetcher, &eval_columns)?;
                 (all_entries(&set), all_entries(&es), es)
             }
             None => {
@@ -830,6 +836,7 @@ impl Sharded {
             spec: spec.clone(),
             fetcher: fetcher.clone(),
             columns,
+            eval_columns,
             set,
             eval_set,
             train,
@@ -853,6 +860,7 @@ impl Sharded {
     pub fn into_eval(mut self) -> Sharded {
         self.eval = std::mem::take(&mut self.train);
         self.eval_set = self.set.clone();
+        self.eval_columns = self.columns.clone();
         self
     }
 
@@ -966,7 +974,7 @@ impl Sharded {
         for e in &self.eval {
             let shard = &self.eval_set.shards[e.shard];
             for &u in &e.units {
-                let unit = self.decode(shard, u, true)?;
+                let unit = self.decode(shard, u, true, &self.eval_columns)?;
                 let n = unit.y.size()[0] as u64;
                 if n == 0 {
                     continue;
@@ -985,7 +993,13 @@ impl Sharded {
     }
 
     /// Unit `u` of `shard`, decoded and checked against the model.
-    fn decode(&self, shard: &Shard, u: usize, by_loader: bool) -> Result<Unit, DataError> {
+    fn decode(
+        &self,
+        shard: &Shard,
+        u: usize,
+        by_loader: bool,
+        columns: &Columns,
+    ) -> Result<Unit, DataError> {
         let f = self
             .fetcher
             .fetch(&shard.url)
@@ -1002,7 +1016,7 @@ impl Sharded {
             }
         }
         let (x, y, ids) = match shard.format {
-            FileFormat::Parquet => read_parquet_unit(&f.path, &shard.url, u, &self.columns)?,
+            FileFormat::Parquet => read_parquet_unit(&f.path, &shard.url, u, columns)?,
             fmt => {
                 let named = match fmt {
                     FileFormat::Npz => Tensor::read_npz(&f.path),
@@ -1022,10 +1036,10 @@ impl Sharded {
                         named.iter().map(|(n, _)| n).collect::<Vec<_>>()
                     ))
                 };
-                let xname = self.columns.x.first().map_or("x", String::as_str);
+                let xname = columns.x.first().map_or("x", String::as_str);
                 let x = get(xname).ok_or_else(|| missing(xname))?;
-                let y = get(&self.columns.y).ok_or_else(|| missing(&self.columns.y))?;
-                let ids = match &self.columns.id {
+                let y = get(&columns.y).ok_or_else(|| missing(&columns.y))?;
+                let ids = match &columns.id {
                     Some(n) => {
                         let t = get(n).ok_or_else(|| missing(n))?;
                         if t.is_floating_point() {
@@ -1449,7 +1463,7 @@ impl<'a> Loader<'a> {
         if self.prefetched.contains(&s.url) {
             self.s.stats.ahead.fetch_sub(1, Ordering::Relaxed);
         }
-        let unit = Rc::new(self.s.decode(s, u, true)?);
+        let unit = Rc::new(self.s.decode(s, u, true, &self.s.columns)?);
         let bytes = unit_bytes(&unit);
         while self.unit_bytes + bytes > self.s.unit_budget {
             let Some(old) = self.unit_lru.pop_front() else {

@@ -93,7 +93,15 @@ impl Cache {
         }
         let name = file_name(url);
         let path = self.dir.join(&name);
-        let tmp = self.dir.join(format!("{name}.{}.tmp", std::process::id()));
+        // A name of this write's own: two threads of one process (a
+        // loader and its prefetcher) may put the same object at once, and
+        // with a shared temporary name one would truncate the file the
+        // other has just renamed into place and is reading.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join(format!("{name}.{}-{n}.tmp", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)?;
         if let Ok(mut l) = self.lru.lock() {

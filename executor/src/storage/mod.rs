@@ -13,7 +13,7 @@ pub mod checkpoint;
 
 use bytes::Bytes;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use trainyard_common::artifact::DataPolicy;
 use trainyard_common::spec::glob_matches;
@@ -427,9 +427,13 @@ impl Fetcher {
             Ok(Some(p)) => Ok(Fetched { path: p, source }),
             // Larger than the whole cache: a private temporary file.
             _ => {
+                // Its own name per fetch: another thread may be reading
+                // the file an earlier fetch of the same URL wrote.
+                static PRIVATE: AtomicU64 = AtomicU64::new(0);
                 let p = std::env::temp_dir().join(format!(
-                    "trainyard-{}-{}",
+                    "trainyard-{}-{}-{}",
                     std::process::id(),
+                    PRIVATE.fetch_add(1, Ordering::Relaxed),
                     shard::sha256(url.as_bytes())
                 ));
                 std::fs::write(&p, &bytes).map_err(|source| StorageError::File {

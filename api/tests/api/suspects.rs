@@ -326,3 +326,66 @@ async fn the_heartbeat_wakeup_moves_on_a_job_notification() {
     }
     assert!(woke, "no wakeup after 100 notifications");
 }
+
+/// Sets executor `id`'s last heartbeat `secs` seconds in the past.
+async fn silent_for(app: &TestApp, id: &str, secs: f64) {
+    sqlx::query(
+        "UPDATE executors SET last_heartbeat_at = clock_timestamp() - make_interval(secs => $2) WHERE id = $1::uuid",
+    )
+    .bind(id)
+    .bind(secs)
+    .execute(&app.db)
+    .await
+    .unwrap();
+}
+
+async fn state_of(app: &TestApp, id: &str) -> String {
+    app.get_json(&format!("/v1/executors/{id}")).await["state"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_cut_around_the_api_evicts_nobody_though_the_last_beats_differ() {
+    // A 4 s timeout. When the API is cut off, its executors' last beats
+    // lie up to a beat apart: the first to pass the timeout must not be
+    // declared lost because the other's (older than half the timeout, but
+    // not yet the whole) still counts as heard.
+    let app = spawn_app_with(|c| {
+        c.heartbeat_interval_ms = 1000;
+        c.heartbeat_misses = 4;
+    })
+    .await;
+    let (a, _) = register_at(&app, "cut-a", "127.0.0.1:9").await;
+    let (b, _) = register_at(&app, "cut-b", "127.0.0.1:13").await;
+    // A new leader judges nobody for its first timeout: both beat until
+    // it does.
+    for _ in 0..25 {
+        silent_for(&app, &a, 0.0).await;
+        silent_for(&app, &b, 0.0).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    silent_for(&app, &a, 4.5).await;
+    silent_for(&app, &b, 3.0).await;
+    // Several rounds (one each half interval) see this.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(state_of(&app, &a).await, "live", "a was declared lost");
+    assert_eq!(state_of(&app, &b).await, "live", "b was declared lost");
+
+    // Heard again: the one still silent is judged by the timeout once the
+    // others' beats had a timeout to arrive.
+    let started = std::time::Instant::now();
+    loop {
+        silent_for(&app, &b, 0.0).await;
+        if state_of(&app, &a).await == "lost" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "a silent executor beside one that beats was never declared lost"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(state_of(&app, &b).await, "live");
+}

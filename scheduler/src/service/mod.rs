@@ -10,9 +10,10 @@
 //!
 //! 1. executors whose last heartbeat is older than `misses × interval` are
 //!    marked `lost` (peer reports confirmed by [`suspect`] mark them
-//!    sooner; when none of two or more executors has been heard, this
-//!    server is probably the one cut off, and silence is judged against
-//!    [`PARTITION_GRACE`] until a timeout after it hears one again);
+//!    sooner; when none of two or more executors has been heard for half
+//!    that timeout, this server is probably the one cut off, and silence
+//!    is judged against [`PARTITION_GRACE`] until a timeout after it hears
+//!    one again);
 //! 2. [`plan`] runs over the live (not draining) executors and every
 //!    unfinished job with its current assignments;
 //! 3. each job whose roles changed gets, in one transaction, its new
@@ -259,13 +260,19 @@ impl Scheduler {
         // (the others' beats are on their way), only silence longer than
         // PARTITION_GRACE is declared lost. One executor alone, or silence
         // beside others that beat, is judged by the timeout as always.
+        // "Heard" means within half the timeout, not the whole of it: a cut
+        // silences every executor at once, but their last beats are up to a
+        // beat period apart, so when the first crosses the timeout the
+        // others are still "heard" by a full-timeout window and the first
+        // would be declared lost. A healthy executor beats once per
+        // interval, well inside half of `misses` (≥ 3) intervals.
         let lost: Vec<(Uuid, String)> = if detect_lost {
             let (heard, members): (i64, i64) = sqlx::query_as(
                 "SELECT count(*) FILTER (WHERE last_heartbeat_at >= clock_timestamp() - make_interval(secs => $1)),
                         count(*)
                  FROM executors WHERE state IN ('live', 'draining')",
             )
-            .bind(lost_after)
+            .bind(lost_after / 2.0)
             .fetch_one(&self.db)
             .await?;
             let now = Instant::now();
@@ -275,7 +282,8 @@ impl Scheduler {
                     if until.is_none_or(|u| u <= now) {
                         tracing::warn!(
                             executors = members,
-                            "no executor heard for {lost_after:.1}s: this server may be cut off from them; declaring none lost for up to {:?}",
+                            "no executor heard for {:.1}s: this server may be cut off from them; declaring none lost for up to {:?}",
+                            lost_after / 2.0,
                             PARTITION_GRACE
                         );
                     }

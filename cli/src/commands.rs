@@ -483,12 +483,11 @@ fn print_quota(q: &trainyard_common::api::QuotaInfo) {
     println!(
         "{}: cuda devices {} (in use {}), cpu workers {} (in use {}), PS RAM {} (in use {} MiB)",
         q.owner,
-        limit(q.limits.cuda_devices),
+        limit(q.cuda_devices),
         q.in_use.cuda_devices,
-        limit(q.limits.cpu_workers),
+        limit(q.cpu_workers),
         q.in_use.cpu_workers,
-        q.limits
-            .ps_ram_bytes
+        q.ps_ram_bytes
             .map_or("unlimited".into(), |b| format!("{} MiB", b >> 20)),
         q.in_use.ps_ram_bytes >> 20
     );
@@ -538,11 +537,11 @@ pub async fn quota(args: QuotaArgs) -> Result<u8, CliError> {
             for q in list.quotas {
                 rows.push([
                     q.owner,
-                    limit(q.limits.cuda_devices),
+                    limit(q.cuda_devices),
                     q.in_use.cuda_devices.to_string(),
-                    limit(q.limits.cpu_workers),
+                    limit(q.cpu_workers),
                     q.in_use.cpu_workers.to_string(),
-                    limit(q.limits.ps_ram_bytes.map(|b| b >> 20)),
+                    limit(q.ps_ram_bytes.map(|b| b >> 20)),
                     (q.in_use.ps_ram_bytes >> 20).to_string(),
                     q.updated_by.unwrap_or_default(),
                 ]);

@@ -575,15 +575,33 @@ pub struct QuotaLimits {
 pub struct QuotaInfo {
     /// The user.
     pub owner: String,
-    /// Its limits (`null`: unlimited).
-    #[serde(flatten)]
-    pub limits: QuotaLimits,
+    // The limits are fields of their own, not a flattened `QuotaLimits`:
+    // that one refuses unknown fields (a request body), which the document
+    // would then say of this answer too.
+    /// Most workers on CUDA devices (`null`: unlimited).
+    pub cuda_devices: Option<u32>,
+    /// Most workers on CPU devices (`null`: unlimited).
+    pub cpu_workers: Option<u32>,
+    /// Most RAM of PS shards and their standbys, in bytes (`null`:
+    /// unlimited).
+    pub ps_ram_bytes: Option<u64>,
     /// What its jobs hold now.
     pub in_use: QuotaUse,
     /// The admin who set it (`null`: never set, unlimited).
     pub updated_by: Option<String>,
     /// When it was set.
     pub updated_at: Option<DateTime<Utc>>,
+}
+
+impl QuotaInfo {
+    /// Its limits, as a `PUT` would set them.
+    pub fn limits(&self) -> QuotaLimits {
+        QuotaLimits {
+            cuda_devices: self.cuda_devices,
+            cpu_workers: self.cpu_workers,
+            ps_ram_bytes: self.ps_ram_bytes,
+        }
+    }
 }
 
 /// What a user's placed jobs hold at once.

@@ -87,17 +87,15 @@ async fn quota_info(st: &AppState, owner: &str) -> ApiResult<QuotaInfo> {
     .await?;
     Ok(QuotaInfo {
         owner: owner.to_owned(),
-        limits: QuotaLimits {
-            cuda_devices: row
-                .try_get::<Option<i32>, _>("cuda_devices")?
-                .map(|n| n.max(0) as u32),
-            cpu_workers: row
-                .try_get::<Option<i32>, _>("cpu_workers")?
-                .map(|n| n.max(0) as u32),
-            ps_ram_bytes: row
-                .try_get::<Option<i64>, _>("ps_ram_bytes")?
-                .map(|n| n.max(0) as u64),
-        },
+        cuda_devices: row
+            .try_get::<Option<i32>, _>("cuda_devices")?
+            .map(|n| n.max(0) as u32),
+        cpu_workers: row
+            .try_get::<Option<i32>, _>("cpu_workers")?
+            .map(|n| n.max(0) as u32),
+        ps_ram_bytes: row
+            .try_get::<Option<i64>, _>("ps_ram_bytes")?
+            .map(|n| n.max(0) as u64),
         in_use: QuotaUse {
             cuda_devices: row.try_get::<i64, _>("use_cuda")?.max(0) as u64,
             cpu_workers: row.try_get::<i64, _>("use_cpu")?.max(0) as u64,

@@ -553,6 +553,12 @@ pub struct Assignment {
     /// resolved to the objects listed here). Absent, nothing may be read.
     #[serde(default)]
     pub data_policy: crate::artifact::DataPolicy,
+    /// The scheduler asks the job for a checkpoint at its next step: the
+    /// job is about to be preempted and resumes from that checkpoint when
+    /// it is placed again. Every role of the job gets it; the roles vote
+    /// for one checkpoint as they do for a drain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint_wanted: bool,
 }
 
 impl Assignment {

@@ -12,7 +12,7 @@
 //! touching any other test. Roles whose data-plane connection broke ask
 //! through it for their peers to be checked ([`Suspicions`]).
 
-pub use crate::shared::{Drain, PendingUploads, Suspicions};
+pub use crate::shared::{CheckpointRequest, Drain, PendingUploads, Suspicions};
 use crate::storage::Fetcher;
 use std::time::Duration;
 
@@ -73,6 +73,9 @@ impl TestHooks {
 pub struct Context {
     /// Set when the executor drains.
     pub drain: Drain,
+    /// Set while the scheduler asks the role's job for a checkpoint (each
+    /// role gets one of its own).
+    pub checkpoint_wanted: CheckpointRequest,
     /// Checkpoint shards not yet acknowledged by the API.
     pub uploads: PendingUploads,
     /// How roles reach object storage.
@@ -89,6 +92,7 @@ impl Context {
     pub fn new(fetcher: Fetcher) -> Context {
         Context {
             drain: Drain::default(),
+            checkpoint_wanted: CheckpointRequest::default(),
             uploads: PendingUploads::default(),
             fetcher,
             hooks: TestHooks::from_env(),
@@ -100,6 +104,7 @@ impl Context {
     pub fn for_tests() -> Context {
         Context {
             drain: Drain::default(),
+            checkpoint_wanted: CheckpointRequest::default(),
             uploads: PendingUploads::default(),
             fetcher: Fetcher::local_only(),
             hooks: TestHooks::default(),

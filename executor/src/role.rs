@@ -123,9 +123,11 @@ impl Role {
         }
     }
 
-    /// The job's checkpoint policy, which a drain of this executor moves.
+    /// The job's checkpoint policy, which a drain of this executor and the
+    /// scheduler's request (before a preemption) move.
     pub fn policy(&self) -> Policy {
         Policy::new(self.assignment.spec.checkpoint, self.ctx.drain.clone())
+            .asked_by(self.ctx.checkpoint_wanted.clone())
     }
 
     /// A checkpoint writer into `storage` for this role's job.

@@ -1,10 +1,11 @@
 //! Small types every layer of the executor shares, kept below all of them
 //! so that no layer has to import one above it: whether the executor
-//! drains, how many checkpoint shards are on their way, what a role
+//! drains, whether the scheduler asks a role's job for a checkpoint, how
+//! many checkpoint shards are on their way, what a role
 //! reports, and the [`Reporter`] that carries reports to the API (which
 //! [`crate::control`] implements and [`crate::roles`] uses).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use trainyard_common::checkpoint::ShardUploaded;
@@ -23,6 +24,31 @@ impl Drain {
     /// Whether the executor drains.
     pub fn is_draining(&self) -> bool {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether the scheduler asks one role's job for a checkpoint (before it
+/// preempts the job), as its heartbeats say. Each request that opens
+/// gets a number of its own, so a checkpoint policy answers every request
+/// once, also a later one after an earlier was called off.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointRequest(Arc<AtomicU64>);
+
+impl CheckpointRequest {
+    /// Opens a request (`true`) or closes it (`false`); the same state
+    /// again changes nothing. An odd count is an open request.
+    pub fn set(&self, wanted: bool) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (wanted != (n % 2 == 1)).then_some(n + 1)
+            });
+    }
+
+    /// The open request's number, if one is open.
+    pub fn open(&self) -> Option<u64> {
+        let n = self.0.load(Ordering::Relaxed);
+        (n % 2 == 1).then_some(n)
     }
 }
 

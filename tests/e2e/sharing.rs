@@ -1,8 +1,9 @@
 //! Sharing a cluster, through the real binaries: a higher-priority job
 //! shrinks a lower-priority elastic ring (which keeps running with fewer
-//! ranks) and starts; when it ends the ring grows back; a fixed-size job is
-//! preempted after a checkpoint, goes back to `queued` with the reason and
-//! resumes from that checkpoint, ending within a point of the same spec
+//! ranks) and starts; when it ends the ring grows back; a fixed-size job
+//! whose policy writes no checkpoint while it trains is asked for one by
+//! the preemption, goes back to `queued` with the reason once it is
+//! committed and resumes from it, ending within a point of the same spec
 //! run without preemption; a job beyond its owner's quota waits with the
 //! reason; and the usage API's figures are the job's placement timeline.
 
@@ -10,7 +11,9 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use trainyard_common::api::JobEvent;
 use trainyard_common::JobState;
-use trainyard_e2e::{binary, digits_url, eventually, ApiClient, MlpSpec, Platform, Proc};
+use trainyard_e2e::{
+    binary, digits_url, eventually, repo_root, ApiClient, MlpSpec, Platform, Proc,
+};
 
 const ADMIN: &str = "e2e-sharing-admin";
 
@@ -241,16 +244,16 @@ fn a_preempted_fixed_size_job_resumes_from_its_checkpoint_and_ends_within_a_poin
     let (_p, alice, bob, _execs) = platform("share-preempt", 2);
     let checkpointed = |name: &str| {
         let mut spec = ring(name, (2, 2), 40, 0);
-        // Far enough apart that the checkpoint a release follows is the
-        // newest until well after the resume; kept, to be looked at after.
-        spec["checkpoint"] = json!({"every_steps": 200, "keep": 20});
+        // No checkpoint while it trains (only at the end): the one the
+        // preemption waits for is the one it asks for. Kept, to be looked
+        // at after.
+        spec["checkpoint"] = json!({"keep": 20, "at_end": true});
         spec
     };
     // The same spec without preemption, on the same executors first.
     let base = alice.submit(&checkpointed("alice-unpreempted"));
     let job = alice.wait_end(&base, Duration::from_secs(300));
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
-    let baseline = alice.result_accuracy(&base);
 
     let a = alice.submit(&checkpointed("alice-fixed"));
     alice.wait_steps(&a, 120, Duration::from_secs(120));
@@ -300,6 +303,10 @@ fn a_preempted_fixed_size_job_resumes_from_its_checkpoint_and_ends_within_a_poin
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("a step in {resumed:?}"));
+    assert!(
+        step >= 120,
+        "resumed from step {step}: the preemption's checkpoint is of a step after 120"
+    );
     // A checkpoint committed in the grace period released it; it resumed
     // from the newest one committed before it was placed again (the one
     // its last steps were still uploading may be newer than the first).
@@ -336,10 +343,18 @@ fn a_preempted_fixed_size_job_resumes_from_its_checkpoint_and_ends_within_a_poin
         "resumed from the newest checkpoint: {list:?}"
     );
     let newest = step;
-    let acc = alice.result_accuracy(&a);
+    // Judged by PyTorch on the downloaded weights, on the held-out rows
+    // neither job trained on (the same seeded split: the same spec).
+    let dir = std::env::temp_dir().join(format!("ty-share-preempt-{a}"));
+    let data = repo_root().join("data/digits.npz");
+    let spec = checkpointed("alice");
+    let acc = alice.pytorch_accuracy(&a, &spec, &data, &dir);
+    let baseline = alice.pytorch_accuracy(&base, &spec, &data, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "preempted job: {:.2}% held-out accuracy, unpreempted {:.2}%; resumed at step {newest}",
+        "preempted job: {:.2}% held-out accuracy in PyTorch (the platform said {:.2}%), unpreempted {:.2}%; resumed at step {newest}",
         acc * 100.0,
+        alice.result_accuracy(&a) * 100.0,
         baseline * 100.0
     );
     assert!(

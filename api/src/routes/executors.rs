@@ -299,7 +299,8 @@ pub async fn heartbeat(
         .fetch_all(&st.db)
         .await?;
     // Long-poll: held while nothing is to be inspected and its assignments
-    // are what it runs, until a job changes them or the wait is over.
+    // are what it runs, until a job changes them, one of its jobs is asked
+    // for a checkpoint (a preemption), or the wait is over.
     let wait = req
         .wait_ms
         .unwrap_or(0)
@@ -309,7 +310,7 @@ pub async fn heartbeat(
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
         let mut wake = st.wakeup.subscribe();
         wake.borrow_and_update();
-        while assigned_keys(&st, id).await? == req.roles {
+        while assigned_keys(&st, id).await? == req.roles && !asked_to_checkpoint(&st, id).await? {
             match tokio::time::timeout_at(deadline, wake.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) | Err(_) => break,
@@ -359,6 +360,17 @@ fn inspection_of(
 
 /// The keys of the roles assigned to executor `id` in unfinished jobs,
 /// sorted (what [`assignments_for`] would list, cheaply).
+/// Whether a job with a role on executor `id` is waiting to be preempted
+/// (and so asked for a checkpoint).
+async fn asked_to_checkpoint(st: &AppState, id: Uuid) -> ApiResult<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM preemptions p JOIN assignments a ON a.job_id = p.victim WHERE a.executor_id = $1)",
+    )
+    .bind(id)
+    .fetch_one(&st.db)
+    .await?)
+}
+
 async fn assigned_keys(st: &AppState, id: Uuid) -> ApiResult<Vec<RoleKey>> {
     let rows: Vec<(Uuid, i64, String, i32)> = sqlx::query_as(
         "SELECT a.job_id, a.generation, a.role, a.index FROM assignments a JOIN jobs j ON j.id = a.job_id
@@ -383,7 +395,8 @@ async fn assigned_keys(st: &AppState, id: Uuid) -> ApiResult<Vec<RoleKey>> {
 async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> {
     let rows = sqlx::query(
         "SELECT a.job_id, a.generation, a.role, a.index, a.executor_id, a.device, a.ranges, e.address,
-                j.spec, j.strategy, j.secret, j.owner, j.data_policy
+                j.spec, j.strategy, j.secret, j.owner, j.data_policy,
+                EXISTS (SELECT 1 FROM preemptions p WHERE p.victim = j.id) AS preempting
          FROM assignments a
          JOIN executors e ON e.id = a.executor_id
          JOIN jobs j ON j.id = a.job_id
@@ -403,6 +416,8 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         workers: Vec<WorkerPeer>,
         ps: Vec<PsPeer>,
         mine: Vec<(RoleKey, Option<u32>)>,
+        // A preemption waits for this job's checkpoint.
+        preempting: bool,
     }
     let mut jobs: BTreeMap<Uuid, JobPeers> = BTreeMap::new();
     for r in &rows {
@@ -427,6 +442,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 workers: Vec::new(),
                 ps: Vec::new(),
                 mine: Vec::new(),
+                preempting: r.try_get("preempting")?,
             }),
         };
         let index = r.try_get::<i32, _>("index")? as u32;
@@ -493,6 +509,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 parameter_servers: j.ps.clone(),
                 resume: resume.get(&id).cloned(),
                 data_policy: data_policy.clone(),
+                checkpoint_wanted: j.preempting,
             });
         }
     }

@@ -3,6 +3,7 @@
 //! with the reason, and usage figures are the assignment history's,
 //! clipped to the window, each user seeing only its own.
 
+use crate::executors::{place_ring_job, register};
 use crate::helpers::{assert_problem, digits_spec, spawn_app_with, TestApp};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -295,4 +296,92 @@ async fn usage_is_the_assignment_history_clipped_to_the_window_and_scoped_to_the
     .await;
     assert_problem(bad("owner=No!").await, 400, Some("owner")).await;
     assert_problem(bad("colour=blue").await, 400, Some("query")).await;
+}
+
+/// The assignments in executor `id`'s heartbeat answer.
+async fn beat(app: &TestApp, id: &str, token: &str) -> Vec<Value> {
+    let r = app
+        .post_as(
+            &format!("/v1/executors/{id}/heartbeat"),
+            token,
+            &json!({"roles": []}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    v["assignments"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_job_to_be_preempted_is_asked_for_a_checkpoint_until_it_is_called_off() {
+    // Nobody beats but this test, and the grace outlasts it: the request
+    // stays open until the preemption is called off.
+    let app = spawn_app_with(|c| {
+        c.heartbeat_misses = 1000;
+        c.preemption_grace_secs = 3600;
+    })
+    .await;
+    let (e1, t1) = register(&app, "share-e1").await;
+    let (_e2, _t2) = register(&app, "share-e2").await;
+    let mut low = digits_spec("low");
+    low["priority"] = json!(0);
+    let low = place_ring_job(&app, low, 2).await;
+    let wanted = |a: &[Value]| -> Vec<bool> {
+        a.iter()
+            .map(|a| a["checkpoint_wanted"].as_bool().unwrap_or(false))
+            .collect()
+    };
+    assert_eq!(wanted(&beat(&app, &e1, &t1).await), [false]);
+
+    let mut high = digits_spec("high");
+    high["priority"] = json!(5);
+    high["strategy"] = json!("allreduce");
+    high["workers"] = json!({"min": 2, "max": 2});
+    high.as_object_mut().unwrap().remove("parameter_servers");
+    high.as_object_mut().unwrap().remove("consistency");
+    let high = app.submit(&high).await["id"].as_str().unwrap().to_owned();
+    // (An open server: every caller is the admin.)
+    let mut why = String::new();
+    for _ in 0..200 {
+        let job = app.get_json(&format!("/v1/jobs/{high}")).await;
+        why = job["state_reason"].as_str().unwrap_or("").to_owned();
+        if why.contains(&format!("preempting job {low}")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(why.contains("may checkpoint first"), "{why}");
+    let a = beat(&app, &e1, &t1).await;
+    assert_eq!(wanted(&a), [true], "{a:?}");
+    assert_eq!(a[0]["key"]["job_id"], low.as_str());
+    let events = app.get_json(&format!("/v1/jobs/{low}/events")).await;
+    assert!(
+        events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "preemption"
+                && e["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("asked for a checkpoint")),
+        "{events}"
+    );
+
+    // The preemptor no longer needs the room: the request is withdrawn.
+    let r = app
+        .post_json(&format!("/v1/jobs/{high}/cancel"), &json!({}))
+        .await;
+    assert_eq!(r.status(), 200);
+    for _ in 0..100 {
+        if wanted(&beat(&app, &e1, &t1).await) == [false] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(wanted(&beat(&app, &e1, &t1).await), [false]);
+    // Still placed: a called-off preemption releases nothing.
+    let job = app.get_json(&format!("/v1/jobs/{low}")).await;
+    assert_eq!(job["generation"], 1, "{job}");
+    assert_ne!(job["state"], "queued", "{job}");
 }

@@ -93,6 +93,7 @@ fn assignment_with(
         parameter_servers: vec![peer(false), peer(true)],
         resume: None,
         data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
+        checkpoint_wanted: false,
     }
 }
 

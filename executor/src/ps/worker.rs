@@ -129,7 +129,8 @@ pub fn work(
     // Rank 0 decides when the shards checkpoint: it marks one step's pushes
     // (kept over re-pushes of that step) and every shard checkpoints the
     // values that step produces.
-    let mut policy = Policy::new(a.spec.checkpoint, ctx.drain.clone());
+    let mut policy =
+        Policy::new(a.spec.checkpoint, ctx.drain.clone()).asked_by(ctx.checkpoint_wanted.clone());
     let mut flag: Option<NonZeroU64> = None;
     let mut asked = false;
     let mut line = ProgressLine::default();

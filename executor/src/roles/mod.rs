@@ -22,7 +22,7 @@
 
 pub mod inspect;
 
-use crate::context::Context;
+use crate::context::{CheckpointRequest, Context};
 use crate::ps::{KeptWorker, LastStep, Shard};
 use crate::replica::Replica;
 use crate::ring::worker::Kept;
@@ -45,6 +45,8 @@ use uuid::Uuid;
 struct Running {
     key: RoleKey,
     stop: Arc<AtomicBool>,
+    /// The scheduler's request for a checkpoint, as the role's policy sees it.
+    checkpoint_wanted: CheckpointRequest,
 }
 
 /// What a worker's thread leaves for the next generation on its device.
@@ -211,16 +213,26 @@ impl Roles {
         }
         self.finishing.retain(|t| !t.is_finished());
         for (k, a) in wanted {
-            if self.running.contains_key(&k) {
+            if let Some(r) = self.running.get(&k) {
+                r.checkpoint_wanted.set(a.checkpoint_wanted);
                 continue;
             }
             let stop = Arc::new(AtomicBool::new(false));
-            self.start(a.clone(), stop.clone());
-            self.running.insert(k, Running { key: a.key, stop });
+            let checkpoint_wanted = CheckpointRequest::default();
+            checkpoint_wanted.set(a.checkpoint_wanted);
+            self.start(a.clone(), stop.clone(), checkpoint_wanted.clone());
+            self.running.insert(
+                k,
+                Running {
+                    key: a.key,
+                    stop,
+                    checkpoint_wanted,
+                },
+            );
         }
     }
 
-    fn start(&self, a: Assignment, stop: Arc<AtomicBool>) {
+    fn start(&self, a: Assignment, stop: Arc<AtomicBool>, checkpoint_wanted: CheckpointRequest) {
         let (tx, rx) = unbounded_channel();
         self.sink.deliver(a.key, rx);
         let storage = self.storage(&self.sink.object_store());
@@ -236,6 +248,7 @@ impl Roles {
         // The role reads only what its job may (the API's data policy).
         let mut ctx = self.ctx.clone();
         ctx.fetcher = ctx.fetcher.with_policy(a.data_policy.clone());
+        ctx.checkpoint_wanted = checkpoint_wanted;
         let role = Role {
             assignment: a,
             stop,

@@ -3,7 +3,8 @@
 //! cluster shape.
 //!
 //! * [`Policy`] — the job spec's `checkpoint` (every N steps and/or T
-//!   seconds, at the end) plus a graceful drain. Steps are the same on every
+//!   seconds, at the end) plus a graceful drain and the scheduler's request
+//!   before a preemption ([`CheckpointRequest`]). Steps are the same on every
 //!   rank; the clock is not, so a time-due checkpoint is a *vote* that
 //!   travels with the step's all-reduce (one more float) or, in the PS
 //!   pattern, with rank 0's push: every writer checkpoints the same step.
@@ -21,7 +22,7 @@
 //!   or into 3 PS shards.
 
 use super::{Storage, StorageError};
-use crate::shared::{Drain, Item, PendingUploads};
+use crate::shared::{CheckpointRequest, Drain, Item, PendingUploads};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -44,6 +45,9 @@ pub struct Policy {
     since: Instant,
     last_step: Option<u64>,
     drained: bool,
+    request: CheckpointRequest,
+    /// The request last answered with a checkpoint.
+    answered: Option<u64>,
 }
 
 impl Policy {
@@ -56,7 +60,16 @@ impl Policy {
             since: Instant::now(),
             last_step: None,
             drained: false,
+            request: CheckpointRequest::default(),
+            answered: None,
         }
+    }
+
+    /// The same policy, also voting once for each request the scheduler
+    /// opens on `request`.
+    pub fn asked_by(mut self, request: CheckpointRequest) -> Policy {
+        self.request = request;
+        self
     }
 
     /// Whether this writer's clock (or a drain) asks for a checkpoint at
@@ -66,7 +79,11 @@ impl Policy {
             .spec
             .every_seconds
             .is_some_and(|t| self.since.elapsed() >= Duration::from_secs(t));
-        timed || (self.drain.is_draining() && !self.drained)
+        let asked = self
+            .request
+            .open()
+            .is_some_and(|r| self.answered != Some(r));
+        timed || asked || (self.drain.is_draining() && !self.drained)
     }
 
     /// Whether step `step` is checkpointed: every N steps, when any writer
@@ -86,6 +103,9 @@ impl Policy {
         self.since = Instant::now();
         if self.drain.is_draining() {
             self.drained = true;
+        }
+        if let Some(r) = self.request.open() {
+            self.answered = Some(r);
         }
     }
 
@@ -413,6 +433,30 @@ mod tests {
         assert!(p.vote(), "a draining executor asks for a checkpoint");
         p.written(4);
         assert!(!p.vote(), "once: the drain's checkpoint was written");
+    }
+
+    #[test]
+    fn each_request_of_the_scheduler_gets_one_checkpoint() {
+        let request = CheckpointRequest::default();
+        let never = CheckpointPolicy {
+            every_steps: None,
+            every_seconds: None,
+            keep: 3,
+            at_end: false,
+        };
+        let mut p = Policy::new(never, Drain::default()).asked_by(request.clone());
+        assert!(!p.vote());
+        request.set(true);
+        assert!(p.vote(), "an open request asks for a checkpoint");
+        request.set(true);
+        p.written(3);
+        assert!(!p.vote(), "once per request, however often it is repeated");
+        request.set(false);
+        assert!(!p.vote());
+        request.set(true);
+        assert!(p.vote(), "a new request after one was called off");
+        p.written(9);
+        assert!(!p.vote());
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //!
 //! A shrink takes effect at once (it is a membership change like any
 //! other: the ring goes on with fewer ranks). A whole preemption first
-//! gets a row in `preemptions` and events on both jobs; the victim keeps
+//! gets a row in `preemptions` and events on both jobs; while the row
+//! exists every heartbeat of the victim's executors carries
+//! `checkpoint_wanted` in its assignments, so its roles vote for a
+//! checkpoint at their next step (as for a drain). The victim keeps
 //! running until it has committed a checkpoint after the decision or the
 //! grace period is over, and is then released to `queued` with the reason
 //! (it resumes from its newest checkpoint when it is placed again). A
@@ -304,7 +307,7 @@ async fn start_pending(
             victim,
             "preemption",
             &format!(
-                "to be preempted by job {by} of {} (priority {} > {}): released after its next checkpoint, within {secs}s",
+                "to be preempted by job {by} of {} (priority {} > {}): asked for a checkpoint, released once it is committed, within {secs}s",
                 b.owner, b.priority, v.priority
             ),
             json!({"action": "pending", "by": by, "grace_secs": secs}),
@@ -315,7 +318,7 @@ async fn start_pending(
             by,
             "preemption",
             &format!(
-                "preempting job {victim} of {} (priority {} < {}); it may checkpoint for up to {secs}s",
+                "preempting job {victim} of {} (priority {} < {}); it is asked for a checkpoint and has up to {secs}s to commit it",
                 v.owner, v.priority, b.priority
             ),
             json!({"action": "pending", "victim": victim, "grace_secs": secs}),

@@ -318,6 +318,54 @@ impl ApiClient {
             .unwrap_or_else(|| panic!("no eval_accuracy in {r}"))
     }
 
+    /// Job `id`'s held-out accuracy as plain PyTorch measures it: its
+    /// final weights downloaded (`GET /v1/jobs/{id}/model`, safetensors)
+    /// into `dir`, the MLP of `spec` rebuilt by
+    /// `tests/python/evaluate_mlp.py` and evaluated on the job's held-out
+    /// split of `data` (the executor's seeded split, rows it never trained
+    /// on). Not the number the platform reports about itself.
+    pub fn pytorch_accuracy(
+        &self,
+        id: &str,
+        spec: &Value,
+        data: &std::path::Path,
+        dir: &std::path::Path,
+    ) -> f64 {
+        std::fs::create_dir_all(dir).unwrap();
+        let r = self.get_response(&format!("/v1/jobs/{id}/model?format=safetensors"));
+        let status = r.status();
+        let bytes = r.bytes().expect("reading the model");
+        assert_eq!(
+            status,
+            200,
+            "GET model of {id}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        let (model, spec_file) = (
+            dir.join(format!("{id}.safetensors")),
+            dir.join(format!("{id}.spec.json")),
+        );
+        std::fs::write(&model, &bytes).unwrap();
+        std::fs::write(&spec_file, spec.to_string()).unwrap();
+        let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+        let out = std::process::Command::new(&python)
+            .arg(crate::repo_root().join("tests/python/evaluate_mlp.py"))
+            .arg(&model)
+            .arg(&spec_file)
+            .arg(data)
+            .output()
+            .expect("python3 with torch and safetensors (run through ./scripts/test)");
+        assert!(
+            out.status.success(),
+            "evaluate_mlp.py: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        got["accuracy"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no accuracy in {got}"))
+    }
+
     /// Where job `id`'s final weights are.
     pub fn weights_url(&self, id: &str) -> String {
         let r = self.result(id);

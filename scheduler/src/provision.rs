@@ -20,7 +20,10 @@
 //!   minimum sets need — growth towards `workers.max` never provisions.
 //! * **Release**: a provisioned executor with no role for `idle_timeout`
 //!   is released, but only while no job it could help waits, so capacity
-//!   that is about to be used is not churned. Only executors the
+//!   that is about to be used is not churned. A job that waits on the live
+//!   executors but fits once the pending ones register counts too: the
+//!   idle executors are part of that fit (a requeued Slurm job's executor
+//!   comes back to a job that still holds its other member). Only executors the
 //!   provisioner started are ever candidates: the caller passes them, and
 //!   nothing else can appear in [`Decision::release`].
 //! * A TorchScript job waiting to be inspected with no live or pending
@@ -171,6 +174,7 @@ pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Deci
         .filter(|e| !inputs.managed_live.contains(&e.id))
         .cloned()
         .collect();
+    let waiting_ids: BTreeSet<Uuid> = waiting.iter().map(|j| j.id).collect();
     let mut candidates: Vec<&JobView> = Vec::new();
     for j in waiting {
         let alone = JobView {
@@ -243,8 +247,15 @@ pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Deci
         out.start = out.start.max(1);
     }
 
+    // Jobs that wait now but fit with the pending executors: the idle ones
+    // are part of that fit.
+    let pending_fit = inputs.pending > 0
+        && inputs
+            .waiting_on_live
+            .iter()
+            .any(|id| !waiting_ids.contains(id));
     // Release only when nothing it could serve waits.
-    if candidates.is_empty() && !inputs.needs_inspector {
+    if candidates.is_empty() && !pending_fit && !inputs.needs_inspector {
         out.release = inputs
             .idle
             .iter()
@@ -448,6 +459,55 @@ mod tests {
         );
         assert!(waiting.release.is_empty());
         assert_eq!(waiting.start, 2);
+    }
+
+    #[test]
+    fn an_idle_executor_a_pending_one_will_join_in_a_job_is_kept() {
+        // A ring of 2 lost one member (its executor went pending again, a
+        // requeued batch job): the other, idle past its timeout, is kept
+        // for the job, and nothing new is started.
+        let idle = vec![Idle {
+            name: "kept".into(),
+            idle_for: Duration::from_secs(60),
+        }];
+        let managed = ExecutorView {
+            id: Uuid::from_u128(90),
+            ..template(1024).executor(0)
+        };
+        let live = [managed.clone()];
+        let jobs = [job(1, Strategy::Allreduce, 2, 2, 0)];
+        let d = decide_for(
+            Inputs {
+                jobs: &jobs,
+                live: &live,
+                managed_live: [managed.id].into(),
+                pending: 1,
+                managed_total: 2,
+                idle: idle.clone(),
+                ..Inputs::default()
+            },
+            &template(1024),
+            &limits(4, 4),
+        );
+        assert!(d.release.is_empty(), "{:?}", d.release);
+        assert_eq!(d.start, 0);
+        // Nothing pending: the job is a candidate for new executors, and
+        // the idle one is kept as well.
+        let d = decide_for(
+            Inputs {
+                jobs: &jobs,
+                live: &live,
+                managed_live: [managed.id].into(),
+                pending: 0,
+                managed_total: 1,
+                idle,
+                ..Inputs::default()
+            },
+            &template(1024),
+            &limits(4, 4),
+        );
+        assert!(d.release.is_empty(), "{:?}", d.release);
+        assert_eq!(d.start, 1);
     }
 
     #[test]

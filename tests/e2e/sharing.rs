@@ -1,7 +1,8 @@
 //! Sharing a cluster, through the real binaries: a higher-priority job
 //! shrinks a lower-priority elastic ring (which keeps running with fewer
-//! ranks) and starts; when it ends the ring grows back; a fixed-size job
-//! whose policy writes no checkpoint while it trains is asked for one by
+//! ranks) and starts; when it ends the ring grows back; a fixed-size job (a
+//! ring, and a sync PS job) whose policy writes no checkpoint while it
+//! trains is asked for one by
 //! the preemption, goes back to `queued` with the reason once it is
 //! committed and resumes from it, ending within a point of the same spec
 //! run without preemption; a job beyond its owner's quota waits with the
@@ -12,7 +13,7 @@ use std::time::Duration;
 use trainyard_common::api::JobEvent;
 use trainyard_common::JobState;
 use trainyard_e2e::{
-    binary, digits_url, eventually, repo_root, ApiClient, MlpSpec, Platform, Proc,
+    binary, digits_url, eventually, repo_root, ApiClient, Consistency, MlpSpec, Platform, Proc,
 };
 
 const ADMIN: &str = "e2e-sharing-admin";
@@ -240,10 +241,37 @@ fn a_higher_priority_job_shrinks_an_elastic_ring_which_grows_back_and_usage_foll
 }
 
 #[test]
-fn a_preempted_fixed_size_job_resumes_from_its_checkpoint_and_ends_within_a_point() {
-    let (_p, alice, bob, _execs) = platform("share-preempt", 2);
+fn a_preempted_fixed_size_ring_resumes_from_its_checkpoint_and_ends_within_a_point() {
+    preempted_job_resumes("share-preempt", |name| ring(name, (2, 2), 40, 0));
+}
+
+#[test]
+fn a_preempted_sync_ps_job_resumes_from_its_checkpoint_and_ends_within_a_point() {
+    preempted_job_resumes("share-preempt-ps", |name| {
+        let mut spec = MlpSpec::digits(name)
+            .hidden(&[128])
+            .adamw_warmup(0.005)
+            .batch_size(32)
+            .epochs(60)
+            .workers(2, 2)
+            .ps(1)
+            .consistency(Consistency::Sync)
+            .seed(3)
+            .build();
+        spec["priority"] = json!(0);
+        spec
+    });
+}
+
+/// Alice's fixed-size job of `victim`'s spec, with no checkpoint while it
+/// trains, is preempted by bob's ring at priority 5 on a cluster of two:
+/// it commits the checkpoint the preemption asks for, goes back to
+/// `queued`, resumes from that checkpoint and ends within a point of the
+/// same spec run without preemption, both judged by PyTorch.
+fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
+    let (_p, alice, bob, _execs) = platform(label, 2);
     let checkpointed = |name: &str| {
-        let mut spec = ring(name, (2, 2), 40, 0);
+        let mut spec = victim(name);
         // No checkpoint while it trains (only at the end): the one the
         // preemption waits for is the one it asks for. Kept, to be looked
         // at after.
@@ -293,12 +321,17 @@ fn a_preempted_fixed_size_job_resumes_from_its_checkpoint_and_ends_within_a_poin
 
     let job = alice.wait_end(&a, Duration::from_secs(300));
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    // A ring rank says "resumed from the checkpoint of step N", a PS
+    // shard "PS shard 0 restored from the checkpoint of step N".
+    const FROM: &str = "from the checkpoint of step ";
     let resumed = alice
         .log_messages(&a)
         .into_iter()
-        .find(|l| l.starts_with("resumed from the checkpoint of step"))
+        .find(|l| {
+            (l.starts_with("resumed ") || l.starts_with("PS shard 0 restored ")) && l.contains(FROM)
+        })
         .unwrap_or_else(|| panic!("resumed: {:?}", alice.log_messages(&a)));
-    let step: u64 = resumed["resumed from the checkpoint of step ".len()..]
+    let step: u64 = resumed[resumed.find(FROM).unwrap() + FROM.len()..]
         .split(' ')
         .next()
         .and_then(|s| s.parse().ok())
@@ -345,7 +378,7 @@ fn a_preempted_fixed_size_job_resumes_from_its_checkpoint_and_ends_within_a_poin
     let newest = step;
     // Judged by PyTorch on the downloaded weights, on the held-out rows
     // neither job trained on (the same seeded split: the same spec).
-    let dir = std::env::temp_dir().join(format!("ty-share-preempt-{a}"));
+    let dir = std::env::temp_dir().join(format!("ty-{label}-{a}"));
     let data = repo_root().join("data/digits.npz");
     let spec = checkpointed("alice");
     let acc = alice.pytorch_accuracy(&a, &spec, &data, &dir);

@@ -21,16 +21,28 @@ const ADMIN: &str = "e2e-sharing-admin";
 /// A platform with users alice and bob (their jobs may read the bundled
 /// digits), a short grace period, and `executors` executors.
 fn platform(label: &str, executors: usize) -> (Platform, ApiClient, ApiClient, Vec<Proc>) {
+    platform_with(label, executors, 0)
+}
+
+/// The same, with workers that sleep `step_ms` after each step.
+fn platform_with(
+    label: &str,
+    executors: usize,
+    step_ms: u32,
+) -> (Platform, ApiClient, ApiClient, Vec<Proc>) {
     let data = digits_url();
     let prefix = &data[..data.rfind('/').unwrap() + 1];
-    let p = Platform::builder(label)
+    let mut p = Platform::builder(label)
         .admin_token(ADMIN)
         .no_provisioner()
         .arg("--allow-data-url")
         .arg(prefix)
         .arg("--preemption-grace-secs")
-        .arg("20")
-        .start();
+        .arg("20");
+    if step_ms > 0 {
+        p = p.executor_env("TRAINYARD_SLOW_WORKER", &format!("*:{step_ms}"));
+    }
+    let p = p.start();
     let admin = p.with_token(ADMIN);
     let user = |owner: &str| {
         let (status, t) = admin.post("/v1/tokens", &json!({"owner": owner, "role": "user"}));
@@ -269,7 +281,9 @@ fn a_preempted_sync_ps_job_resumes_from_its_checkpoint_and_ends_within_a_point()
 /// `queued`, resumes from that checkpoint and ends within a point of the
 /// same spec run without preemption, both judged by PyTorch.
 fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
-    let (_p, alice, bob, _execs) = platform(label, 2);
+    // 10 ms a step: the victim trains for seconds, not the second an
+    // unslowed ring of 920 steps takes, so the preemption lands mid-run.
+    let (_p, alice, bob, _execs) = platform_with(label, 2, 10);
     let checkpointed = |name: &str| {
         let mut spec = victim(name);
         // No checkpoint while it trains (only at the end): the one the

@@ -357,8 +357,12 @@ async fn a_cut_around_the_api_evicts_nobody_though_the_last_beats_differ() {
         c.heartbeat_misses = 4;
     })
     .await;
-    let (a, _) = register_at(&app, "cut-a", "127.0.0.1:9").await;
-    let (b, _) = register_at(&app, "cut-b", "127.0.0.1:13").await;
+    // Their data planes listen: the probe of a silent one does not answer
+    // "refused" (the lab's cut makes it time out; here it connects).
+    let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (a, _) = register_at(&app, "cut-a", &la.local_addr().unwrap().to_string()).await;
+    let (b, _) = register_at(&app, "cut-b", &lb.local_addr().unwrap().to_string()).await;
     // A new leader judges nobody for its first timeout: both beat until
     // it does.
     for _ in 0..25 {
@@ -388,4 +392,38 @@ async fn a_cut_around_the_api_evicts_nobody_though_the_last_beats_differ() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(state_of(&app, &b).await, "live");
+}
+
+#[tokio::test]
+async fn a_fleet_that_died_is_lost_at_the_timeout_though_nobody_is_heard() {
+    // Both silent past the 4 s timeout, and nothing listens where their
+    // data planes were: the hosts answer, the processes are gone. Not a
+    // cut around the API, so no 60 s grace.
+    let app = spawn_app_with(|c| {
+        c.heartbeat_interval_ms = 1000;
+        c.heartbeat_misses = 4;
+    })
+    .await;
+    let gone = |l: std::net::TcpListener| l.local_addr().unwrap().to_string();
+    let a_addr = gone(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let b_addr = gone(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let (a, _) = register_at(&app, "dead-a", &a_addr).await;
+    let (b, _) = register_at(&app, "dead-b", &b_addr).await;
+    for _ in 0..25 {
+        silent_for(&app, &a, 0.0).await;
+        silent_for(&app, &b, 0.0).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    silent_for(&app, &a, 4.5).await;
+    silent_for(&app, &b, 4.4).await;
+    let started = std::time::Instant::now();
+    while state_of(&app, &a).await != "lost" || state_of(&app, &b).await != "lost" {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "a dead fleet waited for the partition grace: {} {}",
+            state_of(&app, &a).await,
+            state_of(&app, &b).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

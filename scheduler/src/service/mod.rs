@@ -13,7 +13,8 @@
 //!    sooner; when none of two or more executors has been heard for half
 //!    that timeout, this server is probably the one cut off, and silence
 //!    is judged against [`PARTITION_GRACE`] until a timeout after it hears
-//!    one again);
+//!    one again, except for executors whose data-plane address refuses a
+//!    connection: dead, not cut off, they are lost at the timeout);
 //! 2. [`plan`] runs over the live (not draining) executors and every
 //!    unfinished job with its current assignments;
 //! 3. each job whose roles changed gets, in one transaction, its new
@@ -73,7 +74,10 @@ pub const EXECUTOR_CHANNEL: &str = "trainyard_executors";
 
 /// Longest a scheduler that hears from none of its executors (two or
 /// more) waits before it declares them lost: a partition around the API
-/// must not end every job, a fleet that really died is re-placed after it.
+/// must not end every job, a fleet whose hosts went silent is re-placed
+/// after it. (A fleet whose processes died while their hosts answer, so
+/// that their data-plane ports refuse connections, is lost at the
+/// timeout.)
 pub const PARTITION_GRACE: Duration = Duration::from_secs(60);
 
 /// Settings of the loop.
@@ -250,6 +254,52 @@ impl Scheduler {
         }
     }
 
+    /// While this server hears no executor (see [`PARTITION_GRACE`]), the
+    /// ones silent past the timeout whose data-plane address refuses a
+    /// connection are dead, not cut off: their host answers and nothing
+    /// listens there (the whole fleet was killed, or the machine they ran
+    /// on restarted without them). They are lost at once, as a confirmed
+    /// suspect is; a probe that gets no answer leaves them to the grace.
+    async fn refused_while_deaf(
+        &self,
+        lost_after: f64,
+    ) -> Result<Vec<(Uuid, String)>, SchedulerError> {
+        let silent: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, address FROM executors
+             WHERE state IN ('live', 'draining') AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $1)",
+        )
+        .bind(lost_after)
+        .fetch_all(&self.db)
+        .await?;
+        let mut probes = tokio::task::JoinSet::new();
+        for (id, address) in silent {
+            probes.spawn(async move {
+                let (outcome, _) = suspect::probe(&address, suspect::PROBE_TIMEOUT).await;
+                (id, address, outcome)
+            });
+        }
+        let mut dead = Vec::new();
+        while let Some(done) = probes.join_next().await {
+            if let Ok((id, address, suspect::ProbeOutcome::Refused)) = done {
+                tracing::warn!(executor = %id, %address, "no executor heard, but this one's data plane refuses connections: it is dead, not cut off");
+                dead.push(id);
+            }
+        }
+        if dead.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_as(
+            "UPDATE executors SET state = 'lost', state_changed_at = clock_timestamp()
+             WHERE id = ANY($1) AND state IN ('live', 'draining')
+               AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $2)
+             RETURNING id, name",
+        )
+        .bind(&dead)
+        .bind(lost_after)
+        .fetch_all(&self.db)
+        .await?)
+    }
+
     /// One reconciliation round (public for tests and benchmarks).
     /// `detect_lost` enables marking silent executors lost.
     pub async fn round(&self, detect_lost: bool) -> Result<(), SchedulerError> {
@@ -296,14 +346,18 @@ impl Scheduler {
             } else {
                 lost_after
             };
-            sqlx::query_as(
+            let mut lost: Vec<(Uuid, String)> = sqlx::query_as(
                 "UPDATE executors SET state = 'lost', state_changed_at = clock_timestamp()
                  WHERE state IN ('live', 'draining') AND last_heartbeat_at < clock_timestamp() - make_interval(secs => $1)
                  RETURNING id, name",
             )
             .bind(silence)
             .fetch_all(&self.db)
-            .await?
+            .await?;
+            if blind {
+                lost.extend(self.refused_while_deaf(lost_after).await?);
+            }
+            lost
         } else {
             Vec::new()
         };

@@ -20,11 +20,19 @@ pub fn registration(name: &str) -> Value {
 }
 
 pub async fn register(app: &TestApp, name: &str) -> (String, String) {
+    register_at(app, name, "127.0.0.1:7070").await
+}
+
+/// Registers executor `name` whose data plane is at `address`: its id and
+/// token.
+pub async fn register_at(app: &TestApp, name: &str, address: &str) -> (String, String) {
+    let mut body = registration(name);
+    body["address"] = json!(address);
     let r = app
         .client
         .post(app.url("/v1/executors"))
         .bearer_auth("test-join-token")
-        .json(&registration(name))
+        .json(&body)
         .send()
         .await
         .unwrap();
@@ -34,6 +42,16 @@ pub async fn register(app: &TestApp, name: &str) -> (String, String) {
         body["id"].as_str().unwrap().to_owned(),
         body["token"].as_str().unwrap().to_owned(),
     )
+}
+
+/// `spec` as a ring of exactly `ranks` workers.
+pub fn ring_spec(mut spec: Value, ranks: u32) -> Value {
+    spec["strategy"] = json!("allreduce");
+    spec["workers"] = json!({"min": ranks, "max": ranks});
+    let o = spec.as_object_mut().unwrap();
+    o.remove("parameter_servers");
+    o.remove("consistency");
+    spec
 }
 
 async fn heartbeat(app: &TestApp, id: &str, token: &str, roles: Value) -> reqwest::Response {
@@ -181,12 +199,7 @@ async fn a_job_is_placed_on_registered_executors_and_drain_moves_it() {
     let app = spawn_app().await;
     let (a, ta) = register(&app, "a").await;
     let (b, tb) = register(&app, "b").await;
-    let mut spec = digits_spec("placed");
-    spec["strategy"] = json!("allreduce");
-    spec.as_object_mut().unwrap().remove("parameter_servers");
-    spec.as_object_mut().unwrap().remove("consistency");
-    spec.as_object_mut().unwrap().remove("consistency");
-    spec["workers"] = json!({"min": 1, "max": 1});
+    let spec = ring_spec(digits_spec("placed"), 1);
     let job = app.submit(&spec).await;
     let id = job["id"].as_str().unwrap().to_owned();
 
@@ -341,12 +354,7 @@ async fn a_job_that_cannot_be_placed_stays_queued_with_its_reason() {
 #[tokio::test]
 async fn higher_priority_is_placed_first() {
     let app = spawn_app().await;
-    let mut spec = digits_spec("low");
-    spec["strategy"] = json!("allreduce");
-    spec.as_object_mut().unwrap().remove("parameter_servers");
-    spec.as_object_mut().unwrap().remove("consistency");
-    spec.as_object_mut().unwrap().remove("consistency");
-    spec["workers"] = json!({"min": 1, "max": 1});
+    let mut spec = ring_spec(digits_spec("low"), 1);
     spec["resources"] = json!({"memory_mb": 3000});
     let low = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
     spec["name"] = json!("high");
@@ -548,11 +556,8 @@ async fn one_rank_job_placed(name: &str) -> (TestApp, String, String, String) {
 
 /// Submits `spec` as a ring job of exactly `ranks` workers and waits until
 /// the scheduler has placed it (generation 1) on the registered executors.
-pub async fn place_ring_job(app: &TestApp, mut spec: Value, ranks: u32) -> String {
-    spec["strategy"] = json!("allreduce");
-    spec["workers"] = json!({"min": ranks, "max": ranks});
-    spec.as_object_mut().unwrap().remove("parameter_servers");
-    spec.as_object_mut().unwrap().remove("consistency");
+pub async fn place_ring_job(app: &TestApp, spec: Value, ranks: u32) -> String {
+    let spec = ring_spec(spec, ranks);
     let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
     wait_for_generation(app, &job, 1).await;
     job

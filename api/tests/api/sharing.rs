@@ -3,7 +3,7 @@
 //! with the reason, and usage figures are the assignment history's,
 //! clipped to the window, each user seeing only its own.
 
-use crate::executors::{place_ring_job, register};
+use crate::executors::{place_ring_job, register, ring_spec};
 use crate::helpers::{assert_problem, digits_spec, spawn_app_with, TestApp};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -333,12 +333,8 @@ async fn a_job_to_be_preempted_is_asked_for_a_checkpoint_until_it_is_called_off(
     };
     assert_eq!(wanted(&beat(&app, &e1, &t1).await), [false]);
 
-    let mut high = digits_spec("high");
+    let mut high = ring_spec(digits_spec("high"), 2);
     high["priority"] = json!(5);
-    high["strategy"] = json!("allreduce");
-    high["workers"] = json!({"min": 2, "max": 2});
-    high.as_object_mut().unwrap().remove("parameter_servers");
-    high.as_object_mut().unwrap().remove("consistency");
     let high = app.submit(&high).await["id"].as_str().unwrap().to_owned();
     // (An open server: every caller is the admin.)
     let mut why = String::new();

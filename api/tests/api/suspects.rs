@@ -4,30 +4,10 @@
 //! roles re-placed, and the job's `suspect` events carry the evidence.
 //! Also: long-polling heartbeats are woken by job changes.
 
-use crate::executors::registration;
+use crate::executors::{register_at, ring_spec};
 use crate::helpers::{assert_problem, digits_spec, spawn_app, spawn_app_with, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
-
-/// Registers executor `name` whose data plane is at `address`.
-async fn register_at(app: &TestApp, name: &str, address: &str) -> (String, String) {
-    let mut body = registration(name);
-    body["address"] = json!(address);
-    let r = app
-        .client
-        .post(app.url("/v1/executors"))
-        .bearer_auth("test-join-token")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let body: Value = r.json().await.unwrap();
-    (
-        body["id"].as_str().unwrap().to_owned(),
-        body["token"].as_str().unwrap().to_owned(),
-    )
-}
 
 /// Waits until job `job` is at `generation` or beyond; its generation.
 async fn wait_generation(app: &TestApp, job: &str, generation: i64) -> i64 {
@@ -65,11 +45,7 @@ async fn a_peer_report_evicts_only_an_executor_whose_data_plane_is_gone() {
         register_at(&app, "peer-a", &alive.local_addr().unwrap().to_string()).await;
     let (other, other_token) =
         register_at(&app, "peer-b", &dying.local_addr().unwrap().to_string()).await;
-    let mut spec = digits_spec("suspected");
-    spec["strategy"] = json!("allreduce");
-    spec["workers"] = json!({"min": 2, "max": 2});
-    spec.as_object_mut().unwrap().remove("parameter_servers");
-    spec.as_object_mut().unwrap().remove("consistency");
+    let spec = ring_spec(digits_spec("suspected"), 2);
     let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
     let generation = wait_generation(&app, &job, 1).await;
     // Joins after the ring of two was placed on peer-a and peer-b.
@@ -243,11 +219,7 @@ async fn a_held_heartbeat_answers_with_the_roles_a_new_job_gives_it() {
                 .unwrap()
         })
     };
-    let mut spec = digits_spec("polled");
-    spec["strategy"] = json!("allreduce");
-    spec["workers"] = json!({"min": 1, "max": 1});
-    spec.as_object_mut().unwrap().remove("parameter_servers");
-    spec.as_object_mut().unwrap().remove("consistency");
+    let spec = ring_spec(digits_spec("polled"), 1);
     let job = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
     let r = held.await.unwrap();
     assert_eq!(r.status(), 200);

@@ -325,6 +325,39 @@ impl Store {
         Ok(out)
     }
 
+    /// The keys of the store's top level (no `/` in them) that `keep`
+    /// accepts, sorted, reading the listing page by page and giving up
+    /// after `max_seen` objects (nested ones count): `None` when the store
+    /// holds more, so that a glob over a huge bucket is refused in bounded
+    /// time and memory instead of listed whole.
+    pub async fn list_top(
+        &self,
+        keep: impl Fn(&str) -> bool,
+        max_seen: usize,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let p = self.path("");
+        let strip = self.prefix.as_ref().len();
+        let mut listing = self.inner.list(Some(&p));
+        let (mut seen, mut out) = (0usize, Vec::new());
+        while let Some(m) = listing.try_next().await.map_err(self.io(""))? {
+            seen += 1;
+            if seen > max_seen {
+                return Ok(None);
+            }
+            let full = m.location.as_ref();
+            let key = if strip == 0 {
+                full
+            } else {
+                full.get(strip + 1..).unwrap_or(full)
+            };
+            if !key.contains('/') && keep(key) {
+                out.push(key.to_owned());
+            }
+        }
+        out.sort();
+        Ok(Some(out))
+    }
+
     /// Deletes every object under `prefix`.
     pub async fn delete_prefix(&self, prefix: &str) -> Result<usize, StoreError> {
         let keys = self.list(prefix).await?;
@@ -355,6 +388,24 @@ mod tests {
         let d = std::env::temp_dir().join(format!("ty-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    /// A glob's listing keeps the top-level keys that match and gives up,
+    /// rather than listing on, past its bound (nested objects count).
+    #[tokio::test]
+    async fn the_top_level_listing_is_bounded() {
+        let dir = tmp("top");
+        let s = Store::open(&format!("file://{}", dir.display()), &[]).unwrap();
+        for k in ["b.npz", "a.npz", "c.txt", "sub/d.npz", "sub/e.npz"] {
+            s.put(k, Bytes::from_static(b"x")).await.unwrap();
+        }
+        let npz = |k: &str| k.ends_with(".npz");
+        assert_eq!(
+            s.list_top(npz, 5).await.unwrap(),
+            Some(vec!["a.npz".to_owned(), "b.npz".to_owned()])
+        );
+        assert_eq!(s.list_top(npz, 4).await.unwrap(), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

@@ -14,6 +14,13 @@
 //!   the ring forms once the cut heals, and the job ends within a point of
 //!   a fault-free run.
 //!
+//! * a ring of four cut into two halves for 8 s (every host still
+//!   reaching the API): neither half trains, no step is recorded during
+//!   the cut, the generation stays, the ring forms again once it heals;
+//! * a PS shard cut from one of its two workers for 6 s, in sync mode (it
+//!   waits for the cut worker: no version without it) and in bounded mode
+//!   (the other worker trains on): nobody lost, the same generation;
+//!
 //! * the API cut from every executor for 30 s (six heartbeat timeouts):
 //!   the ring trains on, the scheduler — hearing nobody — suspects itself
 //!   and declares no one lost, every report arrives once the cut heals
@@ -25,7 +32,7 @@
 
 use std::time::Duration;
 use trainyard_e2e::{
-    eventually, repo_root, start_executor, ApiClient, Lab, MlpSpec, Platform, Proc,
+    eventually, repo_root, start_executor, ApiClient, Consistency, Lab, MlpSpec, Platform, Proc,
 };
 
 const ADMIN: &str = "partitions-admin-token";
@@ -92,17 +99,30 @@ fn ring(name: &str, steps: u64) -> serde_json::Value {
         .build()
 }
 
+/// A sync or bounded PS job of one shard and two workers on the digits.
+fn ps(name: &str, steps: u64, consistency: Consistency) -> serde_json::Value {
+    MlpSpec::digits(name)
+        .batch_size(32)
+        .steps(steps)
+        .workers(2, 2)
+        .ps(1)
+        .consistency(consistency)
+        .seed(11)
+        .build()
+}
+
 /// The held-out accuracy of ring job `id` of `steps` steps, as PyTorch
 /// measures it on the downloaded weights (rows the job never trained on).
 fn pytorch(c: &ApiClient, id: &str, steps: u64) -> f64 {
+    pytorch_of(c, id, &ring("eval", steps))
+}
+
+/// The held-out accuracy of job `id` of `spec` (its model and split), as
+/// PyTorch measures it on the downloaded weights.
+fn pytorch_of(c: &ApiClient, id: &str, spec: &serde_json::Value) -> f64 {
     // A folder per job: the tests of this file run at once.
     let dir = std::env::temp_dir().join(format!("ty-partitions-{id}"));
-    let acc = c.pytorch_accuracy(
-        id,
-        &ring("eval", steps),
-        &repo_root().join("data/digits.npz"),
-        &dir,
-    );
+    let acc = c.pytorch_accuracy(id, spec, &repo_root().join("data/digits.npz"), &dir);
     let _ = std::fs::remove_dir_all(&dir);
     acc
 }
@@ -115,12 +135,17 @@ fn host_of_rank(lab: &Lab, admin: &trainyard_e2e::ApiClient, id: &str, rank: u32
         .iter()
         .find(|w| w.rank == rank)
         .unwrap_or_else(|| panic!("no rank {rank} in {a:?}"));
+    host_of(lab, admin, w.executor.id)
+}
+
+/// The lab host of executor `executor`.
+fn host_of(lab: &Lab, admin: &trainyard_e2e::ApiClient, executor: uuid::Uuid) -> usize {
     let listed = admin.executors(None);
     let address = &listed
         .executors
         .iter()
-        .find(|e| e.id == w.executor.id)
-        .expect("the rank's executor is listed")
+        .find(|e| e.id == executor)
+        .expect("the executor is listed")
         .address;
     lab.hosts()
         .iter()
@@ -277,4 +302,194 @@ fn the_api_cut_from_every_executor_for_30_s_loses_nothing() {
         (a - b).abs() <= 0.01,
         "accuracy {b} vs {a} without the fault"
     );
+}
+
+/// Every suspect event of job `id` was rejected by a probe the suspect
+/// answered: a report across a cut never evicts a healthy executor.
+fn suspects_all_rejected(admin: &ApiClient, id: &str) -> usize {
+    let events = admin.events(id);
+    let suspects: Vec<_> = events.iter().filter(|e| e.kind == "suspect").collect();
+    assert!(
+        suspects
+            .iter()
+            .all(|e| e.data["verdict"] == "rejected" && e.data["probe"]["outcome"] == "answered"),
+        "{suspects:?}"
+    );
+    suspects.len()
+}
+
+/// A ring of four on four hosts cut into two halves ({0, 1} | {2, 3}, every
+/// host still reaching the API) for 8 s while it trains: neither half
+/// trains on its own (a ring needs every rank of its generation, and no
+/// executor is lost, so no smaller generation is made), no step is
+/// recorded while the cut lasts, the generation stays, and once the cut
+/// heals the ring goes on and ends within a point of a fault-free run,
+/// every step recorded once. The cut drops packets silently and is
+/// shorter than the 60 s collective timeout, so the ranks' streams stall
+/// rather than fail; a rank that did report a peer would be rejected
+/// (the scheduler's probe reaches it), which is asserted too.
+#[test]
+fn a_ring_cut_in_two_halves_trains_on_neither_side_until_it_heals() {
+    let (lab, p, _executors) = lab_platform("part-halves", 4, 20, 25);
+    let admin = p.with_token(ADMIN);
+    let steps = 300;
+    let spec = |name: &str| {
+        MlpSpec::digits(name)
+            .batch_size(32)
+            .steps(steps)
+            .workers(4, 4)
+            .seed(11)
+            .build()
+    };
+    let clean = admin.submit(&spec("halves-clean"));
+    let clean_job = admin.wait_end(&clean, JOB_LIMIT);
+    assert_eq!(
+        clean_job.state.as_str(),
+        "succeeded",
+        "{}",
+        clean_job.state_reason
+    );
+
+    let id = admin.submit(&spec("halves-cut"));
+    admin.wait_steps(&id, 20, JOB_LIMIT);
+    let generation = admin.job(&id).generation;
+    let bound = Duration::from_secs(8);
+    let faults: Vec<_> = [(0, 2), (0, 3), (1, 2), (1, 3)]
+        .into_iter()
+        .map(|(i, j)| lab.cut(i, j, bound).expect("cutting the halves"))
+        .collect();
+    let cut_at = std::time::Instant::now();
+    // Reports flush every 0.5 s: after 2 s every step made before the cut
+    // is at the API; none may follow until the cut heals.
+    std::thread::sleep(Duration::from_secs(2));
+    let during = admin.steps_recorded(&id);
+    std::thread::sleep(bound.saturating_sub(cut_at.elapsed() + Duration::from_millis(500)));
+    let before_heal = admin.steps_recorded(&id);
+    for f in &faults {
+        f.heal();
+    }
+    assert!(during < steps as i64, "the job ended before the cut");
+    assert_eq!(
+        before_heal, during,
+        "a half trained on its own during the cut ({during} → {before_heal} steps)"
+    );
+    let job = admin.wait_end(&id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    assert!(
+        admin.executors(Some("lost")).executors.is_empty(),
+        "an executor was declared lost: {:?}",
+        admin.executors(None)
+    );
+    assert_eq!(job.generation, generation, "the job was re-placed");
+    let reported = suspects_all_rejected(&admin, &id);
+    assert_eq!(
+        admin.steps_recorded(&id),
+        steps as i64,
+        "a step was lost or repeated"
+    );
+    let (a, b) = (pytorch(&admin, &clean, steps), pytorch(&admin, &id, steps));
+    println!("ring cut in halves: {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault");
+    assert!(
+        (a - b).abs() <= 0.01,
+        "accuracy {b} vs {a} without the fault"
+    );
+}
+
+/// A PS job (one shard, two workers on three hosts) whose shard is cut
+/// from one of its two workers for 6 s while it trains, both still
+/// reaching the API: the cut worker's exchange with the shard stalls (or,
+/// failing, is retried, and any report is rejected by the scheduler's
+/// probe); nobody is declared lost, the generation stays, and the job ends
+/// within a point of a fault-free run.
+/// In sync mode the shard waits for the cut worker (no version is made
+/// without it, so no step is recorded during the cut and every step is
+/// recorded once); in bounded mode the other worker trains on.
+fn ps_shard_cut_from_half_its_workers(label: &str, consistency: Consistency) {
+    let (lab, p, _executors) = lab_platform(label, 3, 20, 25);
+    let admin = p.with_token(ADMIN);
+    let steps = 300;
+    let clean_spec = ps(&format!("{label}-clean"), steps, consistency);
+    let clean = admin.submit(&clean_spec);
+    let clean_job = admin.wait_end(&clean, JOB_LIMIT);
+    assert_eq!(
+        clean_job.state.as_str(),
+        "succeeded",
+        "{}",
+        clean_job.state_reason
+    );
+
+    let cut_spec = ps(&format!("{label}-cut"), steps, consistency);
+    let id = admin.submit(&cut_spec);
+    admin.wait_steps(&id, 20, JOB_LIMIT);
+    let generation = admin.job(&id).generation;
+    let a = admin.assignments(&id);
+    let shard_host = host_of(&lab, &admin, a.parameter_servers[0].executor.id);
+    // Rank 1 where it is on a host of its own: rank 0 (which reports the
+    // steps) then trains on in bounded mode.
+    let (cut_rank, worker_host) = a
+        .workers
+        .iter()
+        .map(|w| (w.rank, host_of(&lab, &admin, w.executor.id)))
+        .filter(|(_, h)| *h != shard_host)
+        .max()
+        .unwrap_or_else(|| panic!("every worker shares the shard's host: {a:?}"));
+    let bound = Duration::from_secs(6);
+    let fault = lab
+        .cut(shard_host, worker_host, bound)
+        .expect("cutting the shard from a worker");
+    let cut_at = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let during = admin.steps_recorded(&id);
+    std::thread::sleep(bound.saturating_sub(cut_at.elapsed() + Duration::from_millis(500)));
+    let before_heal = admin.steps_recorded(&id);
+    fault.heal();
+    assert!(during < steps as i64, "the job ended before the cut");
+    match consistency {
+        Consistency::Sync => assert_eq!(
+            before_heal, during,
+            "sync mode made versions without the cut worker ({during} → {before_heal} steps)"
+        ),
+        _ if cut_rank == 1 => assert!(
+            before_heal > during,
+            "rank 0 stopped with rank 1 cut off ({during} → {before_heal} steps)"
+        ),
+        _ => {}
+    }
+    let job = admin.wait_end(&id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    assert!(
+        admin.executors(Some("lost")).executors.is_empty(),
+        "an executor was declared lost: {:?}",
+        admin.executors(None)
+    );
+    assert_eq!(job.generation, generation, "the job was re-placed");
+    let reported = suspects_all_rejected(&admin, &id);
+    if matches!(consistency, Consistency::Sync) {
+        assert_eq!(
+            admin.steps_recorded(&id),
+            steps as i64,
+            "a step was lost or repeated"
+        );
+    }
+    let (a, b) = (
+        pytorch_of(&admin, &clean, &clean_spec),
+        pytorch_of(&admin, &id, &cut_spec),
+    );
+    println!(
+        "{label}: rank {cut_rank} cut; steps {during} → {before_heal} during the cut, {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault"
+    );
+    assert!(
+        (a - b).abs() <= 0.01,
+        "accuracy {b} vs {a} without the fault"
+    );
+}
+
+#[test]
+fn a_sync_ps_shard_cut_from_half_its_workers_waits_for_them() {
+    ps_shard_cut_from_half_its_workers("part-ps-sync", Consistency::Sync);
+}
+
+#[test]
+fn a_bounded_ps_shard_cut_from_half_its_workers_trains_on() {
+    ps_shard_cut_from_half_its_workers("part-ps-bounded", Consistency::Bounded(4));
 }

@@ -94,6 +94,12 @@ fn cold_fetcher(
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let steps = if quick { 120 } else { 400 };
+    // One core is left to the loader, as the checkpoint benchmark leaves
+    // one to its uploader: on a GPU machine the CPU is idle while a step
+    // computes; here the compute, the loader and the S3 server share two
+    // cores. Every run (in memory too) trains with the same threads.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads((cores.saturating_sub(1)).max(1) as i32);
     let dir = std::env::temp_dir().join(format!("trainyard-data-bench-{}", std::process::id()));
     let shards = dir.join("shards");
     std::fs::create_dir_all(&shards).expect("a folder");

@@ -21,6 +21,10 @@ use trainyard_store::cache::Cache;
 use trainyard_store::{shard, Store, StoreError};
 use uuid::Uuid;
 
+/// Entries of a folder a glob may look through: a glob over a bigger
+/// folder (or bucket) is refused rather than listed for minutes.
+pub const MAX_LISTED: usize = 250_000;
+
 /// Why object storage failed a role.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -50,6 +54,14 @@ pub enum StorageError {
         url: String,
         /// Why.
         reason: String,
+    },
+    /// A glob's folder holds more entries than a glob looks through.
+    #[error("{url}: the folder holds more than {limit} entries, more than a glob looks through: list the shards in a manifest (.json) instead")]
+    TooManyToList {
+        /// The glob.
+        url: String,
+        /// How many entries a glob looks through.
+        limit: usize,
     },
     /// An artifact's bytes are not those the API recorded.
     #[error("{url}: the bytes read have SHA-256 {found}, the artifact recorded {expected}")]
@@ -249,14 +261,25 @@ impl Fetcher {
     /// model at an object-store URL): the file itself for `file://`, else
     /// the object fetched through the local cache tier (read from disk when
     /// it is already there).
-    pub fn materialize(&self, url: &str) -> Result<PathBuf, StorageError> {
-        self.fetch(url).map(|f| f.path)
+    /// An object larger than the whole cache is a private file that lives
+    /// as long as the returned value.
+    pub fn materialize(&self, url: &str) -> Result<Fetched, StorageError> {
+        self.fetch(url)
     }
 
     /// The objects a glob names (`*` in its last segment only), sorted by
     /// URL; `artifact:` globs match the job's resolved artifacts by name.
     /// Each one is checked against the policy again when it is read.
     pub fn list_glob(&self, pattern: &str) -> Result<Vec<String>, StorageError> {
+        self.list_glob_within(pattern, MAX_LISTED)
+    }
+
+    /// [`Fetcher::list_glob`], looking through at most `limit` entries.
+    fn list_glob_within(&self, pattern: &str, limit: usize) -> Result<Vec<String>, StorageError> {
+        let too_many = || StorageError::TooManyToList {
+            url: pattern.to_owned(),
+            limit,
+        };
         let bad = |reason| StorageError::Url {
             url: pattern.to_owned(),
             reason,
@@ -285,7 +308,10 @@ impl Fetcher {
                 path: PathBuf::from(dir),
                 source,
             })?;
-            for e in entries.flatten() {
+            for (seen, e) in entries.flatten().enumerate() {
+                if seen >= limit {
+                    return Err(too_many());
+                }
                 let n = e.file_name().to_string_lossy().into_owned();
                 if glob_matches(name, &n) && e.path().is_file() {
                     out.push(format!("{folder}/{n}"));
@@ -297,11 +323,10 @@ impl Fetcher {
                 .as_ref()
                 .ok_or(bad("this process has no object-store access"))?;
             let store = Store::open(folder, &r.options)?;
-            for (key, _) in r.rt.block_on(store.list(""))? {
-                if !key.contains('/') && glob_matches(name, &key) {
-                    out.push(format!("{folder}/{key}"));
-                }
-            }
+            let keys =
+                r.rt.block_on(store.list_top(|k| glob_matches(name, k), limit))?
+                    .ok_or_else(too_many)?;
+            out.extend(keys.into_iter().map(|k| format!("{folder}/{k}")));
         }
         out.sort();
         Ok(out)
@@ -358,6 +383,7 @@ impl Fetcher {
             Fetched {
                 path,
                 source: Source::Local(bytes),
+                _private: None,
             }
         };
         self.refused(url)?;
@@ -403,6 +429,7 @@ impl Fetcher {
             return Ok(Fetched {
                 path: p,
                 source: Source::Cache,
+                _private: None,
             });
         }
         let (parent, name) = url.rsplit_once('/').ok_or(StorageError::Url {
@@ -424,7 +451,11 @@ impl Fetcher {
         r.cache.misses.fetch_add(1, Ordering::Relaxed);
         let source = Source::Store(bytes.len() as u64);
         match r.cache.put(url, &bytes) {
-            Ok(Some(p)) => Ok(Fetched { path: p, source }),
+            Ok(Some(p)) => Ok(Fetched {
+                path: p,
+                source,
+                _private: None,
+            }),
             // Larger than the whole cache: a private temporary file.
             _ => {
                 // Its own name per fetch: another thread may be reading
@@ -436,22 +467,57 @@ impl Fetcher {
                     PRIVATE.fetch_add(1, Ordering::Relaxed),
                     shard::sha256(url.as_bytes())
                 ));
+                // Removed when the last user drops it, also when the
+                // write fails half way.
+                let private = Arc::new(PrivateFile(p.clone()));
                 std::fs::write(&p, &bytes).map_err(|source| StorageError::File {
                     path: p.clone(),
                     source,
                 })?;
-                Ok(Fetched { path: p, source })
+                Ok(Fetched {
+                    path: p,
+                    source,
+                    _private: Some(private),
+                })
             }
         }
     }
 }
 
-/// A local file holding an object, and where its bytes came from.
+/// A local file holding an object, and where its bytes came from. The
+/// file stays while this value (or a clone) lives: a private copy of an
+/// object too large for the cache tier is deleted with its last clone, so
+/// such fetches never pile up in the temporary folder.
+#[derive(Debug, Clone)]
 pub struct Fetched {
     /// The file.
     pub path: PathBuf,
     /// Where the bytes came from.
     pub source: Source,
+    _private: Option<Arc<PrivateFile>>,
+}
+
+impl std::ops::Deref for Fetched {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::path::Path> for Fetched {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+/// A temporary file of this process's own, removed on drop.
+#[derive(Debug)]
+struct PrivateFile(PathBuf);
+
+impl Drop for PrivateFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Where a fetched object's bytes came from.
@@ -566,7 +632,7 @@ mod tests {
         }
     }
 
-    fn refused(r: Result<PathBuf, StorageError>) -> String {
+    fn refused(r: Result<Fetched, StorageError>) -> String {
         match r {
             Err(e @ StorageError::Refused { .. }) => e.to_string(),
             other => panic!("expected a refusal, got {other:?}"),
@@ -593,7 +659,7 @@ mod tests {
         std::fs::write(d.join("ok.npz"), b"x").unwrap();
         let ok = format!("file://{}/ok.npz", d.display());
         assert_eq!(
-            f.materialize(&ok).unwrap(),
+            f.materialize(&ok).unwrap().path,
             std::fs::canonicalize(d.join("ok.npz")).unwrap()
         );
         let _ = std::fs::remove_dir_all(&d);
@@ -625,12 +691,89 @@ mod tests {
         p.artifacts[0].url = url.clone();
         p.artifacts[0].sha256 = trainyard_store::shard::sha256(b"the version");
         let f = Fetcher::local_only().with_policy(p);
-        assert_eq!(f.materialize(&url).unwrap(), file);
+        assert_eq!(f.materialize(&url).unwrap().path, file);
         std::fs::write(&file, b"changed behind the store's back").unwrap();
         match f.materialize(&url) {
             Err(StorageError::Corrupt { .. }) => {}
             other => panic!("expected a digest mismatch, got {other:?}"),
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A local folder with more entries than a glob may look through is
+    /// refused with a reason that names the way out.
+    #[test]
+    fn a_glob_over_a_folder_too_big_to_list_is_refused() {
+        let d = scratch("many");
+        for i in 0..10 {
+            std::fs::File::create(d.join(format!("other-{i}"))).unwrap();
+        }
+        std::fs::write(d.join("part-0.npz"), b"x").unwrap();
+        let glob = format!("file://{}/part-*.npz", d.display());
+        let f = Fetcher::local_only();
+        assert_eq!(
+            f.list_glob_within(&glob, 11).unwrap(),
+            [format!("file://{}/part-0.npz", d.display())]
+        );
+        let err = f.list_glob_within(&glob, 10).unwrap_err().to_string();
+        assert!(
+            err.contains("more than 10 entries") && err.contains("manifest"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// An object larger than the whole cache tier is read into a private
+    /// file, which is gone once the last user of the fetch drops it (each
+    /// such fetch used to leave its copy in the temporary folder). Needs
+    /// the test S3 server `scripts/test` starts.
+    #[test]
+    fn an_object_larger_than_the_cache_is_a_private_file_removed_after_use() {
+        let var = |k: &str| {
+            std::env::var(k).unwrap_or_else(|_| {
+                panic!("{k} is not set: run ./scripts/test, which starts a Garage S3 server")
+            })
+        };
+        let options: Vec<(String, String)> = [
+            ("aws_endpoint", "TRAINYARD_TEST_S3_ENDPOINT"),
+            ("aws_region", "TRAINYARD_TEST_S3_REGION"),
+            ("aws_access_key_id", "TRAINYARD_TEST_S3_ACCESS_KEY_ID"),
+            (
+                "aws_secret_access_key",
+                "TRAINYARD_TEST_S3_SECRET_ACCESS_KEY",
+            ),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), var(v)))
+        .chain([("aws_allow_http".to_owned(), "true".to_owned())])
+        .collect();
+        let prefix = format!(
+            "{}/unit-{}",
+            var("TRAINYARD_TEST_S3_URL"),
+            Uuid::new_v4().simple()
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = Store::open(&prefix, &options).unwrap();
+        let body = Bytes::from(vec![7u8; 64 << 10]);
+        rt.block_on(store.put("big.bin", body.clone())).unwrap();
+        rt.block_on(store.put("small.bin", Bytes::from_static(b"small")))
+            .unwrap();
+        let d = scratch("private");
+        let cache = Arc::new(Cache::open(&d.join("cache"), 1 << 10).unwrap());
+        let f = Fetcher::new(options, cache, rt.handle().clone());
+        let small = f.fetch(&format!("{prefix}/small.bin")).unwrap();
+        assert!(small.path.starts_with(d.join("cache")), "{small:?}");
+        let big = f.fetch(&format!("{prefix}/big.bin")).unwrap();
+        assert_eq!(big.source, Source::Store(64 << 10));
+        assert!(!big.path.starts_with(d.join("cache")), "{big:?}");
+        assert_eq!(std::fs::read(&big).unwrap(), body.as_ref());
+        let (path, held) = (big.path.clone(), big.clone());
+        drop(big);
+        assert!(path.is_file(), "a clone still holds the file");
+        drop(held);
+        assert!(!path.exists(), "{} was left behind", path.display());
+        assert!(small.path.is_file(), "the cache tier keeps its own files");
+        rt.block_on(store.delete_prefix("")).unwrap();
         let _ = std::fs::remove_dir_all(&d);
     }
 

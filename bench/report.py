@@ -344,7 +344,9 @@ if e:
         w(f"![step time breakdown]({p})\n")
     table("e2e")
     w(f"Recovery: a 2-worker job trains past step 300, one executor is SIGKILLed, and the time runs until the API "
-      "holds a step beyond the furthest one before the kill; baseline: the same job's cold start (submit → first "
+      "holds a step beyond the furthest one rank 0 can have trained before the kill (what the API held at the kill plus "
+      "0.6 s of steps at the rate before it: reports lag by up to 0.5 s, and a late report of steps trained before the "
+      "kill must not count as resumption; the bound errs long); baseline: the same job's cold start (submit → first "
       f"step at the API). Production heartbeats ({e['heartbeat']['interval_ms']} ms, lost after "
       f"{e['heartbeat']['misses']} silent beats); the kill is detected by the victim's data-plane peers, which report it, "
       "and confirmed by the scheduler's probe of its data plane; heartbeats are long-polls, so the new generation "

@@ -23,7 +23,11 @@
 //!   steps) trains; the executor of a worker, of the shard's primary in a
 //!   job with `replicas: 1`, or of the (unreplicated) shard is SIGKILLed;
 //!   recovery is the time from the kill until the API has a step beyond
-//!   the furthest one before the kill. It is split into detection (kill →
+//!   the furthest one rank 0 can have trained before the kill: what the
+//!   API held at the kill plus the steps of one report interval and 100 ms
+//!   at the rate before it (reports lag by up to an interval, and the old
+//!   role's last ones can land after the new generation: without the
+//!   margin they counted as resumption). The bound errs long. It is split into detection (kill →
 //!   the scheduler's new placement: the data-plane peers report the kill
 //!   and the scheduler confirms it, see
 //!   `trainyard_scheduler::service::suspect`) and resumption. Each kill
@@ -383,6 +387,16 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
             .map(str::to_owned),
     }
     .with_context(|| format!("no executor to kill in {a:?}"))?;
+    // Rank 0's step rate before the kill, over about two seconds (four
+    // report flushes): steps reach the API in reports every 0.5 s, so at
+    // the kill rank 0 may be up to a flush interval of steps ahead of what
+    // the API holds, and those steps can arrive after the kill (the old
+    // role flushes them when the new generation ends it). Only a step
+    // beyond that margin was surely trained after the kill.
+    let (t0, s0) = (Instant::now(), c.last_step(id)?);
+    std::thread::sleep(Duration::from_secs(2));
+    let (s1, rate_window) = (c.last_step(id)?, t0.elapsed().as_secs_f64());
+    let rate = s1.saturating_sub(s0) as f64 / rate_window;
     let g0 = c.generation(id)?;
     let idx = c
         .executors
@@ -391,22 +405,22 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
         .with_context(|| format!("{name} is not one of ours"))?;
     let killed_at_wall = std::time::SystemTime::now();
     let killed = Instant::now();
+    let at_kill = c.last_step(id)?;
     kill9(c.executors[idx].1.pid());
     let deadline = killed + Duration::from_secs(120);
-    // The new generation; everything reported before the kill is in by then
-    // (detection alone takes the 3 s heartbeat timeout, reports flush every 0.5 s).
-    let mut before = 0;
+    // The furthest step rank 0 can have trained before the kill: what the
+    // API held then, plus the steps of one flush interval and 100 ms more
+    // at the rate before the kill (an upper bound, so the figure errs long).
+    let before = at_kill + (rate * (FLUSH_S + 0.1)).ceil() as u64;
     loop {
         if c.generation(id)? > g0 {
-            before = before.max(c.last_step(id)?);
             break;
         }
-        before = before.max(c.last_step(id)?);
         anyhow::ensure!(
             Instant::now() < deadline,
             "no new generation of {id} after the kill"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
     let total = loop {
         if c.last_step(id)? > before {
@@ -416,7 +430,7 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
             Instant::now() < deadline,
             "job {id} did not resume after the kill"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
     // Detection: the first placement event after the kill (server clock = ours).
     let events = c.api(c.client.job_events(id, None, Some(1000)))?;
@@ -456,6 +470,9 @@ fn median(xs: &[f64]) -> f64 {
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
+
+/// How often an executor's reports flush (`executor/src/control/report.rs`).
+const FLUSH_S: f64 = 0.5;
 
 /// The target for kill → training resumed at the API (median).
 const RECOVERY_TARGET_S: f64 = 1.0;

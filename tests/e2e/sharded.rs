@@ -256,23 +256,25 @@ fn a_gib_of_shards_on_s3_is_trained_exactly_once_through_a_kill_and_a_join() {
     println!("peak RSS of the single-file executor: {single_rss} MiB (the whole set in memory)");
     // Data may take about twice its budget above the floor (decoded
     // windows and units within the budget, plus the shard in flight from
-    // the store and allocator slack), whatever the dataset's size.
+    // the store), whatever the dataset's size; 128 MiB more for allocator
+    // slack and the libtorch pages training touches beyond the probe's.
     let floor = executor_floor_mb(&python);
-    let bound = floor + 2 * BUDGET_MB;
+    let bound = floor + 2 * BUDGET_MB + 128;
+    let dataset_mb = bytes >> 20;
     println!(
-        "an executor's floor (libtorch loaded, its probe run): {floor} MiB; bound {bound} MiB; the dataset {} MiB",
-        bytes >> 20
+        "an executor's floor (libtorch loaded, its probe run): {floor} MiB; bound {bound} MiB; the dataset {dataset_mb} MiB"
     );
     for (name, mb) in &rss {
         assert!(
             *mb > 0 && *mb <= bound,
-            "{name} peaked at {mb} MiB, over {bound} MiB: the floor {floor} MiB and twice the data budget ({BUDGET_MB} MiB)"
+            "{name} peaked at {mb} MiB, over {bound} MiB: the floor {floor} MiB, twice the data budget ({BUDGET_MB} MiB) and 128 MiB"
+        );
+        // Streaming saves more than the whole dataset against holding it.
+        assert!(
+            mb + dataset_mb < single_rss,
+            "{name} peaked at {mb} MiB: not a dataset ({dataset_mb} MiB) below the single-file executor ({single_rss} MiB)"
         );
     }
-    assert!(
-        bound < (bytes >> 20),
-        "the bound must be below the dataset's size"
-    );
     // Judged by PyTorch on the weights a user downloads, over every row of
     // the held-out Parquet file (written apart from the training shards).
     let eval_file = dir.join("eval.parquet");

@@ -99,7 +99,7 @@ fn ring(name: &str, steps: u64) -> serde_json::Value {
         .build()
 }
 
-/// A sync or bounded PS job of one shard and two workers on the digits.
+/// A PS job of one shard and two workers on the digits.
 fn ps(name: &str, steps: u64, consistency: Consistency) -> serde_json::Value {
     MlpSpec::digits(name)
         .batch_size(32)
@@ -318,6 +318,46 @@ fn suspects_all_rejected(admin: &ApiClient, id: &str) -> usize {
     suspects.len()
 }
 
+/// Steps job `id` recorded 2 s into a cut made at `cut_at` (every step
+/// made before it is at the API by then: reports flush every 0.5 s) and
+/// just before its `bound` runs out; then heals `faults`.
+fn steps_during_cut(
+    admin: &ApiClient,
+    id: &str,
+    cut_at: std::time::Instant,
+    bound: Duration,
+    faults: &[trainyard_e2e::Fault],
+) -> (i64, i64) {
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(cut_at.elapsed()));
+    let during = admin.steps_recorded(id);
+    std::thread::sleep(bound.saturating_sub(cut_at.elapsed() + Duration::from_millis(500)));
+    let before_heal = admin.steps_recorded(id);
+    for f in faults {
+        f.heal();
+    }
+    (during, before_heal)
+}
+
+/// Job `id` (of `steps` steps) succeeds untouched by the fault: nobody
+/// lost, still `generation`, every step recorded once, every suspect
+/// report rejected. The number of reports.
+fn ends_undisturbed(admin: &ApiClient, id: &str, generation: i64, steps: u64) -> usize {
+    let job = admin.wait_end(id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    assert!(
+        admin.executors(Some("lost")).executors.is_empty(),
+        "an executor was declared lost: {:?}",
+        admin.executors(None)
+    );
+    assert_eq!(job.generation, generation, "the job was re-placed");
+    assert_eq!(
+        admin.steps_recorded(id),
+        steps as i64,
+        "a step was lost or repeated"
+    );
+    suspects_all_rejected(admin, id)
+}
+
 /// A ring of four on four hosts cut into two halves ({0, 1} | {2, 3}, every
 /// host still reaching the API) for 8 s while it trains: neither half
 /// trains on its own (a ring needs every rank of its generation, and no
@@ -359,34 +399,13 @@ fn a_ring_cut_in_two_halves_trains_on_neither_side_until_it_heals() {
         .map(|(i, j)| lab.cut(i, j, bound).expect("cutting the halves"))
         .collect();
     let cut_at = std::time::Instant::now();
-    // Reports flush every 0.5 s: after 2 s every step made before the cut
-    // is at the API; none may follow until the cut heals.
-    std::thread::sleep(Duration::from_secs(2));
-    let during = admin.steps_recorded(&id);
-    std::thread::sleep(bound.saturating_sub(cut_at.elapsed() + Duration::from_millis(500)));
-    let before_heal = admin.steps_recorded(&id);
-    for f in &faults {
-        f.heal();
-    }
+    let (during, before_heal) = steps_during_cut(&admin, &id, cut_at, bound, &faults);
     assert!(during < steps as i64, "the job ended before the cut");
     assert_eq!(
         before_heal, during,
         "a half trained on its own during the cut ({during} → {before_heal} steps)"
     );
-    let job = admin.wait_end(&id, JOB_LIMIT);
-    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
-    assert!(
-        admin.executors(Some("lost")).executors.is_empty(),
-        "an executor was declared lost: {:?}",
-        admin.executors(None)
-    );
-    assert_eq!(job.generation, generation, "the job was re-placed");
-    let reported = suspects_all_rejected(&admin, &id);
-    assert_eq!(
-        admin.steps_recorded(&id),
-        steps as i64,
-        "a step was lost or repeated"
-    );
+    let reported = ends_undisturbed(&admin, &id, generation, steps);
     let (a, b) = (pytorch(&admin, &clean, steps), pytorch(&admin, &id, steps));
     println!("ring cut in halves: {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault");
     assert!(
@@ -395,22 +414,21 @@ fn a_ring_cut_in_two_halves_trains_on_neither_side_until_it_heals() {
     );
 }
 
-/// A PS job (one shard, two workers on three hosts) whose shard is cut
-/// from one of its two workers for 6 s while it trains, both still
+/// A sync PS job (one shard, two workers on three hosts) whose shard is
+/// cut from one of its two workers for 6 s while it trains, both still
 /// reaching the API: the cut worker's exchange with the shard stalls (or,
 /// failing, is retried, and any report is rejected by the scheduler's
-/// probe); nobody is declared lost, the generation stays, and the job ends
-/// within a point of a fault-free run.
-/// In sync mode the shard waits for the cut worker (no version is made
-/// without it, so no step is recorded during the cut and every step is
-/// recorded once); in bounded mode the other worker trains on. Only sync
-/// mode runs: the bounded case failed once in a full CI run, under load,
-/// for a reason that run did not capture, and stays out until it is known.
-fn ps_shard_cut_from_half_its_workers(label: &str, consistency: Consistency) {
-    let (lab, p, _executors) = lab_platform(label, 3, 20, 25);
+/// probe); the shard makes no version without it, so no step is recorded
+/// during the cut; nobody is declared lost, the generation stays, every
+/// step is recorded once, and the job ends within a point of a fault-free
+/// run. (Bounded mode, where the other worker trains on, is not run: it
+/// failed once in a full CI run under load for a reason not captured.)
+#[test]
+fn a_sync_ps_shard_cut_from_half_its_workers_waits_for_them() {
+    let (lab, p, _executors) = lab_platform("part-ps-sync", 3, 20, 25);
     let admin = p.with_token(ADMIN);
     let steps = 300;
-    let clean_spec = ps(&format!("{label}-clean"), steps, consistency);
+    let clean_spec = ps("ps-sync-clean", steps, Consistency::Sync);
     let clean = admin.submit(&clean_spec);
     let clean_job = admin.wait_end(&clean, JOB_LIMIT);
     assert_eq!(
@@ -420,73 +438,39 @@ fn ps_shard_cut_from_half_its_workers(label: &str, consistency: Consistency) {
         clean_job.state_reason
     );
 
-    let cut_spec = ps(&format!("{label}-cut"), steps, consistency);
+    let cut_spec = ps("ps-sync-cut", steps, Consistency::Sync);
     let id = admin.submit(&cut_spec);
     admin.wait_steps(&id, 20, JOB_LIMIT);
     let generation = admin.job(&id).generation;
     let a = admin.assignments(&id);
     let shard_host = host_of(&lab, &admin, a.parameter_servers[0].executor.id);
-    // Rank 1 where it is on a host of its own: rank 0 (which reports the
-    // steps) then trains on in bounded mode.
     let (cut_rank, worker_host) = a
         .workers
         .iter()
         .map(|w| (w.rank, host_of(&lab, &admin, w.executor.id)))
-        .filter(|(_, h)| *h != shard_host)
-        .max()
+        .find(|(_, h)| *h != shard_host)
         .unwrap_or_else(|| panic!("every worker shares the shard's host: {a:?}"));
     let bound = Duration::from_secs(6);
     let fault = lab
         .cut(shard_host, worker_host, bound)
         .expect("cutting the shard from a worker");
     let cut_at = std::time::Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
-    let during = admin.steps_recorded(&id);
-    std::thread::sleep(bound.saturating_sub(cut_at.elapsed() + Duration::from_millis(500)));
-    let before_heal = admin.steps_recorded(&id);
-    fault.heal();
+    let (during, before_heal) = steps_during_cut(&admin, &id, cut_at, bound, &[fault]);
     assert!(during < steps as i64, "the job ended before the cut");
-    match consistency {
-        Consistency::Sync => assert_eq!(
-            before_heal, during,
-            "sync mode made versions without the cut worker ({during} → {before_heal} steps)"
-        ),
-        _ if cut_rank == 1 => assert!(
-            before_heal > during,
-            "rank 0 stopped with rank 1 cut off ({during} → {before_heal} steps)"
-        ),
-        _ => {}
-    }
-    let job = admin.wait_end(&id, JOB_LIMIT);
-    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
-    assert!(
-        admin.executors(Some("lost")).executors.is_empty(),
-        "an executor was declared lost: {:?}",
-        admin.executors(None)
+    assert_eq!(
+        before_heal, during,
+        "sync mode made versions without the cut worker ({during} → {before_heal} steps)"
     );
-    assert_eq!(job.generation, generation, "the job was re-placed");
-    let reported = suspects_all_rejected(&admin, &id);
-    if matches!(consistency, Consistency::Sync) {
-        assert_eq!(
-            admin.steps_recorded(&id),
-            steps as i64,
-            "a step was lost or repeated"
-        );
-    }
+    let reported = ends_undisturbed(&admin, &id, generation, steps);
     let (a, b) = (
         pytorch_of(&admin, &clean, &clean_spec),
         pytorch_of(&admin, &id, &cut_spec),
     );
     println!(
-        "{label}: rank {cut_rank} cut; steps {during} → {before_heal} during the cut, {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault"
+        "sync PS shard cut from rank {cut_rank}: steps {during} → {before_heal} during the cut, {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault"
     );
     assert!(
         (a - b).abs() <= 0.01,
         "accuracy {b} vs {a} without the fault"
     );
-}
-
-#[test]
-fn a_sync_ps_shard_cut_from_half_its_workers_waits_for_them() {
-    ps_shard_cut_from_half_its_workers("part-ps-sync", Consistency::Sync);
 }

@@ -217,6 +217,43 @@ pub struct MetricSample {
     /// Sharded datasets: mean shards fetched ahead of rank 0's loader.
     #[serde(default)]
     pub prefetch_depth: f64,
+    /// The newest membership generation that measured a step of the
+    /// bucket (a step measured again after a recovery is the newer one).
+    #[serde(default)]
+    pub generation: i64,
+}
+
+/// One worker rank of the job's current generation, as its executor's
+/// last heartbeat described it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RankProgress {
+    /// The rank.
+    pub rank: i32,
+    /// Its generation (the job's current one).
+    pub generation: i64,
+    /// The executor holding it.
+    pub executor_id: Uuid,
+    /// That executor's name.
+    pub executor_name: String,
+    /// The last step it completed.
+    pub step: i64,
+    /// `setup`, `data`, `compute`, `comm` (waiting on peers), `eval` or
+    /// `checkpoint`.
+    pub phase: String,
+    /// Seconds it had been in that phase.
+    pub phase_seconds: f64,
+    /// Median wall time of its recent steps.
+    pub median_step_seconds: f64,
+    /// Mean milliseconds of its own work per recent step (wall time minus
+    /// waiting on peers): what tells a straggler.
+    pub busy_ms: f64,
+    /// Recent steps those figures are over.
+    pub window_steps: i32,
+    /// Sync jobs: its own work is at least the spec's
+    /// `watchdog.straggler_factor` × the other ranks' median.
+    pub straggler: bool,
+    /// When its executor said so.
+    pub reported_at: DateTime<Utc>,
 }
 
 /// A job's training curve.
@@ -233,6 +270,10 @@ pub struct MetricSeries {
     pub staleness_histogram: Vec<i64>,
     /// Parameter-server jobs: pushes rejected as too stale, over all workers.
     pub rejected_pushes: i64,
+    /// Every worker rank of the current generation, by rank (empty before
+    /// any heartbeat described one).
+    #[serde(default)]
+    pub ranks: Vec<RankProgress>,
 }
 
 /// One stored log line.

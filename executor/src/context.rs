@@ -12,7 +12,7 @@
 //! touching any other test. Roles whose data-plane connection broke ask
 //! through it for their peers to be checked ([`Suspicions`]).
 
-pub use crate::shared::{CheckpointRequest, Drain, PendingUploads, Suspicions};
+pub use crate::shared::{CheckpointRequest, Drain, PendingUploads, StepProgress, Suspicions};
 use crate::storage::Fetcher;
 use std::time::Duration;
 
@@ -85,6 +85,9 @@ pub struct Context {
     /// Where a role whose data-plane connection broke asks for its peers
     /// to be checked (and, if dead, reported).
     pub suspects: Suspicions,
+    /// The role's step progress, read by the heartbeat (each training
+    /// role gets one of its own).
+    pub progress: StepProgress,
 }
 
 impl Context {
@@ -97,6 +100,7 @@ impl Context {
             fetcher,
             hooks: TestHooks::from_env(),
             suspects: Suspicions::default(),
+            progress: StepProgress::default(),
         }
     }
 
@@ -109,6 +113,7 @@ impl Context {
             fetcher: Fetcher::local_only(),
             hooks: TestHooks::default(),
             suspects: Suspicions::default(),
+            progress: StepProgress::default(),
         }
     }
 }

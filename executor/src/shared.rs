@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use trainyard_common::checkpoint::ShardUploaded;
-use trainyard_common::cluster::{InspectionReport, LogLevel, MetricPoint, RoleKey, RoleOutcome};
+use trainyard_common::cluster::{
+    InspectionReport, LogLevel, MetricPoint, RoleKey, RoleOutcome, RoleProgress, StepPhase,
+};
 
 /// Whether the executor drains, shared by everything that must know.
 #[derive(Debug, Clone, Default)]
@@ -150,5 +152,120 @@ impl Suspicions {
             peers,
             reason: reason.into(),
         });
+    }
+}
+
+/// One training role's progress, written by its thread at each phase
+/// change and read by the heartbeat ([`StepProgress::snapshot`]): what the
+/// scheduler's stuck check and the straggler figures are made of. A
+/// thread stuck in a phase cannot say so, but the heartbeat, on another
+/// thread, still sees since when it has been there.
+#[derive(Debug, Clone, Default)]
+pub struct StepProgress(Arc<std::sync::Mutex<ProgressState>>);
+
+#[derive(Debug)]
+struct ProgressState {
+    step: u64,
+    phase: StepPhase,
+    since: std::time::Instant,
+    /// When the previous step completed.
+    last_done: Option<std::time::Instant>,
+    /// Recent steps: (wall seconds, seconds of its own work).
+    recent: std::collections::VecDeque<(f64, f64)>,
+    window: usize,
+    /// Seconds of evaluation and checkpoint writing since the previous
+    /// step: not part of any step's time.
+    paused: f64,
+}
+
+impl Default for ProgressState {
+    fn default() -> Self {
+        ProgressState {
+            step: 0,
+            phase: StepPhase::Setup,
+            since: std::time::Instant::now(),
+            last_done: None,
+            recent: std::collections::VecDeque::new(),
+            window: 50,
+            paused: 0.0,
+        }
+    }
+}
+
+impl StepProgress {
+    /// A fresh record (in setup) whose figures are over the last `window`
+    /// steps.
+    pub fn new(window: u32) -> StepProgress {
+        let p = StepProgress::default();
+        p.with(|s| s.window = (window as usize).max(1));
+        p
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut ProgressState) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The role now does `phase`.
+    pub fn enter(&self, phase: StepPhase) {
+        self.with(|s| {
+            if s.phase != phase {
+                let now = std::time::Instant::now();
+                if matches!(s.phase, StepPhase::Eval | StepPhase::Checkpoint) {
+                    s.paused += now.duration_since(s.since).as_secs_f64();
+                }
+                s.phase = phase;
+                s.since = now;
+            }
+        });
+    }
+
+    /// Step `step` completed, `comm_seconds` of it waiting on peers; the
+    /// role goes on to wait for its next batch.
+    pub fn step_done(&self, step: u64, comm_seconds: f64) {
+        self.with(|s| {
+            let now = std::time::Instant::now();
+            if matches!(s.phase, StepPhase::Eval | StepPhase::Checkpoint) {
+                s.paused += now.duration_since(s.since).as_secs_f64();
+            }
+            if let Some(prev) = s.last_done {
+                let wall = (now.duration_since(prev).as_secs_f64() - s.paused).max(0.0);
+                s.recent.push_back((wall, (wall - comm_seconds).max(0.0)));
+                while s.recent.len() > s.window {
+                    s.recent.pop_front();
+                }
+            }
+            s.paused = 0.0;
+            s.last_done = Some(now);
+            s.step = step;
+            s.phase = StepPhase::Data;
+            s.since = now;
+        });
+    }
+
+    /// What the heartbeat says of the role `key`.
+    pub fn snapshot(&self, key: RoleKey) -> RoleProgress {
+        self.with(|s| {
+            let mut walls: Vec<f64> = s.recent.iter().map(|r| r.0).collect();
+            walls.sort_by(f64::total_cmp);
+            let median = match walls.len() {
+                0 => 0.0,
+                n if n % 2 == 1 => walls[n / 2],
+                n => (walls[n / 2 - 1] + walls[n / 2]) / 2.0,
+            };
+            let busy = if s.recent.is_empty() {
+                0.0
+            } else {
+                s.recent.iter().map(|r| r.1).sum::<f64>() / s.recent.len() as f64
+            };
+            RoleProgress {
+                key,
+                step: s.step,
+                phase: s.phase,
+                phase_ms: s.since.elapsed().as_millis() as u64,
+                median_step_ms: median * 1e3,
+                busy_ms: busy * 1e3,
+                window: s.recent.len() as u32,
+            }
+        })
     }
 }

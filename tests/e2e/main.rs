@@ -17,4 +17,5 @@ mod shutdown;
 mod slurm;
 mod training;
 mod user_models;
+mod watchdog;
 mod web;

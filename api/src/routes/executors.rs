@@ -232,6 +232,67 @@ pub(super) fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
     }
 }
 
+/// The progress entries of a heartbeat as rows to store: one per worker
+/// role the beat names in `roles`, every figure a finite, non-negative
+/// number (a bad one is the executor's bug: an error naming it).
+fn progress_rows(req: &HeartbeatRequest) -> ApiResult<Vec<serde_json::Value>> {
+    if req.progress.len() > MAX_REPORTED_ROLES {
+        return Err(ApiError::invalid_field(
+            "progress",
+            format!("at most {MAX_REPORTED_ROLES} entries"),
+        ));
+    }
+    let mut rows = Vec::new();
+    for (i, p) in req.progress.iter().enumerate() {
+        if p.key.role != RoleKind::Worker || !req.roles.contains(&p.key) {
+            return Err(ApiError::invalid_field(
+                &format!("progress[{i}].key"),
+                "must be a worker role listed in roles",
+            ));
+        }
+        for (name, v) in [("median_step_ms", p.median_step_ms), ("busy_ms", p.busy_ms)] {
+            if !v.is_finite() || v < 0.0 || v > 1e12 {
+                return Err(ApiError::invalid_field(
+                    &format!("progress[{i}].{name}"),
+                    "must be a finite number of milliseconds, 0 or more",
+                ));
+            }
+        }
+        rows.push(serde_json::json!({
+            "job_id": p.key.job_id, "generation": p.key.generation, "rank": p.key.index,
+            "step": p.step.min(i64::MAX as u64), "phase": p.phase.as_str(),
+            "phase_ms": p.phase_ms.min(i64::MAX as u64),
+            "median_step_ms": p.median_step_ms, "busy_ms": p.busy_ms, "window_steps": p.window,
+        }));
+    }
+    Ok(rows)
+}
+
+/// Stores what executor `id` said its worker roles are doing, for the
+/// ranks it holds now (a role it no longer holds, or never held, is
+/// dropped: the row of a rank is only ever its current holder's).
+async fn record_progress(
+    db: &sqlx::PgPool,
+    id: Uuid,
+    rows: Vec<serde_json::Value>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO role_progress (job_id, rank, generation, executor_id, step, phase, phase_ms, median_step_ms, busy_ms, window_steps, reported_at)
+         SELECT p.job_id, p.rank, p.generation, $1, p.step, p.phase, p.phase_ms, p.median_step_ms, p.busy_ms, p.window_steps, clock_timestamp()
+         FROM jsonb_to_recordset($2) AS p(job_id uuid, generation bigint, rank int, step bigint, phase text, phase_ms bigint, median_step_ms float8, busy_ms float8, window_steps int)
+         JOIN assignments a ON a.job_id = p.job_id AND a.generation = p.generation AND a.role = 'worker'
+              AND a.index = p.rank AND a.executor_id = $1
+         ON CONFLICT (job_id, rank) DO UPDATE SET generation = EXCLUDED.generation, executor_id = EXCLUDED.executor_id,
+              step = EXCLUDED.step, phase = EXCLUDED.phase, phase_ms = EXCLUDED.phase_ms, median_step_ms = EXCLUDED.median_step_ms,
+              busy_ms = EXCLUDED.busy_ms, window_steps = EXCLUDED.window_steps, reported_at = EXCLUDED.reported_at",
+    )
+    .bind(id)
+    .bind(serde_json::Value::Array(rows))
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
 /// Heartbeat: report running roles, receive assignments.
 #[utoipa::path(
     post, path = "/v1/executors/{id}/heartbeat", operation_id = "executor_heartbeat", tag = "executors",
@@ -265,6 +326,7 @@ pub async fn heartbeat(
     }
     req.roles.sort();
     req.roles.dedup();
+    let progress = progress_rows(&req)?;
     // As `assignments` rows name them (the scheduler compares the two).
     let reported: serde_json::Value = req
         .roles
@@ -290,6 +352,9 @@ pub async fn heartbeat(
         }
         Some(true) => notify(&st.db, id).await?,
         Some(false) => {}
+    }
+    if !progress.is_empty() {
+        record_progress(&st.db, id, progress).await?;
     }
     let inspections: Vec<(Uuid, serde_json::Value, String, Option<serde_json::Value>)> =
         sqlx::query_as(

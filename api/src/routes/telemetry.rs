@@ -30,10 +30,13 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::PgConnection;
 use sqlx::Row;
-pub use trainyard_common::api::{JobLogLine, LogPage, MetricSample, MetricSeries, ReportAck};
+pub use trainyard_common::api::{
+    JobLogLine, LogPage, MetricSample, MetricSeries, RankProgress, ReportAck,
+};
 use trainyard_common::cluster::{
     LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_REPORT_ITEMS,
 };
+use trainyard_common::spec::JobSpecInput;
 use trainyard_common::JobState;
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -392,7 +395,8 @@ pub async fn metrics(
                 (array_agg(eval_accuracy ORDER BY step DESC) FILTER (WHERE eval_accuracy IS NOT NULL))[1] AS eval_accuracy,
                 avg(data_bytes_read)::float8 AS data_bytes_read,
                 CASE WHEN sum(data_cache_hits + data_cache_misses) > 0 THEN sum(data_cache_hits)::float8 / sum(data_cache_hits + data_cache_misses) END AS cache_hit_rate,
-                avg(prefetch_depth)::float8 AS prefetch_depth
+                avg(prefetch_depth)::float8 AS prefetch_depth,
+                max(generation) AS generation
          FROM (SELECT *, row_number() OVER (ORDER BY step) - 1 AS i FROM job_metrics WHERE job_id = $1 AND rank = 0) m
          GROUP BY i / $2 ORDER BY 1",
     )
@@ -418,6 +422,7 @@ pub async fn metrics(
                 data_bytes_read: r.try_get("data_bytes_read")?,
                 cache_hit_rate: r.try_get("cache_hit_rate")?,
                 prefetch_depth: r.try_get("prefetch_depth")?,
+                generation: r.try_get("generation")?,
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
@@ -448,7 +453,63 @@ pub async fn metrics(
         points,
         staleness_histogram,
         rejected_pushes,
+        ranks: rank_progress(&st.db, id).await?,
     }))
+}
+
+/// The job's current worker ranks as their heartbeats described them,
+/// with the straggler flag of sync jobs.
+async fn rank_progress(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Vec<RankProgress>> {
+    let rows = sqlx::query(
+        "SELECT p.rank, p.generation, p.executor_id, coalesce(e.name, '') AS name, p.step, p.phase,
+                p.phase_ms, p.median_step_ms, p.busy_ms, p.window_steps, p.reported_at, j.spec
+         FROM role_progress p JOIN jobs j ON j.id = p.job_id AND j.generation = p.generation
+         LEFT JOIN executors e ON e.id = p.executor_id
+         WHERE p.job_id = $1 ORDER BY p.rank",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await?;
+    let spec: Option<JobSpecInput> = rows
+        .first()
+        .and_then(|r| serde_json::from_value(r.get::<serde_json::Value, _>("spec")).ok());
+    let sync = spec
+        .as_ref()
+        .is_some_and(|s| s.consistency_mode() == trainyard_common::spec::Consistency::Sync);
+    let factor = spec.map_or(2.0, |s| s.watchdog.straggler_factor);
+    let busy: Vec<(f64, u32)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get::<f64, _>("busy_ms"),
+                r.get::<i32, _>("window_steps").max(0) as u32,
+            )
+        })
+        .collect();
+    let slow = if sync {
+        trainyard_scheduler::service::watchdog::stragglers(&busy, factor)
+    } else {
+        vec![false; rows.len()]
+    };
+    rows.iter()
+        .zip(slow)
+        .map(|(r, straggler)| {
+            Ok(RankProgress {
+                rank: r.try_get("rank")?,
+                generation: r.try_get("generation")?,
+                executor_id: r.try_get("executor_id")?,
+                executor_name: r.try_get("name")?,
+                step: r.try_get("step")?,
+                phase: r.try_get("phase")?,
+                phase_seconds: r.try_get::<i64, _>("phase_ms")? as f64 / 1e3,
+                median_step_seconds: r.try_get::<f64, _>("median_step_ms")? / 1e3,
+                busy_ms: r.try_get("busy_ms")?,
+                window_steps: r.try_get("window_steps")?,
+                straggler,
+                reported_at: r.try_get("reported_at")?,
+            })
+        })
+        .collect()
 }
 
 /// Every role's log lines, oldest first.

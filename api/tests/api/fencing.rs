@@ -272,3 +272,74 @@ async fn a_checkpoint_shard_is_never_replaced_by_another_executor_of_its_generat
         .collect();
     assert_eq!(shas, ["aa".repeat(32), "bb".repeat(32)], "{manifest}");
 }
+
+fn progress(job: &str, generation: i64, rank: u32, busy_ms: f64) -> Value {
+    json!({"key": {"job_id": job, "generation": generation, "role": "worker", "index": rank},
+           "step": 12, "phase": "compute", "phase_ms": 40, "median_step_ms": 20.0,
+           "busy_ms": busy_ms, "window": 10})
+}
+
+async fn beat(app: &TestApp, (id, token): (&str, &str), body: &Value) -> reqwest::Response {
+    app.post_as(&format!("/v1/executors/{id}/heartbeat"), token, body)
+        .await
+}
+
+/// What heartbeats say of a role's progress (the stuck check and the
+/// straggler figures read it) is kept only from the executor holding
+/// that rank now, and a malformed entry is refused naming its field.
+#[tokio::test]
+async fn role_progress_is_kept_only_from_the_current_holder_and_is_checked() {
+    let app = spawn_app_with(|_| {}).await;
+    let (holder, ht) = register(&app, "holder").await;
+    let job = place_ring_job(&app, digits_spec("progress"), 1).await;
+    assert_eq!(holder_of_rank(&app, &job, 0).await, holder);
+    let (stranger, st) = register(&app, "stranger").await;
+    let key = json!({"job_id": job, "generation": 1, "role": "worker", "index": 0});
+
+    // A stranger naming the holder's role: nothing is kept.
+    let r = beat(
+        &app,
+        (&stranger, &st),
+        &json!({"roles": [key], "progress": [progress(&job, 1, 0, 999.0)]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let m: Value = app.get_json(&format!("/v1/jobs/{job}/metrics")).await;
+    assert_eq!(m["ranks"], json!([]), "{m}");
+
+    // Progress of a role the beat does not list, or with a figure that is
+    // no number of milliseconds, names its field.
+    let r = beat(
+        &app,
+        (&holder, &ht),
+        &json!({"roles": [], "progress": [progress(&job, 1, 0, 5.0)]}),
+    )
+    .await;
+    assert_problem(r, 422, Some("progress[0].key")).await;
+    let r = beat(
+        &app,
+        (&holder, &ht),
+        &json!({"roles": [key], "progress": [progress(&job, 1, 0, -1.0)]}),
+    )
+    .await;
+    assert_problem(r, 422, Some("progress[0].busy_ms")).await;
+
+    // The holder's own is kept and shown.
+    let r = beat(
+        &app,
+        (&holder, &ht),
+        &json!({"roles": [key], "progress": [progress(&job, 1, 0, 5.0)]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let m: Value = app.get_json(&format!("/v1/jobs/{job}/metrics")).await;
+    let ranks = m["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 1, "{m}");
+    assert_eq!(ranks[0]["executor_id"], json!(holder));
+    assert_eq!(ranks[0]["phase"], "compute");
+    assert_eq!(ranks[0]["busy_ms"], 5.0);
+    assert_eq!(
+        ranks[0]["straggler"], false,
+        "one rank is nobody's straggler"
+    );
+}

@@ -30,6 +30,13 @@ impl Checker {
         }
     }
 
+    fn finite_range(&mut self, field: &str, value: f64, lo: f64, hi: f64) {
+        if !value.is_finite() {
+            return self.fail(field, format!("must be a number between {lo} and {hi}"));
+        }
+        self.range(field, value, lo, hi);
+    }
+
     fn url(&mut self, field: &str, url: &str) {
         if url.chars().count() > MAX_URL_CHARS {
             return self.fail(field, format!("must be at most {MAX_URL_CHARS} characters"));
@@ -209,6 +216,17 @@ fn check(s: &JobSpecInput, v: &mut Checker) {
     }
 
     v.range("priority", s.priority, -MAX_PRIORITY, MAX_PRIORITY);
+
+    let w = &s.watchdog;
+    v.finite_range("watchdog.stuck_factor", w.stuck_factor, 2.0, 10_000.0);
+    v.finite_range(
+        "watchdog.stuck_floor_seconds",
+        w.stuck_floor_seconds,
+        1.0,
+        86_400.0,
+    );
+    v.finite_range("watchdog.straggler_factor", w.straggler_factor, 1.1, 1000.0);
+    v.range("watchdog.window_steps", w.window_steps, 5, 10_000);
 
     let c = &s.checkpoint;
     if let Some(n) = c.every_steps {

@@ -79,6 +79,79 @@ pub struct JobSpecInput {
     /// Queue priority (−1000–1000, default 0): higher is placed first.
     #[serde(default)]
     pub priority: i32,
+    /// When a live role counts as stuck, and a rank as a straggler.
+    #[serde(default)]
+    pub watchdog: Watchdog,
+}
+
+/// How the platform judges a role that is alive but not progressing.
+///
+/// A training role (a ring rank or a PS worker) that has been in its own
+/// work (waiting for data or computing, not waiting on peers) for longer
+/// than `max(stuck_factor × its median step time, stuck_floor_seconds)` is
+/// declared stuck: its executor is drained (not killed) and its roles are
+/// placed elsewhere. In sync modes a rank whose own work per step is at
+/// least `straggler_factor` times the median of the other ranks', over its
+/// last `window_steps` steps, is a straggler: shown in the metrics, and
+/// left out at the next generation when `exclude_stragglers` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Watchdog {
+    /// Median step times without a step before a role is stuck (2–10000,
+    /// default 20).
+    #[serde(default = "default_stuck_factor")]
+    pub stuck_factor: f64,
+    /// Least time without a step before a role is stuck (1–86400 s,
+    /// default 60).
+    #[serde(default = "default_stuck_floor")]
+    pub stuck_floor_seconds: f64,
+    /// How many times slower than the others' median a straggler's own
+    /// work is (1.1–1000, default 2).
+    #[serde(default = "default_straggler_factor")]
+    pub straggler_factor: f64,
+    /// Recent steps the step-time figures are over (5–10000, default 50).
+    #[serde(default = "default_window_steps")]
+    pub window_steps: u32,
+    /// Leave a persistent straggler out at the next generation (default
+    /// false: only show it).
+    #[serde(default)]
+    pub exclude_stragglers: bool,
+}
+
+fn default_stuck_factor() -> f64 {
+    20.0
+}
+
+fn default_stuck_floor() -> f64 {
+    60.0
+}
+
+fn default_straggler_factor() -> f64 {
+    2.0
+}
+
+fn default_window_steps() -> u32 {
+    50
+}
+
+impl Default for Watchdog {
+    fn default() -> Self {
+        Watchdog {
+            stuck_factor: default_stuck_factor(),
+            stuck_floor_seconds: default_stuck_floor(),
+            straggler_factor: default_straggler_factor(),
+            window_steps: default_window_steps(),
+            exclude_stragglers: false,
+        }
+    }
+}
+
+impl Watchdog {
+    /// Seconds in its own work without a step after which a role whose
+    /// median step takes `median_step_s` is stuck.
+    pub fn stuck_after(&self, median_step_s: f64) -> f64 {
+        (self.stuck_factor * median_step_s.max(0.0)).max(self.stuck_floor_seconds)
+    }
 }
 
 fn default_eval_fraction() -> f64 {

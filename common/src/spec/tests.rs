@@ -35,7 +35,12 @@ fn with(mut v: Value, path: &str, new: Value) -> Value {
     let mut cur = &mut v;
     let parts: Vec<&str> = path.split('.').collect();
     for p in &parts[..parts.len() - 1] {
-        cur = cur.get_mut(*p).unwrap();
+        // An optional section the base spec leaves out is made.
+        cur = cur
+            .as_object_mut()
+            .unwrap()
+            .entry(*p)
+            .or_insert_with(|| json!({}));
     }
     cur.as_object_mut()
         .unwrap()
@@ -209,6 +214,18 @@ fn each_bound_is_rejected_with_its_field() {
         ("resources.memory_mb", json!(1), "resources.memory_mb"),
         ("eval_fraction", json!(0.9), "eval_fraction"),
         ("priority", json!(1001), "priority"),
+        ("watchdog.stuck_factor", json!(1), "watchdog.stuck_factor"),
+        (
+            "watchdog.stuck_floor_seconds",
+            json!(0.5),
+            "watchdog.stuck_floor_seconds",
+        ),
+        (
+            "watchdog.straggler_factor",
+            json!(1.0),
+            "watchdog.straggler_factor",
+        ),
+        ("watchdog.window_steps", json!(4), "watchdog.window_steps"),
     ];
     for (path, value, field) in cases {
         let e = parse(&with(digits(), path, value.clone())).unwrap_err();

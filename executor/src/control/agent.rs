@@ -177,6 +177,7 @@ async fn heartbeat(
     let body = HeartbeatRequest {
         roles: before.clone(),
         wait_ms: long_poll.then_some(s.interval.as_millis() as u64),
+        progress: roles.progress(),
     };
     match client.heartbeat(s.id, &body).await {
         Ok(hb) => {

@@ -39,7 +39,7 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-use trainyard_common::cluster::{Assignment, LogLevel};
+use trainyard_common::cluster::{Assignment, LogLevel, StepPhase};
 use trainyard_common::spec::Consistency;
 use trainyard_dataplane::ps::Message;
 
@@ -122,7 +122,11 @@ pub fn work(
     let mut rejected = 0u64;
     let mut rejected_since = 0u32;
     let mut prefetched: Option<Vec<Pulled>> = None;
-    let prefetch = consistency::prefetches(consistency, world);
+    // A benchmark knob (slow-links-bench measures the step with and
+    // without the overlap): `TRAINYARD_PS_PREFETCH=off` turns prefetching
+    // off where the consistency would allow it; it never turns it on.
+    let prefetch = consistency::prefetches(consistency, world)
+        && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
     // Shards that took the current batch's gradient (a partly rejected push
     // is recomputed for the others only, never applied twice).
     let mut accepted = vec![false; links.len()];
@@ -148,6 +152,7 @@ pub fn work(
         }
         // Pull every shard at once.
         let pulled = Instant::now();
+        ctx.progress.enter(StepPhase::Comm);
         let ex = match prefetched.take() {
             Some(results) => apply_pull(&links, results, &map, rep)?,
             None => exchange_pull(&mut links, &expect, &map, rep, stop)?,
@@ -192,11 +197,13 @@ pub fn work(
             batches = rep.batches(rank, world, stream_at);
         }
         let waited = Instant::now();
+        ctx.progress.enter(StepPhase::Data);
         let Ok(b) = batches.recv() else {
             return Err(RoleError::ps_fatal(rep.loader_failure()));
         };
         stream_at = b.next;
         let data_seconds = waited.elapsed().as_secs_f64();
+        ctx.progress.enter(StepPhase::Compute);
         let computed = Instant::now();
         // Async and bounded: the next pull travels while this step computes
         // (its values then miss this step's own push: one more version of
@@ -231,6 +238,7 @@ pub fn work(
             }
         }
         let pushed = Instant::now();
+        ctx.progress.enter(StepPhase::Comm);
         let skipped_before = accepted.clone();
         let step = LastStep {
             version,
@@ -353,8 +361,11 @@ pub fn work(
             seen.fill(d, &mut stats);
         }
         stats.rejected = std::mem::take(&mut rejected_since);
+        ctx.progress.step_done(stats.step, comm);
         if progress::evaluation_due(rank, stats.step, total, false) {
+            ctx.progress.enter(StepPhase::Eval);
             (stats.eval_loss, stats.eval_accuracy) = rep.evaluate_now();
+            ctx.progress.enter(StepPhase::Data);
         }
         // Every worker reports (its rank keys the row); the curve is rank 0's.
         let _ = tx.send(Item::Metric(stats));

@@ -141,6 +141,9 @@ pub struct Replica {
     carries_state: bool,
     /// Samples and the id hash consumed so far in the cursor's epoch.
     account: (u64, u64),
+    /// Where in its step the role that trains this replica is (what its
+    /// executor's heartbeat reports).
+    pub progress: crate::shared::StepProgress,
 }
 
 /// Holds libtorch's process-wide generator while it is seeded and drawn
@@ -233,6 +236,7 @@ impl Replica {
             eval_accuracy: None,
             carries_state: true,
             account: (0, 0),
+            progress: Default::default(),
         };
         replica.bind();
         Ok(replica)

@@ -15,6 +15,7 @@ use crate::replica::Replica;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use tch::Tensor;
+use trainyard_common::cluster::StepPhase;
 use trainyard_common::spec::Compression;
 use trainyard_dataplane::{Ring, Wire};
 
@@ -67,6 +68,7 @@ impl RingStep {
         let (loss_sum, flat) = replica.forward_backward(&b)?;
         let compute = computed.elapsed().as_secs_f64();
         let comm_started = Instant::now();
+        replica.progress.enter(StepPhase::Comm);
         let sent_before = ring.stats().bytes_sent.load(Ordering::Relaxed);
         let vote = f32::from(u8::from(self.vote));
         let (total, loss_sum, summed, votes, id_hash) = if ring.world() == 1 {
@@ -117,6 +119,7 @@ impl RingStep {
             )
         };
         let comm = comm_started.elapsed().as_secs_f64();
+        replica.progress.enter(StepPhase::Compute);
         let comm_bytes = ring.stats().bytes_sent.load(Ordering::Relaxed) - sent_before;
         let applied = Instant::now();
         let loss = loss_sum / f64::from(total.max(1.0));

@@ -16,6 +16,7 @@ use crate::storage::Fetcher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use trainyard_common::checkpoint::{ring_slice, CursorState};
+use trainyard_common::cluster::StepPhase;
 use trainyard_common::spec::JobSpecInput;
 use trainyard_dataplane::Ring;
 
@@ -54,10 +55,12 @@ pub fn train_with(
             return Err(RoleError::Stopped);
         }
         let waited = Instant::now();
+        replica.progress.enter(StepPhase::Data);
         let Ok(b) = batches.recv() else {
             return Err(RoleError::Assignment(replica.loader_failure()));
         };
         let data_seconds = waited.elapsed().as_secs_f64();
+        replica.progress.enter(StepPhase::Compute);
         let lr = progress::learning_rate(&spec, replica.step + 1, total);
         step.vote = ckpt.as_ref().is_some_and(|c| c.policy.vote());
         let f = step.run(replica, b, ring, lr, stop)?;
@@ -65,6 +68,7 @@ pub fn train_with(
             if c.policy
                 .due(replica.step, f.votes > 0.0, replica.finished())
             {
+                replica.progress.enter(StepPhase::Checkpoint);
                 write_slice(replica, c, rank, world);
             }
         }
@@ -85,9 +89,11 @@ pub fn train_with(
             seen.fill(d, &mut stats);
         }
         if progress::evaluation_due(rank, replica.step, total, replica.finished()) {
+            replica.progress.enter(StepPhase::Eval);
             (stats.eval_loss, stats.eval_accuracy) = replica.evaluate_now();
             evaluated_at = Some(replica.step);
         }
+        replica.progress.step_done(replica.step, f.comm);
         on_step(&stats);
     }
     if rank == 0 && evaluated_at != Some(replica.step) {

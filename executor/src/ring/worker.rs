@@ -123,6 +123,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 ),
                 None => {}
             }
+            r.progress = role.ctx.progress.clone();
             let mut line = ProgressLine::default();
             let mut on_step = |s: &StepStats| {
                 if let Some(d) = slow {

@@ -22,7 +22,7 @@
 
 pub mod inspect;
 
-use crate::context::{CheckpointRequest, Context};
+use crate::context::{CheckpointRequest, Context, StepProgress};
 use crate::ps::{KeptWorker, LastStep, Shard};
 use crate::replica::Replica;
 use crate::ring::worker::Kept;
@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::unbounded_channel;
 use trainyard_common::cluster::{
     Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey, RoleKind,
+    RoleProgress,
 };
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::DataPlane;
@@ -47,6 +48,8 @@ struct Running {
     stop: Arc<AtomicBool>,
     /// The scheduler's request for a checkpoint, as the role's policy sees it.
     checkpoint_wanted: CheckpointRequest,
+    /// Its step progress (workers).
+    progress: StepProgress,
 }
 
 /// What a worker's thread leaves for the next generation on its device.
@@ -160,6 +163,15 @@ impl Roles {
         self.running.values().map(|r| r.key).collect()
     }
 
+    /// What each running worker role is doing, for the heartbeat.
+    pub fn progress(&self) -> Vec<RoleProgress> {
+        self.running
+            .values()
+            .filter(|r| r.key.role == RoleKind::Worker)
+            .map(|r| r.progress.snapshot(r.key))
+            .collect()
+    }
+
     /// Whether no role runs.
     pub fn is_empty(&self) -> bool {
         self.running.is_empty()
@@ -220,19 +232,32 @@ impl Roles {
             let stop = Arc::new(AtomicBool::new(false));
             let checkpoint_wanted = CheckpointRequest::default();
             checkpoint_wanted.set(a.checkpoint_wanted);
-            self.start(a.clone(), stop.clone(), checkpoint_wanted.clone());
+            let progress = StepProgress::new(a.spec.watchdog.window_steps);
+            self.start(
+                a.clone(),
+                stop.clone(),
+                checkpoint_wanted.clone(),
+                progress.clone(),
+            );
             self.running.insert(
                 k,
                 Running {
                     key: a.key,
                     stop,
                     checkpoint_wanted,
+                    progress,
                 },
             );
         }
     }
 
-    fn start(&self, a: Assignment, stop: Arc<AtomicBool>, checkpoint_wanted: CheckpointRequest) {
+    fn start(
+        &self,
+        a: Assignment,
+        stop: Arc<AtomicBool>,
+        checkpoint_wanted: CheckpointRequest,
+        progress: StepProgress,
+    ) {
         let (tx, rx) = unbounded_channel();
         self.sink.deliver(a.key, rx);
         let storage = self.storage(&self.sink.object_store());
@@ -249,6 +274,7 @@ impl Roles {
         let mut ctx = self.ctx.clone();
         ctx.fetcher = ctx.fetcher.with_policy(a.data_policy.clone());
         ctx.checkpoint_wanted = checkpoint_wanted;
+        ctx.progress = progress;
         let role = Role {
             assignment: a,
             stop,

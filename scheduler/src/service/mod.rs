@@ -40,6 +40,9 @@
 //! * [`suspect`] — confirming (or not) a peer's report that an executor
 //!   died, which marks it lost at once instead of after the heartbeat
 //!   timeout;
+//! * [`watchdog`] — roles that live but make no progress (stuck) or lag
+//!   the others of a sync job (stragglers), from what heartbeats say of
+//!   each role's steps: a stuck role's executor is drained;
 //! * this file — the lease, the loop, and the round that ties them together.
 
 mod describe;
@@ -49,6 +52,7 @@ mod membership;
 mod metrics;
 mod sharing;
 pub mod suspect;
+pub mod watchdog;
 mod world;
 
 pub use error::SchedulerError;
@@ -371,6 +375,9 @@ impl Scheduler {
             .execute(&self.db)
             .await?;
 
+        // Stuck roles' executors are drained before the plan, which then
+        // re-places their roles.
+        watchdog::check(&self.db).await?;
         inspection::assign_inspections(&self.db).await?;
         let mut world = World::load(&self.db).await?;
         self.metrics.live_executors.set(world.live.len() as i64);

@@ -1,0 +1,341 @@
+//! Live roles that make no progress: the stuck check, and the straggler
+//! figures of sync jobs.
+//!
+//! Each executor's heartbeat says, for each of its worker roles, the last
+//! step it completed, the phase it is in and for how long, and its recent
+//! step times (`role_progress`, one row per rank of the current
+//! generation). A role is **stuck** when the phase is its own work (waiting
+//! for data or computing: not waiting on peers, which is what its ring
+//! neighbours do while it hangs) and it has been there longer than
+//! [`Watchdog::stuck_after`] its median step time — `stuck_factor` ×
+//! median, never less than `stuck_floor_seconds`. Only a role with at
+//! least one timed step is judged (setup has no median to compare with).
+//! A stuck role's executor still answers (its heartbeat carried the
+//! report), so it is **drained**, not killed: it gets no new roles, its
+//! roles are re-placed in a new generation by the same round, and a
+//! `stuck` event says which role, in which phase, for how long, against
+//! which bound.
+//!
+//! A **straggler** is a rank of a sync job (a ring, a sync PS) whose own
+//! work per step (wall time minus time waiting on peers) over its recent
+//! window is at least `straggler_factor` × the median of the other ranks'
+//! ([`stragglers`]). The metrics API shows it; when the spec sets
+//! `exclude_stragglers`, the round drains its executor like a stuck one's
+//! so that the next generation runs without it.
+
+use crate::lifecycle;
+use serde_json::json;
+use sqlx::{PgPool, Row};
+use trainyard_common::spec::{JobSpecInput, Watchdog};
+use uuid::Uuid;
+
+/// Fewest timed steps a rank needs before its straggler figure counts.
+pub const MIN_STRAGGLER_WINDOW: u32 = 5;
+
+/// Whether a role that has been `phase_ms` in its own work, whose median
+/// step took `median_step_ms` over `window` timed steps, is stuck; the
+/// bound (seconds) it passed when it is.
+pub fn stuck_bound(phase_ms: u64, median_step_ms: f64, window: u32, w: &Watchdog) -> Option<f64> {
+    if window == 0 {
+        return None;
+    }
+    let bound = w.stuck_after(median_step_ms / 1e3);
+    (phase_ms as f64 / 1e3 > bound).then_some(bound)
+}
+
+/// Which of `busy` (each rank's own work per step, ms, with its window)
+/// are stragglers under `factor`: at least `factor` × the median of the
+/// *other* ranks' (so that one slow rank of two is still found). Ranks with
+/// fewer than [`MIN_STRAGGLER_WINDOW`] timed steps neither count nor are
+/// judged.
+pub fn stragglers(busy: &[(f64, u32)], factor: f64) -> Vec<bool> {
+    let timed: Vec<usize> = (0..busy.len())
+        .filter(|&i| busy[i].1 >= MIN_STRAGGLER_WINDOW && busy[i].0.is_finite())
+        .collect();
+    (0..busy.len())
+        .map(|i| {
+            if !timed.contains(&i) {
+                return false;
+            }
+            let mut others: Vec<f64> = timed
+                .iter()
+                .filter(|&&j| j != i)
+                .map(|&j| busy[j].0)
+                .collect();
+            if others.is_empty() {
+                return false;
+            }
+            others.sort_by(f64::total_cmp);
+            let n = others.len();
+            let median = if n % 2 == 1 {
+                others[n / 2]
+            } else {
+                (others[n / 2 - 1] + others[n / 2]) / 2.0
+            };
+            busy[i].0 >= factor * median && busy[i].0 > 0.0
+        })
+        .collect()
+}
+
+/// One rank as the watchdog reads it.
+struct Row_ {
+    job: Uuid,
+    rank: i32,
+    generation: i64,
+    executor: Uuid,
+    executor_name: String,
+    step: i64,
+    phase: String,
+    phase_ms: i64,
+    median_step_ms: f64,
+    busy_ms: f64,
+    window: i32,
+    spec: Option<JobSpecInput>,
+    sync: bool,
+}
+
+/// Drains the executors of stuck roles (and of stragglers whose job asks
+/// to leave them out), writing each decision as an event of the job.
+/// Returns the executors drained.
+pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT p.job_id, p.rank, p.generation, p.executor_id, e.name, p.step, p.phase, p.phase_ms,
+                p.median_step_ms, p.busy_ms, p.window_steps, j.spec
+         FROM role_progress p
+         JOIN jobs j ON j.id = p.job_id AND j.generation = p.generation
+              AND j.state IN ('scheduling', 'running', 'recovering')
+         JOIN executors e ON e.id = p.executor_id AND e.state = 'live'
+         JOIN assignments a ON a.job_id = p.job_id AND a.generation = p.generation
+              AND a.role = 'worker' AND a.index = p.rank AND a.executor_id = p.executor_id
+         ORDER BY p.job_id, p.rank",
+    )
+    .fetch_all(db)
+    .await?;
+    let rows: Vec<Row_> = rows
+        .iter()
+        .map(|r| {
+            let spec: Option<JobSpecInput> =
+                serde_json::from_value(r.get::<serde_json::Value, _>("spec")).ok();
+            let sync = spec
+                .as_ref()
+                .is_some_and(|s| s.consistency_mode() == trainyard_common::spec::Consistency::Sync);
+            Row_ {
+                job: r.get("job_id"),
+                rank: r.get("rank"),
+                generation: r.get("generation"),
+                executor: r.get("executor_id"),
+                executor_name: r.get("name"),
+                step: r.get("step"),
+                phase: r.get("phase"),
+                phase_ms: r.get("phase_ms"),
+                median_step_ms: r.get("median_step_ms"),
+                busy_ms: r.get("busy_ms"),
+                window: r.get("window_steps"),
+                spec,
+                sync,
+            }
+        })
+        .collect();
+    let mut drained = Vec::new();
+    for r in &rows {
+        let w = r.spec.as_ref().map(|s| s.watchdog).unwrap_or_default();
+        let own = matches!(r.phase.as_str(), "data" | "compute");
+        let Some(bound) = own
+            .then(|| {
+                stuck_bound(
+                    r.phase_ms.max(0) as u64,
+                    r.median_step_ms,
+                    r.window.max(0) as u32,
+                    &w,
+                )
+            })
+            .flatten()
+        else {
+            continue;
+        };
+        let reason = format!(
+            "rank {} on executor {} is stuck: {:.1} s in {} since step {} without completing a step, over its bound of {:.1} s (max({} × its median step of {:.3} s, {} s)); its executor still answers, so it is drained and the rank re-placed",
+            r.rank,
+            r.executor_name,
+            r.phase_ms as f64 / 1e3,
+            r.phase,
+            r.step,
+            bound,
+            w.stuck_factor,
+            r.median_step_ms / 1e3,
+            w.stuck_floor_seconds
+        );
+        let data = json!({
+            "verdict": "stuck", "rank": r.rank, "generation": r.generation,
+            "executor": r.executor, "executor_name": r.executor_name,
+            "phase": r.phase, "phase_seconds": r.phase_ms as f64 / 1e3, "step": r.step,
+            "median_step_seconds": r.median_step_ms / 1e3, "bound_seconds": bound,
+            "stuck_factor": w.stuck_factor, "stuck_floor_seconds": w.stuck_floor_seconds,
+        });
+        if drain(db, r.job, r.executor, r.rank, "stuck", &reason, data).await? {
+            drained.push(r.executor);
+        }
+    }
+    // Stragglers, per sync job that asks to leave them out.
+    let mut i = 0;
+    while i < rows.len() {
+        let job = rows[i].job;
+        let end = rows[i..]
+            .iter()
+            .position(|r| r.job != job)
+            .map_or(rows.len(), |n| i + n);
+        let ranks = &rows[i..end];
+        i = end;
+        let Some(w) = ranks[0].spec.as_ref().map(|s| s.watchdog) else {
+            continue;
+        };
+        if !w.exclude_stragglers || !ranks[0].sync || ranks.len() < 2 {
+            continue;
+        }
+        let busy: Vec<(f64, u32)> = ranks
+            .iter()
+            .map(|r| (r.busy_ms, r.window.max(0) as u32))
+            .collect();
+        let slow = stragglers(&busy, w.straggler_factor);
+        // Only a window's worth of steps makes a straggler persistent.
+        for (r, _) in ranks
+            .iter()
+            .zip(&slow)
+            .filter(|(r, s)| **s && r.window as u32 >= w.window_steps)
+        {
+            if drained.contains(&r.executor) {
+                continue;
+            }
+            let others: Vec<String> = ranks
+                .iter()
+                .filter(|o| o.rank != r.rank)
+                .map(|o| format!("{:.1}", o.busy_ms))
+                .collect();
+            let reason = format!(
+                "rank {} on executor {} straggles: {:.1} ms of its own work per step over its last {} steps, at least {} × the other ranks' median ({} ms); the job asks to leave stragglers out, so its executor is drained and the next generation runs without it",
+                r.rank,
+                r.executor_name,
+                r.busy_ms,
+                r.window,
+                w.straggler_factor,
+                others.join(", ")
+            );
+            let data = json!({
+                "verdict": "straggler", "rank": r.rank, "generation": r.generation,
+                "executor": r.executor, "executor_name": r.executor_name,
+                "busy_ms": r.busy_ms, "window_steps": r.window,
+                "others_busy_ms": ranks.iter().filter(|o| o.rank != r.rank).map(|o| o.busy_ms).collect::<Vec<_>>(),
+                "straggler_factor": w.straggler_factor,
+            });
+            if drain(db, r.job, r.executor, r.rank, "straggler", &reason, data).await? {
+                drained.push(r.executor);
+            }
+        }
+    }
+    Ok(drained)
+}
+
+/// Drains `executor` for `job`'s `rank` with an event of `kind`; false
+/// when it was no longer live (another replica of the check, or a drain
+/// by its operator, came first).
+async fn drain(
+    db: &PgPool,
+    job: Uuid,
+    executor: Uuid,
+    rank: i32,
+    kind: &str,
+    reason: &str,
+    data: serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let marked: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE executors SET state = 'draining', state_changed_at = clock_timestamp()
+         WHERE id = $1 AND state = 'live' RETURNING id",
+    )
+    .bind(executor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if marked.is_none() {
+        return Ok(false);
+    }
+    sqlx::query("DELETE FROM role_progress WHERE job_id = $1 AND rank = $2")
+        .bind(job)
+        .bind(rank)
+        .execute(&mut *tx)
+        .await?;
+    lifecycle::event(&mut tx, job, kind, reason, data).await?;
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(super::EXECUTOR_CHANNEL)
+        .bind(executor.to_string())
+        .execute(&mut *tx)
+        .await?;
+    lifecycle::notify(&mut tx, job).await?;
+    tx.commit().await?;
+    tracing::warn!(%job, %executor, rank, "{reason}");
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A role is stuck exactly when it has been in its own work longer
+        /// than both the floor and factor × its median, and never before
+        /// its first timed step.
+        #[test]
+        fn stuck_means_past_the_floor_and_the_factor(
+            phase_ms in 0u64..1_000_000,
+            median_ms in 0.0f64..100_000.0,
+            window in 0u32..100,
+            factor in 2.0f64..100.0,
+            floor in 1.0f64..1000.0,
+        ) {
+            let w = Watchdog { stuck_factor: factor, stuck_floor_seconds: floor, ..Watchdog::default() };
+            let verdict = stuck_bound(phase_ms, median_ms, window, &w);
+            let secs = phase_ms as f64 / 1e3;
+            if window == 0 {
+                prop_assert!(verdict.is_none());
+            } else {
+                prop_assert_eq!(verdict.is_some(), secs > floor && secs > factor * median_ms / 1e3);
+            }
+            if let Some(b) = verdict {
+                prop_assert!(b >= floor && secs > b);
+            }
+        }
+
+        /// Ranks that all work alike are never stragglers; one rank made
+        /// `factor` times slower than every other is, and only it.
+        #[test]
+        fn only_the_slow_rank_straggles(
+            base in 1.0f64..1000.0,
+            n in 2usize..16,
+            slow in 0usize..16,
+            factor in 1.1f64..10.0,
+            jitter in proptest::collection::vec(0.95f64..1.05, 16),
+        ) {
+            let slow = slow % n;
+            let even: Vec<(f64, u32)> = (0..n).map(|i| (base * jitter[i], 50)).collect();
+            prop_assert!(stragglers(&even, 1.2).iter().all(|s| !s));
+            let mut one = even.clone();
+            one[slow].0 = base * 1.05 * factor * 1.01;
+            let found = stragglers(&one, factor);
+            for (i, s) in found.iter().enumerate() {
+                prop_assert_eq!(*s, i == slow, "rank {} of {:?}", i, one);
+            }
+        }
+    }
+
+    #[test]
+    fn ranks_without_a_window_are_neither_judged_nor_counted() {
+        assert_eq!(
+            stragglers(&[(100.0, 2), (1.0, 50)], 2.0),
+            vec![false, false]
+        );
+        assert_eq!(
+            stragglers(&[(100.0, 50), (1.0, 50), (1000.0, 1)], 2.0),
+            vec![true, false, false]
+        );
+    }
+}

@@ -388,6 +388,7 @@ function jobView(main, id) {
     $("#job-throughput").textContent = last
       ? `${Math.round(last.samples_per_sec).toLocaleString()} samples/s · per step: data ${(last.data_seconds * 1000).toFixed(2)} ms, compute ${(last.compute_seconds * 1000).toFixed(2)} ms, communication ${(last.comm_seconds * 1000).toFixed(2)} ms${dataLine(pts)}`
       : "no steps recorded yet";
+    renderRanks(series.ranks || []);
     lineChart($("#loss-chart"), [
       { name: "training loss", color: "#2f6fde", points: pts.map((p) => [p.step, p.loss]) },
       { name: "held-out loss", color: "#e07b00", points: pts.filter((p) => p.eval_loss !== null && p.eval_loss !== undefined).map((p) => [p.step, p.eval_loss]) },
@@ -395,6 +396,26 @@ function jobView(main, id) {
     lineChart($("#acc-chart"), [
       { name: "held-out accuracy", color: "#2e7d32", points: pts.filter((p) => p.eval_accuracy !== null && p.eval_accuracy !== undefined).map((p) => [p.step, p.eval_accuracy]) },
     ], { yMin: 0, yMax: 1, percent: true });
+  };
+
+  // Each worker rank of the current generation, as its heartbeat said:
+  // what it is doing, its step time, and whether it straggles.
+  const renderRanks = (ranks) => {
+    const box = $("#ranks");
+    if (!box) return;
+    if (!ranks.length || TERMINAL.has(job.state)) { box.replaceChildren(); return; }
+    const ms = (x) => (x < 10 ? x.toFixed(2) : x.toFixed(1)) + " ms";
+    box.replaceChildren(el("table", { id: "rank-table", class: "grid" },
+      el("tr", {}, el("th", { text: "rank" }), el("th", { text: "executor" }), el("th", { text: "step" }),
+        el("th", { text: "doing" }), el("th", { text: "median step" }), el("th", { text: "own work / step" }), el("th", { text: "" })),
+      ...ranks.map((r) => el("tr", { "data-rank": r.rank, class: r.straggler ? "straggler" : "" },
+        el("td", { class: "num", text: String(r.rank) }),
+        el("td", { text: r.executor_name }),
+        el("td", { class: "num", text: String(r.step) }),
+        el("td", { text: `${r.phase} ${r.phase_seconds >= 1 ? "for " + r.phase_seconds.toFixed(1) + " s" : ""}` }),
+        el("td", { class: "num", text: ms(r.median_step_seconds * 1000) }),
+        el("td", { class: "num", text: ms(r.busy_ms) }),
+        el("td", r.straggler ? { class: "flag", text: "straggler", title: `own work per step at least ${job.spec.watchdog ? job.spec.watchdog.straggler_factor : 2}× the other ranks' median over ${r.window_steps} steps` } : { text: "" })))));
   };
 
   const renderEvents = () => {

@@ -250,6 +250,9 @@ async function main() {
     await page.waitForFunction(() => document.querySelector("#logs")?.textContent.length > 20);
     // For the picture only: a ring that trains shows its first steps.
     await page.waitForFunction(() => Number(document.querySelector("#loss-chart")?.dataset.points) >= 5, null, { timeout: 20_000 }).catch(() => log("the ring has no steps to show yet"));
+    // Each rank as its heartbeat describes it: what it does, its step time.
+    await page.waitForFunction(() => document.querySelectorAll("#rank-table tr[data-rank]").length === 2, null, { timeout: 30_000 });
+    assert.deepEqual(await page.evaluate(() => [...document.querySelectorAll("#rank-table tr[data-rank]")].map((tr) => tr.dataset.rank)), ["0", "1"]);
     await shot(page, "job-ring-running", "job-ring.png");
 
     // ---- the jobs table: newest first, filtered by state ----

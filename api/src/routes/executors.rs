@@ -251,7 +251,7 @@ fn progress_rows(req: &HeartbeatRequest) -> ApiResult<Vec<serde_json::Value>> {
             ));
         }
         for (name, v) in [("median_step_ms", p.median_step_ms), ("busy_ms", p.busy_ms)] {
-            if !v.is_finite() || v < 0.0 || v > 1e12 {
+            if !v.is_finite() || !(0.0..=1e12).contains(&v) {
                 return Err(ApiError::invalid_field(
                     &format!("progress[{i}].{name}"),
                     "must be a finite number of milliseconds, 0 or more",

@@ -25,7 +25,13 @@
 //!   the ring trains on, the scheduler — hearing nobody — suspects itself
 //!   and declares no one lost, every report arrives once the cut heals
 //!   (every step recorded once), the same generation throughout, and the
-//!   job ends within a point of the same spec run without the fault.
+//!   job ends within a point of the same spec run without the fault;
+//! * an executor cut from the API for three heartbeat timeouts (6 s): it
+//!   is declared lost, the two others train on in a new generation during
+//!   the cut (the old ring cannot step without them: along the curve the
+//!   measuring generation never goes back), it registers again once the
+//!   link is back and the ring grows to three again; every step recorded
+//!   once, within a point of a fault-free run.
 //!
 //! They need root and network namespaces (`ip netns`), which the machines
 //! running `./scripts/test` have.
@@ -469,6 +475,119 @@ fn a_sync_ps_shard_cut_from_half_its_workers_waits_for_them() {
     println!(
         "sync PS shard cut from rank {cut_rank}: steps {during} → {before_heal} during the cut, {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault"
     );
+    assert!(
+        (a - b).abs() <= 0.01,
+        "accuracy {b} vs {a} without the fault"
+    );
+}
+
+/// An elastic ring of up to three (at least two) on three hosts.
+fn elastic_ring(name: &str, steps: u64) -> serde_json::Value {
+    MlpSpec::digits(name)
+        .batch_size(32)
+        .steps(steps)
+        .workers(2, 3)
+        .seed(11)
+        .build()
+}
+
+/// An executor cut from the API (not from its peers) for three heartbeat
+/// timeouts: the scheduler declares it lost and the two others train on
+/// in a new generation while the cut lasts; the cut rank's old ring has
+/// lost its peers to the new generation, so it cannot update the job
+/// (fencing: no step is ever measured by an older generation after a
+/// newer one); once the link is back the executor is told it is gone,
+/// registers again and the ring grows back to three. Every step is
+/// recorded once and the job ends within a point of a fault-free run.
+#[test]
+fn an_executor_cut_from_the_api_longer_than_the_timeout_is_replaced_and_rejoins() {
+    // Lost after 10 silent 200 ms beats.
+    let (lab, p, _executors) = lab_platform("part-api-long", 3, 20, 10);
+    let admin = p.with_token(ADMIN);
+    let steps = 600;
+    let clean = admin.submit(&elastic_ring("long-clean", steps));
+    let clean_job = admin.wait_end(&clean, JOB_LIMIT);
+    assert_eq!(
+        clean_job.state.as_str(),
+        "succeeded",
+        "{}",
+        clean_job.state_reason
+    );
+
+    let spec = elastic_ring("long-cut", steps);
+    let id = admin.submit(&spec);
+    eventually(Duration::from_secs(60), || {
+        (admin.assignments(&id).workers.len() == 3).then_some(())
+    })
+    .expect("a ring of three forms");
+    admin.wait_steps(&id, 40, JOB_LIMIT);
+    let generation = admin.job(&id).generation;
+    let host = host_of_rank(&lab, &admin, &id, 1);
+    let bound = Duration::from_secs(6);
+    let cut_at = std::time::Instant::now();
+    let fault = lab
+        .cut_from_gateway(host, bound)
+        .expect("cutting the host from the API");
+    // The survivors go on without it while the cut lasts.
+    let moved = eventually(bound, || {
+        let a = admin.assignments(&id);
+        (a.generation > generation && a.workers.len() == 2).then_some(a.generation)
+    });
+    let moved_after = cut_at.elapsed().as_secs_f64();
+    let (during, before_heal) = {
+        let d = admin.steps_recorded(&id);
+        std::thread::sleep(bound.saturating_sub(cut_at.elapsed() + Duration::from_millis(300)));
+        (d, admin.steps_recorded(&id))
+    };
+    fault.heal();
+    let moved = moved.unwrap_or_else(|| {
+        panic!(
+            "no ring of two while the host was cut: {:?}",
+            admin.events(&id)
+        )
+    });
+    println!(
+        "cut host {host}: a ring of two at generation {moved} {moved_after:.1} s into the cut; steps {during} → {before_heal} while it lasted"
+    );
+    assert!(before_heal > during, "the survivors trained during the cut");
+    assert!(
+        admin
+            .events(&id)
+            .iter()
+            .any(|e| e.kind == "placement" && e.reason.contains("lost")),
+        "the placement names the executor lost: {:?}",
+        admin.events(&id)
+    );
+    // Back: registered again and in the ring once more.
+    eventually(Duration::from_secs(60), || {
+        (admin.live_executors().len() == 3 && admin.assignments(&id).workers.len() == 3)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the ring grows back to three: {:?}", admin.assignments(&id)));
+    let job = admin.wait_end(&id, JOB_LIMIT);
+    assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
+    assert_eq!(
+        admin.steps_recorded(&id),
+        steps as i64,
+        "a step lost or repeated"
+    );
+    // Fencing: along the curve the measuring generation never goes back.
+    let points = admin.metrics(&id, Some(10_000)).points;
+    assert!(
+        points
+            .windows(2)
+            .all(|w| w[0].generation <= w[1].generation),
+        "an older generation measured a step after a newer one: {:?}",
+        points
+            .iter()
+            .map(|p| (p.step, p.generation))
+            .collect::<Vec<_>>()
+    );
+    let (a, b) = (
+        pytorch_of(&admin, &clean, &elastic_ring("eval", steps)),
+        pytorch_of(&admin, &id, &spec),
+    );
+    println!("PyTorch held-out accuracy {b:.4} vs {a:.4} without the fault");
     assert!(
         (a - b).abs() <= 0.01,
         "accuracy {b} vs {a} without the fault"

@@ -39,7 +39,7 @@ figures = []
 if os.path.exists(os.path.join(results, "figures.jsonl")):
     with open(os.path.join(results, "figures.jsonl")) as f:
         figures = [json.loads(line) for line in f if line.strip()]
-data = {b: load(f"{b}.json") for b in ["plan", "train", "checkpoint", "data", "ring", "ps", "api", "e2e"]}
+data = {b: load(f"{b}.json") for b in ["plan", "train", "checkpoint", "data", "ring", "slow-links", "ps", "api", "e2e"]}
 durations = {}
 if os.path.exists(os.path.join(results, "durations")):
     for line in open(os.path.join(results, "durations")):
@@ -307,6 +307,27 @@ p = ps_plot()
 if p:
     w(f"![goodput vs workers]({p})\n")
 table("ps")
+
+w("## Slow links (`slow-links-bench`)\n")
+sl = data["slow-links"]
+w(f"The ring and the parameter servers again, each process in a host of its own: network namespaces on a bridge, "
+  f"every host's link limited to {sl['rate_mbit'] if sl else 1000} Mbit/s each way (`tbf`), so the line rate is "
+  f"{num(sl['line_mbps']) if sl else 125} MB/s. Ring: `trainyard-ring` against gloo all_reduce (one process per host, "
+  "gloo on the host's `eth0`), busbw as in `ring-bench`, each against the other and against the line rate. "
+  "Parameter servers: the executor's shard server in one host and its real worker loop in the others (async SGD, "
+  "an MLP of the size named, libtorch on one thread, a batch calibrated so that one gradient takes about as long as "
+  "one pull at the line rate); the slowest worker's mean step time with the next pull prefetched during the "
+  "gradient against without (`TRAINYARD_PS_PREFETCH=off`). Ideal ratio: max(pull, compute) + push over "
+  "pull + compute + push, about 2/3 here. With 2 workers this 2-core machine runs two libtorch gradients, the shard "
+  "and the kernel's networking at once: those rows are CPU-bound, not link-bound, and the overlap cannot help "
+  "there (it can cost). Needs root; without it nothing is measured.\n")
+if sl and sl.get("ps"):
+    w("| model | workers | batch | prefetch | step | gradient (prefetch on: and the next pull beside it) | pull + push on the critical path |\n|---|---|---|---|---|---|---|")
+    for r in sl["ps"]:
+        w(f"| {r['model_bytes'] / 2**20:.0f} MiB | {r['workers']} | {r['batch']} | {'on' if r['prefetch'] else 'off'} | "
+          f"{r['step_ms']:.0f} ms | {r['gradient_ms']:.0f} ms | {r['comm_ms']:.0f} ms |")
+    w("")
+table("slow-links")
 
 w("## API (`api-bench`)\n")
 a = data["api"]

@@ -22,12 +22,10 @@
 //! * Recovery: a 2-worker job (each pattern; for PS, a checkpoint every 50
 //!   steps) trains; the executor of a worker, of the shard's primary in a
 //!   job with `replicas: 1`, or of the (unreplicated) shard is SIGKILLed;
-//!   recovery is the time from the kill until the API has a step beyond
-//!   the furthest one rank 0 can have trained before the kill: what the
-//!   API held at the kill plus the steps of one report interval and 100 ms
-//!   at the rate before it (reports lag by up to an interval, and the old
-//!   role's last ones can land after the new generation: without the
-//!   margin they counted as resumption). The bound errs long. It is split into detection (kill →
+//!   recovery is the time from the kill until the API has a step that a
+//!   later generation trained (every metric point carries the generation
+//!   that measured it, so a late report of the killed generation's steps
+//!   does not count as resumption). It is split into detection (kill →
 //!   the scheduler's new placement: the data-plane peers report the kill
 //!   and the scheduler confirms it, see
 //!   `trainyard_scheduler::service::suspect`) and resumption. Each kill
@@ -158,10 +156,16 @@ impl Cluster {
 
     /// The furthest step rank 0 has reported (0 before any).
     fn last_step(&self, id: Uuid) -> anyhow::Result<u64> {
+        Ok(self.progress(id)?.0)
+    }
+
+    /// The furthest step rank 0 has reported and the newest generation
+    /// that measured one (one bucket over the whole curve).
+    fn progress(&self, id: Uuid) -> anyhow::Result<(u64, i64)> {
         let m = self.api(self.client.job_metrics(id, Some(1)))?;
-        Ok(m.points
-            .last()
-            .map_or(0, |p| u64::try_from(p.step).unwrap_or(0)))
+        Ok(m.points.last().map_or((0, 0), |p| {
+            (u64::try_from(p.step).unwrap_or(0), p.generation)
+        }))
     }
 
     fn generation(&self, id: Uuid) -> anyhow::Result<i64> {
@@ -387,16 +391,6 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
             .map(str::to_owned),
     }
     .with_context(|| format!("no executor to kill in {a:?}"))?;
-    // Rank 0's step rate before the kill, over about two seconds (four
-    // report flushes): steps reach the API in reports every 0.5 s, so at
-    // the kill rank 0 may be up to a flush interval of steps ahead of what
-    // the API holds, and those steps can arrive after the kill (the old
-    // role flushes them when the new generation ends it). Only a step
-    // beyond that margin was surely trained after the kill.
-    let (t0, s0) = (Instant::now(), c.last_step(id)?);
-    std::thread::sleep(Duration::from_secs(2));
-    let (s1, rate_window) = (c.last_step(id)?, t0.elapsed().as_secs_f64());
-    let rate = s1.saturating_sub(s0) as f64 / rate_window;
     let g0 = c.generation(id)?;
     let idx = c
         .executors
@@ -408,10 +402,6 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
     let at_kill = c.last_step(id)?;
     kill9(c.executors[idx].1.pid());
     let deadline = killed + Duration::from_secs(120);
-    // The furthest step rank 0 can have trained before the kill: what the
-    // API held then, plus the steps of one flush interval and 100 ms more
-    // at the rate before the kill (an upper bound, so the figure errs long).
-    let before = at_kill + (rate * (FLUSH_S + 0.1)).ceil() as u64;
     loop {
         if c.generation(id)? > g0 {
             break;
@@ -422,8 +412,11 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Resumed: the API holds a step measured by a generation after the
+    // one killed (every metric point carries the generation that trained
+    // it, so a late report of the old generation does not count).
     let total = loop {
-        if c.last_step(id)? > before {
+        if c.progress(id)?.1 > g0 {
             break killed.elapsed().as_secs_f64();
         }
         anyhow::ensure!(
@@ -452,7 +445,7 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
         detect,
         total,
         killed: name,
-        step_before: before,
+        step_before: at_kill,
     })
 }
 
@@ -470,9 +463,6 @@ fn median(xs: &[f64]) -> f64 {
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
-
-/// How often an executor's reports flush (`executor/src/control/report.rs`).
-const FLUSH_S: f64 = 0.5;
 
 /// The target for kill → training resumed at the API (median).
 const RECOVERY_TARGET_S: f64 = 1.0;

@@ -5,6 +5,7 @@
 //! reads the JSON array of every rank's address from standard input, builds
 //! the ring and then either checks sums of seeded random inputs (`check`) or
 //! times all-reduces of several sizes (`bench`), printing one JSON line.
+//! It listens on 127.0.0.1 unless `--listen` names another address.
 
 use clap::{Parser, Subcommand};
 use std::io::BufRead;
@@ -28,6 +29,10 @@ struct Cli {
     /// The shared secret.
     #[arg(long, default_value = "ring-secret")]
     secret: String,
+    /// Where the data-plane listener binds (another host's address in the
+    /// slow-links benchmark's lab; port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
     #[command(subcommand)]
     what: What,
 }
@@ -79,7 +84,7 @@ fn input(seed: u64, rank: u32, i: usize) -> f32 {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let plane = DataPlane::bind("127.0.0.1:0")?;
+    let plane = DataPlane::bind(&cli.listen)?;
     println!(
         "{}",
         serde_json::json!({ "addr": plane.local_addr().to_string() })

@@ -69,6 +69,7 @@ fn jobs(n: usize) -> Vec<JobView> {
                 current: None,
                 owner: String::new(),
                 starving: false,
+                excluded: Default::default(),
             }
         })
         .collect()

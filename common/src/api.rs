@@ -244,7 +244,7 @@ pub struct RankProgress {
     pub phase_seconds: f64,
     /// Median wall time of its recent steps.
     pub median_step_seconds: f64,
-    /// Mean milliseconds of its own work per recent step (wall time minus
+    /// Median milliseconds of its own work per recent step (wall time minus
     /// waiting on peers): what tells a straggler.
     pub busy_ms: f64,
     /// Recent steps those figures are over.

@@ -436,7 +436,7 @@ pub struct RoleProgress {
     pub phase_ms: u64,
     /// Median wall time of its recent steps (ms; 0 before any).
     pub median_step_ms: f64,
-    /// Mean time of its recent steps it spent on its own work (ms):
+    /// Median time of its recent steps it spent on its own work (ms):
     /// wall time minus the time it waited on peers.
     pub busy_ms: f64,
     /// Steps those figures are over.

@@ -247,16 +247,10 @@ impl StepProgress {
         self.with(|s| {
             let mut walls: Vec<f64> = s.recent.iter().map(|r| r.0).collect();
             walls.sort_by(f64::total_cmp);
-            let median = match walls.len() {
-                0 => 0.0,
-                n if n % 2 == 1 => walls[n / 2],
-                n => (walls[n / 2 - 1] + walls[n / 2]) / 2.0,
-            };
-            let busy = if s.recent.is_empty() {
-                0.0
-            } else {
-                s.recent.iter().map(|r| r.1).sum::<f64>() / s.recent.len() as f64
-            };
+            let median = median_of(&walls);
+            let mut own: Vec<f64> = s.recent.iter().map(|r| r.1).collect();
+            own.sort_by(f64::total_cmp);
+            let busy = median_of(&own);
             RoleProgress {
                 key,
                 step: s.step,
@@ -267,5 +261,14 @@ impl StepProgress {
                 window: s.recent.len() as u32,
             }
         })
+    }
+}
+
+/// The median of sorted `xs` (0 for none).
+fn median_of(xs: &[f64]) -> f64 {
+    match xs.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
     }
 }

@@ -121,6 +121,9 @@ pub struct JobView {
     /// It has waited longer than the scheduler allows (fair share's bound
     /// on waiting): it goes first among waiting jobs of its priority.
     pub starving: bool,
+    /// Executors this job must not use (its watchdog left them out: a
+    /// stuck or straggling role); other jobs still may.
+    pub excluded: BTreeSet<Uuid>,
 }
 
 /// An owner's limits on what its placed jobs hold at once; `None` is
@@ -397,29 +400,35 @@ impl Capacity {
         }
     }
 
-    /// Best fit: the free device of `kind` with the least room that fits;
-    /// ties by executor id and index.
-    fn best_worker_slot(&self, kind: Device, bytes: u64) -> Option<(Uuid, u32)> {
+    /// Best fit: the free device of `kind` with the least room that fits,
+    /// on none of `excluded`; ties by executor id and index.
+    fn best_worker_slot(
+        &self,
+        kind: Device,
+        bytes: u64,
+        excluded: &BTreeSet<Uuid>,
+    ) -> Option<(Uuid, u32)> {
         self.free[kind_key(kind) as usize]
             .range((bytes, Uuid::nil(), 0)..)
-            .next()
+            .find(|(_, e, _)| !excluded.contains(e))
             .map(|&(_, e, i)| (e, i))
     }
 
     /// Where the most memory is, preferring executors that hold none of
-    /// this job's shards yet, and never on `exclude`.
+    /// this job's shards yet, and never on `exclude` or `excluded`.
     fn best_ps_executor(
         &self,
         bytes: u64,
         avoid: &BTreeSet<Uuid>,
         exclude: Option<Uuid>,
+        excluded: &BTreeSet<Uuid>,
     ) -> Option<Uuid> {
         let mut fallback = None;
         for &(free, std::cmp::Reverse(id)) in self.by_ram.iter().rev() {
             if free < bytes {
                 break;
             }
-            if Some(id) == exclude {
+            if Some(id) == exclude || excluded.contains(&id) {
                 continue;
             }
             if !avoid.contains(&id) {
@@ -613,14 +622,16 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
         let mut ps = vec![None; cur.parameter_servers.len()];
         let mut standbys = vec![None; cur.parameter_servers.len()];
         let wb = worker_bytes(d, cur.strategy);
-        for w in &cur.workers {
+        // Roles on executors the job now excludes are not kept.
+        let ok = |e: &Uuid| !j.excluded.contains(e);
+        for w in cur.workers.iter().filter(|w| ok(&w.executor)) {
             if let Some(t) = cap.take_worker(w.executor, d.device, w.device, wb) {
                 taken.push(t);
                 workers.push((w.executor, w.device));
             }
         }
         let ps_bytes = ps_bytes(d, cur.parameter_servers.len() as u32);
-        for p in &cur.parameter_servers {
+        for p in cur.parameter_servers.iter().filter(|p| ok(&p.executor)) {
             if let Some(t) = cap.take_ps(p.executor, ps_bytes) {
                 taken.push(t);
                 if let Some(slot) = ps.get_mut(p.shard as usize) {
@@ -630,7 +641,7 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
         }
         if replicas(d) > 0 {
             for p in &cur.parameter_servers {
-                let Some(sb) = p.standby.filter(|&e| e != p.executor) else {
+                let Some(sb) = p.standby.filter(|&e| e != p.executor && ok(&e)) else {
                     continue;
                 };
                 if let Some(t) = cap.take_ps(sb, ps_bytes) {
@@ -756,7 +767,7 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
             }
         }
         while failed.is_none() && (workers.len() as u32) < d.min_workers {
-            match cap.best_worker_slot(d.device, wb) {
+            match cap.best_worker_slot(d.device, wb, &j.excluded) {
                 Some((e, i)) => {
                     if let Some(t) = cap.take_worker(e, d.device, i, wb) {
                         taken.push(t);
@@ -780,7 +791,7 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
             }
             let mine: BTreeSet<Uuid> = ps.iter().chain(&standbys).flatten().copied().collect();
             match cap
-                .best_ps_executor(shard_bytes, &mine, None)
+                .best_ps_executor(shard_bytes, &mine, None, &j.excluded)
                 .and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t)))
             {
                 Some((e, t)) => {
@@ -808,7 +819,7 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
             }
             let mine: BTreeSet<Uuid> = ps.iter().chain(&standbys).flatten().copied().collect();
             match cap
-                .best_ps_executor(shard_bytes, &mine, ps[shard])
+                .best_ps_executor(shard_bytes, &mine, ps[shard], &j.excluded)
                 .and_then(|e| cap.take_ps(e, shard_bytes).map(|t| (e, t)))
             {
                 Some((e, t)) => {
@@ -903,7 +914,7 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
             if quota.is_some_and(|m| holding.workers(d.device) >= m) {
                 break;
             }
-            let Some((e, i)) = cap.best_worker_slot(d.device, wb) else {
+            let Some((e, i)) = cap.best_worker_slot(d.device, wb, &j.excluded) else {
                 break;
             };
             let Some(t) = cap.take_worker(e, d.device, i, wb) else {

@@ -321,6 +321,7 @@ mod tests {
             current: None,
             owner: String::new(),
             starving: false,
+            excluded: Default::default(),
         }
     }
 

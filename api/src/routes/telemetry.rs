@@ -477,12 +477,13 @@ async fn rank_progress(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Vec<RankProgres
         .as_ref()
         .is_some_and(|s| s.consistency_mode() == trainyard_common::spec::Consistency::Sync);
     let factor = spec.map_or(2.0, |s| s.watchdog.straggler_factor);
-    let busy: Vec<(f64, u32)> = rows
+    let busy: Vec<(f64, u32, f64)> = rows
         .iter()
         .map(|r| {
             (
                 r.get::<f64, _>("busy_ms"),
                 r.get::<i32, _>("window_steps").max(0) as u32,
+                r.get::<f64, _>("median_step_ms"),
             )
         })
         .collect();

@@ -63,6 +63,7 @@ pub(crate) fn job(n: u128, priority: i32, d: Demand) -> JobView {
         current: None,
         owner: format!("u{}", n % 3),
         starving: false,
+        excluded: Default::default(),
     }
 }
 
@@ -585,6 +586,35 @@ proptest! {
                         prop_assert_eq!(Some(now.executor), ps.standby, "a surviving standby was not promoted");
                     }
                 }
+            }
+        }
+    }
+
+    /// A job that leaves some executors (its watchdog's exclusions) gets
+    /// no role there, kept or new; other jobs may still use them, and the
+    /// plan keeps every invariant.
+    #[test]
+    fn a_job_gets_no_role_on_an_executor_it_left(execs in arb_executors(), jobs in arb_jobs(), leave in prop::collection::vec(any::<bool>(), 10), which in any::<usize>()) {
+        let first = plan(&jobs, &execs);
+        if jobs.is_empty() || execs.is_empty() {
+            return Ok(());
+        }
+        let chosen = jobs[which % jobs.len()].id;
+        let left: BTreeSet<Uuid> = execs.iter().enumerate().filter(|(i, _)| leave[*i % leave.len()]).map(|(_, e)| e.id).collect();
+        let jobs2: Vec<JobView> = jobs.iter().map(|j| JobView {
+            current: first.placements.get(&j.id).cloned(),
+            excluded: if j.id == chosen { left.clone() } else { BTreeSet::new() },
+            ..j.clone()
+        }).collect();
+        let second = plan(&jobs2, &execs);
+        check(&jobs2, &execs, &second);
+        if let Some(p) = second.placements.get(&chosen) {
+            for w in &p.workers {
+                prop_assert!(!left.contains(&w.executor), "a worker on an executor the job left");
+            }
+            for ps in &p.parameter_servers {
+                prop_assert!(!left.contains(&ps.executor), "a shard on an executor the job left");
+                prop_assert!(ps.standby.is_none_or(|e| !left.contains(&e)), "a standby on an executor the job left");
             }
         }
     }

@@ -42,7 +42,7 @@
 //!   timeout;
 //! * [`watchdog`] — roles that live but make no progress (stuck) or lag
 //!   the others of a sync job (stragglers), from what heartbeats say of
-//!   each role's steps: a stuck role's executor is drained;
+//!   each role's steps: a stuck role's job leaves its executor;
 //! * this file — the lease, the loop, and the round that ties them together.
 
 mod describe;
@@ -375,8 +375,8 @@ impl Scheduler {
             .execute(&self.db)
             .await?;
 
-        // Stuck roles' executors are drained before the plan, which then
-        // re-places their roles.
+        // Jobs leave the executors of their stuck roles before the plan,
+        // which then re-places those roles.
         watchdog::check(&self.db).await?;
         inspection::assign_inspections(&self.db).await?;
         let mut world = World::load(&self.db).await?;

@@ -11,17 +11,23 @@
 //! median, never less than `stuck_floor_seconds`. Only a role with at
 //! least one timed step is judged (setup has no median to compare with).
 //! A stuck role's executor still answers (its heartbeat carried the
-//! report), so it is **drained**, not killed: it gets no new roles, its
-//! roles are re-placed in a new generation by the same round, and a
+//! report), so it is not killed or declared lost: the **job** leaves it
+//! (`job_exclusions`: the planner places none of the job's roles there
+//! again), the same round re-places the rank in a new generation, and a
 //! `stuck` event says which role, in which phase, for how long, against
-//! which bound.
+//! which bound. Only that job leaves it: the stall may be the job's own
+//! (a data source its owner named that stops answering), and one user's
+//! job must not take an executor from another's. The executor stops the
+//! role when its assignment goes; a thread blocked in a system call ends
+//! when the call returns.
 //!
 //! A **straggler** is a rank of a sync job (a ring, a sync PS) whose own
 //! work per step (wall time minus time waiting on peers) over its recent
 //! window is at least `straggler_factor` × the median of the other ranks'
 //! ([`stragglers`]). The metrics API shows it; when the spec sets
-//! `exclude_stragglers`, the round drains its executor like a stuck one's
-//! so that the next generation runs without it.
+//! `exclude_stragglers` and a whole window shows it, the job leaves its
+//! executor like a stuck one's, so that the next generation runs without
+//! it.
 
 use crate::lifecycle;
 use serde_json::json;
@@ -43,12 +49,20 @@ pub fn stuck_bound(phase_ms: u64, median_step_ms: f64, window: u32, w: &Watchdog
     (phase_ms as f64 / 1e3 > bound).then_some(bound)
 }
 
-/// Which of `busy` (each rank's own work per step, ms, with its window)
-/// are stragglers under `factor`: at least `factor` × the median of the
-/// *other* ranks' (so that one slow rank of two is still found). Ranks with
-/// fewer than [`MIN_STRAGGLER_WINDOW`] timed steps neither count nor are
-/// judged.
-pub fn stragglers(busy: &[(f64, u32)], factor: f64) -> Vec<bool> {
+/// Least share of a rank's median step its extra own work must be for it
+/// to straggle: below that, leaving it out would not speed the job up
+/// (own work of a millisecond or two on a comm-bound step scatters by
+/// more than any factor between ranks).
+pub const MIN_STRAGGLER_SHARE: f64 = 0.05;
+
+/// Which of `ranks` (each rank's median own work per step in ms, its
+/// window of timed steps, its median step in ms) are stragglers under
+/// `factor`: own work at least `factor` × the median of the *other* ranks'
+/// (so that one slow rank of two is still found), the difference at least
+/// [`MIN_STRAGGLER_SHARE`] of its step. Ranks with fewer than
+/// [`MIN_STRAGGLER_WINDOW`] timed steps neither count nor are judged.
+pub fn stragglers(ranks: &[(f64, u32, f64)], factor: f64) -> Vec<bool> {
+    let busy = ranks;
     let timed: Vec<usize> = (0..busy.len())
         .filter(|&i| busy[i].1 >= MIN_STRAGGLER_WINDOW && busy[i].0.is_finite())
         .collect();
@@ -72,7 +86,8 @@ pub fn stragglers(busy: &[(f64, u32)], factor: f64) -> Vec<bool> {
             } else {
                 (others[n / 2 - 1] + others[n / 2]) / 2.0
             };
-            busy[i].0 >= factor * median && busy[i].0 > 0.0
+            let (own, _, step) = busy[i];
+            own > 0.0 && own >= factor * median && own - median >= MIN_STRAGGLER_SHARE * step
         })
         .collect()
 }
@@ -94,10 +109,10 @@ struct Row_ {
     sync: bool,
 }
 
-/// Drains the executors of stuck roles (and of stragglers whose job asks
-/// to leave them out), writing each decision as an event of the job.
-/// Returns the executors drained.
-pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
+/// Takes the executors of stuck roles (and of stragglers whose job asks to
+/// leave them out) out of their jobs, writing each decision as an event of
+/// the job. Returns the (job, executor) pairs left.
+pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT p.job_id, p.rank, p.generation, p.executor_id, e.name, p.step, p.phase, p.phase_ms,
                 p.median_step_ms, p.busy_ms, p.window_steps, j.spec
@@ -136,7 +151,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
             }
         })
         .collect();
-    let mut drained = Vec::new();
+    let mut left = Vec::new();
     for r in &rows {
         let w = r.spec.as_ref().map(|s| s.watchdog).unwrap_or_default();
         let own = matches!(r.phase.as_str(), "data" | "compute");
@@ -154,7 +169,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
             continue;
         };
         let reason = format!(
-            "rank {} on executor {} is stuck: {:.1} s in {} since step {} without completing a step, over its bound of {:.1} s (max({} × its median step of {:.3} s, {} s)); its executor still answers, so it is drained and the rank re-placed",
+            "rank {} on executor {} is stuck: {:.1} s in {} since step {} without completing a step, over its bound of {:.1} s (max({} × its median step of {:.3} s, {} s)); its executor still answers, so it is not declared lost: this job leaves it and the rank is re-placed",
             r.rank,
             r.executor_name,
             r.phase_ms as f64 / 1e3,
@@ -172,8 +187,8 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
             "median_step_seconds": r.median_step_ms / 1e3, "bound_seconds": bound,
             "stuck_factor": w.stuck_factor, "stuck_floor_seconds": w.stuck_floor_seconds,
         });
-        if drain(db, r.job, r.executor, r.rank, "stuck", &reason, data).await? {
-            drained.push(r.executor);
+        if leave(db, r.job, r.executor, r.rank, "stuck", &reason, data).await? {
+            left.push((r.job, r.executor));
         }
     }
     // Stragglers, per sync job that asks to leave them out.
@@ -192,9 +207,9 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
         if !w.exclude_stragglers || !ranks[0].sync || ranks.len() < 2 {
             continue;
         }
-        let busy: Vec<(f64, u32)> = ranks
+        let busy: Vec<(f64, u32, f64)> = ranks
             .iter()
-            .map(|r| (r.busy_ms, r.window.max(0) as u32))
+            .map(|r| (r.busy_ms, r.window.max(0) as u32, r.median_step_ms))
             .collect();
         let slow = stragglers(&busy, w.straggler_factor);
         // Only a window's worth of steps makes a straggler persistent.
@@ -203,7 +218,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
             .zip(&slow)
             .filter(|(r, s)| **s && r.window as u32 >= w.window_steps)
         {
-            if drained.contains(&r.executor) {
+            if left.contains(&(r.job, r.executor)) {
                 continue;
             }
             let others: Vec<String> = ranks
@@ -212,7 +227,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
                 .map(|o| format!("{:.1}", o.busy_ms))
                 .collect();
             let reason = format!(
-                "rank {} on executor {} straggles: {:.1} ms of its own work per step over its last {} steps, at least {} × the other ranks' median ({} ms); the job asks to leave stragglers out, so its executor is drained and the next generation runs without it",
+                "rank {} on executor {} straggles: {:.1} ms of its own work per step over its last {} steps, at least {} × the other ranks' median ({} ms); the job asks to leave stragglers out, so the job leaves its executor and the next generation runs without it",
                 r.rank,
                 r.executor_name,
                 r.busy_ms,
@@ -227,18 +242,18 @@ pub async fn check(db: &PgPool) -> Result<Vec<Uuid>, sqlx::Error> {
                 "others_busy_ms": ranks.iter().filter(|o| o.rank != r.rank).map(|o| o.busy_ms).collect::<Vec<_>>(),
                 "straggler_factor": w.straggler_factor,
             });
-            if drain(db, r.job, r.executor, r.rank, "straggler", &reason, data).await? {
-                drained.push(r.executor);
+            if leave(db, r.job, r.executor, r.rank, "straggler", &reason, data).await? {
+                left.push((r.job, r.executor));
             }
         }
     }
-    Ok(drained)
+    Ok(left)
 }
 
-/// Drains `executor` for `job`'s `rank` with an event of `kind`; false
-/// when it was no longer live (another replica of the check, or a drain
-/// by its operator, came first).
-async fn drain(
+/// Keeps `job` off `executor` from now on, for its `rank`, with an event
+/// of `kind`; false when the job had left it already (another replica of
+/// the check came first).
+async fn leave(
     db: &PgPool,
     job: Uuid,
     executor: Uuid,
@@ -248,14 +263,17 @@ async fn drain(
     data: serde_json::Value,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db.begin().await?;
-    let marked: Option<Uuid> = sqlx::query_scalar(
-        "UPDATE executors SET state = 'draining', state_changed_at = clock_timestamp()
-         WHERE id = $1 AND state = 'live' RETURNING id",
+    let new: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO job_exclusions (job_id, executor_id, kind, reason) VALUES ($1, $2, $3, $4)
+         ON CONFLICT DO NOTHING RETURNING executor_id",
     )
+    .bind(job)
     .bind(executor)
+    .bind(kind)
+    .bind(reason)
     .fetch_optional(&mut *tx)
     .await?;
-    if marked.is_none() {
+    if new.is_none() {
         return Ok(false);
     }
     sqlx::query("DELETE FROM role_progress WHERE job_id = $1 AND rank = $2")
@@ -264,11 +282,6 @@ async fn drain(
         .execute(&mut *tx)
         .await?;
     lifecycle::event(&mut tx, job, kind, reason, data).await?;
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(super::EXECUTOR_CHANNEL)
-        .bind(executor.to_string())
-        .execute(&mut *tx)
-        .await?;
     lifecycle::notify(&mut tx, job).await?;
     tx.commit().await?;
     tracing::warn!(%job, %executor, rank, "{reason}");
@@ -316,10 +329,11 @@ mod tests {
             jitter in proptest::collection::vec(0.95f64..1.05, 16),
         ) {
             let slow = slow % n;
-            let even: Vec<(f64, u32)> = (0..n).map(|i| (base * jitter[i], 50)).collect();
+            let even: Vec<(f64, u32, f64)> = (0..n).map(|i| (base * jitter[i], 50, base * jitter[i])).collect();
             prop_assert!(stragglers(&even, 1.2).iter().all(|s| !s));
             let mut one = even.clone();
             one[slow].0 = base * 1.05 * factor * 1.01;
+            one[slow].2 = one[slow].0;
             let found = stragglers(&one, factor);
             for (i, s) in found.iter().enumerate() {
                 prop_assert_eq!(*s, i == slow, "rank {} of {:?}", i, one);
@@ -330,12 +344,28 @@ mod tests {
     #[test]
     fn ranks_without_a_window_are_neither_judged_nor_counted() {
         assert_eq!(
-            stragglers(&[(100.0, 2), (1.0, 50)], 2.0),
+            stragglers(&[(100.0, 2, 100.0), (1.0, 50, 100.0)], 2.0),
             vec![false, false]
         );
         assert_eq!(
-            stragglers(&[(100.0, 50), (1.0, 50), (1000.0, 1)], 2.0),
+            stragglers(
+                &[(100.0, 50, 100.0), (1.0, 50, 100.0), (1000.0, 1, 1000.0)],
+                2.0
+            ),
             vec![true, false, false]
+        );
+    }
+
+    #[test]
+    fn own_work_too_small_a_share_of_the_step_is_no_straggler() {
+        // 3 ms against 1 ms is 3 ×, but 2 ms of a 100 ms (comm-bound) step.
+        assert_eq!(
+            stragglers(&[(3.0, 50, 100.0), (1.0, 50, 100.0)], 2.0),
+            vec![false, false]
+        );
+        assert_eq!(
+            stragglers(&[(30.0, 50, 100.0), (1.0, 50, 100.0)], 2.0),
+            vec![true, false]
         );
     }
 }

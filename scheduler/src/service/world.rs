@@ -1,7 +1,8 @@
 //! What one round sees: the unfinished jobs with their current placements
 //! (as the planner's [`JobView`]s), the live executors (as
-//! [`ExecutorView`]s), and the names and states of every executor a job
-//! still refers to, read from Postgres in three queries.
+//! [`ExecutorView`]s), the executors each job must not use, and the names
+//! and states of every executor a job still refers to, read from Postgres
+//! in four queries.
 
 use crate::plan::{Demand, DeviceSlot, ExecutorView, JobView, Placement, PsRole, WorkerRole};
 use sqlx::postgres::PgRow;
@@ -82,6 +83,17 @@ impl World {
             }
         }
 
+        let mut excluded: HashMap<Uuid, std::collections::BTreeSet<Uuid>> = HashMap::new();
+        for (job, executor) in sqlx::query_as::<_, (Uuid, Uuid)>(
+            "SELECT x.job_id, x.executor_id FROM job_exclusions x JOIN jobs j ON j.id = x.job_id
+             WHERE j.state IN ('queued', 'scheduling', 'running', 'recovering')",
+        )
+        .fetch_all(db)
+        .await?
+        {
+            excluded.entry(job).or_default().insert(executor);
+        }
+
         let mut jobs = Vec::new();
         let mut meta = HashMap::new();
         for r in sqlx::query(
@@ -92,9 +104,10 @@ impl World {
         .fetch_all(db)
         .await?
         {
-            let Some(job) = job_view(&r, &mut assigned) else {
+            let Some(mut job) = job_view(&r, &mut assigned) else {
                 continue;
             };
+            job.excluded = excluded.remove(&job.id).unwrap_or_default();
             meta.insert(
                 job.id,
                 JobMeta {
@@ -177,5 +190,6 @@ fn job_view(
         current,
         owner: r.get("owner"),
         starving: false,
+        excluded: Default::default(),
     })
 }

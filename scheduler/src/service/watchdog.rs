@@ -35,6 +35,10 @@ use sqlx::{PgPool, Row};
 use trainyard_common::spec::{JobSpecInput, Watchdog};
 use uuid::Uuid;
 
+/// The least `watchdog.stuck_floor_seconds` a spec may set, in ms: a rank
+/// that has been in its own work for less is never stuck.
+const MIN_STUCK_FLOOR_MS: i64 = 1000;
+
 /// Fewest timed steps a rank needs before its straggler figure counts.
 pub const MIN_STRAGGLER_WINDOW: u32 = 5;
 
@@ -122,8 +126,15 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
          JOIN executors e ON e.id = p.executor_id AND e.state = 'live'
          JOIN assignments a ON a.job_id = p.job_id AND a.generation = p.generation
               AND a.role = 'worker' AND a.index = p.rank AND a.executor_id = p.executor_id
+         -- Every round runs this: only ranks that may be stuck (a second or
+         -- more in their own work; no floor is under 1 s) and the ranks of
+         -- jobs that leave stragglers out are read, so that a healthy
+         -- fleet costs no spec decoding here.
+         WHERE (p.phase IN ('data', 'compute') AND p.phase_ms >= $1)
+            OR coalesce((j.spec->'watchdog'->>'exclude_stragglers')::boolean, false)
          ORDER BY p.job_id, p.rank",
     )
+    .bind(MIN_STUCK_FLOOR_MS)
     .fetch_all(db)
     .await?;
     let rows: Vec<Row_> = rows

@@ -89,11 +89,13 @@ pub struct JobSpecInput {
 /// A training role (a ring rank or a PS worker) that has been in its own
 /// work (waiting for data or computing, not waiting on peers) for longer
 /// than `max(stuck_factor × its median step time, stuck_floor_seconds)` is
-/// declared stuck: its executor is drained (not killed) and its roles are
-/// placed elsewhere. In sync modes a rank whose own work per step is at
-/// least `straggler_factor` times the median of the other ranks', over its
-/// last `window_steps` steps, is a straggler: shown in the metrics, and
-/// left out at the next generation when `exclude_stragglers` is set.
+/// declared stuck: the job leaves its executor (other jobs keep it) and
+/// the rank is placed elsewhere. In sync modes a rank whose own work per
+/// step is at least `straggler_factor` times the median of the other
+/// ranks', over its last `window_steps` steps, is a straggler: shown in the
+/// metrics, and left out at the next generation when `exclude_stragglers`
+/// is set and the job, still at or above `workers.min`, trains faster
+/// without it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Watchdog {

@@ -1,0 +1,305 @@
+//! Each layer of the sandbox, tested on its own against the real kernel:
+//! the probe makes one attempt confined, and (where the attempt is
+//! harmless) once unconfined as a control, so that a refusal is shown to
+//! come from the layer and not from the machine.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use trainyard_sandbox::spawn::{run, Child, Identity, Spec};
+use trainyard_sandbox::{Confinement, Ending, Limits, Status};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_trainyard-sandbox-probe");
+
+fn spec(limits: Limits, identity: Option<Identity>) -> Spec {
+    Spec {
+        program: PROBE.into(),
+        args: vec![],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        identity,
+        limits,
+        name: "probe".into(),
+    }
+}
+
+/// A scratch tree: `inputs/data.txt` (readable), `scratch/` (writable) and
+/// `secret/token` (neither).
+struct Tree {
+    root: PathBuf,
+}
+
+impl Tree {
+    fn new(name: &str) -> Tree {
+        let root =
+            std::env::temp_dir().join(format!("trainyard-sandbox-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["inputs", "scratch", "secret"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("inputs/data.txt"), "the role's own input").unwrap();
+        std::fs::write(root.join("secret/token"), "join-token-s3cr3t").unwrap();
+        Tree { root }
+    }
+
+    fn p(&self, rel: &str) -> String {
+        self.root.join(rel).display().to_string()
+    }
+
+    fn confinement(&self) -> Confinement {
+        Confinement {
+            read_only: vec![self.root.join("inputs")],
+            read_write: vec![self.root.join("scratch")],
+            connect_tcp: Some(vec![]),
+            bind_tcp: Some(vec![]),
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+#[derive(Debug)]
+struct Answer {
+    ok: bool,
+    detail: String,
+    ending: Ending,
+}
+
+fn probe_as(c: Option<&Confinement>, attempt: Value, s: &Spec) -> Answer {
+    let task = json!({ "confinement": c, "attempt": attempt }).to_string() + "\n";
+    let (ending, out, err) =
+        run(s, task.as_bytes(), Some(Duration::from_secs(60)), 1 << 20).expect("the probe starts");
+    let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+    Answer {
+        ok: v["ok"].as_bool().unwrap_or(false),
+        detail: v["detail"]
+            .as_str()
+            .map_or_else(|| format!("no answer; stderr: {err}"), str::to_owned),
+        ending,
+    }
+}
+
+fn probe(c: Option<&Confinement>, attempt: Value) -> Answer {
+    let limits = c.map_or_else(Limits::default, |c| c.limits);
+    probe_as(c, attempt, &spec(limits, None))
+}
+
+fn denied(a: &Answer) {
+    assert!(!a.ok, "allowed: {a:?}");
+    assert!(
+        a.detail.contains("Permission denied") || a.detail.contains("Operation not permitted"),
+        "refused for another reason: {a:?}"
+    );
+}
+
+fn root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[test]
+fn the_kernel_offers_every_layer() {
+    let s = Status::probe();
+    assert!(s.missing().is_none(), "{s:?}");
+    assert!(s.landlock_abi >= 6, "{s:?}");
+    assert!(s.network(), "{s:?}");
+    if root() {
+        assert!(s.memory_cgroup && s.pids_cgroup, "{s:?}");
+    }
+}
+
+#[test]
+fn files_outside_the_inputs_and_scratch_cannot_be_read_or_written() {
+    let t = Tree::new("fs");
+    let c = t.confinement();
+    // Controls: unconfined, the probe reads what the sandbox hides.
+    assert!(probe(None, json!({"read": t.p("secret/token")})).ok);
+    assert!(probe(None, json!({"read": "/etc/hostname"})).ok);
+
+    let own = probe(Some(&c), json!({"read": t.p("inputs/data.txt")}));
+    assert!(
+        own.ok && own.detail.contains("the role's own input"),
+        "{own:?}"
+    );
+    assert!(probe(Some(&c), json!({"write": t.p("scratch/out")})).ok);
+    assert!(Path::new(&t.p("scratch/out")).exists());
+
+    denied(&probe(Some(&c), json!({"read": t.p("secret/token")})));
+    denied(&probe(Some(&c), json!({"read": "/etc/passwd"})));
+    denied(&probe(Some(&c), json!({"read": "/etc/hostname"})));
+    denied(&probe(Some(&c), json!({"list": "/"})));
+    denied(&probe(Some(&c), json!({"list": "/tmp"})));
+    denied(&probe(Some(&c), json!({"write": t.p("inputs/data.txt")})));
+    denied(&probe(Some(&c), json!({"write": t.p("secret/new")})));
+    denied(&probe(
+        Some(&c),
+        json!({"write": "/tmp/trainyard-sandbox-escape"}),
+    ));
+    // Other processes' /proc folders (their environment holds secrets).
+    let parent = std::process::id();
+    assert!(probe(None, json!({"read": format!("/proc/{parent}/environ")})).ok);
+    denied(&probe(
+        Some(&c),
+        json!({"read": format!("/proc/{parent}/environ")}),
+    ));
+    denied(&probe(Some(&c), json!({"read": "/proc/1/cmdline"})));
+    assert!(!Path::new("/tmp/trainyard-sandbox-escape").exists());
+}
+
+#[test]
+fn tcp_goes_only_to_the_ports_given() {
+    let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = |l: &std::net::TcpListener| l.local_addr().unwrap().port();
+    let t = Tree::new("net");
+    let mut c = t.confinement();
+    c.connect_tcp = Some(vec![port(&allowed)]);
+    let to = |l: &std::net::TcpListener| json!({"connect": format!("127.0.0.1:{}", port(l))});
+    assert!(probe(None, to(&other)).ok, "control");
+    assert!(probe(Some(&c), to(&allowed)).ok);
+    denied(&probe(Some(&c), to(&other)));
+    // No listening either, but on the ports given.
+    let free = port(&std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    assert!(probe(None, json!({"bind": free})).ok, "control");
+    denied(&probe(Some(&c), json!({"bind": free})));
+    c.bind_tcp = Some(vec![free]);
+    assert!(probe(Some(&c), json!({"bind": free})).ok);
+}
+
+#[test]
+fn system_calls_that_break_out_are_refused() {
+    let t = Tree::new("seccomp");
+    let c = t.confinement();
+    // Each of these succeeds for a plain process: the refusal is the filter's.
+    for call in [
+        "unshare_user",
+        "clone_newuser",
+        "ptrace",
+        "keyctl",
+        "personality",
+        "process_vm_readv",
+    ] {
+        assert!(
+            probe(None, json!({"syscall": call})).ok,
+            "control: {call} fails unconfined"
+        );
+        let a = probe(Some(&c), json!({"syscall": call}));
+        assert!(
+            !a.ok && a.detail.contains("Operation not permitted"),
+            "{call}: {a:?}"
+        );
+    }
+    for call in ["perf_event_open", "bpf", "mount"] {
+        let a = probe(Some(&c), json!({"syscall": call}));
+        assert!(
+            !a.ok && a.detail.contains("Operation not permitted"),
+            "{call}: {a:?}"
+        );
+    }
+    let s = probe(Some(&c), json!({"syscall": "seccomp_status"}));
+    assert!(s.detail.contains("NoNewPrivs:\t1"), "{s:?}");
+    assert!(s.detail.contains("Seccomp:\t2"), "{s:?}");
+    // Threads still start (clone3 falls back to a checked clone).
+    assert!(probe(Some(&c), json!({"threads": 8})).ok);
+}
+
+#[test]
+fn the_environment_is_scrubbed_and_root_is_dropped() {
+    let t = Tree::new("identity");
+    let c = t.confinement();
+    let env = probe(Some(&c), json!("env"));
+    assert_eq!(env.detail, "PATH", "{env:?}");
+    let me = probe(Some(&c), json!("identity"));
+    if root() {
+        // Still uid 0 without a sandbox user, but with no capability.
+        assert!(me.detail.contains("caps=Ok(0)"), "{me:?}");
+        let nobody = Identity::named("nobody").unwrap();
+        let as_nobody = probe_as(Some(&c), json!("identity"), &spec(c.limits, Some(nobody)));
+        assert!(
+            as_nobody
+                .detail
+                .starts_with(&format!("uid={} gid={}", nobody.uid, nobody.gid)),
+            "{as_nobody:?}"
+        );
+    }
+    // Its own process group: killing it reaches nothing of ours.
+    let mut child = Child::spawn(&spec(c.limits, None), b"").unwrap();
+    let pgid = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(child.id() as i32))).unwrap();
+    assert_eq!(pgid.as_raw() as u32, child.id());
+    assert_ne!(pgid, nix::unistd::getpgrp());
+    child.kill();
+    assert_eq!(child.wait(None, &|| false), Ending::Killed);
+}
+
+#[test]
+fn a_role_cannot_signal_outside_its_sandbox() {
+    let t = Tree::new("signal");
+    let c = t.confinement();
+    let me = std::process::id() as i32;
+    assert!(probe(None, json!({"signal": me})).ok, "control");
+    denied(&probe(Some(&c), json!({"signal": me})));
+}
+
+#[test]
+fn each_limit_ends_the_child_with_a_reason_naming_it() {
+    let t = Tree::new("limits");
+    let mut c = t.confinement();
+    c.limits = Limits {
+        memory_mb: 64,
+        processes: 16,
+        open_files: 32,
+        file_mb: 1,
+    };
+    let mem = probe(Some(&c), json!({"memory": 512}));
+    if root() {
+        assert_eq!(mem.ending, Ending::Memory { limit_mb: 64 }, "{mem:?}");
+        assert_eq!(mem.ending.to_string(), "exceeded its 64 MiB memory");
+    } else {
+        assert!(!mem.ok, "{mem:?}");
+    }
+    assert!(probe(Some(&c), json!({"memory": 16})).ok);
+
+    let threads = probe(Some(&c), json!({"threads": 64}));
+    assert!(!threads.ok, "{threads:?}");
+    assert!(probe(Some(&c), json!({"threads": 4})).ok);
+
+    let files = probe(Some(&c), json!({"open_files": 100}));
+    assert!(
+        !files.ok && files.detail.contains("Too many open files"),
+        "{files:?}"
+    );
+
+    let big = probe(Some(&c), json!({"file_size": [t.p("scratch/big"), 4]}));
+    assert_eq!(big.ending, Ending::FileSize { limit_mb: 1 }, "{big:?}");
+    assert_eq!(
+        std::fs::metadata(t.p("scratch/big")).unwrap().len(),
+        1 << 20,
+        "no byte past the limit"
+    );
+}
+
+#[test]
+fn crashes_and_hangs_end_the_child_alone_with_their_cause() {
+    let t = Tree::new("crash");
+    let c = t.confinement();
+    assert_eq!(
+        probe(Some(&c), json!("segv")).ending,
+        Ending::Signal("SIGSEGV".into())
+    );
+    assert_eq!(
+        probe(Some(&c), json!("abort")).ending,
+        Ending::Signal("SIGABRT".into())
+    );
+    let task = json!({ "confinement": c, "attempt": "spin" }).to_string() + "\n";
+    let (ending, _, _) = run(
+        &spec(c.limits, None),
+        task.as_bytes(),
+        Some(Duration::from_millis(500)),
+        1024,
+    )
+    .unwrap();
+    assert_eq!(ending, Ending::TimedOut(Duration::from_millis(500)));
+}

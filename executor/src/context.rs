@@ -12,8 +12,10 @@
 //! touching any other test. Roles whose data-plane connection broke ask
 //! through it for their peers to be checked ([`Suspicions`]).
 
+use crate::sandbox::Sandbox;
 pub use crate::shared::{CheckpointRequest, Drain, PendingUploads, StepProgress, Suspicions};
 use crate::storage::Fetcher;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Test hooks, from the environment: each slows one thing down so that a
@@ -88,11 +90,16 @@ pub struct Context {
     /// The role's step progress, read by the heartbeat (each training
     /// role gets one of its own).
     pub progress: StepProgress,
+    /// Where users' code runs: a confined child process.
+    pub sandbox: Arc<Sandbox>,
+    /// How long an inspection may take.
+    pub inspection_timeout: Duration,
 }
 
 impl Context {
-    /// A context over `fetcher` with the hooks of this process's environment.
-    pub fn new(fetcher: Fetcher) -> Context {
+    /// A context over `fetcher` with the hooks of this process's
+    /// environment, running users' code in `sandbox`.
+    pub fn new(fetcher: Fetcher, sandbox: Arc<Sandbox>) -> Context {
         Context {
             drain: Drain::default(),
             checkpoint_wanted: CheckpointRequest::default(),
@@ -101,6 +108,8 @@ impl Context {
             hooks: TestHooks::from_env(),
             suspects: Suspicions::default(),
             progress: StepProgress::default(),
+            sandbox,
+            inspection_timeout: crate::roles::inspect::LIMIT,
         }
     }
 
@@ -114,6 +123,8 @@ impl Context {
             hooks: TestHooks::default(),
             suspects: Suspicions::default(),
             progress: StepProgress::default(),
+            sandbox: Arc::new(Sandbox::for_tests()),
+            inspection_timeout: crate::roles::inspect::LIMIT,
         }
     }
 }

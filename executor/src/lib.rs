@@ -20,7 +20,9 @@
 //!   handed over as generations change;
 //! * [`control`] — the control plane: registration, heartbeats, drain and
 //!   leave ([`control::agent`]), delivery of reports ([`control::report`]);
-//! * [`probe`] — proof of the libtorch link (`--probe`).
+//! * [`probe`] — proof of the libtorch link (`--probe`);
+//! * [`sandbox`] — the confined child processes that load users' models
+//!   (inspection today), over the `trainyard-sandbox` crate.
 //!
 //! `docs/architecture.md` follows one gradient through each pattern.
 
@@ -33,5 +35,6 @@ pub mod replica;
 pub mod ring;
 pub mod role;
 pub mod roles;
+pub mod sandbox;
 pub mod shared;
 pub mod storage;

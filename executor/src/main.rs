@@ -6,7 +6,7 @@
 //! libtorch link: it prints, as JSON, the version and path of the libtorch
 //! it loaded, whether CUDA is usable, and every device it sees.
 
-use trainyard_executor::{control::agent, probe};
+use trainyard_executor::{control::agent, probe, roles::inspect, sandbox};
 
 use anyhow::Context;
 use clap::Parser;
@@ -25,6 +25,32 @@ struct Cli {
     /// Print libtorch's version and the devices it sees as JSON, then exit.
     #[arg(long)]
     probe: bool,
+
+    /// Run as a sandboxed child of an executor (reads its task on stdin).
+    #[arg(long, hide = true)]
+    sandboxed: Option<String>,
+
+    /// Confine users' code (`on`, the default: refused where the kernel
+    /// cannot confine it) or not (`off`: trusted single-user setups only).
+    #[arg(long, env = "TRAINYARD_SANDBOX", value_enum, default_value = "on")]
+    sandbox: sandbox::Mode,
+
+    /// The unprivileged user that users' code runs as (an executor running
+    /// as root should name one; it must be able to read libtorch). Without
+    /// it, a root executor's children keep uid 0 with every capability
+    /// dropped.
+    #[arg(long, env = "TRAINYARD_SANDBOX_USER")]
+    sandbox_user: Option<String>,
+
+    /// Folder of the sandboxes' workspaces (default: a folder of this
+    /// executor's under the system's temporary folder).
+    #[arg(long, env = "TRAINYARD_SANDBOX_DIR")]
+    sandbox_dir: Option<std::path::PathBuf>,
+
+    /// Longest a model's inspection may take, in seconds.
+    #[arg(long, env = "TRAINYARD_INSPECTION_TIMEOUT_SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    inspection_timeout_secs: u64,
 
     /// Base URL of the Trainyard API.
     #[arg(long, env = "TRAINYARD_API")]
@@ -119,6 +145,18 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(kind) = &cli.sandboxed {
+        // A child of an executor: confine, work, answer, exit. Nothing else
+        // of this process runs (no runtime, no threads of ours).
+        let code = match kind.as_str() {
+            "inspection" => sandbox::child(inspect::confined),
+            other => {
+                eprintln!("unknown sandboxed task {other:?}");
+                2
+            }
+        };
+        std::process::exit(code);
+    }
     if cli.probe {
         let report = probe::run()?;
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -135,6 +173,26 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    let sandbox = std::sync::Arc::new(
+        sandbox::Sandbox::new(
+            cli.sandbox,
+            cli.sandbox_user.as_deref(),
+            cli.sandbox_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("trainyard-sandbox-{}", std::process::id()))
+            }),
+            std::env::current_exe().context("finding this executable")?,
+            cli.torch_threads,
+        )
+        .map_err(anyhow::Error::msg)?,
+    );
+    match (cli.sandbox, sandbox.refusal()) {
+        (sandbox::Mode::Off, _) => tracing::warn!(
+            "SANDBOX OFF: users' models run unconfined, with this executor's rights over the \
+             host's files; only for a trusted single-user setup"
+        ),
+        (_, Some(why)) => tracing::error!("users' code is refused: {why}"),
+        (_, None) => tracing::info!(sandbox = %sandbox.summary(), "users' code is confined"),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -184,6 +242,8 @@ fn main() -> anyhow::Result<()> {
                 tokio::runtime::Handle::current(),
             )
             .with_data_memory_mb(cli.data_memory_mb),
+            sandbox,
+            inspection_timeout: std::time::Duration::from_secs(cli.inspection_timeout_secs),
             grace: std::time::Duration::from_secs(cli.shutdown_grace_secs),
         })
         .await

@@ -53,6 +53,10 @@ pub struct AgentConfig {
     pub plane: Arc<trainyard_dataplane::DataPlane>,
     /// How roles reach the object store and the local cache tier.
     pub fetcher: Fetcher,
+    /// Where users' code runs.
+    pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
+    /// How long an inspection may take.
+    pub inspection_timeout: std::time::Duration,
     /// The longest a drain may take ([`DRAIN_TIMEOUT`] by default).
     pub grace: Duration,
 }
@@ -67,7 +71,8 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
     let client = Client::builder(config.api.clone())
         .timeout(REQUEST_TIMEOUT)
         .build()?;
-    let mut ctx = Context::new(config.fetcher.clone());
+    let mut ctx = Context::new(config.fetcher.clone(), config.sandbox.clone());
+    ctx.inspection_timeout = config.inspection_timeout;
     let (checks, checked) = tokio::sync::mpsc::unbounded_channel();
     ctx.suspects = crate::shared::Suspicions::new(checks);
     let sink = Sink {

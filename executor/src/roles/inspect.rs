@@ -10,37 +10,151 @@
 //! labels. A model that cannot train on that data fails the job here, in
 //! `inspecting`, with a reason that names the mismatch, instead of in
 //! every worker once the cluster is up.
+//!
+//! The model is a stranger's code, so the work is split at the sandbox
+//! ([`crate::sandbox`]). This process (trusted) fetches the file, screens
+//! its code for operators that touch files or processes
+//! ([`super::screen`]), reads the trial batch from the dataset with the
+//! executor's own decoders, and puts both into a workspace. A child
+//! process, confined to that workspace, loads the module with libtorch and
+//! runs the forward ([`confined`]). A crash, a memory bomb or an endless
+//! forward ends the child alone, and the job is refused with the signal or
+//! limit that ended it.
 
 use crate::replica::data::{Cursor, Dataset};
 use crate::replica::script::Module;
 use crate::replica::tensors::{first_line, ModelTensors};
+use crate::sandbox::Sandbox;
 use crate::storage::Fetcher;
-use tch::Kind;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use tch::{Kind, Tensor};
 use trainyard_common::cluster::{Inspection, InspectionResult};
 use trainyard_common::spec::{JobSpecInput, Loss};
+use trainyard_sandbox::Limits;
 
 /// Rows of the trial batch.
 pub const TRIAL_ROWS: usize = 4;
 
-/// How long an inspection may take before the job is refused.
+/// How long an inspection may take before the job is refused (the
+/// executor's `--inspection-timeout-secs` moves it).
 pub const LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// What the confined child is given.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Task {
+    /// The model file, in the workspace's inputs.
+    pub model: PathBuf,
+    /// The trial, when the spec came with the inspection.
+    pub trial: Option<Trial>,
+}
+
+/// A forward to try: the spec, a batch of its data, its largest label.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Trial {
+    /// The job's spec.
+    pub spec: Box<JobSpecInput>,
+    /// `x` and `y` of the batch (safetensors, in the workspace's inputs).
+    pub batch: PathBuf,
+    /// The dataset's largest integer label.
+    pub label_max: Option<i64>,
+}
+
 /// Inspects the file of `ins` (through `fetcher` when it is in an object
-/// store) and, when the spec came with it, tries a forward on its data.
-pub fn inspect(ins: &Inspection, fetcher: &Fetcher) -> InspectionResult {
-    match std::panic::catch_unwind(|| examine(ins, fetcher)) {
+/// store) and, when the spec came with it, tries a forward on its data,
+/// the model's code confined by `sandbox` for at most `timeout`.
+pub fn inspect(
+    ins: &Inspection,
+    fetcher: &Fetcher,
+    sandbox: &Sandbox,
+    timeout: std::time::Duration,
+) -> InspectionResult {
+    match prepare_and_run(ins, fetcher, sandbox, timeout, true) {
+        Ok(found) => found,
+        Err(reason) => InspectionResult::Error(reason),
+    }
+}
+
+fn prepare_and_run(
+    ins: &Inspection,
+    fetcher: &Fetcher,
+    sandbox: &Sandbox,
+    timeout: std::time::Duration,
+    screen: bool,
+) -> Result<InspectionResult, String> {
+    if let Some(why) = sandbox.refusal() {
+        return Err(why);
+    }
+    let fetched = fetcher.materialize(&ins.url).map_err(|e| e.to_string())?;
+    if !fetched.is_file() {
+        return Err(format!("{}: no such file", ins.url));
+    }
+    // Off only in the tests that show the sandbox holds without it.
+    if screen {
+        super::screen::refused(&fetched)?;
+    }
+    let ws = sandbox.workspace(&format!("inspect-{}", ins.job_id))?;
+    let model = ws.input("model.pt", &fetched)?;
+    drop(fetched);
+    let trial = match &ins.spec {
+        Some(spec) => {
+            let (x, y, label_max) = trial_batch(spec, fetcher)?;
+            let batch = ws.inputs().join("trial.safetensors");
+            Tensor::write_safetensors(&[("x", &x), ("y", &y)], &batch)
+                .map_err(|e| format!("writing the trial batch: {e}"))?;
+            Some(Trial {
+                spec: spec.clone(),
+                batch,
+                label_max,
+            })
+        }
+        None => None,
+    };
+    let memory = ins
+        .spec
+        .as_ref()
+        .map_or(1024, |s| s.resources.memory_mb)
+        .saturating_add(crate::sandbox::RUNTIME_MB);
+    let limits = Limits {
+        memory_mb: memory,
+        ..Limits::default()
+    };
+    sandbox
+        .run("inspection", &ws, &Task { model, trial }, limits, timeout)
+        .map_err(|e| format!("inspection of the model failed: {e}"))
+}
+
+/// The first rows of the job's data, read by the executor's own decoders,
+/// and the dataset's largest label.
+fn trial_batch(
+    spec: &JobSpecInput,
+    fetcher: &Fetcher,
+) -> Result<(Tensor, Tensor, Option<i64>), String> {
+    let data = Dataset::load(spec, fetcher).map_err(|e| format!("dataset: {e}"))?;
+    let mut small = spec.clone();
+    small.batch_size = TRIAL_ROWS.min(data.train_len()).max(1) as u32;
+    let batch = data
+        .stream(&small, 0, 1, Cursor::default())
+        .recv()
+        .map_err(|_| "dataset: no batch could be read".to_owned())?;
+    if batch.samples == 0 {
+        return Err("dataset: no batch could be read".into());
+    }
+    Ok((batch.x, batch.y, data.label_max()))
+}
+
+/// The child's side, confined: loads the module, lists its tensors, checks
+/// its forward and tries it on the trial batch.
+pub fn confined(task: Task) -> InspectionResult {
+    match std::panic::catch_unwind(|| examine(&task)) {
         Ok(Ok(found)) => InspectionResult::Parameters(found.infos()),
         Ok(Err(reason)) => InspectionResult::Error(reason),
         Err(_) => InspectionResult::Error("libtorch crashed while reading the model".into()),
     }
 }
 
-fn examine(ins: &Inspection, fetcher: &Fetcher) -> Result<ModelTensors, String> {
-    let path = fetcher.materialize(&ins.url).map_err(|e| e.to_string())?;
-    if !path.is_file() {
-        return Err(format!("{}: no such file", ins.url));
-    }
-    let module = Module::load(&path, tch::Device::Cpu).map_err(|e| {
+fn examine(task: &Task) -> Result<ModelTensors, String> {
+    let module = Module::load(&task.model, tch::Device::Cpu).map_err(|e| {
         format!(
             "model.url is not a loadable TorchScript module: {}",
             first_line(&e.to_string())
@@ -68,27 +182,34 @@ fn examine(ins: &Inspection, fetcher: &Fetcher) -> Result<ModelTensors, String> 
             schema.text
         ));
     }
-    if let Some(spec) = &ins.spec {
-        trial(&module, spec, fetcher)?;
+    if let Some(t) = &task.trial {
+        let batch = Tensor::read_safetensors(&t.batch)
+            .map_err(|e| format!("reading the trial batch: {e}"))?;
+        let get = |name: &str| {
+            batch
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.shallow_clone())
+                .ok_or_else(|| format!("the trial batch has no {name}"))
+        };
+        trial(&module, &t.spec, &get("x")?, &get("y")?, t.label_max)?;
     }
     Ok(found)
 }
 
 /// A forward on the first rows of the job's data, checked against the
 /// loss and the targets.
-fn trial(module: &Module, spec: &JobSpecInput, fetcher: &Fetcher) -> Result<(), String> {
-    let data = Dataset::load(spec, fetcher).map_err(|e| format!("dataset: {e}"))?;
-    let mut small = spec.clone();
-    small.batch_size = TRIAL_ROWS.min(data.train_len()).max(1) as u32;
-    let batch = data
-        .stream(&small, 0, 1, Cursor::default())
-        .recv()
-        .map_err(|_| "dataset: no batch could be read".to_owned())?;
-    let (x, y) = (batch.x, batch.y);
+fn trial(
+    module: &Module,
+    spec: &JobSpecInput,
+    x: &Tensor,
+    y: &Tensor,
+    label_max: Option<i64>,
+) -> Result<(), String> {
     module
         .set_train(false)
         .map_err(|e| first_line(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward(&x)).map_err(|e| {
+    let out = tch::no_grad(|| module.forward(x)).map_err(|e| {
         format!(
             "the model cannot take a batch of the dataset (shape {:?}, {:?}): {}",
             x.size(),
@@ -106,7 +227,7 @@ fn trial(module: &Module, spec: &JobSpecInput, fetcher: &Fetcher) -> Result<(), 
     match spec.loss {
         Loss::CrossEntropy => {
             let classes = *out.size().last().unwrap_or(&0);
-            let labels = data.label_max().unwrap_or(0);
+            let labels = label_max.unwrap_or(0);
             if out.dim() < 2 || classes <= labels {
                 return Err(format!(
                     "the model's output {:?} does not fit the dataset's classes: labels go up to {labels}, so cross_entropy needs at least {} scores per sample in the last dimension",
@@ -131,7 +252,7 @@ fn trial(module: &Module, spec: &JobSpecInput, fetcher: &Fetcher) -> Result<(), 
             }
         }
     }
-    crate::replica::loss_of(spec, &out.to_kind(Kind::Float), &y)
+    crate::replica::loss_of(spec, &out.to_kind(Kind::Float), y)
         .map(drop)
         .map_err(|e| {
             format!(
@@ -145,7 +266,8 @@ fn trial(module: &Module, spec: &JobSpecInput, fetcher: &Fetcher) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
 
     /// `tests/python/misfits.py`'s modules, written once per test binary.
     fn modules() -> PathBuf {
@@ -161,8 +283,18 @@ mod tests {
     }
 
     fn inspect_named(name: &str) -> InspectionResult {
-        let url = format!("file://{}", modules().join(name).display());
+        inspect_file(&modules().join(name), 1024, LIMIT, true)
+    }
+
+    fn inspect_file(
+        path: &Path,
+        memory_mb: u64,
+        limit: Duration,
+        screen: bool,
+    ) -> InspectionResult {
+        let url = format!("file://{}", path.display());
         let mut spec = crate::replica::tests::spec();
+        spec.resources.memory_mb = memory_mb;
         if let trainyard_common::spec::ModelSpec::Torchscript(t) = &mut spec.model {
             t.url = url.clone();
         }
@@ -172,7 +304,9 @@ mod tests {
             spec: Some(Box::new(spec)),
             data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
         };
-        inspect(&ins, &Fetcher::local_only())
+        let sandbox = crate::sandbox::Sandbox::for_tests();
+        prepare_and_run(&ins, &Fetcher::local_only(), &sandbox, limit, screen)
+            .unwrap_or_else(InspectionResult::Error)
     }
 
     fn refusal(name: &str) -> String {
@@ -221,5 +355,127 @@ mod tests {
             ]
         );
         assert_eq!(p[4].dtype, "int64");
+    }
+
+    /// `tests/python/attacks.py`'s modules, aimed at a secret of this test
+    /// binary's (standing for the join token and other users' data), at
+    /// `/etc/passwd`, and at a victim file to overwrite.
+    struct Attacks {
+        dir: PathBuf,
+        secret: &'static str,
+        victim: PathBuf,
+    }
+
+    fn attacks() -> &'static Attacks {
+        static A: std::sync::OnceLock<Attacks> = std::sync::OnceLock::new();
+        A.get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("trainyard-attacks-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let secret = "join-token-7f3a9c1e-not-for-models";
+            let secret_file = dir.join("token");
+            std::fs::write(&secret_file, secret).unwrap();
+            let victim = dir.join("victim");
+            std::fs::write(&victim, "the host's own bytes").unwrap();
+            std::fs::write(
+                dir.join("targets.json"),
+                serde_json::json!({
+                    "read": [secret_file, "/etc/passwd"],
+                    "write": victim,
+                })
+                .to_string(),
+            )
+            .unwrap();
+            crate::replica::tests::python(include_str!("../../../tests/python/attacks.py"), &dir);
+            Attacks {
+                dir,
+                secret,
+                victim,
+            }
+        })
+    }
+
+    fn refused(r: InspectionResult) -> String {
+        match r {
+            InspectionResult::Error(e) => e,
+            other => panic!("accepted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn operators_that_touch_files_are_refused_at_the_screen() {
+        let a = attacks();
+        for name in ["read-0.pt", "read-1.pt", "read-eval.pt", "write.pt"] {
+            let why = refused(inspect_file(&a.dir.join(name), 1024, LIMIT, true));
+            assert!(
+                why.contains("aten::from_file") && why.contains("`forward`"),
+                "{name}: {why}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_sandbox_stops_a_read_and_a_write_the_screen_let_through() {
+        let a = attacks();
+        // read-eval.pt reads the secret in the trial's own forward.
+        let why = refused(inspect_file(
+            &a.dir.join("read-eval.pt"),
+            1024,
+            LIMIT,
+            false,
+        ));
+        assert!(why.contains("cannot take a batch"), "{why}");
+        assert!(!why.contains(a.secret), "the secret leaked: {why}");
+        let why = refused(inspect_file(&a.dir.join("write.pt"), 1024, LIMIT, false));
+        assert!(why.contains("cannot take a batch"), "{why}");
+        assert_eq!(
+            std::fs::read_to_string(&a.victim).unwrap(),
+            "the host's own bytes"
+        );
+    }
+
+    #[test]
+    fn a_memory_bomb_ends_its_inspection_with_the_limit_named() {
+        let why = refused(inspect_file(
+            &attacks().dir.join("hog.pt"),
+            256,
+            LIMIT,
+            true,
+        ));
+        assert!(
+            why.contains("exceeded its 1280 MiB memory") && why.contains("256 MiB asked"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn an_endless_forward_is_killed_at_the_limit() {
+        let started = std::time::Instant::now();
+        let why = refused(inspect_file(
+            &attacks().dir.join("spin.pt"),
+            1024,
+            Duration::from_secs(8),
+            true,
+        ));
+        assert!(why.contains("did not finish within 8 s"), "{why}");
+        assert!(started.elapsed() < Duration::from_secs(60));
+    }
+
+    #[test]
+    fn broken_archives_fail_their_inspection_alone() {
+        for name in ["truncated.pt", "fuzzed.pt"] {
+            let why = refused(inspect_file(&attacks().dir.join(name), 1024, LIMIT, true));
+            assert!(
+                why.contains("not a loadable TorchScript module")
+                    || why.contains("TorchScript archive")
+                    || why.contains("inspection of the model failed"),
+                "{name}: {why}"
+            );
+        }
+        // And this process, which stands for the executor, goes on.
+        assert!(matches!(
+            inspect_named("good.pt"),
+            InspectionResult::Parameters(_)
+        ));
     }
 }

@@ -21,6 +21,7 @@
 //! file's parameters.
 
 pub mod inspect;
+pub mod screen;
 
 use crate::context::{CheckpointRequest, Context, StepProgress};
 use crate::ps::{KeptWorker, LastStep, Shard};
@@ -128,20 +129,16 @@ impl Roles {
             let (job_id, ins) = (i.job_id, i.clone());
             let sink = self.sink.clone();
             let fetcher = self.ctx.fetcher.with_policy(i.data_policy.clone());
+            let (sandbox, limit) = (self.ctx.sandbox.clone(), self.ctx.inspection_timeout);
             tokio::spawn(async move {
-                let work = tokio::task::spawn_blocking(move || inspect::inspect(&ins, &fetcher));
-                // A user's forward may never return (a loop in TorchScript):
-                // the job is refused rather than left in `inspecting`. The
-                // thread cannot be stopped; it ends with the executor.
-                let result = match tokio::time::timeout(inspect::LIMIT, work).await {
-                    Ok(Ok(found)) => found,
-                    Ok(Err(e)) => InspectionResult::Error(format!("inspection crashed: {e}")),
-                    Err(_) => InspectionResult::Error(format!(
-                        "inspection did not finish within {} s (loading the model and the \
-                         dataset, then a forward on {} rows of it)",
-                        inspect::LIMIT.as_secs(),
-                        inspect::TRIAL_ROWS
-                    )),
+                // The model runs in a child process that is killed at the
+                // limit (a loop in TorchScript); the thread only waits.
+                let work = tokio::task::spawn_blocking(move || {
+                    inspect::inspect(&ins, &fetcher, &sandbox, limit)
+                });
+                let result = match work.await {
+                    Ok(found) => found,
+                    Err(e) => InspectionResult::Error(format!("inspection crashed: {e}")),
                 };
                 sink.deliver_inspection(InspectionReport { job_id, result });
             });

@@ -1,0 +1,323 @@
+//! The executor's use of the sandbox: users' code runs in a child process
+//! of this executor, confined by `trainyard-sandbox`.
+//!
+//! The executor is the trusted agent: it alone holds the join token, the
+//! object store's keys and its cache. Whatever loads a user's model (or any
+//! bytes libtorch deserializes for a user) runs in a child started here —
+//! the executor's own binary with `--sandboxed KIND` — which reads one
+//! task on stdin, confines itself ([`trainyard_sandbox::enter`]) before it
+//! reads a byte of the user's, and answers one JSON line on stdout. Its
+//! inputs are copied (or linked) by the executor into a [`Workspace`] of its
+//! own: `inputs/` (read-only to it) and `scratch/` (read-write); it sees
+//! nothing else of the host.
+//!
+//! `--sandbox on` (the default) fails closed: on a kernel without Landlock
+//! or seccomp the executor refuses users' code with the reason
+//! ([`Sandbox::refusal`]). `--sandbox off` is for trusted single-user
+//! setups: users' code still runs in a child process (a crash still ends
+//! only that process), but unconfined, and the executor says so loudly.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use trainyard_sandbox::spawn::{run, Identity, Spec};
+use trainyard_sandbox::{Confinement, Ending, Limits, Status};
+
+/// Whether users' code is confined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Confined; refused where the kernel cannot confine it.
+    On,
+    /// Not confined (trusted single-user setups only).
+    Off,
+}
+
+/// Memory a role's process needs beyond what its job asks for: libtorch's
+/// code and the executor's own, counted by the memory cgroup once touched.
+pub const RUNTIME_MB: u64 = 1024;
+
+/// How users' code is run on this executor.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    mode: Mode,
+    identity: Option<Identity>,
+    status: Status,
+    root: PathBuf,
+    program: PathBuf,
+    torch_threads: Option<i32>,
+}
+
+/// The task line a sandboxed child reads on stdin.
+#[derive(Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// What it confines itself to (`None`: `--sandbox off`).
+    pub confinement: Option<Confinement>,
+    /// Threads libtorch may use.
+    pub torch_threads: Option<i32>,
+    /// The task.
+    pub task: T,
+}
+
+impl Sandbox {
+    /// A sandbox in `mode`, running children as `user` (when given), with
+    /// workspaces under `root`, started from `program` (this executable).
+    pub fn new(
+        mode: Mode,
+        user: Option<&str>,
+        root: PathBuf,
+        program: PathBuf,
+        torch_threads: Option<i32>,
+    ) -> Result<Sandbox, String> {
+        let identity = user.map(Identity::named).transpose()?;
+        std::fs::create_dir_all(&root)
+            .map_err(|e| format!("sandbox folder {}: {e}", root.display()))?;
+        Ok(Sandbox {
+            mode,
+            identity,
+            status: Status::probe(),
+            root,
+            program,
+            torch_threads,
+        })
+    }
+
+    /// A sandbox for tests: on, children started from the executor binary
+    /// built beside the test binary.
+    pub fn for_tests() -> Sandbox {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let program = exe
+            .ancestors()
+            .skip(1)
+            .map(|d| d.join("trainyard-executor"))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("trainyard-executor"));
+        let root =
+            std::env::temp_dir().join(format!("trainyard-sandbox-tests-{}", std::process::id()));
+        Sandbox::new(Mode::Off, None, root, program, Some(1)).expect("a sandbox for tests")
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// What this kernel offers.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// Why users' code may not run here (`--sandbox on` on a kernel that
+    /// cannot confine it).
+    pub fn refusal(&self) -> Option<String> {
+        match self.mode {
+            Mode::Off => None,
+            Mode::On => self.status.missing().map(|why| {
+                format!(
+                    "this executor cannot confine users' code ({why}); an admin may start it with \
+                     --sandbox off for a trusted single-user setup"
+                )
+            }),
+        }
+    }
+
+    /// One line for the log and the listing: the mode and the layers.
+    pub fn summary(&self) -> String {
+        let s = &self.status;
+        match (self.mode, self.refusal()) {
+            (Mode::Off, _) => "off: users' code runs in child processes, unconfined".into(),
+            (Mode::On, Some(why)) => format!("unavailable: {why}"),
+            (Mode::On, None) => format!(
+                "on: landlock ABI {}{}, seccomp, {}{}",
+                s.landlock_abi,
+                if s.network() {
+                    " (files and TCP)"
+                } else {
+                    " (files)"
+                },
+                match (s.memory_cgroup, s.pids_cgroup) {
+                    (true, true) => "memory and pids cgroups",
+                    (true, false) => "memory cgroup",
+                    (false, true) => "pids cgroup, data-size rlimit",
+                    (false, false) => "data-size rlimit",
+                },
+                match self.identity {
+                    Some(id) => format!(", uid {}", id.uid),
+                    None if nix::unistd::geteuid().is_root() => {
+                        ", root without capabilities".into()
+                    }
+                    None => String::new(),
+                }
+            ),
+        }
+    }
+
+    /// A fresh workspace named after `name` (removed when dropped).
+    pub fn workspace(&self, name: &str) -> Result<Workspace, String> {
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.root.join(format!("{name}-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let made = (|| {
+            std::fs::create_dir_all(dir.join("inputs"))?;
+            std::fs::create_dir_all(dir.join("scratch"))?;
+            if let Some(id) = self.identity {
+                // Its scratch is its own; its inputs stay the executor's.
+                std::os::unix::fs::chown(dir.join("scratch"), Some(id.uid), Some(id.gid))?;
+            }
+            Ok::<_, std::io::Error>(())
+        })();
+        made.map_err(|e| format!("sandbox workspace {}: {e}", dir.display()))?;
+        Ok(Workspace { dir })
+    }
+
+    /// Runs `task` as `kind` in a child confined to `ws` with `limits`,
+    /// for at most `timeout`; its answer, or why it has none (the limit or
+    /// signal that ended it, with the last line it wrote).
+    pub fn run<T: Serialize, R: DeserializeOwned>(
+        &self,
+        kind: &str,
+        ws: &Workspace,
+        task: &T,
+        limits: Limits,
+        timeout: Duration,
+    ) -> Result<R, String> {
+        if let Some(why) = self.refusal() {
+            return Err(why);
+        }
+        let confinement = (self.mode == Mode::On).then(|| Confinement {
+            read_only: vec![ws.inputs()],
+            read_write: vec![ws.scratch()],
+            connect_tcp: Some(vec![]),
+            bind_tcp: Some(vec![]),
+            limits,
+        });
+        let envelope = Envelope {
+            confinement,
+            torch_threads: self.torch_threads,
+            task,
+        };
+        let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
+        let spec = Spec {
+            program: self.program.clone(),
+            args: vec!["--sandboxed".into(), kind.into()],
+            env: child_env(),
+            identity: self.identity,
+            limits,
+            name: kind.into(),
+        };
+        let (ending, out, err) = run(&spec, line.as_bytes(), Some(timeout), 64 << 20)
+            .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        match ending {
+            Ending::Exited(0) => serde_json::from_slice(&out).map_err(|e| {
+                format!("the sandboxed {kind} answered nothing readable ({e}): {last}")
+            }),
+            Ending::Memory { .. } => Err(format!(
+                "the {kind} {ending} ({} MiB asked by resources.memory_mb, {RUNTIME_MB} MiB for the runtime)",
+                limits.memory_mb.saturating_sub(RUNTIME_MB)
+            )),
+            other => Err(format!(
+                "the {kind} {other}{}",
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {last}")
+                }
+            )),
+        }
+    }
+}
+
+/// The whole environment of a child: where libtorch is, nothing else (no
+/// join token, no store keys, no proxies).
+fn child_env() -> Vec<(String, String)> {
+    ["LD_LIBRARY_PATH"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .chain([("PATH".to_owned(), "/usr/bin:/bin".to_owned())])
+        .collect()
+}
+
+/// One child's folders: `inputs/` (read-only to it) and `scratch/`.
+pub struct Workspace {
+    dir: PathBuf,
+}
+
+impl Workspace {
+    /// Its inputs folder.
+    pub fn inputs(&self) -> PathBuf {
+        self.dir.join("inputs")
+    }
+
+    /// Its scratch folder.
+    pub fn scratch(&self) -> PathBuf {
+        self.dir.join("scratch")
+    }
+
+    /// Puts a copy of `src` (a hard link where the file system allows)
+    /// into its inputs as `name`; the path the child reads it at.
+    pub fn input(&self, name: &str, src: &Path) -> Result<PathBuf, String> {
+        let dst = self.inputs().join(name);
+        if std::fs::hard_link(src, &dst).is_err() {
+            std::fs::copy(src, &dst)
+                .map_err(|e| format!("copying {} into the sandbox: {e}", src.display()))?;
+        }
+        Ok(dst)
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The child's side: reads the envelope on stdin, confines itself, runs
+/// `work` on the task and prints its answer. Returns the exit code.
+pub fn child<T: DeserializeOwned, R: Serialize>(work: impl FnOnce(T) -> R) -> i32 {
+    use std::io::{BufRead, Write};
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().lock().read_line(&mut line) {
+        eprintln!("reading the task: {e}");
+        return 2;
+    }
+    let envelope: Envelope<T> = match serde_json::from_str(&line) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("reading the task: {e}");
+            return 2;
+        }
+    };
+    if let Some(c) = &envelope.confinement {
+        if let Err(e) = trainyard_sandbox::enter(c) {
+            eprintln!("cannot confine this process: {e}");
+            return 3;
+        }
+    }
+    if let Some(n) = envelope.torch_threads {
+        tch::set_num_threads(n);
+    }
+    let answer = work(envelope.task);
+    let mut out = std::io::stdout().lock();
+    match serde_json::to_writer(&mut out, &answer) {
+        Ok(()) => {
+            let _ = out.write_all(b"\n");
+            let _ = out.flush();
+            0
+        }
+        Err(e) => {
+            eprintln!("writing the answer: {e}");
+            4
+        }
+    }
+}
+
+/// A shared handle.
+pub type Shared = Arc<Sandbox>;

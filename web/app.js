@@ -690,6 +690,12 @@ function drawCluster(root, a) {
 
 // ---------- executors ----------
 
+// How an executor confines users' code: its state, the layers as a tooltip.
+function sandboxCell(s) {
+  if (!s) return el("td", { class: "sandbox muted", text: "not reported" });
+  return el("td", { class: "sandbox sandbox-" + s.state, "data-sandbox": s.state, title: s.detail, text: s.state });
+}
+
 function executorsView(main) {
   mount(main, "tpl-executors");
   let fetchedAt = Date.now();
@@ -713,6 +719,7 @@ function executorsView(main) {
         el("td", { text: e.address }),
         el("td", {}, e.resources.devices.map((d) => el("div", { text: `${d.kind}:${d.index} ${d.name} (${bytes(d.memory_bytes)})` }))),
         el("td", { text: `${e.resources.cpu_cores} cores · ${bytes(e.resources.ram_bytes)}` }),
+        sandboxCell(e.sandbox),
         el("td", { class: "roles" }, e.roles.length ? e.roles.map((r) => el("a", { href: "#/jobs/" + r.job_id, title: r.job_id, text: `${r.role === "ps" ? (r.standby ? "standby of PS shard" : "PS shard") : "worker"} ${r.index} · job ${short(r.job_id)} · g${r.generation}` })) : el("span", { class: "muted", text: "idle" })),
         hb);
     }));

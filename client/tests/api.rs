@@ -207,6 +207,7 @@ async fn an_executor_registers_beats_reports_drains_and_leaves() {
             ram_bytes: 4 << 30,
         },
         labels: BTreeMap::new(),
+        sandbox: None,
     };
     let refused = exec.register("wrong", &registration).await.unwrap_err();
     assert_eq!(refused.status(), Some(401), "{refused}");

@@ -384,6 +384,9 @@ pub struct ExecutorInfo {
     pub resources: ExecutorResources,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+    /// How it confines users' code (`null`: it did not say, an executor
+    /// from before sandboxes).
+    pub sandbox: Option<crate::cluster::SandboxReport>,
     /// Roles assigned to it now.
     pub roles: Vec<RoleInfo>,
     /// When it registered.

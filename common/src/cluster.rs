@@ -79,7 +79,36 @@ pub struct RegisterRequest {
     /// Labels, e.g. `{"host": "gpu-node-3"}`; `host` keeps ring ranks adjacent.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// How it confines users' code (absent: an executor from before
+    /// sandboxes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxReport>,
 }
+
+/// How an executor runs users' code (their models).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxReport {
+    /// `confined`, `unconfined` (started with `--sandbox off`) or
+    /// `unavailable` (the kernel cannot confine: users' code is refused).
+    pub state: SandboxState,
+    /// The layers in force, or why there are none (at most 512 characters).
+    pub detail: String,
+}
+
+/// Whether users' code is confined on an executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// In a sandboxed child process.
+    Confined,
+    /// In a child process, unconfined (a trusted single-user setup).
+    Unconfined,
+    /// Refused: the kernel lacks what the sandbox needs.
+    Unavailable,
+}
+
+/// Longest [`SandboxReport::detail`].
+pub const MAX_SANDBOX_DETAIL: usize = 512;
 
 impl RegisterRequest {
     /// Every violation of the request's bounds.
@@ -106,6 +135,16 @@ impl RegisterRequest {
                     self.address
                 ),
             ),
+        }
+        if let Some(s) = &self.sandbox {
+            if s.detail.chars().count() > MAX_SANDBOX_DETAIL
+                || s.detail.chars().any(char::is_control)
+            {
+                fail(
+                    "sandbox.detail".into(),
+                    format!("must be at most {MAX_SANDBOX_DETAIL} characters without control characters"),
+                );
+            }
         }
         let r = &self.resources;
         if r.devices.is_empty() || r.devices.len() > MAX_DEVICES {

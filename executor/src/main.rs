@@ -193,6 +193,7 @@ fn main() -> anyhow::Result<()> {
         (_, Some(why)) => tracing::error!("users' code is refused: {why}"),
         (_, None) => tracing::info!(sandbox = %sandbox.summary(), "users' code is confined"),
     }
+    let sandbox_report = sandbox.report();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -230,6 +231,7 @@ fn main() -> anyhow::Result<()> {
             address,
             resources: resources(&cli)?,
             labels: cli.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+            sandbox: Some(sandbox_report.clone()),
         };
         agent::run(agent::AgentConfig {
             api,

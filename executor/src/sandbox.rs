@@ -40,7 +40,7 @@ pub enum Mode {
 pub const RUNTIME_MB: u64 = 1024;
 
 /// How users' code is run on this executor.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sandbox {
     mode: Mode,
     identity: Option<Identity>,
@@ -154,6 +154,20 @@ impl Sandbox {
         }
     }
 
+    /// What the executor tells the API at registration.
+    pub fn report(&self) -> trainyard_common::cluster::SandboxReport {
+        use trainyard_common::cluster::{SandboxReport, SandboxState, MAX_SANDBOX_DETAIL};
+        let state = match (self.mode, self.refusal()) {
+            (Mode::Off, _) => SandboxState::Unconfined,
+            (Mode::On, Some(_)) => SandboxState::Unavailable,
+            (Mode::On, None) => SandboxState::Confined,
+        };
+        SandboxReport {
+            state,
+            detail: self.summary().chars().take(MAX_SANDBOX_DETAIL).collect(),
+        }
+    }
+
     /// A fresh workspace named after `name` (removed when dropped).
     pub fn workspace(&self, name: &str) -> Result<Workspace, String> {
         static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -243,6 +257,14 @@ fn child_env() -> Vec<(String, String)> {
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .chain([("PATH".to_owned(), "/usr/bin:/bin".to_owned())])
         .collect()
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Its workspaces are gone by now; an empty folder is not left
+        // behind (one still in use by another sandbox stays).
+        let _ = std::fs::remove_dir(&self.root);
+    }
 }
 
 /// One child's folders: `inputs/` (read-only to it) and `scratch/`.

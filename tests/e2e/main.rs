@@ -10,6 +10,7 @@ mod executor_probe;
 mod partitions;
 mod provisioner;
 mod replicas;
+mod sandbox;
 mod server_lifecycle;
 mod sharded;
 mod sharing;

@@ -95,6 +95,10 @@ async function main() {
     await page.waitForFunction(() => document.querySelectorAll("#executors tr[data-state=live]").length >= 4);
     const hb = await page.textContent("#executors tr[data-state=live] td.heartbeat");
     assert.match(hb, /s ago/, "heartbeat freshness is shown");
+    // Each executor says how it confines users' code.
+    const sandbox = await page.textContent("#executors tr[data-state=live] td.sandbox");
+    assert.equal(sandbox, "confined", "the executor's sandbox is shown");
+    assert.match(await page.getAttribute("#executors tr[data-state=live] td.sandbox", "title"), /landlock ABI \d+/, "its layers are in the tooltip");
     await page.waitForFunction(() => (document.querySelector("#provisioner-settings")?.textContent || "").length > 0);
     assert.match(await page.textContent("#provisioner-settings"), /started by hand/, "the provisioner is shown");
     await shot(page, "executors");

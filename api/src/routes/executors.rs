@@ -66,6 +66,11 @@ fn info_from_row(r: &PgRow, roles: Vec<RoleInfo>) -> ApiResult<ExecutorInfo> {
             .unwrap_or(ExecutorState::Lost),
         resources: serde_json::from_value(r.try_get("resources")?).map_err(internal)?,
         labels: serde_json::from_value(r.try_get("labels")?).map_err(internal)?,
+        sandbox: r
+            .try_get::<Option<serde_json::Value>, _>("sandbox")?
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(internal)?,
         roles,
         registered_at: r.try_get("registered_at")?,
         last_heartbeat_at: r.try_get("last_heartbeat_at")?,
@@ -128,13 +133,14 @@ pub async fn register(
     }
     let id = Uuid::now_v7();
     let token = hex::encode(new_secret());
-    sqlx::query("INSERT INTO executors (id, name, address, resources, labels, token_hash) VALUES ($1, $2, $3, $4, $5, $6)")
+    sqlx::query("INSERT INTO executors (id, name, address, resources, labels, token_hash, sandbox) VALUES ($1, $2, $3, $4, $5, $6, $7)")
         .bind(id)
         .bind(&req.name)
         .bind(&req.address)
         .bind(serde_json::to_value(&req.resources).map_err(|e| ApiError::Internal(e.into()))?)
         .bind(serde_json::to_value(&req.labels).map_err(|e| ApiError::Internal(e.into()))?)
         .bind(hash(&token))
+        .bind(req.sandbox.as_ref().map(serde_json::to_value).transpose().map_err(|e| ApiError::Internal(e.into()))?)
         .execute(&st.db)
         .await?;
     notify(&st.db, id).await?;

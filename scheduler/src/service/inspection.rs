@@ -1,7 +1,8 @@
 //! TorchScript jobs are inspected before they are planned: a live executor
 //! loads the file and reports its tensors. This hands each such job to the
 //! least busy live executor (`queued → inspecting`) and moves an
-//! inspection whose inspector is gone to another.
+//! inspection whose inspector is gone to another. An executor that cannot
+//! confine users' code (its sandbox `unavailable`) is never an inspector.
 
 use super::error::{db_err, SchedulerError};
 use crate::lifecycle::{self, event, transition};
@@ -25,6 +26,7 @@ pub(super) async fn assign_inspections(db: &PgPool) -> Result<(), SchedulerError
     for (job, state, previous) in pending {
         let pick: Option<(Uuid, String)> = sqlx::query_as(
             "SELECT e.id, e.name FROM executors e WHERE e.state = 'live'
+               AND coalesce(e.sandbox->>'state', '') <> 'unavailable'
              ORDER BY (SELECT count(*) FROM jobs j WHERE j.inspector = e.id AND j.state = 'inspecting'), e.id LIMIT 1",
         )
         .fetch_optional(db)

@@ -96,7 +96,7 @@ impl Sandbox {
             .unwrap_or_else(|| PathBuf::from("trainyard-executor"));
         let root =
             std::env::temp_dir().join(format!("trainyard-sandbox-tests-{}", std::process::id()));
-        Sandbox::new(Mode::Off, None, root, program, Some(1)).expect("a sandbox for tests")
+        Sandbox::new(Mode::On, None, root, program, Some(1)).expect("a sandbox for tests")
     }
 
     /// The mode.
@@ -343,3 +343,60 @@ pub fn child<T: DeserializeOwned, R: Serialize>(work: impl FnOnce(T) -> R) -> i3
 
 /// A shared handle.
 pub type Shared = Arc<Sandbox>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trainyard_common::cluster::SandboxState;
+
+    fn on_a_kernel(status: Status, mode: Mode) -> Sandbox {
+        let mut s = Sandbox::for_tests();
+        s.status = status;
+        s.mode = mode;
+        s
+    }
+
+    fn bare() -> Status {
+        Status {
+            landlock_abi: 0,
+            seccomp: true,
+            memory_cgroup: false,
+            pids_cgroup: false,
+        }
+    }
+
+    #[test]
+    fn without_landlock_users_code_is_refused_unless_the_admin_says_off() {
+        let s = on_a_kernel(bare(), Mode::On);
+        let why = s.refusal().expect("refused");
+        assert!(
+            why.contains("no Landlock") && why.contains("--sandbox off"),
+            "{why}"
+        );
+        assert_eq!(s.report().state, SandboxState::Unavailable);
+        // Nothing is started: the refusal is the answer.
+        let ws = s.workspace("refused").unwrap();
+        let r: Result<serde_json::Value, String> = s.run(
+            "inspection",
+            &ws,
+            &0,
+            Limits::default(),
+            Duration::from_secs(5),
+        );
+        assert_eq!(r.unwrap_err(), why);
+
+        let off = on_a_kernel(bare(), Mode::Off);
+        assert_eq!(off.refusal(), None);
+        assert_eq!(off.report().state, SandboxState::Unconfined);
+        assert!(off.report().detail.contains("unconfined"));
+    }
+
+    #[test]
+    fn this_kernel_confines_and_says_how() {
+        let s = Sandbox::for_tests();
+        assert_eq!(s.refusal(), None, "{:?}", s.status());
+        let r = s.report();
+        assert_eq!(r.state, SandboxState::Confined);
+        assert!(r.detail.starts_with("on: landlock ABI"), "{}", r.detail);
+    }
+}

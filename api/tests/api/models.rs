@@ -403,3 +403,92 @@ async fn an_inspection_gets_the_spec_and_its_tensor_kinds_and_dtypes_are_checked
     );
     let _ = std::fs::remove_dir_all(&store);
 }
+
+/// Registers executor `name` saying its sandbox is in `state`: its id and
+/// token.
+async fn register_sandboxed(app: &TestApp, name: &str, state: &str) -> (String, String) {
+    let mut body = crate::executors::registration(name);
+    body["sandbox"] = json!({"state": state, "detail": format!("{state} (test)")});
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let body: Value = r.json().await.unwrap();
+    (
+        body["id"].as_str().unwrap().to_owned(),
+        body["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn an_executor_that_cannot_confine_users_code_never_inspects_a_model() {
+    let (app, store) = app_with_store("unconfined").await;
+    let (bare, bare_token) = register_sandboxed(&app, "bare-kernel", "unavailable").await;
+    let job = app.submit(&torchscript_spec("waits")).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // However often it asks, it is given nothing; the job says why it waits.
+    let mut reason = String::new();
+    for _ in 0..30 {
+        let hb: Value = app
+            .post_as(
+                &format!("/v1/executors/{bare}/heartbeat"),
+                &bare_token,
+                &json!({"roles": []}),
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(hb["inspections"], json!([]), "{hb}");
+        let j = app.get_json(&format!("/v1/jobs/{job}")).await;
+        assert_eq!(j["state"], "queued", "{j}");
+        reason = j["state_reason"].as_str().unwrap_or("").to_owned();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reason.contains("can confine users' code"), "{reason}");
+    // The listing says how each executor stands.
+    let list = app.get_json("/v1/executors").await;
+    let listed = &list["executors"][0];
+    assert_eq!(
+        listed["sandbox"],
+        json!({"state": "unavailable", "detail": "unavailable (test)"})
+    );
+    // A confined executor takes the inspection.
+    let (id, token) = register_sandboxed(&app, "confined", "confined").await;
+    let i = inspection_for(&app, &id, &token, &job).await;
+    assert_eq!(i["job_id"], json!(job));
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+#[tokio::test]
+async fn a_sandbox_report_is_bounded_and_named_when_refused() {
+    let app = crate::helpers::spawn_app().await;
+    let mut body = crate::executors::registration("chatty");
+    body["sandbox"] = json!({"state": "confined", "detail": "x".repeat(513)});
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 422, Some("sandbox.detail")).await;
+    body["sandbox"] = json!({"state": "sideways", "detail": ""});
+    let r = app
+        .client
+        .post(app.url("/v1/executors"))
+        .bearer_auth("test-join-token")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422, "an unknown state is refused");
+}

@@ -48,7 +48,7 @@ pub(super) async fn assign_inspections(db: &PgPool) -> Result<(), SchedulerError
                     "UPDATE jobs SET state_reason = $2 WHERE id = $1 AND state_reason <> $2",
                 )
                 .bind(job)
-                .bind("waiting: no live executor to inspect the TorchScript file")
+                .bind("waiting: no live executor that can confine users' code to inspect the TorchScript file")
                 .execute(&mut *tx)
                 .await?;
             }

@@ -39,7 +39,7 @@ figures = []
 if os.path.exists(os.path.join(results, "figures.jsonl")):
     with open(os.path.join(results, "figures.jsonl")) as f:
         figures = [json.loads(line) for line in f if line.strip()]
-data = {b: load(f"{b}.json") for b in ["plan", "train", "checkpoint", "data", "ring", "slow-links", "ps", "api", "e2e"]}
+data = {b: load(f"{b}.json") for b in ["plan", "train", "checkpoint", "sandbox", "data", "ring", "slow-links", "ps", "api", "e2e"]}
 durations = {}
 if os.path.exists(os.path.join(results, "durations")):
     for line in open(os.path.join(results, "durations")):
@@ -271,6 +271,16 @@ w("The checkpoint stall: the same job (MLP 784-1024-1024-10 with Adam, 22 MiB pe
   f"{ckpt_how}. "
   "Target: ≤ 1.10× the step time without checkpoints.\n")
 table("checkpoint")
+
+w("## The sandbox's process boundary (`inspect-bench`)\n")
+sb = data.get("sandbox")
+sb_how = f" over {sb['rounds']} rounds; layers: {sb['layers']}" if sb else ""
+w("What confining a user's model costs its inspection: the same TorchScript MLP (64-256-256-10) loaded, its "
+  "tensors listed and its forward's schema checked in the executor's own process (as before the sandbox) and in a "
+  "sandboxed child (`trainyard-executor --sandboxed inspection`: spawn, exec, libtorch loaded, Landlock + seccomp + "
+  f"cgroups entered, the answer as JSON); median ms{sb_how}. The difference is the child's start, which a training "
+  "role in a process of its own would also pay once per generation. No target: an inspection runs once per job.\n")
+table("sandbox")
 
 w("## Sharded datasets (`data-bench`)\n")
 d = data.get("data")

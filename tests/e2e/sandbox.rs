@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use trainyard_common::JobState;
-use trainyard_e2e::{repo_root, ApiClient, MlpSpec, Platform};
+use trainyard_e2e::{python_script, repo_root, ApiClient, MlpSpec, Platform};
 
 const ADMIN: &str = "e2e-sandbox-admin";
 
@@ -131,17 +131,7 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
         json!({"read": targets, "write": victim}).to_string(),
     )
     .unwrap();
-    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = std::process::Command::new(python)
-        .arg(repo_root().join("tests/python/attacks.py"))
-        .arg(&models)
-        .output()
-        .expect("python3 with torch (run through scripts/test)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_script("attacks.py", &models);
 
     // Bob trains again while Alice's attacks run on the same executor.
     let busy = bystander("busy");
@@ -188,15 +178,7 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
         format!("TRAINYARD_CACHE_DIR={}", cache.display()),
     ];
     for (file, id, expect) in &jobs {
-        let job = alice.wait_end(id, Duration::from_secs(180));
-        assert_eq!(job.state, JobState::Failed, "{file}: {job:?}");
-        for e in expect {
-            assert!(
-                job.state_reason.contains(e),
-                "{file}: {:?} lacks {e:?}",
-                job.state_reason
-            );
-        }
+        alice.wait_failed_with(file, id, Duration::from_secs(180), expect);
         let seen = readable(&alice, id);
         for n in &needles {
             assert!(

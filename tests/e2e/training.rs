@@ -199,18 +199,7 @@ fn a_model_that_cannot_train_on_its_data_fails_in_inspecting_naming_the_mismatch
     let _exec = p.executor("inspector");
     let dir = p.file("misfits");
     std::fs::create_dir_all(&dir).unwrap();
-    let script = trainyard_e2e::repo_root().join("tests/python/misfits.py");
-    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .arg(&dir)
-        .output()
-        .expect("python3 with torch (run through scripts/test)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    trainyard_e2e::python_script("misfits.py", &dir);
     let cases = [
         ("two", vec!["forward must take one tensor", "Tensor mask"]),
         ("few", vec!["labels go up to 9", "at least 10"]),
@@ -229,15 +218,7 @@ fn a_model_that_cannot_train_on_its_data_fails_in_inspecting_naming_the_mismatch
         })
         .collect();
     for ((name, words), id) in cases.iter().zip(&ids) {
-        let job = p.wait_end(id, Duration::from_secs(90));
-        assert_eq!(job.state, JobState::Failed, "{name}: {job:?}");
-        for w in words {
-            assert!(
-                job.state_reason.contains(w),
-                "{name}: {:?} lacks {w:?}",
-                job.state_reason
-            );
-        }
+        p.wait_failed_with(name, id, Duration::from_secs(90), words);
         // Refused before any worker started.
         assert_eq!(p.states(id), ["queued", "inspecting", "failed"], "{name}");
     }

@@ -254,6 +254,25 @@ impl ApiClient {
         })
     }
 
+    /// Waits up to `limit` for job `id` to fail; the job, whose reason must
+    /// hold each of `words` (`what` names the case in a panic).
+    pub fn wait_failed_with(&self, what: &str, id: &str, limit: Duration, words: &[&str]) -> Job {
+        let job = self.wait_end(id, limit);
+        assert_eq!(
+            job.state,
+            trainyard_common::JobState::Failed,
+            "{what}: {job:?}"
+        );
+        for w in words {
+            assert!(
+                job.state_reason.contains(w),
+                "{what}: {:?} lacks {w:?}",
+                job.state_reason
+            );
+        }
+        job
+    }
+
     /// Who holds which role of job `id` now.
     pub fn assignments(&self, id: &str) -> JobAssignments {
         self.call(&format!("assignments of {id}"), || {

@@ -250,6 +250,19 @@ pub fn start_executor(
     Proc::spawn(cmd)
 }
 
+/// Runs `tests/python/<name>` with `arg` in the venv's Python
+/// (`TRAINYARD_PYTHON`, else `python3`, first on PATH in `scripts/test`);
+/// panics, with its stderr, unless it succeeded.
+pub fn python_script(name: &str, arg: &std::path::Path) -> std::process::Output {
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_ok(
+        Command::new(python)
+            .arg(repo_root().join("tests/python").join(name))
+            .arg(arg),
+        name,
+    )
+}
+
 /// Runs `cmd` to its end and returns its output; panics, with its stderr,
 /// unless it succeeded (`what` names it in the message).
 pub fn run_ok(cmd: &mut Command, what: &str) -> std::process::Output {

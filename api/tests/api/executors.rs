@@ -28,14 +28,23 @@ pub async fn register(app: &TestApp, name: &str) -> (String, String) {
 pub async fn register_at(app: &TestApp, name: &str, address: &str) -> (String, String) {
     let mut body = registration(name);
     body["address"] = json!(address);
-    let r = app
-        .client
+    register_body(app, &body).await
+}
+
+/// Posts `body` as a registration with the join token: the answer.
+pub async fn post_registration(app: &TestApp, body: &Value) -> reqwest::Response {
+    app.client
         .post(app.url("/v1/executors"))
         .bearer_auth("test-join-token")
-        .json(&body)
+        .json(body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Registers the executor `body` describes: its id and token.
+pub async fn register_body(app: &TestApp, body: &Value) -> (String, String) {
+    let r = post_registration(app, body).await;
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
     let body: Value = r.json().await.unwrap();
     (

@@ -409,20 +409,7 @@ async fn an_inspection_gets_the_spec_and_its_tensor_kinds_and_dtypes_are_checked
 async fn register_sandboxed(app: &TestApp, name: &str, state: &str) -> (String, String) {
     let mut body = crate::executors::registration(name);
     body["sandbox"] = json!({"state": state, "detail": format!("{state} (test)")});
-    let r = app
-        .client
-        .post(app.url("/v1/executors"))
-        .bearer_auth("test-join-token")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let body: Value = r.json().await.unwrap();
-    (
-        body["id"].as_str().unwrap().to_owned(),
-        body["token"].as_str().unwrap().to_owned(),
-    )
+    crate::executors::register_body(app, &body).await
 }
 
 #[tokio::test]
@@ -472,23 +459,9 @@ async fn a_sandbox_report_is_bounded_and_named_when_refused() {
     let app = crate::helpers::spawn_app().await;
     let mut body = crate::executors::registration("chatty");
     body["sandbox"] = json!({"state": "confined", "detail": "x".repeat(513)});
-    let r = app
-        .client
-        .post(app.url("/v1/executors"))
-        .bearer_auth("test-join-token")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = crate::executors::post_registration(&app, &body).await;
     assert_problem(r, 422, Some("sandbox.detail")).await;
     body["sandbox"] = json!({"state": "sideways", "detail": ""});
-    let r = app
-        .client
-        .post(app.url("/v1/executors"))
-        .bearer_auth("test-join-token")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = crate::executors::post_registration(&app, &body).await;
     assert_eq!(r.status(), 422, "an unknown state is refused");
 }

@@ -188,8 +188,9 @@ impl Sandbox {
     }
 
     /// Runs `task` as `kind` in a child confined to `ws` with `limits`,
-    /// for at most `timeout`; its answer, or why it has none (the limit or
-    /// signal that ended it, with the last line it wrote).
+    /// for at most `timeout` or until `stop` says so (the child's process
+    /// group and cgroup are then killed); its answer, or why it has none
+    /// (the limit or signal that ended it, with the last line it wrote).
     pub fn run<T: Serialize, R: DeserializeOwned>(
         &self,
         kind: &str,
@@ -197,6 +198,7 @@ impl Sandbox {
         task: &T,
         limits: Limits,
         timeout: Duration,
+        stop: &dyn Fn() -> bool,
     ) -> Result<R, String> {
         if let Some(why) = self.refusal() {
             return Err(why);
@@ -222,7 +224,7 @@ impl Sandbox {
             limits,
             name: kind.into(),
         };
-        let (ending, out, err) = run(&spec, line.as_bytes(), Some(timeout), 64 << 20)
+        let (ending, out, err) = run(&spec, line.as_bytes(), Some(timeout), stop, 64 << 20)
             .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
         let last = err
             .lines()
@@ -382,6 +384,7 @@ mod tests {
             &0,
             Limits::default(),
             Duration::from_secs(5),
+            &|| false,
         );
         assert_eq!(r.unwrap_err(), why);
 

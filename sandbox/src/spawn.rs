@@ -333,13 +333,14 @@ impl Drop for Child {
     }
 }
 
-/// Runs `spec` with `task` on its stdin to its end (or `timeout`):
-/// its ending, its stdout (at most `max_out` bytes) and the tail of its
-/// stderr (at most 4 KiB).
+/// Runs `spec` with `task` on its stdin to its end (or `timeout`, or
+/// until `stop` says so): its ending, its stdout (at most `max_out` bytes)
+/// and the tail of its stderr (at most 4 KiB).
 pub fn run(
     spec: &Spec,
     task: &[u8],
     timeout: Option<Duration>,
+    stop: &dyn Fn() -> bool,
     max_out: usize,
 ) -> std::io::Result<(Ending, Vec<u8>, String)> {
     let mut child = Child::spawn(spec, task)?;
@@ -356,7 +357,7 @@ pub fn run(
     let err = child
         .stderr()
         .map(|s| std::thread::spawn(move || tail(s, 4096)));
-    let ending = child.wait(timeout, &|| false);
+    let ending = child.wait(timeout, stop);
     drop(child);
     let out = out.and_then(|t| t.join().ok()).unwrap_or_default();
     let err = err.and_then(|t| t.join().ok()).unwrap_or_default();

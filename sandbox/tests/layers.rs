@@ -71,8 +71,14 @@ struct Answer {
 
 fn probe_as(c: Option<&Confinement>, attempt: Value, s: &Spec) -> Answer {
     let task = json!({ "confinement": c, "attempt": attempt }).to_string() + "\n";
-    let (ending, out, err) =
-        run(s, task.as_bytes(), Some(Duration::from_secs(60)), 1 << 20).expect("the probe starts");
+    let (ending, out, err) = run(
+        s,
+        task.as_bytes(),
+        Some(Duration::from_secs(60)),
+        &|| false,
+        1 << 20,
+    )
+    .expect("the probe starts");
     let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
     Answer {
         ok: v["ok"].as_bool().unwrap_or(false),
@@ -298,8 +304,21 @@ fn crashes_and_hangs_end_the_child_alone_with_their_cause() {
         &spec(c.limits, None),
         task.as_bytes(),
         Some(Duration::from_millis(500)),
+        &|| false,
         1024,
     )
     .unwrap();
     assert_eq!(ending, Ending::TimedOut(Duration::from_millis(500)));
+    // Stopped by its parent (a cancelled job) before any timeout.
+    let asked = std::time::Instant::now();
+    let (ending, _, _) = run(
+        &spec(c.limits, None),
+        task.as_bytes(),
+        Some(Duration::from_secs(60)),
+        &|| asked.elapsed() > Duration::from_millis(300),
+        1024,
+    )
+    .unwrap();
+    assert_eq!(ending, Ending::Killed);
+    assert!(asked.elapsed() < Duration::from_secs(10));
 }

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use trainyard_common::JobState;
-use trainyard_e2e::{python_script, repo_root, ApiClient, MlpSpec, Platform};
+use trainyard_e2e::{eventually, python_script, repo_root, ApiClient, MlpSpec, Platform};
 
 const ADMIN: &str = "e2e-sandbox-admin";
 
@@ -215,4 +215,40 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
         "{sandbox:?}"
     );
     let _ = std::fs::remove_file(&victim);
+
+    // A cancelled job's inspection is killed at once, not at its timeout.
+    let mut spec = json!({
+        "name": "spin-cancelled",
+        "model": {"kind": "torchscript", "url": "artifact:spin.pt"},
+        "dataset": {"kind": "file", "url": alice_data},
+        "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
+        "batch_size": 32, "steps": 20,
+    });
+    spec["resources"] = json!({"memory_mb": 512});
+    let id = alice.submit(&spec);
+    let child = eventually(Duration::from_secs(60), || inspection_child(exec.pid()))
+        .expect("the executor starts a sandboxed inspection");
+    let (status, body) = alice.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
+    assert!(status < 300, "{status} {body}");
+    let gone = eventually(Duration::from_secs(10), || {
+        (!Path::new(&format!("/proc/{child}")).exists()).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "the inspection of a cancelled job still runs"
+    );
+    assert!(exec.running(), "the executor died: {}", exec.output());
+}
+
+/// The pid of a sandboxed inspection `executor` runs, if one runs.
+fn inspection_child(executor: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The parent is the fourth field, after the command in parentheses.
+        let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        (ppid == executor && String::from_utf8_lossy(&cmdline).contains("--sandboxed"))
+            .then_some(pid)
+    })
 }

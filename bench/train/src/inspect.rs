@@ -78,6 +78,7 @@ fn main() {
                 &task,
                 Limits::default(),
                 Duration::from_secs(60),
+                &|| false,
             )
             .expect("a sandboxed inspection");
         assert!(matches!(r, InspectionResult::Parameters(_)), "{r:?}");

@@ -28,6 +28,7 @@ use crate::sandbox::Sandbox;
 use crate::storage::Fetcher;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tch::{Kind, Tensor};
 use trainyard_common::cluster::{Inspection, InspectionResult};
 use trainyard_common::spec::{JobSpecInput, Loss};
@@ -62,14 +63,16 @@ pub struct Trial {
 
 /// Inspects the file of `ins` (through `fetcher` when it is in an object
 /// store) and, when the spec came with it, tries a forward on its data,
-/// the model's code confined by `sandbox` for at most `timeout`.
+/// the model's code confined by `sandbox` for at most `timeout`, or until
+/// `cancel` is set (the child is then killed).
 pub fn inspect(
     ins: &Inspection,
     fetcher: &Fetcher,
     sandbox: &Sandbox,
     timeout: std::time::Duration,
+    cancel: &AtomicBool,
 ) -> InspectionResult {
-    match prepare_and_run(ins, fetcher, sandbox, timeout, true) {
+    match prepare_and_run(ins, fetcher, sandbox, timeout, cancel, true) {
         Ok(found) => found,
         Err(reason) => InspectionResult::Error(reason),
     }
@@ -80,6 +83,7 @@ fn prepare_and_run(
     fetcher: &Fetcher,
     sandbox: &Sandbox,
     timeout: std::time::Duration,
+    cancel: &AtomicBool,
     screen: bool,
 ) -> Result<InspectionResult, String> {
     if let Some(why) = sandbox.refusal() {
@@ -120,7 +124,14 @@ fn prepare_and_run(
         ..Limits::default()
     };
     sandbox
-        .run("inspection", &ws, &Task { model, trial }, limits, timeout)
+        .run(
+            "inspection",
+            &ws,
+            &Task { model, trial },
+            limits,
+            timeout,
+            &|| cancel.load(Ordering::Relaxed),
+        )
         .map_err(|e| format!("inspection of the model failed: {e}"))
 }
 
@@ -305,8 +316,16 @@ mod tests {
             data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
         };
         let sandbox = crate::sandbox::Sandbox::for_tests();
-        prepare_and_run(&ins, &Fetcher::local_only(), &sandbox, limit, screen)
-            .unwrap_or_else(InspectionResult::Error)
+        let cancel = AtomicBool::new(false);
+        prepare_and_run(
+            &ins,
+            &Fetcher::local_only(),
+            &sandbox,
+            limit,
+            &cancel,
+            screen,
+        )
+        .unwrap_or_else(InspectionResult::Error)
     }
 
     fn refusal(name: &str) -> String {

@@ -74,7 +74,9 @@ type Handover = JoinHandle<Parked>;
 pub struct Roles {
     running: BTreeMap<(Uuid, RoleKind, u32), Running>,
     sink: Arc<dyn Reporter>,
-    inspecting: std::collections::BTreeSet<Uuid>,
+    /// Inspections started here, each with its cancel flag (set when the
+    /// API stops asking: the job was cancelled or moved).
+    inspecting: BTreeMap<Uuid, Arc<AtomicBool>>,
     plane: Arc<DataPlane>,
     /// The last worker thread of each (job, device): its replica goes to
     /// the next generation's worker there.
@@ -120,12 +122,20 @@ impl Roles {
         Ok(s)
     }
 
-    /// Starts inspecting the TorchScript files it was asked to, once each.
+    /// Starts inspecting the TorchScript files it was asked to, once each,
+    /// and stops (kills the child of) those it is no longer asked to.
     pub fn inspect(&mut self, inspections: &[Inspection]) {
+        for (job, cancel) in &self.inspecting {
+            if !inspections.iter().any(|i| i.job_id == *job) {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        }
         for i in inspections {
-            if !self.inspecting.insert(i.job_id) {
+            if self.inspecting.contains_key(&i.job_id) {
                 continue;
             }
+            let cancel = Arc::new(AtomicBool::new(false));
+            self.inspecting.insert(i.job_id, cancel.clone());
             let (job_id, ins) = (i.job_id, i.clone());
             let sink = self.sink.clone();
             let fetcher = self.ctx.fetcher.with_policy(i.data_policy.clone());
@@ -134,7 +144,7 @@ impl Roles {
                 // The model runs in a child process that is killed at the
                 // limit (a loop in TorchScript); the thread only waits.
                 let work = tokio::task::spawn_blocking(move || {
-                    inspect::inspect(&ins, &fetcher, &sandbox, limit)
+                    inspect::inspect(&ins, &fetcher, &sandbox, limit, &cancel)
                 });
                 let result = match work.await {
                     Ok(found) => found,

@@ -125,11 +125,16 @@ impl Roles {
     /// Starts inspecting the TorchScript files it was asked to, once each,
     /// and stops (kills the child of) those it is no longer asked to.
     pub fn inspect(&mut self, inspections: &[Inspection]) {
-        for (job, cancel) in &self.inspecting {
-            if !inspections.iter().any(|i| i.job_id == *job) {
+        // One the API no longer lists was answered, cancelled or moved:
+        // its child (if still running) is killed and it is forgotten, so
+        // that the job is inspected again if it comes back here.
+        self.inspecting.retain(|job, cancel| {
+            let listed = inspections.iter().any(|i| i.job_id == *job);
+            if !listed {
                 cancel.store(true, Ordering::Relaxed);
             }
-        }
+            listed
+        });
         for i in inspections {
             if self.inspecting.contains_key(&i.job_id) {
                 continue;

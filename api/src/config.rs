@@ -1,8 +1,8 @@
 //! Typed configuration from flags and environment variables.
 //!
 //! Every setting has a flag and an environment variable (shown by
-//! `trainyard serve --help`); flags win. The README's configuration table
-//! lists the same settings.
+//! `trainyard serve --help`); flags win. The table in
+//! docs/operators/configuration.md lists the same settings.
 
 use clap::{Args, ValueEnum};
 use std::net::SocketAddr;

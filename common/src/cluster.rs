@@ -799,8 +799,8 @@ pub struct MetricPoint {
 
 /// What one epoch consumed, as the ranks that trained it summed it: a
 /// sample count and an order-independent hash of the sample ids (the
-/// wrapping sum of SplitMix64's finaliser of each id; see README,
-/// *Sharded datasets*). Equal to the whole training set's exactly when
+/// wrapping sum of SplitMix64's finaliser of each id; see
+/// docs/users/datasets.md). Equal to the whole training set's exactly when
 /// every sample was used once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -119,7 +119,7 @@ fn submitted_id(o: &Output) -> String {
         .to_owned()
 }
 
-/// The README's demo job, named `name`, for `steps` steps.
+/// The quick start's demo job, named `name`, for `steps` steps.
 fn digits(name: &str, steps: u64) -> Value {
     let mut spec = example_digits();
     spec["name"] = json!(name);

@@ -57,7 +57,7 @@ fn ps_digits(name: &str, consistency: Consistency) -> Value {
 fn a_single_worker_job_trains_digits_to_95_percent_and_keeps_its_telemetry() {
     let p = platform();
     let mut exec = p.executor("trainer");
-    // The README's demo job, as `scripts/run` submits it.
+    // The quick start's demo job, as `scripts/run` submits it.
     let id = p.submit(&example_digits());
     let job = p.wait_end(&id, Duration::from_secs(180));
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");

@@ -6,7 +6,7 @@
 //! beside the fields, asks this driver to SIGKILL the executor under a
 //! running job and watches the timeline record the recovery, and takes a
 //! screenshot of every page (into `<target>/web-screenshots/`; with
-//! `TRAINYARD_UPDATE_SCREENSHOTS=1` the README's two also go to `docs/`).
+//! `TRAINYARD_UPDATE_SCREENSHOTS=1` the web UI guide's two also go to `docs/`).
 //!
 //! The browser and `playwright-core` must be installed (`scripts/test` does
 //! it through `ensure_browser_tests` in `scripts/common.sh`): when they are

@@ -1,7 +1,7 @@
 //! The job specs of the end-to-end tests: one builder of MLP specs (on the
 //! digits dataset or a synthetic one; ring all-reduce or parameter server
 //! in sync, async or bounded-staleness mode, optionally replicated), the
-//! README's demo spec, and a TorchScript job with the Python that writes
+//! quick start's demo spec, and a TorchScript job with the Python that writes
 //! its model. Each test states the knobs it turns; what it leaves alone is
 //! the builder's default.
 
@@ -14,7 +14,7 @@ pub fn digits_url() -> String {
     format!("file://{}", repo_root().join("data/digits.npz").display())
 }
 
-/// The README's demo job (`examples/digits-mlp.json`, as `scripts/run`
+/// The quick start's demo job (`examples/digits-mlp.json`, as `scripts/run`
 /// submits it).
 pub fn example_digits() -> Value {
     let text = std::fs::read_to_string(repo_root().join("examples/digits-mlp.json"))

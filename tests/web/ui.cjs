@@ -5,7 +5,7 @@
 // Environment: TY_BASE (the API's URL), TY_CHROMIUM (the browser),
 // TY_DIGITS (file:// URL of data/digits.npz), TY_EXAMPLES (examples/),
 // TY_SHOTS (folder for screenshots), TY_DOCS (optional: also write the two
-// README screenshots there). The test asks its driver to kill executors
+// the web UI guide's screenshots there). The test asks its driver to kill executors
 // with a line `@@kill-executor-of JOB` on stdout and waits for one line
 // back on stdin.
 "use strict";
@@ -48,7 +48,7 @@ async function shot(page, name, docsName) {
   await page.screenshot({ path: file, fullPage: true });
   log(`screenshot ${file}`);
   if (DOCS && docsName) {
-    // The README's picture: from the header down to the timeline.
+    // The web UI guide's picture: from the header down to the timeline.
     fs.mkdirSync(DOCS, { recursive: true });
     const bottom = await page.evaluate(() => document.querySelector("#timeline").closest(".card").getBoundingClientRect().bottom + window.scrollY);
     await page.screenshot({ path: path.join(DOCS, docsName), fullPage: true, clip: { x: 0, y: 0, width: 1360, height: Math.ceil(bottom + 12) } });
@@ -234,7 +234,7 @@ async function main() {
     await page.waitForFunction(() => [...document.querySelectorAll("#timeline li[data-kind=transition]")].some((li) => li.dataset.to === "cancelled"));
     log("cancelled from the page");
 
-    // ---- a running PS job and a running ring job (the README's pictures) ----
+    // ---- a running PS job and a running ring job (the web UI guide's pictures) ----
     const ps = example("digits-ps.json", { name: "digits-ps", steps: 1_000_000 });
     await submitThroughForm(page, ps);
     await page.waitForFunction(() => document.querySelector("#job-state")?.dataset.state === "running", null, { timeout: 4 * MINUTE });

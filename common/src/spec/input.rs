@@ -295,7 +295,7 @@ pub struct TextData {
 
 /// A dataset file, or a sharded dataset: a glob over many objects or a
 /// manifest listing them, streamed shard by shard within a memory budget
-/// (see README, *Sharded datasets*).
+/// (see docs/users/datasets.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileData {

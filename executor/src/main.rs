@@ -150,6 +150,7 @@ fn main() -> anyhow::Result<()> {
         // of this process runs (no runtime, no threads of ours).
         let code = match kind.as_str() {
             "inspection" => sandbox::child(inspect::confined),
+            "model" => sandbox::session(trainyard_executor::replica::process::serve),
             other => {
                 eprintln!("unknown sandboxed task {other:?}");
                 2

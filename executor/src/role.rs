@@ -56,6 +56,17 @@ impl Role {
         let _ = self.tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
     }
 
+    /// Where its replica's user module runs: this executor's sandbox, the
+    /// per-call limit, this role's stop flag.
+    pub fn host(&self) -> crate::replica::process::Host {
+        crate::replica::process::Host {
+            sandbox: self.ctx.sandbox.clone(),
+            timeout: self.ctx.inspection_timeout,
+            stop: self.stop.clone(),
+            grace: crate::replica::process::STOP_GRACE,
+        }
+    }
+
     /// Whether the role was told to stop.
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)

@@ -87,6 +87,12 @@ impl Sandbox {
     /// A sandbox for tests: on, children started from the executor binary
     /// built beside the test binary.
     pub fn for_tests() -> Sandbox {
+        Sandbox::for_tests_in(Mode::On)
+    }
+
+    /// A sandbox for tests in `mode` (`Off`: the control that shows what
+    /// the confinement stops).
+    pub fn for_tests_in(mode: Mode) -> Sandbox {
         let exe = std::env::current_exe().expect("the test binary's path");
         let program = exe
             .ancestors()
@@ -96,7 +102,7 @@ impl Sandbox {
             .unwrap_or_else(|| PathBuf::from("trainyard-executor"));
         let root =
             std::env::temp_dir().join(format!("trainyard-sandbox-tests-{}", std::process::id()));
-        Sandbox::new(Mode::On, None, root, program, Some(1)).expect("a sandbox for tests")
+        Sandbox::new(mode, None, root, program, Some(1)).expect("a sandbox for tests")
     }
 
     /// The mode.
@@ -223,6 +229,7 @@ impl Sandbox {
             identity: self.identity,
             limits,
             name: kind.into(),
+            fd3: None,
         };
         let (ending, out, err) = run(&spec, line.as_bytes(), Some(timeout), stop, 64 << 20)
             .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
@@ -249,6 +256,83 @@ impl Sandbox {
             )),
         }
     }
+}
+
+impl Sandbox {
+    /// Starts `kind` confined to `ws` with `limits` (and, for a CUDA
+    /// `device`, the GPU's device files), `task` written to its stdin as
+    /// the first line; the stdin stays open for the conversation that
+    /// follows. `fd3` becomes the child's fd 3.
+    pub fn start<T: Serialize>(
+        &self,
+        kind: &str,
+        ws: &Workspace,
+        task: &T,
+        limits: Limits,
+        fd3: Option<std::os::fd::RawFd>,
+        device: tch::Device,
+    ) -> Result<(trainyard_sandbox::spawn::Child, std::process::ChildStdin), String> {
+        use std::io::Write;
+        if let Some(why) = self.refusal() {
+            return Err(why);
+        }
+        let confinement = (self.mode == Mode::On).then(|| {
+            let mut read_write = vec![ws.scratch()];
+            if device.is_cuda() {
+                read_write.extend(gpu_files());
+            }
+            Confinement {
+                read_only: vec![ws.inputs()],
+                read_write,
+                connect_tcp: Some(vec![]),
+                bind_tcp: Some(vec![]),
+                limits,
+            }
+        });
+        let envelope = Envelope {
+            confinement,
+            torch_threads: self.torch_threads,
+            task,
+        };
+        let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
+        let spec = Spec {
+            program: self.program.clone(),
+            args: vec!["--sandboxed".into(), kind.into()],
+            env: child_env(),
+            identity: self.identity,
+            limits,
+            name: kind.into(),
+            fd3,
+        };
+        let mut child = trainyard_sandbox::spawn::Child::start(&spec)
+            .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
+        let Some(mut stdin) = child.stdin() else {
+            child.kill();
+            return Err(format!("the sandboxed {kind} has no stdin"));
+        };
+        if let Err(e) = stdin.write_all(line.as_bytes()) {
+            child.kill();
+            return Err(format!("the sandboxed {kind} did not take its task: {e}"));
+        }
+        Ok((child, stdin))
+    }
+}
+
+/// The device files a CUDA process opens (read-write to a role on a GPU).
+fn gpu_files() -> Vec<PathBuf> {
+    std::fs::read_dir("/dev")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("nvidia"))
+        })
+        .chain(["/dev/dri".into(), "/proc/driver/nvidia".into()])
+        .filter(|p| p.exists())
+        .collect()
 }
 
 /// The whole environment of a child: where libtorch is, nothing else (no
@@ -341,6 +425,39 @@ pub fn child<T: DeserializeOwned, R: Serialize>(work: impl FnOnce(T) -> R) -> i3
             4
         }
     }
+}
+
+/// The child's side of a conversation: reads the envelope's line on
+/// stdin, confines itself, then hands the task, the rest of stdin and
+/// stdout to `work`. Returns the exit code.
+pub fn session<T: DeserializeOwned>(
+    work: impl FnOnce(T, &mut dyn std::io::BufRead, &mut dyn std::io::Write) -> i32,
+) -> i32 {
+    use std::io::BufRead;
+    let mut input = std::io::BufReader::new(std::io::stdin());
+    let mut line = String::new();
+    if let Err(e) = input.read_line(&mut line) {
+        eprintln!("reading the task: {e}");
+        return 2;
+    }
+    let envelope: Envelope<T> = match serde_json::from_str(&line) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("reading the task: {e}");
+            return 2;
+        }
+    };
+    if let Some(c) = &envelope.confinement {
+        if let Err(e) = trainyard_sandbox::enter(c) {
+            eprintln!("cannot confine this process: {e}");
+            return 3;
+        }
+    }
+    if let Some(n) = envelope.torch_threads {
+        tch::set_num_threads(n);
+    }
+    let mut output = std::io::BufWriter::new(std::io::stdout().lock());
+    work(envelope.task, &mut input, &mut output)
 }
 
 /// A shared handle.

@@ -60,6 +60,9 @@ pub struct Spec {
     pub limits: Limits,
     /// A name for its cgroups and logs.
     pub name: String,
+    /// A descriptor of the parent's the child gets as its fd 3 (shared
+    /// memory, say); every other descriptor is closed on exec.
+    pub fd3: Option<std::os::fd::RawFd>,
 }
 
 /// One cgroup (v1) made for one child.
@@ -182,6 +185,18 @@ impl Child {
     /// stdin (and closes it). Its stdout and stderr are pipes
     /// ([`Child::stdout`], [`Child::stderr`]).
     pub fn spawn(spec: &Spec, task: &[u8]) -> std::io::Result<Child> {
+        let mut me = Child::start(spec)?;
+        if let Some(mut stdin) = me.child.stdin.take() {
+            // A child that died at once has closed its end: that shows in
+            // its ending, not here.
+            let _ = stdin.write_all(task);
+        }
+        Ok(me)
+    }
+
+    /// Starts `spec` and moves it into its cgroups, leaving its stdin open
+    /// for a conversation ([`Child::stdin`]).
+    pub fn start(spec: &Spec) -> std::io::Result<Child> {
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .env_clear()
@@ -193,6 +208,9 @@ impl Child {
             .stderr(Stdio::piped());
         if let Some(id) = spec.identity {
             cmd.uid(id.uid).gid(id.gid);
+        }
+        if let Some(fd) = spec.fd3 {
+            pass_as_fd3(&mut cmd, fd);
         }
         let n = SPAWNED.fetch_add(1, Ordering::Relaxed);
         let tag = format!("{}-{}-{n}", spec.name, std::process::id());
@@ -224,12 +242,12 @@ impl Child {
             me.kill();
             return Err(e);
         }
-        if let Some(mut stdin) = me.child.stdin.take() {
-            // A child that died at once has closed its end: that shows in
-            // its ending, not here.
-            let _ = stdin.write_all(task);
-        }
         Ok(me)
+    }
+
+    /// Its stdin, once (after [`Child::start`]).
+    pub fn stdin(&mut self) -> Option<std::process::ChildStdin> {
+        self.child.stdin.take()
     }
 
     /// Its process id (and process group id).
@@ -381,4 +399,26 @@ pub fn tail(mut r: impl Read, n: usize) -> String {
         kept.drain(..kept.len() - n);
     }
     String::from_utf8_lossy(&kept).into_owned()
+}
+
+/// Makes the parent's `fd` the child's fd 3, open across exec. The parent's
+/// own copy stays close-on-exec, so no other child inherits it.
+#[allow(unsafe_code)]
+fn pass_as_fd3(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only dup2 and fcntl run, both
+    // async-signal-safe, on descriptors that stay open in the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                let flags = libc::fcntl(3, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

@@ -19,6 +19,7 @@ fn spec(limits: Limits, identity: Option<Identity>) -> Spec {
         identity,
         limits,
         name: "probe".into(),
+        fd3: None,
     }
 }
 

@@ -20,6 +20,7 @@ use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::JobSpecInput;
 use trainyard_dataplane::Ring;
 use trainyard_executor::context::Context;
+use trainyard_executor::replica::process::Host;
 use trainyard_executor::replica::Replica;
 use trainyard_executor::ring;
 use trainyard_executor::storage::checkpoint::{Checkpointing, Policy, Uploader};
@@ -48,7 +49,13 @@ fn job(steps: u64, every: Option<u64>) -> JobSpecInput {
 /// Trains `steps` steps; returns ms per step and the checkpoints written.
 fn run(steps: u64, every: Option<u64>, storage: &Arc<Storage>) -> (f64, u64) {
     let spec = job(steps, every);
-    let mut replica = Replica::new(&spec, Device::Cpu, &Fetcher::local_only()).expect("a replica");
+    let mut replica = Replica::new(
+        &spec,
+        Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+    )
+    .expect("a replica");
     let stop = AtomicBool::new(false);
     let ctx = Context::for_tests();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

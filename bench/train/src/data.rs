@@ -22,6 +22,7 @@ use tch::{Device, Tensor};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::JobSpecInput;
 use trainyard_executor::replica::data::{Cursor, Dataset};
+use trainyard_executor::replica::process::Host;
 use trainyard_executor::ring;
 use trainyard_executor::storage::Fetcher;
 
@@ -52,15 +53,22 @@ fn train(url: &str, steps: u64, fetcher: &Fetcher) -> (f64, f64) {
     let stop = AtomicBool::new(false);
     let (mut total, mut data, mut n) = (0.0, 0.0, 0);
     let mut from = None;
-    ring::run(&spec, Device::Cpu, fetcher, &stop, &mut |s| {
-        // The first steps include the first shard's fetch and decode.
-        if s.step > 5 {
-            from.get_or_insert_with(Instant::now);
-            total += s.data_seconds + s.compute_seconds + s.comm_seconds;
-            data += s.data_seconds;
-            n += 1;
-        }
-    })
+    ring::run(
+        &spec,
+        Device::Cpu,
+        fetcher,
+        &Host::for_tests(),
+        &stop,
+        &mut |s| {
+            // The first steps include the first shard's fetch and decode.
+            if s.step > 5 {
+                from.get_or_insert_with(Instant::now);
+                total += s.data_seconds + s.compute_seconds + s.comm_seconds;
+                data += s.data_seconds;
+                n += 1;
+            }
+        },
+    )
     .expect("training");
     let wall = from.map_or(0.0, |f| f.elapsed().as_secs_f64());
     (wall * 1000.0 / f64::from(n.max(1)), data / total.max(1e-9))

@@ -14,6 +14,7 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::{CnnSpec, JobSpecInput, MlpSpec, ModelSpec};
+use trainyard_executor::replica::process::Host;
 use trainyard_executor::replica::Replica;
 use trainyard_executor::ring;
 use trainyard_executor::storage::Fetcher;
@@ -37,7 +38,13 @@ fn bench(
     }))
     .expect("a valid spec")
     .into();
-    let mut replica = Replica::new(&job, Device::Cpu, &Fetcher::local_only()).expect("a replica");
+    let mut replica = Replica::new(
+        &job,
+        Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+    )
+    .expect("a replica");
     let x = Tensor::randn([batch, features], (Kind::Float, Device::Cpu));
     let y = Tensor::randint(classes, [batch], (Kind::Int64, Device::Cpu));
     let mut start = Instant::now();

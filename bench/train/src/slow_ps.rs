@@ -26,6 +26,7 @@ use trainyard_common::cluster::{Assignment, PsPeer, RoleKey, RoleKind, WorkerPee
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::DataPlane;
 use trainyard_executor::context::Context;
+use trainyard_executor::replica::process::Host;
 use trainyard_executor::replica::Replica;
 use trainyard_executor::shared::Item;
 
@@ -68,7 +69,12 @@ fn assignment(
     shard: &str,
 ) -> Result<Assignment> {
     // The shard holds the whole flat vector, as the model's layout names it.
-    let rep = Replica::new(&spec, tch::Device::Cpu, &Context::for_tests().fetcher)?;
+    let rep = Replica::new(
+        &spec,
+        tch::Device::Cpu,
+        &Context::for_tests().fetcher,
+        &Host::for_tests(),
+    )?;
     let ranges = rep.ranges(0, rep.numel());
     Ok(Assignment {
         key: RoleKey {
@@ -131,7 +137,12 @@ fn main() -> Result<()> {
 /// (after one warm-up), and the model's bytes.
 fn gradient_seconds(k: u32, batch: u32, rounds: u32) -> Result<(f64, usize)> {
     let spec = spec(k, batch, 1, 10);
-    let mut rep = Replica::new(&spec, tch::Device::Cpu, &Context::for_tests().fetcher)?;
+    let mut rep = Replica::new(
+        &spec,
+        tch::Device::Cpu,
+        &Context::for_tests().fetcher,
+        &Host::for_tests(),
+    )?;
     let batches = rep.batches(0, 1, Default::default());
     let next = || batches.recv().map_err(|_| "the loader stopped".to_string());
     rep.gradient(&next()?)?;
@@ -231,6 +242,7 @@ fn worker(args: &[String]) -> Result<()> {
             &stop,
             &tx,
             &Context::for_tests(),
+            &Host::for_tests(),
         )
         .map(|_| ())
         .map_err(|e| e.to_string())

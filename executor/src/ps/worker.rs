@@ -68,6 +68,7 @@ pub fn work(
     stop: &AtomicBool,
     tx: &UnboundedSender<Item>,
     ctx: &Context,
+    host: &crate::replica::process::Host,
 ) -> Result<Option<replica::Outcome>, RoleError> {
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
@@ -76,7 +77,7 @@ pub fn work(
     let world = a.workers.len() as u32;
     let consistency = a.spec.consistency_mode();
     if replica.is_none() {
-        *replica = Some(Replica::new(&a.spec, device, &ctx.fetcher)?);
+        *replica = Some(Replica::new(&a.spec, device, &ctx.fetcher, host)?);
     }
     let Some(rep) = replica.as_mut() else {
         return Err(RoleError::ps_fatal("no replica"));
@@ -436,6 +437,7 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
                 &role.stop,
                 &role.tx,
                 &role.ctx,
+                &role.host(),
             )
         });
         match result {

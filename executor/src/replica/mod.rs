@@ -17,13 +17,17 @@
 //! several replicas around a ring, [`crate::ps`] pushes them to parameter
 //! servers and pulls the weights back.
 
+#[cfg(test)]
+mod confined;
 pub mod data;
 pub mod model;
 pub mod optim;
+pub mod process;
 pub mod progress;
 pub mod rng;
 pub mod script;
 pub mod shards;
+pub mod shm;
 pub mod tensors;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -111,6 +115,126 @@ pub(crate) fn loss_of(
     }
 }
 
+/// What one forward and backward needs: the executor's replica and a
+/// user's module in its own process ([`process`]) take a step alike.
+pub(crate) struct Core<'a> {
+    pub spec: &'a JobSpecInput,
+    pub net: &'a dyn model::Net,
+    pub tensors: &'a tensors::ModelTensors,
+    /// The flat vector (the trainable parameters are views of it).
+    pub weights: &'a Tensor,
+    pub trainable: usize,
+    pub numel: usize,
+    pub device: tch::Device,
+}
+
+impl Core<'_> {
+    /// Forward and backward on `samples` rows `x`, `y`: the loss summed
+    /// over them, and into `grad` (kept across steps) the gradient summed
+    /// over them, flat, followed by the buffers when `state` (rank 0's
+    /// ride with the gradient) or zeros.
+    pub fn forward_backward(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        samples: usize,
+        state: bool,
+        grad: &mut Tensor,
+    ) -> Result<f64, TrainError> {
+        let (n, p) = (self.numel, self.trainable);
+        let mut loss_sum = 0.0;
+        let mut parts: Vec<Tensor> = Vec::new();
+        if samples > 0 {
+            let (x, y) = (x.to_device(self.device), y.to_device(self.device));
+            for (_, v) in &self.tensors.trainable {
+                let mut g = v.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let out = self.net.try_forward(&x, true).map_err(|e| {
+                TrainError::Model(format!(
+                    "the model cannot take a batch of shape {:?}: {}",
+                    x.size(),
+                    tensors::first_line(&e.to_string())
+                ))
+            })?;
+            if out.size().first() != Some(&(samples as i64)) {
+                return Err(TrainError::Model(format!(
+                    "the model returned shape {:?} for a batch of {}",
+                    out.size(),
+                    samples
+                )));
+            }
+            let loss = loss_of(self.spec, &out, &y).map_err(|e| {
+                TrainError::Model(format!(
+                    "the model's output {:?} does not fit the targets {:?}: {}",
+                    out.size(),
+                    y.size(),
+                    tensors::first_line(&e.to_string())
+                ))
+            })?;
+            // Sums over ranks of (mean loss × samples) give the global mean.
+            (&loss * samples as f64).f_backward()?;
+            loss_sum = loss.f_double_value(&[])? * samples as f64;
+            // The forward in training mode moved the buffers (BatchNorm's
+            // running statistics): the flat vector follows.
+            self.buffers_to_flat();
+            parts.extend(self.tensors.trainable.iter().map(|(_, v)| {
+                let g = v.grad();
+                if g.defined() {
+                    g.reshape([-1])
+                } else {
+                    Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
+                }
+            }));
+        } else {
+            parts.push(Tensor::zeros([p as i64], (Kind::Float, self.device)));
+        }
+        if n > p {
+            // Rank 0's buffers ride with the gradient (the others add
+            // zeros), so every replica leaves the step with rank 0's
+            // buffers, as PyTorch DDP broadcasts them before each forward.
+            parts.push(if state {
+                self.weights.narrow(0, p as i64, (n - p) as i64)
+            } else {
+                Tensor::zeros([(n - p) as i64], (Kind::Float, self.device))
+            });
+        }
+        if !grad.defined() || grad.numel() != n {
+            *grad = Tensor::empty([n as i64], (Kind::Float, self.device));
+        }
+        let _ = Tensor::f_cat_out(grad, &parts, 0)?;
+        Ok(loss_sum)
+    }
+
+    /// Copies the model's buffers into the flat vector (after a training
+    /// forward changed them).
+    pub fn buffers_to_flat(&self) {
+        if self.numel > self.trainable {
+            let values = self.tensors.read_buffers(self.device);
+            tch::no_grad(|| {
+                self.weights
+                    .narrow(0, self.trainable as i64, values.numel() as i64)
+                    .copy_(&values)
+            });
+        }
+    }
+
+    /// Copies the flat vector's buffer part into the model's buffers
+    /// (after anything wrote the flat vector).
+    pub fn buffers_from_flat(&self) {
+        if self.numel > self.trainable {
+            let tail = self.weights.narrow(
+                0,
+                self.trainable as i64,
+                (self.numel - self.trainable) as i64,
+            );
+            self.tensors.write_buffers(&tail);
+        }
+    }
+}
+
 /// A data-parallel replica: model, flat weights, optimizer state, progress.
 pub struct Replica {
     spec: JobSpecInput,
@@ -144,6 +268,9 @@ pub struct Replica {
     /// Where in its step the role that trains this replica is (what its
     /// executor's heartbeat reports).
     pub progress: crate::shared::StepProgress,
+    /// A user's module's process (its mapping backs `weights` and `grad`,
+    /// so it is dropped last).
+    process: Option<process::Process>,
 }
 
 /// Holds libtorch's process-wide generator while it is seeded and drawn
@@ -176,30 +303,37 @@ impl Replica {
         spec: &JobSpecInput,
         device: tch::Device,
         fetcher: &Fetcher,
+        host: &process::Host,
     ) -> Result<Replica, TrainError> {
         let dataset = Dataset::load(spec, fetcher)?;
         let eval = dataset.eval_batch(spec);
         let _seeded = seeded_rng();
         tch::manual_seed(spec.seed as i64);
         let vs = nn::VarStore::new(device);
-        let (net, tensors): (Box<dyn model::Net>, _) = match &spec.model {
-            ModelSpec::Torchscript(t) => {
-                let path = fetcher.materialize(&t.url)?;
-                let module = script::Module::load(&path, device).map_err(|e| {
-                    TrainError::Model(format!(
-                        "model.url is not a loadable TorchScript module: {}",
-                        tensors::first_line(&e.to_string())
-                    ))
-                })?;
-                let found = tensors::ModelTensors::of_script(&module).map_err(TrainError::Model)?;
-                (Box::new(model::Script::new(module)?), found)
-            }
-            other => {
-                let net = model::build(&vs.root(), other)
-                    .ok_or_else(|| TrainError::Model("unknown model kind".into()))?;
-                (net, tensors::ModelTensors::of_varstore(&vs))
-            }
-        };
+        // A user's module lives in a confined process of its own; the
+        // executor's side of the replica is on the CPU over shared memory.
+        let (net, tensors, weights, grad, process, device): (Box<dyn model::Net>, _, _, _, _, _) =
+            match &spec.model {
+                ModelSpec::Torchscript(t) => {
+                    let path = fetcher.materialize(&t.url)?;
+                    let s = process::Conversation::start(host, &path, spec, device)?;
+                    let net = Box::new(process::Remote(s.process.clone()));
+                    (
+                        net,
+                        s.tensors,
+                        Some(s.weights),
+                        s.grad,
+                        Some(s.process),
+                        tch::Device::Cpu,
+                    )
+                }
+                other => {
+                    let net = model::build(&vs.root(), other)
+                        .ok_or_else(|| TrainError::Model("unknown model kind".into()))?;
+                    let tensors = tensors::ModelTensors::of_varstore(&vs);
+                    (net, tensors, None, Tensor::new(), None, device)
+                }
+            };
         if tensors.trainable.is_empty() {
             return Err(TrainError::Model(
                 "the model has no trainable parameters".into(),
@@ -207,14 +341,16 @@ impl Replica {
         }
         let trainable = tensors.trainable_len();
         let numel = trainable + tensors.buffer_len();
-        let weights = tch::no_grad(|| {
-            let mut parts: Vec<Tensor> = tensors
-                .trainable
-                .iter()
-                .map(|(_, t)| t.detach().reshape([-1]))
-                .collect();
-            parts.push(tensors.read_buffers(device));
-            Tensor::cat(&parts, 0)
+        let weights = weights.unwrap_or_else(|| {
+            tch::no_grad(|| {
+                let mut parts: Vec<Tensor> = tensors
+                    .trainable
+                    .iter()
+                    .map(|(_, t)| t.detach().reshape([-1]))
+                    .collect();
+                parts.push(tensors.read_buffers(device));
+                Tensor::cat(&parts, 0)
+            })
         });
         let mut replica = Replica {
             opt: None,
@@ -228,7 +364,7 @@ impl Replica {
             trainable,
             numel,
             weights,
-            grad: Tensor::new(),
+            grad,
             step: 0,
             cursor: Cursor::default(),
             last_loss: None,
@@ -237,9 +373,21 @@ impl Replica {
             carries_state: true,
             account: (0, 0),
             progress: Default::default(),
+            process,
         };
         replica.bind();
+        // The module's process wrote its buffers into the flat vector.
+        replica.buffers_from_flat();
         Ok(replica)
+    }
+
+    /// Follows `stop`, the stop flag of the role now training the replica:
+    /// a user's module still busy [`process::STOP_GRACE`] after it is set
+    /// is killed.
+    pub fn watch(&mut self, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        if let Some(p) = &self.process {
+            process::lock(p).watch(stop);
+        }
     }
 
     /// Elements of the flat vector the patterns sum, shard and checkpoint:
@@ -448,7 +596,13 @@ impl Replica {
     /// The model's `state_dict()`: every tensor by its PyTorch name, in
     /// its own dtype, on the CPU.
     pub fn weights(&self) -> Vec<(String, Tensor)> {
-        self.tensors.state_dict()
+        let all = self.tensors.state_dict();
+        if self.process.is_none() {
+            return all;
+        }
+        // Over a module's shared memory they would be views of a mapping
+        // that ends with the replica: the caller gets copies.
+        all.into_iter().map(|(k, t)| (k, t.copy())).collect()
     }
 
     /// The model's tensors as inspection reports them.
@@ -459,61 +613,28 @@ impl Replica {
     /// The module with its trained tensors, serialized as `torch.jit.save`
     /// writes it (TorchScript models only).
     pub fn torchscript(&self) -> Result<Option<Vec<u8>>, TrainError> {
-        let Some(m) = self.net.script() else {
-            return Ok(None);
-        };
-        let tmp = std::env::temp_dir().join(format!(
-            "trainyard-module-{}-{}.pt",
-            std::process::id(),
-            uuid::Uuid::new_v4()
-        ));
-        // The parameters are views of one flat vector; saved as they are,
-        // every tensor of the user's module would share one storage (and
-        // `safetensors.torch.save_file(m.state_dict())` would refuse it).
-        // Each gets a storage of its own for the save, then the views back.
-        let views: Vec<Tensor> = self
-            .tensors
-            .trainable
-            .iter()
-            .map(|(_, v)| v.detach())
-            .collect();
-        for (_, v) in &self.tensors.trainable {
-            v.shallow_clone().set_data(&v.detach().copy());
+        match &self.process {
+            Some(p) => process::lock(p).save().map(Some),
+            None => Ok(None),
         }
-        let saved = m.save(&tmp);
-        for ((_, v), view) in self.tensors.trainable.iter().zip(&views) {
-            v.shallow_clone().set_data(view);
+    }
+
+    fn core(&self) -> Core<'_> {
+        Core {
+            spec: &self.spec,
+            net: self.net.as_ref(),
+            tensors: &self.tensors,
+            weights: &self.weights,
+            trainable: self.trainable,
+            numel: self.numel,
+            device: self.device,
         }
-        saved?;
-        let bytes = std::fs::read(&tmp).map_err(|e| TrainError::Model(e.to_string()));
-        let _ = std::fs::remove_file(&tmp);
-        Ok(Some(bytes?))
     }
 
     /// Copies the flat vector's buffer part into the model's buffers (after
     /// anything wrote the flat vector).
     fn buffers_from_flat(&self) {
-        if self.numel > self.trainable {
-            let tail = self.weights.narrow(
-                0,
-                self.trainable as i64,
-                (self.numel - self.trainable) as i64,
-            );
-            self.tensors.write_buffers(&tail);
-        }
-    }
-
-    /// Copies the model's buffers into the flat vector (after a training
-    /// forward changed them).
-    fn buffers_to_flat(&mut self) {
-        if self.numel > self.trainable {
-            let values = self.tensors.read_buffers(self.device);
-            tch::no_grad(|| {
-                self.weights
-                    .narrow(0, self.trainable as i64, values.numel() as i64)
-                    .copy_(&values)
-            });
-        }
+        self.core().buffers_from_flat();
     }
 
     /// SHA-256 over the names and the bytes of the weights.
@@ -652,77 +773,27 @@ impl Replica {
 
     /// Forward and backward on `b`: loss × samples and the flat gradient
     /// summed over the samples (in a buffer reused across steps, on the
-    /// replica's device; `None` for an empty batch).
+    /// replica's device; `None` for an empty batch). A user's module takes
+    /// the step in its process; its gradient arrives in shared memory.
     pub fn forward_backward(&mut self, b: &Batch) -> Result<(f64, Option<Tensor>), TrainError> {
-        let (n, p) = (self.numel, self.trainable);
-        let state = n > p && self.carries_state;
-        let mut loss_sum = 0.0;
+        let state = self.numel > self.trainable && self.carries_state;
         if b.samples == 0 && !state {
             return Ok((0.0, None));
         }
-        let mut parts: Vec<Tensor> = Vec::new();
-        if b.samples > 0 {
-            let (x, y) = (b.x.to_device(self.device), b.y.to_device(self.device));
-            for (_, v) in &self.tensors.trainable {
-                let mut g = v.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            }
-            let out = self.net.try_forward(&x, true).map_err(|e| {
-                TrainError::Model(format!(
-                    "the model cannot take a batch of shape {:?}: {}",
-                    x.size(),
-                    tensors::first_line(&e.to_string())
-                ))
-            })?;
-            if out.size().first() != Some(&(b.samples as i64)) {
-                return Err(TrainError::Model(format!(
-                    "the model returned shape {:?} for a batch of {}",
-                    out.size(),
-                    b.samples
-                )));
-            }
-            let loss = loss_of(&self.spec, &out, &y).map_err(|e| {
-                TrainError::Model(format!(
-                    "the model's output {:?} does not fit the targets {:?}: {}",
-                    out.size(),
-                    y.size(),
-                    tensors::first_line(&e.to_string())
-                ))
-            })?;
-            // Sums over ranks of (mean loss × samples) give the global mean.
-            (&loss * b.samples as f64).backward();
-            loss_sum = loss.double_value(&[]) * b.samples as f64;
-            // The forward in training mode moved the buffers (BatchNorm's
-            // running statistics): the flat vector follows.
-            self.buffers_to_flat();
-            parts.extend(self.tensors.trainable.iter().map(|(_, v)| {
-                let g = v.grad();
-                if g.defined() {
-                    g.reshape([-1])
-                } else {
-                    Tensor::zeros([v.numel() as i64], (Kind::Float, self.device))
-                }
-            }));
-        } else {
-            parts.push(Tensor::zeros([p as i64], (Kind::Float, self.device)));
+        if let Some(p) = &self.process {
+            let (loss_sum, _) = process::lock(p).step(b, state)?;
+            // The step moved the buffers in the shared flat vector: the
+            // mirror follows (its state_dict is what is saved).
+            self.buffers_from_flat();
+            return Ok((loss_sum, Some(self.grad.shallow_clone())));
         }
-        if n > p {
-            // Rank 0's buffers ride with the gradient (the others add
-            // zeros), so every replica leaves the step with rank 0's
-            // buffers, as PyTorch DDP broadcasts them before each forward.
-            parts.push(if state {
-                self.weights.narrow(0, p as i64, (n - p) as i64)
-            } else {
-                Tensor::zeros([(n - p) as i64], (Kind::Float, self.device))
-            });
-        }
-        // Into a buffer kept across steps.
-        if !self.grad.defined() || self.grad.numel() != n {
-            self.grad = Tensor::empty([n as i64], (Kind::Float, self.device));
-        }
-        Ok((loss_sum, Some(Tensor::cat_out(&self.grad, &parts, 0))))
+        let mut grad = std::mem::take(&mut self.grad);
+        let stepped = self
+            .core()
+            .forward_backward(&b.x, &b.y, b.samples, state, &mut grad);
+        self.grad = grad;
+        let loss_sum = stepped?;
+        Ok((loss_sum, Some(self.grad.shallow_clone())))
     }
 
     /// Ends a step on a gradient summed over `total` samples (by a ring,

@@ -223,11 +223,19 @@ impl ModelTensors {
     }
 }
 
-/// The first line of a libtorch message (the rest is its C++ context).
+/// The first line of a libtorch message (the rest is its C++ context);
+/// for an error inside a TorchScript module's code, the line that names
+/// it (`RuntimeError: …`, after the module's traceback).
 pub fn first_line(s: &str) -> String {
-    s.lines()
-        .next()
-        .unwrap_or("libtorch error")
-        .trim()
-        .to_owned()
+    let first = s.lines().next().unwrap_or("libtorch error").trim();
+    if s.contains("TorchScript interpreter") {
+        let named = s.lines().rev().map(str::trim).find(|l| {
+            l.split_once(": ")
+                .is_some_and(|(k, _)| k.ends_with("Error") || k.ends_with("Exception"))
+        });
+        if let Some(line) = named {
+            return line.to_owned();
+        }
+    }
+    first.to_owned()
 }

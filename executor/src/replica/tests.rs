@@ -3,6 +3,7 @@
 //! layer, a tied weight and an int64 counter of its own.
 
 use super::*;
+use crate::replica::process::Host;
 use crate::storage::Fetcher;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -84,7 +85,13 @@ pub(crate) fn spec() -> JobSpecInput {
 }
 
 fn replica() -> Replica {
-    Replica::new(&spec(), tch::Device::Cpu, &Fetcher::local_only()).unwrap()
+    Replica::new(
+        &spec(),
+        tch::Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+    )
+    .unwrap()
 }
 
 fn tensor<'a>(w: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
@@ -275,7 +282,7 @@ fn a_replica_refuses_a_model_url_outside_its_jobs_data_policy() {
         ..DataPolicy::default()
     };
     let fetcher = Fetcher::local_only().with_policy(only_data.clone());
-    let err = Replica::new(&s, tch::Device::Cpu, &fetcher)
+    let err = Replica::new(&s, tch::Device::Cpu, &fetcher, &Host::for_tests())
         .err()
         .expect("refused")
         .to_string();
@@ -292,5 +299,5 @@ fn a_replica_refuses_a_model_url_outside_its_jobs_data_policy() {
         ..only_data
     };
     let fetcher = Fetcher::local_only().with_policy(both);
-    assert!(Replica::new(&s, tch::Device::Cpu, &fetcher).is_ok());
+    assert!(Replica::new(&s, tch::Device::Cpu, &fetcher, &Host::for_tests()).is_ok());
 }

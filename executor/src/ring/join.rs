@@ -8,6 +8,7 @@
 //! instead ([`Resume`]).
 
 use crate::error::RoleError;
+use crate::replica::process::Host;
 use crate::replica::Replica;
 use crate::storage::Fetcher;
 use std::sync::atomic::AtomicBool;
@@ -24,12 +25,14 @@ pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), RoleError>;
 /// them or lags. The replica is created in `slot` if it is empty and
 /// stays there whatever happens; returns the rank that sent the state, if
 /// one did.
+#[allow(clippy::too_many_arguments)]
 pub fn join(
     ring: &mut Ring,
     slot: &mut Option<Replica>,
     spec: &JobSpecInput,
     device: tch::Device,
     fetcher: &Fetcher,
+    host: &Host,
     stop: &AtomicBool,
     resume: Option<Resume<'_>>,
 ) -> Result<Option<u32>, RoleError> {
@@ -39,10 +42,10 @@ pub fn join(
     // lost): every rank loads the committed checkpoint itself; a rank whose
     // load failed then receives the state like a new member.
     if let Some(load) = resume.filter(|_| slot.is_none() && all.iter().all(|a| a[0] == 0)) {
-        let mut r = Replica::new(spec, device, fetcher)?;
+        let mut r = Replica::new(spec, device, fetcher, host)?;
         if let Err(e) = load(&mut r) {
             tracing::warn!(error = %e, "could not load the checkpoint; taking the state from a peer");
-            r = Replica::new(spec, device, fetcher)?;
+            r = Replica::new(spec, device, fetcher, host)?;
         }
         let have = [u64::from(r.step > 0), r.step];
         *slot = Some(r);
@@ -55,7 +58,7 @@ pub fn join(
     let best = all[source][1];
     let needed = all.iter().any(|a| a[0] == 0 || a[1] != best);
     if slot.is_none() {
-        *slot = Some(Replica::new(spec, device, fetcher)?);
+        *slot = Some(Replica::new(spec, device, fetcher, host)?);
     }
     let Some(replica) = slot.as_mut() else {
         return Err(RoleError::Assignment("no replica".into()));

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::error::RoleError;
+use crate::replica::process::Host;
 use crate::replica::progress::learning_rate;
 use crate::replica::{Outcome, Replica, StepStats};
 use crate::storage::Fetcher;
@@ -28,6 +29,7 @@ fn train(s: &JobSpecInput) -> Result<(Outcome, Vec<StepStats>), RoleError> {
         s,
         tch::Device::Cpu,
         &Fetcher::local_only(),
+        &Host::for_tests(),
         &AtomicBool::new(false),
         &mut |st| steps.push(*st),
     )?;
@@ -185,7 +187,15 @@ fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
         .collect();
     let peers: Vec<String> = planes.iter().map(|p| p.local_addr().to_string()).collect();
     let replicas: Vec<Replica> = (0..world)
-        .map(|_| Replica::new(s, tch::Device::Cpu, &Fetcher::local_only()).unwrap())
+        .map(|_| {
+            Replica::new(
+                s,
+                tch::Device::Cpu,
+                &Fetcher::local_only(),
+                &Host::for_tests(),
+            )
+            .unwrap()
+        })
         .collect();
     let job = uuid::Uuid::new_v4();
     std::thread::scope(|scope| {
@@ -213,6 +223,7 @@ fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
                         s,
                         tch::Device::Cpu,
                         &Fetcher::local_only(),
+                        &Host::for_tests(),
                         &stop,
                         None,
                     )
@@ -263,13 +274,25 @@ fn an_exported_state_resumes_bit_for_bit() {
         "optimizer": {"kind": "adam", "lr": 0.01}, "batch_size": 32, "steps": 20, "seed": 2
     }));
     let stop = AtomicBool::new(false);
-    let mut a = Replica::new(&s, tch::Device::Cpu, &Fetcher::local_only()).unwrap();
+    let mut a = Replica::new(
+        &s,
+        tch::Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+    )
+    .unwrap();
     let mut half = s.clone();
     half.steps = Some(7);
     *a.spec_mut() = half;
     super::train(&mut a, &mut Ring::solo(), &stop, &mut |_| {}).unwrap();
     *a.spec_mut() = s.clone();
-    let mut b = Replica::new(&s, tch::Device::Cpu, &Fetcher::local_only()).unwrap();
+    let mut b = Replica::new(
+        &s,
+        tch::Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+    )
+    .unwrap();
     b.import(&a.export()).unwrap();
     assert_eq!((b.step, b.cursor), (7, a.cursor));
     // The last loss comes along: a replica that joins after the last step

@@ -158,9 +158,10 @@ pub fn run(
     spec: &JobSpecInput,
     device: tch::Device,
     fetcher: &Fetcher,
+    host: &crate::replica::process::Host,
     stop: &AtomicBool,
     on_step: &mut dyn FnMut(&StepStats),
 ) -> Result<Outcome, RoleError> {
-    let mut replica = Replica::new(spec, device, fetcher)?;
+    let mut replica = Replica::new(spec, device, fetcher, host)?;
     train(&mut replica, &mut Ring::solo(), stop, on_step)
 }

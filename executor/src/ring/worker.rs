@@ -100,6 +100,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 &a.spec,
                 device,
                 &role.ctx.fetcher,
+                &role.host(),
                 &role.stop,
                 a.resume.as_ref().map(|_| &load as super::join::Resume<'_>),
             )?;

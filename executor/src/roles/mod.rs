@@ -308,8 +308,12 @@ impl Roles {
 }
 
 /// Runs one role for its generation; returns what it leaves for the next.
-fn run(role: &Role, parked: Parked) -> Parked {
+fn run(role: &Role, mut parked: Parked) -> Parked {
     let a = &role.assignment;
+    if let Some(r) = parked.replica.as_mut() {
+        // Its module's process now answers to this generation's stop.
+        r.watch(role.stop.clone());
+    }
     if a.key.role != RoleKind::Worker {
         let plane = &role.plane;
         let (stop, tx) = (&role.stop, &role.tx);

@@ -1,0 +1,199 @@
+//! A user's module trains in a confined process of its own: the hostile
+//! modules of `tests/python/attacks.py`, each built into a replica and
+//! stepped the way a ring or PS worker steps it, with no screen in front
+//! (the screen is the inspection's). Each refusal is shown beside a
+//! control: the same module in an unconfined child does what it set out
+//! to, so the refusal is the sandbox's.
+
+use super::process::{Host, STOP_GRACE};
+use super::*;
+use crate::sandbox::{Mode, Sandbox};
+use crate::storage::Fetcher;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The attack modules, written once per test binary into a folder of
+/// their own, aimed at a secret and a victim file in another.
+struct Attacks {
+    dir: PathBuf,
+    secret: PathBuf,
+    victim: PathBuf,
+}
+
+fn attacks() -> &'static Attacks {
+    static A: std::sync::OnceLock<Attacks> = std::sync::OnceLock::new();
+    A.get_or_init(|| {
+        let root = std::env::temp_dir().join(format!("trainyard-confined-{}", std::process::id()));
+        let (dir, host) = (root.join("models"), root.join("host"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        let secret = host.join("join-token");
+        std::fs::write(&secret, "trainyard-join-token-0123456789ab").unwrap();
+        let victim = host.join("victim");
+        std::fs::write(&victim, "untouched by any model").unwrap();
+        std::fs::write(
+            dir.join("targets.json"),
+            json!({"read": [secret], "write": victim}).to_string(),
+        )
+        .unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/attacks.py");
+        let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+        let run = std::process::Command::new(python)
+            .arg(&script)
+            .arg(&dir)
+            .output()
+            .expect("python3 with torch");
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        Attacks {
+            dir,
+            secret,
+            victim,
+        }
+    })
+}
+
+fn spec_of(model: &str, memory_mb: u64) -> JobSpecInput {
+    let digits = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/digits.npz");
+    let s: trainyard_common::JobSpec = serde_json::from_value(json!({
+        "name": "attack",
+        "model": {"kind": "torchscript",
+                  "url": format!("file://{}", attacks().dir.join(model).display())},
+        "dataset": {"kind": "file", "url": format!("file://{}", digits.display())},
+        "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
+        "batch_size": 32, "steps": 4, "seed": 1,
+        "resources": {"memory_mb": memory_mb}
+    }))
+    .unwrap();
+    s.into()
+}
+
+fn host(mode: Mode, timeout: Duration) -> Host {
+    Host {
+        sandbox: Arc::new(Sandbox::for_tests_in(mode)),
+        timeout,
+        stop: Arc::new(AtomicBool::new(false)),
+        grace: STOP_GRACE,
+    }
+}
+
+fn replica_of(model: &str, host: &Host) -> Result<Replica, TrainError> {
+    Replica::new(
+        &spec_of(model, 512),
+        tch::Device::Cpu,
+        &Fetcher::local_only(),
+        host,
+    )
+}
+
+fn one_step(r: &mut Replica) -> Result<(), TrainError> {
+    let b = r.batches(0, 1, r.cursor).recv().unwrap();
+    let (loss, g) = r.forward_backward(&b)?;
+    let n = b.samples as f32;
+    r.apply_summed(g, n, loss / f64::from(n), 0.1, b.next)
+}
+
+fn leak(r: &Replica) -> Vec<u8> {
+    let w = r.weights();
+    let t = &w.iter().find(|(k, _)| k == "leak").unwrap().1;
+    let mut out = vec![0u8; 32];
+    t.copy_data_u8(&mut out, 32);
+    out
+}
+
+#[test]
+fn a_module_reads_no_host_file_while_it_trains() {
+    let a = attacks();
+    let secret = std::fs::read(&a.secret).unwrap();
+    // Control: unconfined, the module copies the secret into its buffer.
+    let mut open = replica_of("read-0.pt", &host(Mode::Off, Duration::from_secs(120))).unwrap();
+    one_step(&mut open).unwrap();
+    assert_eq!(leak(&open), secret[..32]);
+    // Confined, the read fails and fails the step; nothing leaks.
+    let mut r = replica_of("read-0.pt", &host(Mode::On, Duration::from_secs(120))).unwrap();
+    let e = one_step(&mut r).unwrap_err().to_string();
+    assert!(e.contains("Permission denied"), "{e}");
+    assert!(leak(&r).iter().all(|b| *b == 0));
+}
+
+#[test]
+fn a_module_writes_no_host_file_while_it_trains() {
+    let a = attacks();
+    let before = std::fs::read(&a.victim).unwrap();
+    let mut r = replica_of("write.pt", &host(Mode::On, Duration::from_secs(120))).unwrap();
+    assert!(one_step(&mut r).is_err());
+    assert_eq!(std::fs::read(&a.victim).unwrap(), before);
+}
+
+#[test]
+fn a_memory_bomb_ends_its_replica_with_the_limit_named() {
+    let h = host(Mode::On, Duration::from_secs(120));
+    let spec = spec_of("hog.pt", 256);
+    let mut r = Replica::new(&spec, tch::Device::Cpu, &Fetcher::local_only(), &h).unwrap();
+    let e = one_step(&mut r).unwrap_err().to_string();
+    assert!(e.contains("memory"), "{e}");
+    // Every later call says the same, and this process goes on.
+    let again = one_step(&mut r).unwrap_err().to_string();
+    assert_eq!(again, e);
+}
+
+#[test]
+fn a_module_that_spins_is_killed_at_its_deadline_or_its_stop() {
+    let mut r = replica_of("spin.pt", &host(Mode::On, Duration::from_secs(3))).unwrap();
+    let started = Instant::now();
+    let e = one_step(&mut r).unwrap_err().to_string();
+    assert!(e.contains("did not answer within 3 s"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+
+    let mut h = host(Mode::On, Duration::from_secs(600));
+    h.grace = Duration::from_millis(500);
+    let mut r = replica_of("spin.pt", &h).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    r.watch(stop.clone());
+    let flag = stop.clone();
+    let setter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        flag.store(true, Ordering::Relaxed);
+    });
+    let e = one_step(&mut r).unwrap_err().to_string();
+    setter.join().unwrap();
+    assert!(e.contains("its role was stopped"), "{e}");
+}
+
+#[test]
+fn a_broken_archive_fails_its_replica_not_the_executor() {
+    let h = host(Mode::On, Duration::from_secs(120));
+    for model in ["truncated.pt", "fuzzed.pt"] {
+        let e = replica_of(model, &h).err().expect("refused").to_string();
+        assert!(
+            e.contains("TorchScript") || e.contains("model process"),
+            "{model}: {e}"
+        );
+    }
+}
+
+#[test]
+fn the_module_runs_in_another_process_than_the_executor() {
+    // The buffer module counts its own steps: a counter that only the
+    // child's module moves, seen here through the shared flat vector.
+    let mut r = Replica::new(
+        &super::tests::spec(),
+        tch::Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        one_step(&mut r).unwrap();
+    }
+    let w = r.weights();
+    let steps = &w.iter().find(|(k, _)| k == "steps").unwrap().1;
+    assert_eq!(steps.int64_value(&[]), 3);
+    assert!(r.process.is_some());
+}

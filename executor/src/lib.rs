@@ -4,6 +4,9 @@
 //!
 //! * [`shared`] — the few small types every layer shares (drain flag,
 //!   pending uploads, a role's report [`shared::Item`], the [`shared::Reporter`]);
+//! * [`sandbox`] — the confined child processes that load users' models
+//!   (their inspection, and each TorchScript replica's module through
+//!   [`replica::process`]), over the `trainyard-sandbox` crate;
 //! * [`replica`] — one data-parallel replica on libtorch: model, data,
 //!   flat weights, optimizer, evaluation, and [`replica::progress`], what
 //!   every training loop shares; nothing about rings or shards;
@@ -20,9 +23,7 @@
 //!   handed over as generations change;
 //! * [`control`] — the control plane: registration, heartbeats, drain and
 //!   leave ([`control::agent`]), delivery of reports ([`control::report`]);
-//! * [`probe`] — proof of the libtorch link (`--probe`);
-//! * [`sandbox`] — the confined child processes that load users' models
-//!   (inspection today), over the `trainyard-sandbox` crate.
+//! * [`probe`] — proof of the libtorch link (`--probe`).
 //!
 //! `docs/architecture.md` follows one gradient through each pattern.
 

@@ -47,7 +47,9 @@ struct Cli {
     #[arg(long, env = "TRAINYARD_SANDBOX_DIR")]
     sandbox_dir: Option<std::path::PathBuf>,
 
-    /// Longest a model's inspection may take, in seconds.
+    /// Longest a model's inspection may take, and the longest one call of
+    /// a training replica's model process (a step, an evaluation, a save)
+    /// may take, in seconds.
     #[arg(long, env = "TRAINYARD_INSPECTION_TIMEOUT_SECS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     inspection_timeout_secs: u64,

@@ -7,18 +7,34 @@
 //! spawn, exec, libtorch loaded, Landlock + seccomp + cgroups entered, the
 //! answer as JSON). Rounds alternate the order; medians are compared.
 //!
+//! Then a training role's: a replica of a TorchScript job started
+//! (data loaded, module loaded, tensors listed: in this process against a
+//! confined model process with its shared memory) and one forward and
+//! backward on a batch of 32 (in this process against a call to the model
+//! process: the batch down a pipe, the gradient in shared memory).
+//!
 //! `cargo run --release -p trainyard-train-bench --bin inspect-bench` after
 //! `source scripts/common.sh && torch_env` (and a release build of
 //! `trainyard-executor`, whose binary is the child). Prints ms per
 //! inspection for each and the difference; the child's start is the
 //! figure a role process would also pay once per generation.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tch::Tensor;
 use trainyard_bench::figure::{record_data, Better, Figure};
 use trainyard_common::cluster::InspectionResult;
+use trainyard_executor::replica::data::Dataset;
+use trainyard_executor::replica::model::Script;
+use trainyard_executor::replica::process::{Host, STOP_GRACE};
+use trainyard_executor::replica::script::Module;
+use trainyard_executor::replica::tensors::ModelTensors;
+use trainyard_executor::replica::{Core, Replica};
 use trainyard_executor::roles::inspect::{confined, Task};
 use trainyard_executor::sandbox::{Mode, Sandbox};
+use trainyard_executor::storage::Fetcher;
 use trainyard_sandbox::Limits;
 
 const ROUNDS: usize = 15;
@@ -117,5 +133,130 @@ fn main() {
         &serde_json::json!({"rounds": ROUNDS, "in_process_ms": a, "sandboxed_ms": b,
             "start_ms": b - a, "layers": sandbox.summary()}),
     );
+    role(&model, Arc::new(sandbox));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A role's start and step, in this process and in a model process.
+fn role(model: &Path, sandbox: Arc<Sandbox>) {
+    let digits = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/digits.npz");
+    let job: trainyard_common::JobSpec = serde_json::from_value(serde_json::json!({
+        "name": "bench", "loss": "cross_entropy", "batch_size": 32, "steps": 100,
+        "model": {"kind": "torchscript", "url": format!("file://{}", model.display())},
+        "dataset": {"kind": "file", "url": format!("file://{}", digits.canonicalize().unwrap().display())},
+        "optimizer": {"kind": "sgd", "lr": 0.1}
+    }))
+    .expect("a spec");
+    let spec: trainyard_common::spec::JobSpecInput = job.into();
+    let fetcher = Fetcher::local_only();
+    let host = Host {
+        sandbox,
+        timeout: Duration::from_secs(60),
+        stop: Arc::new(AtomicBool::new(false)),
+        grace: STOP_GRACE,
+    };
+    let cpu = tch::Device::Cpu;
+    let start_in_process = || {
+        let t = Instant::now();
+        let data = Dataset::load(&spec, &fetcher).unwrap();
+        let m = Module::load(model, cpu).unwrap();
+        let tensors = ModelTensors::of_script(&m).unwrap();
+        let net = Script::new(m).unwrap();
+        (t.elapsed().as_secs_f64() * 1e3, (data, net, tensors))
+    };
+    let start_confined = || {
+        let t = Instant::now();
+        let r = Replica::new(&spec, cpu, &fetcher, &host).unwrap();
+        (t.elapsed().as_secs_f64() * 1e3, r)
+    };
+    start_in_process();
+    start_confined();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        if round % 2 == 0 {
+            a.push(start_in_process().0);
+            b.push(start_confined().0);
+        } else {
+            b.push(start_confined().0);
+            a.push(start_in_process().0);
+        }
+    }
+    let (start_a, start_b) = (median(a), median(b));
+    Figure::new(
+        "sandbox",
+        "a TorchScript role's start (data, module, tensors) with its model process",
+        start_b,
+        "ms",
+        "in the executor's process",
+        start_a,
+        Better::Lower,
+    )
+    .emit();
+
+    // One batch, stepped again and again by both.
+    let (_, (_, net, tensors)) = start_in_process();
+    let (_, mut replica) = start_confined();
+    let batch = replica.batches(0, 1, replica.cursor).recv().unwrap();
+    let trainable = tensors.trainable_len();
+    let weights = Tensor::cat(
+        &tensors
+            .trainable
+            .iter()
+            .map(|(_, t)| t.detach().reshape([-1]))
+            .collect::<Vec<_>>(),
+        0,
+    );
+    let mut grad = Tensor::new();
+    let core = Core {
+        spec: &spec,
+        net: &net,
+        tensors: &tensors,
+        weights: &weights,
+        trainable,
+        numel: trainable,
+        device: cpu,
+    };
+    let mut step_in_process = || {
+        let t = Instant::now();
+        core.forward_backward(&batch.x, &batch.y, batch.samples, true, &mut grad)
+            .unwrap();
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let mut step_confined = || {
+        let t = Instant::now();
+        replica.forward_backward(&batch).unwrap();
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    const STEPS: usize = 300;
+    for _ in 0..20 {
+        step_in_process();
+        step_confined();
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..STEPS {
+        if i % 2 == 0 {
+            a.push(step_in_process());
+            b.push(step_confined());
+        } else {
+            b.push(step_confined());
+            a.push(step_in_process());
+        }
+    }
+    let (step_a, step_b) = (median(a), median(b));
+    Figure::new(
+        "sandbox",
+        "a forward and backward (batch 32) through the model process",
+        step_b,
+        "ms",
+        "in the executor's process",
+        step_a,
+        Better::Lower,
+    )
+    .emit();
+    record_data(
+        "sandbox-role",
+        &serde_json::json!({"rounds": ROUNDS, "steps": STEPS,
+            "start_in_process_ms": start_a, "start_confined_ms": start_b,
+            "step_in_process_ms": step_a, "step_confined_ms": step_b}),
+    );
 }

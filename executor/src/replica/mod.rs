@@ -117,14 +117,20 @@ pub(crate) fn loss_of(
 
 /// What one forward and backward needs: the executor's replica and a
 /// user's module in its own process ([`process`]) take a step alike.
-pub(crate) struct Core<'a> {
+pub struct Core<'a> {
+    /// The job's spec (its loss).
     pub spec: &'a JobSpecInput,
+    /// The model.
     pub net: &'a dyn model::Net,
+    /// Its tensors.
     pub tensors: &'a tensors::ModelTensors,
     /// The flat vector (the trainable parameters are views of it).
     pub weights: &'a Tensor,
+    /// Trainable elements: the flat vector's first ones.
     pub trainable: usize,
+    /// All flat elements (trainable, then buffers).
     pub numel: usize,
+    /// Where the model computes.
     pub device: tch::Device,
 }
 

@@ -197,7 +197,7 @@ async fn inspection_for(app: &TestApp, id: &str, token: &str, job: &str) -> Valu
             .unwrap();
         if let Some(i) = hb["inspections"]
             .as_array()
-            .unwrap()
+            .unwrap_or_else(|| panic!("a heartbeat answer without inspections: {hb}"))
             .iter()
             .find(|i| i["job_id"] == job)
         {
@@ -464,4 +464,81 @@ async fn a_sandbox_report_is_bounded_and_named_when_refused() {
     body["sandbox"] = json!({"state": "sideways", "detail": ""});
     let r = crate::executors::post_registration(&app, &body).await;
     assert_eq!(r.status(), 422, "an unknown state is refused");
+}
+
+/// The jobs of the assignments executor `id` is given over `beats`
+/// heartbeats.
+async fn assignments_of(app: &TestApp, id: &str, token: &str, beats: usize) -> Vec<String> {
+    let mut seen = Vec::new();
+    for _ in 0..beats {
+        let hb: Value = app
+            .post_as(
+                &format!("/v1/executors/{id}/heartbeat"),
+                token,
+                &json!({"roles": []}),
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
+        for a in hb["assignments"].as_array().cloned().unwrap_or_default() {
+            seen.push(a["key"]["job_id"].as_str().unwrap_or("").to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_torchscript_job_trains_only_where_its_module_can_be_confined() {
+    let (app, store) = app_with_store("placed-confined").await;
+    let (bare, bare_token) = register_sandboxed(&app, "bare-kernel", "unavailable").await;
+    let (ok, ok_token) = register_sandboxed(&app, "confined", "confined").await;
+    let ring = |mut spec: Value| {
+        spec["strategy"] = json!("allreduce");
+        spec["workers"] = json!({"min": 1, "max": 2});
+        let o = spec.as_object_mut().unwrap();
+        o.remove("parameter_servers");
+        o.remove("consistency");
+        spec
+    };
+    // Control: a built-in model's ring of up to two takes both executors.
+    let mlp = app.submit(&ring(digits_spec("mlp-ring"))).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Both beat (an executor that stops beating is declared lost).
+    let mut on_bare = Vec::new();
+    for _ in 0..30 {
+        on_bare.extend(assignments_of(&app, &bare, &bare_token, 1).await);
+        assignments_of(&app, &ok, &ok_token, 1).await;
+    }
+    assert!(on_bare.contains(&mlp), "{on_bare:?}");
+    let r = app
+        .post_json(&format!("/v1/jobs/{mlp}/cancel"), &json!({}))
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+
+    // The same ring of a TorchScript module: only the confined executor.
+    let job = app.submit(&ring(torchscript_spec("ts-ring"))).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    inspection_for(&app, &ok, &ok_token, &job).await;
+    let body = json!({"job_id": job, "result": {"parameters": [
+        {"name": "fc.weight", "shape": [10, 64]},
+        {"name": "fc.bias", "shape": [10]},
+    ]}});
+    let r = app
+        .post_as(&format!("/v1/executors/{ok}/inspections"), &ok_token, &body)
+        .await;
+    assert_eq!(r.status(), 200);
+    let (mut placed, mut on_bare) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        placed.extend(assignments_of(&app, &ok, &ok_token, 1).await);
+        on_bare.extend(assignments_of(&app, &bare, &bare_token, 1).await);
+    }
+    assert!(placed.contains(&job), "{placed:?}");
+    assert!(!on_bare.contains(&job), "{on_bare:?}");
+    let _ = std::fs::remove_dir_all(&store);
 }

@@ -7,10 +7,10 @@
 use crate::plan::{Demand, DeviceSlot, ExecutorView, JobView, Placement, PsRole, WorkerRole};
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use trainyard_common::cluster::{ExecutorResources, Range, RoleKind};
 use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
-use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::spec::{JobSpecInput, ModelSpec, Strategy};
 use uuid::Uuid;
 
 /// What the round remembers of a job besides its [`JobView`].
@@ -35,7 +35,10 @@ impl World {
     pub(super) async fn load(db: &PgPool) -> Result<World, sqlx::Error> {
         let mut executors = HashMap::new();
         let mut live = Vec::new();
-        for r in sqlx::query("SELECT id, name, state::text AS state, resources, labels FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
+        // Executors that cannot confine users' code: never a TorchScript
+        // job's (its replicas' model processes would be refused there).
+        let mut unconfining = BTreeSet::new();
+        for r in sqlx::query("SELECT id, name, state::text AS state, resources, labels, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
             .fetch_all(db)
             .await?
         {
@@ -44,6 +47,9 @@ impl World {
             executors.insert(id, (r.get::<String, _>("name"), state.clone()));
             if state != "live" {
                 continue;
+            }
+            if r.get::<Option<String>, _>("sandbox").as_deref() == Some("unavailable") {
+                unconfining.insert(id);
             }
             let Ok(res) = serde_json::from_value::<ExecutorResources>(r.get("resources")) else { continue };
             let labels: BTreeMap<String, String> = serde_json::from_value(r.get("labels")).unwrap_or_default();
@@ -83,7 +89,7 @@ impl World {
             }
         }
 
-        let mut excluded: HashMap<Uuid, std::collections::BTreeSet<Uuid>> = HashMap::new();
+        let mut excluded: HashMap<Uuid, BTreeSet<Uuid>> = HashMap::new();
         for (job, executor) in sqlx::query_as::<_, (Uuid, Uuid)>(
             "SELECT x.job_id, x.executor_id FROM job_exclusions x JOIN jobs j ON j.id = x.job_id
              WHERE j.state IN ('queued', 'scheduling', 'running', 'recovering')",
@@ -104,10 +110,10 @@ impl World {
         .fetch_all(db)
         .await?
         {
-            let Some(mut job) = job_view(&r, &mut assigned) else {
+            let Some(mut job) = job_view(&r, &mut assigned, &unconfining) else {
                 continue;
             };
-            job.excluded = excluded.remove(&job.id).unwrap_or_default();
+            job.excluded.extend(excluded.remove(&job.id).unwrap_or_default());
             meta.insert(
                 job.id,
                 JobMeta {
@@ -141,6 +147,7 @@ impl World {
 fn job_view(
     r: &PgRow,
     assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)>,
+    unconfining: &BTreeSet<Uuid>,
 ) -> Option<JobView> {
     let id: Uuid = r.get("id");
     let spec: JobSpecInput = match serde_json::from_value(r.get("spec")) {
@@ -190,6 +197,9 @@ fn job_view(
         current,
         owner: r.get("owner"),
         starving: false,
-        excluded: Default::default(),
+        excluded: match spec.model {
+            ModelSpec::Torchscript(_) => unconfining.clone(),
+            _ => Default::default(),
+        },
     })
 }

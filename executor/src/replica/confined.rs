@@ -197,3 +197,21 @@ fn the_module_runs_in_another_process_than_the_executor() {
     assert_eq!(steps.int64_value(&[]), 3);
     assert!(r.process.is_some());
 }
+
+#[test]
+fn a_diverged_loss_from_the_model_process_is_named_as_one() {
+    // NaN has no JSON: the loss crosses the pipe as its bits.
+    let h = host(Mode::On, Duration::from_secs(120));
+    let mut r = replica_of("good-for-fuzz.pt", &h).unwrap();
+    let e = (0..10)
+        .find_map(|_| {
+            let b = r.batches(0, 1, r.cursor).recv().unwrap();
+            let (loss, g) = r.forward_backward(&b).unwrap();
+            let n = b.samples as f32;
+            r.apply_summed(g, n, loss / f64::from(n), 1e38, b.next)
+                .err()
+        })
+        .expect("the loss diverges")
+        .to_string();
+    assert!(e.contains("diverged"), "{e}");
+}

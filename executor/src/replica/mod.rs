@@ -787,7 +787,7 @@ impl Replica {
             return Ok((0.0, None));
         }
         if let Some(p) = &self.process {
-            let (loss_sum, _) = process::lock(p).step(b, state)?;
+            let loss_sum = process::lock(p).step(b, state)?;
             // The step moved the buffers in the shared flat vector: the
             // mirror follows (its state_dict is what is saved).
             self.buffers_from_flat();

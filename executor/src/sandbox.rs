@@ -57,6 +57,10 @@ pub struct Envelope<T> {
     pub confinement: Option<Confinement>,
     /// Threads libtorch may use.
     pub torch_threads: Option<i32>,
+    /// The executor's pid: the child ends itself once its parent is
+    /// another (the executor died and it was re-parented).
+    #[serde(default)]
+    pub parent: Option<u32>,
     /// The task.
     pub task: T,
 }
@@ -103,6 +107,11 @@ impl Sandbox {
         let root =
             std::env::temp_dir().join(format!("trainyard-sandbox-tests-{}", std::process::id()));
         Sandbox::new(mode, None, root, program, Some(1)).expect("a sandbox for tests")
+    }
+
+    /// The program its children run (this executor's binary).
+    pub fn program(&self) -> &Path {
+        &self.program
     }
 
     /// The mode.
@@ -219,6 +228,7 @@ impl Sandbox {
         let envelope = Envelope {
             confinement,
             torch_threads: self.torch_threads,
+            parent: Some(std::process::id()),
             task,
         };
         let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
@@ -292,6 +302,7 @@ impl Sandbox {
         let envelope = Envelope {
             confinement,
             torch_threads: self.torch_threads,
+            parent: Some(std::process::id()),
             task,
         };
         let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
@@ -409,6 +420,7 @@ pub fn child<T: DeserializeOwned, R: Serialize>(work: impl FnOnce(T) -> R) -> i3
             return 3;
         }
     }
+    exit_with_parent(envelope.parent);
     if let Some(n) = envelope.torch_threads {
         tch::set_num_threads(n);
     }
@@ -453,11 +465,32 @@ pub fn session<T: DeserializeOwned>(
             return 3;
         }
     }
+    exit_with_parent(envelope.parent);
     if let Some(n) = envelope.torch_threads {
         tch::set_num_threads(n);
     }
     let mut output = std::io::BufWriter::new(std::io::stdout().lock());
     work(envelope.task, &mut input, &mut output)
+}
+
+/// Ends this child when its executor is gone. Its stdin's end would tell
+/// it, but only once it reads again: a module busy in a forward (or one
+/// that never returns) would outlive the executor. The thread starts after
+/// the confinement, which it inherits.
+fn exit_with_parent(expected: Option<u32>) {
+    // Expected, not read: the executor may already be gone by now.
+    let parent = expected.unwrap_or_else(std::os::unix::process::parent_id);
+    let _ = std::thread::Builder::new()
+        .name("parent-watch".into())
+        .spawn(move || loop {
+            if std::os::unix::process::parent_id() != parent {
+                eprintln!("the executor is gone");
+                // Not exit(): libtorch's static destructors can wait on
+                // the very thread that is busy.
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        });
 }
 
 /// A shared handle.

@@ -215,3 +215,50 @@ fn a_diverged_loss_from_the_model_process_is_named_as_one() {
         .to_string();
     assert!(e.contains("diverged"), "{e}");
 }
+
+#[test]
+fn a_model_process_ends_with_its_executor() {
+    // A stand-in executor (a shell) starts the model process, gives it its
+    // task, keeps its stdin open and dies: the child must not outlive it.
+    let sandbox = Sandbox::for_tests();
+    let ws = sandbox.workspace("orphan").unwrap();
+    let load = super::process::Load {
+        model: attacks().dir.join("good-for-fuzz.pt"),
+        scratch: ws.scratch(),
+        cuda: None,
+        spec: spec_of("good-for-fuzz.pt", 512),
+    };
+    let envelope = crate::sandbox::Envelope {
+        confinement: None,
+        torch_threads: Some(1),
+        // The shell's pid, put in by the shell ($$).
+        parent: Some(4_294_967_295),
+        task: load,
+    };
+    let line = serde_json::to_string(&envelope).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"(printf '%s\n' "$(printf '%s' "$TASK" | sed "s/4294967295/$$/")"; sleep 30) 2>/dev/null | "$EXE" --sandboxed model >/dev/null 2>&1 & echo $!"#)
+        .env("TASK", line)
+        .env("EXE", sandbox.program())
+        .output()
+        .unwrap();
+    let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    let started = Instant::now();
+    // Its stdin stays open for 30 s: only the watch ends it sooner.
+    while alive() && started.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!alive(), "the model process {pid} outlived its executor");
+}

@@ -412,7 +412,9 @@ impl Conversation {
             dead: None,
             _workspace: ws,
         };
-        let cap = (limits.memory_mb as usize).saturating_mul(1 << 20);
+        // What the job reserved on this executor bounds what the child may
+        // make the executor hold.
+        let cap = (spec.resources.memory_mb as usize).saturating_mul(1 << 20);
         let (reply, frozen_bytes) = c.answer(cap)?;
         let Reply::Loaded {
             trainable,
@@ -423,19 +425,25 @@ impl Conversation {
         else {
             return Err(c.unexpected());
         };
-        let tensors =
-            mirror(&trainable, &buffers, &frozen, aliases, &frozen_bytes).map_err(|e| {
-                fail(format!(
-                    "the model process described its tensors wrongly: {e}"
-                ))
-            })?;
-        let numel = tensors.trainable_len() + tensors.buffer_len();
+        let wrong = |e: String| {
+            fail(format!(
+                "the model process described its tensors wrongly: {e}"
+            ))
+        };
+        // Sized before anything is allocated for them: the description is
+        // the child's, and the child is not trusted.
+        let mut numel = 0usize;
+        for m in trainable.iter().chain(&buffers) {
+            numel = numel.saturating_add(size_of(m).map_err(wrong)?.0);
+        }
         let bytes = numel.checked_mul(8).filter(|b| *b <= cap).ok_or_else(|| {
             fail(format!(
-                "the model's {numel} values do not fit its memory ({} MiB)",
-                limits.memory_mb
+                "the model's {numel} values do not fit the job's memory ({} MiB, resources.memory_mb)",
+                spec.resources.memory_mb
             ))
         })?;
+        let tensors =
+            mirror(&trainable, &buffers, &frozen, aliases, &frozen_bytes).map_err(wrong)?;
         let memory =
             Shared::seal_and_map(memfd, bytes).map_err(|e| fail(format!("shared memory: {e}")))?;
         let (weights, grad) = (memory.f32s(0, numel), memory.f32s(numel, numel));
@@ -672,9 +680,10 @@ fn mirror(
         if kind != Kind::Float {
             return Err(format!("parameter {:?} is not float32", m.name));
         }
+        // Bound to the shared flat vector by the replica: never touched.
         out.trainable.push((
             m.name.clone(),
-            Tensor::f_zeros(&m.shape, (kind, cpu)).map_err(|e| e.to_string())?,
+            Tensor::f_empty(&m.shape, (kind, cpu)).map_err(|e| e.to_string())?,
         ));
     }
     for m in buffers {

@@ -218,29 +218,7 @@ impl Sandbox {
         if let Some(why) = self.refusal() {
             return Err(why);
         }
-        let confinement = (self.mode == Mode::On).then(|| Confinement {
-            read_only: vec![ws.inputs()],
-            read_write: vec![ws.scratch()],
-            connect_tcp: Some(vec![]),
-            bind_tcp: Some(vec![]),
-            limits,
-        });
-        let envelope = Envelope {
-            confinement,
-            torch_threads: self.torch_threads,
-            parent: Some(std::process::id()),
-            task,
-        };
-        let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
-        let spec = Spec {
-            program: self.program.clone(),
-            args: vec!["--sandboxed".into(), kind.into()],
-            env: child_env(),
-            identity: self.identity,
-            limits,
-            name: kind.into(),
-            fd3: None,
-        };
+        let (line, spec) = self.prepare(kind, ws, task, limits, None, tch::Device::Cpu)?;
         let (ending, out, err) = run(&spec, line.as_bytes(), Some(timeout), stop, 64 << 20)
             .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
         let last = err
@@ -286,6 +264,34 @@ impl Sandbox {
         if let Some(why) = self.refusal() {
             return Err(why);
         }
+        let (line, spec) = self.prepare(kind, ws, task, limits, fd3, device)?;
+        let mut child = trainyard_sandbox::spawn::Child::start(&spec)
+            .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
+        let Some(mut stdin) = child.stdin() else {
+            child.kill();
+            return Err(format!("the sandboxed {kind} has no stdin"));
+        };
+        if let Err(e) = stdin.write_all(line.as_bytes()) {
+            child.kill();
+            return Err(format!("the sandboxed {kind} did not take its task: {e}"));
+        }
+        Ok((child, stdin))
+    }
+}
+
+impl Sandbox {
+    /// A child's task line (its confinement to `ws`, and for a CUDA
+    /// `device` the GPU's device files, its limits, this executor's pid)
+    /// and what to start.
+    fn prepare<T: Serialize>(
+        &self,
+        kind: &str,
+        ws: &Workspace,
+        task: &T,
+        limits: Limits,
+        fd3: Option<std::os::fd::RawFd>,
+        device: tch::Device,
+    ) -> Result<(String, Spec), String> {
         let confinement = (self.mode == Mode::On).then(|| {
             let mut read_write = vec![ws.scratch()];
             if device.is_cuda() {
@@ -315,17 +321,7 @@ impl Sandbox {
             name: kind.into(),
             fd3,
         };
-        let mut child = trainyard_sandbox::spawn::Child::start(&spec)
-            .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
-        let Some(mut stdin) = child.stdin() else {
-            child.kill();
-            return Err(format!("the sandboxed {kind} has no stdin"));
-        };
-        if let Err(e) = stdin.write_all(line.as_bytes()) {
-            child.kill();
-            return Err(format!("the sandboxed {kind} did not take its task: {e}"));
-        }
-        Ok((child, stdin))
+        Ok((line, spec))
     }
 }
 

@@ -183,18 +183,22 @@ async fn the_model_comes_in_the_format_asked_for_and_a_bad_format_is_named() {
 
 /// Heartbeats as executor `id` until it is asked to inspect `job`; the
 /// inspection it is given.
+/// One heartbeat of executor `id` running nothing: the API's answer.
+async fn heartbeat(app: &TestApp, id: &str, token: &str) -> Value {
+    app.post_as(
+        &format!("/v1/executors/{id}/heartbeat"),
+        token,
+        &json!({"roles": []}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap()
+}
+
 async fn inspection_for(app: &TestApp, id: &str, token: &str, job: &str) -> Value {
     for _ in 0..100 {
-        let hb: Value = app
-            .post_as(
-                &format!("/v1/executors/{id}/heartbeat"),
-                token,
-                &json!({"roles": []}),
-            )
-            .await
-            .json()
-            .await
-            .unwrap();
+        let hb = heartbeat(app, id, token).await;
         if let Some(i) = hb["inspections"]
             .as_array()
             .unwrap_or_else(|| panic!("a heartbeat answer without inspections: {hb}"))
@@ -471,16 +475,7 @@ async fn a_sandbox_report_is_bounded_and_named_when_refused() {
 async fn assignments_of(app: &TestApp, id: &str, token: &str, beats: usize) -> Vec<String> {
     let mut seen = Vec::new();
     for _ in 0..beats {
-        let hb: Value = app
-            .post_as(
-                &format!("/v1/executors/{id}/heartbeat"),
-                token,
-                &json!({"roles": []}),
-            )
-            .await
-            .json()
-            .await
-            .unwrap();
+        let hb = heartbeat(app, id, token).await;
         for a in hb["assignments"].as_array().cloned().unwrap_or_default() {
             seen.push(a["key"]["job_id"].as_str().unwrap_or("").to_owned());
         }

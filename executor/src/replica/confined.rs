@@ -164,6 +164,9 @@ fn a_module_that_spins_is_killed_at_its_deadline_or_its_stop() {
     let e = one_step(&mut r).unwrap_err().to_string();
     setter.join().unwrap();
     assert!(e.contains("its role was stopped"), "{e}");
+    // Such a replica is not handed to the next generation.
+    assert!(!r.usable());
+    assert!(replica_of("good-for-fuzz.pt", &h).unwrap().usable());
 }
 
 #[test]

@@ -387,6 +387,14 @@ impl Replica {
         Ok(replica)
     }
 
+    /// Whether the replica can still train: false once its module's
+    /// process was killed (a stop, a deadline, a limit) or ended.
+    pub fn usable(&self) -> bool {
+        self.process
+            .as_ref()
+            .is_none_or(|p| process::lock(p).alive())
+    }
+
     /// Follows `stop`, the stop flag of the role now training the replica:
     /// a user's module still busy [`process::STOP_GRACE`] after it is set
     /// is killed.

@@ -463,6 +463,11 @@ impl Conversation {
         })
     }
 
+    /// Whether the child still answers (it was not killed, nor ended).
+    pub fn alive(&self) -> bool {
+        self.dead.is_none()
+    }
+
     /// Follows the stop flag of the role now using the replica.
     pub fn watch(&mut self, stop: Arc<AtomicBool>) {
         self.stop = stop;

@@ -310,6 +310,10 @@ impl Roles {
 /// Runs one role for its generation; returns what it leaves for the next.
 fn run(role: &Role, mut parked: Parked) -> Parked {
     let a = &role.assignment;
+    // A replica whose module's process was killed (its last generation
+    // ended mid-call) is not handed on: the new generation builds one and
+    // takes the state from a peer or the checkpoint, as a new member does.
+    parked.replica = parked.replica.filter(Replica::usable);
     if let Some(r) = parked.replica.as_mut() {
         // Its module's process now answers to this generation's stop.
         r.watch(role.stop.clone());

@@ -10,7 +10,9 @@ permutation the executor uses). When the spec names a separate held-out
 set (`dataset.eval_url`), DATA is that set instead (npz, or Parquet with a
 fixed-size-list column `x` and a label column `y`) and every row of it is
 evaluated, in batches. Prints one JSON line: {"accuracy": ..., "loss":
-..., "samples": ...}.
+..., "samples": ..., "correct": "0110..."}, where `correct` says for each
+evaluated row, in order, whether the model's argmax is its label (so two
+models can be compared row by row on the same held-out set).
 """
 
 import json
@@ -81,7 +83,7 @@ def main():
         n_eval = min(int(math.floor(n * fraction + 0.5)), n - 1)
         held_out = torch.tensor(order[:n_eval][:4096])
     layers = len(spec["model"]["hidden"]) + 1
-    loss_sum, right = 0.0, 0
+    loss_sum, right, correct = 0.0, 0, []
     with torch.no_grad():
         for rows in held_out.split(4096):
             h = x[rows].flatten(1)
@@ -91,11 +93,18 @@ def main():
                     h = torch.relu(h)
             target = y[rows]
             loss_sum += F.cross_entropy(h, target, reduction="sum").item()
-            right += (h.argmax(-1) == target).sum().item()
+            hits = h.argmax(-1) == target
+            right += hits.sum().item()
+            correct.extend("1" if hit else "0" for hit in hits.tolist())
     samples = len(held_out)
     print(
         json.dumps(
-            {"accuracy": right / samples, "loss": loss_sum / samples, "samples": int(n_eval)}
+            {
+                "accuracy": right / samples,
+                "loss": loss_sum / samples,
+                "samples": int(n_eval),
+                "correct": "".join(correct),
+            }
         )
     )
 

@@ -337,12 +337,9 @@ impl ApiClient {
             .unwrap_or_else(|| panic!("no eval_accuracy in {r}"))
     }
 
-    /// Job `id`'s held-out accuracy as plain PyTorch measures it: its
-    /// final weights downloaded (`GET /v1/jobs/{id}/model`, safetensors)
-    /// into `dir`, the MLP of `spec` rebuilt by
-    /// `tests/python/evaluate_mlp.py` and evaluated on the job's held-out
-    /// split of `data` (the executor's seeded split, rows it never trained
-    /// on). Not the number the platform reports about itself.
+    /// Job `id`'s held-out accuracy as plain PyTorch measures it: see
+    /// [`ApiClient::pytorch_evaluation`]. Not the number the platform
+    /// reports about itself.
     pub fn pytorch_accuracy(
         &self,
         id: &str,
@@ -350,6 +347,21 @@ impl ApiClient {
         data: &std::path::Path,
         dir: &std::path::Path,
     ) -> f64 {
+        self.pytorch_evaluation(id, spec, data, dir).accuracy
+    }
+
+    /// Job `id` evaluated by plain PyTorch: its final weights downloaded
+    /// (`GET /v1/jobs/{id}/model`, safetensors) into `dir`, the MLP of
+    /// `spec` rebuilt by `tests/python/evaluate_mlp.py` and evaluated on
+    /// the job's held-out split of `data` (the executor's seeded split,
+    /// rows it never trained on), with the result of every row.
+    pub fn pytorch_evaluation(
+        &self,
+        id: &str,
+        spec: &Value,
+        data: &std::path::Path,
+        dir: &std::path::Path,
+    ) -> PytorchEvaluation {
         std::fs::create_dir_all(dir).unwrap();
         let r = self.get_response(&format!("/v1/jobs/{id}/model?format=safetensors"));
         let status = r.status();
@@ -380,9 +392,16 @@ impl ApiClient {
             String::from_utf8_lossy(&out.stderr)
         );
         let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
-        got["accuracy"]
+        let accuracy = got["accuracy"]
             .as_f64()
-            .unwrap_or_else(|| panic!("no accuracy in {got}"))
+            .unwrap_or_else(|| panic!("no accuracy in {got}"));
+        let correct = got["correct"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no per-row results in {got}"))
+            .bytes()
+            .map(|b| b == b'1')
+            .collect();
+        PytorchEvaluation { accuracy, correct }
     }
 
     /// Where job `id`'s final weights are.
@@ -524,4 +543,14 @@ pub fn safetensors_f32(url: &str) -> BTreeMap<String, Vec<f32>> {
             (k.clone(), vals)
         })
         .collect()
+}
+
+/// A job's final model as plain PyTorch evaluates it on held-out rows.
+#[derive(Debug, Clone)]
+pub struct PytorchEvaluation {
+    /// The share of rows it classifies right.
+    pub accuracy: f64,
+    /// For each held-out row, in the evaluator's order, whether it is
+    /// classified right (for [`crate::compare::Paired`]).
+    pub correct: Vec<bool>,
 }

@@ -12,6 +12,7 @@
 //!   typed async client (`trainyard-client`) with the reads and waits the
 //!   tests share, and one raw path for the tests of HTTP behaviour;
 //! - [`spec`]: the job specs the tests submit;
+//! - [`compare`]: two models compared row by row on the same held-out rows;
 //! - [`s3`]: the test S3 server;
 //! - [`lab`]: hosts in network namespaces on a bridge, link rates and
 //!   faults (link down, a pair cut, a host cut from the API).
@@ -19,6 +20,7 @@
 //! The items are re-exported at the crate root.
 
 pub mod client;
+pub mod compare;
 pub mod lab;
 pub mod platform;
 pub mod postgres;
@@ -26,7 +28,10 @@ pub mod process;
 pub mod s3;
 pub mod spec;
 
-pub use client::{safetensors_f32, safetensors_header, sse_events, ApiClient, TERMINAL};
+pub use client::{
+    safetensors_f32, safetensors_header, sse_events, ApiClient, PytorchEvaluation, TERMINAL,
+};
+pub use compare::Paired;
 pub use lab::{Fault, Host, Lab};
 pub use platform::{Platform, PlatformBuilder, HEARTBEAT_MS};
 pub use postgres::{admin_url, drop_database, fresh_database, TestPostgres};

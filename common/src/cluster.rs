@@ -528,8 +528,15 @@ pub struct SuspectAnswer {
 }
 
 /// Executor states.
+// The same set is the Postgres enum `executor_state`, read and bound as
+// this type (feature `sqlx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "sqlx", derive(sqlx::Type))]
+#[cfg_attr(
+    feature = "sqlx",
+    sqlx(type_name = "executor_state", rename_all = "snake_case")
+)]
 pub enum ExecutorState {
     /// Heartbeating; takes roles.
     Live,

@@ -1,7 +1,8 @@
 //! Job lifecycle: `queued → (inspecting) → scheduling → running ⇄ recovering →
 //! succeeded | failed | cancelled`.
 //!
-//! The same set of states is a Postgres enum (`job_state`, see `migrations/`);
+//! The same set of states is a Postgres enum (`job_state`, see `migrations/`),
+//! read and bound as this type (feature `sqlx`);
 //! [`JobState::can_move_to`] is the one place that says which moves are legal,
 //! and every move is written with an event row by the code that makes it.
 
@@ -13,6 +14,11 @@ use utoipa::ToSchema;
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "sqlx", derive(sqlx::Type))]
+#[cfg_attr(
+    feature = "sqlx",
+    sqlx(type_name = "job_state", rename_all = "snake_case")
+)]
 pub enum JobState {
     /// Stored, waiting for the scheduler.
     Queued,

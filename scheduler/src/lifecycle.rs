@@ -6,7 +6,7 @@
 //! already in is reported as [`Transition::Unchanged`] and writes nothing,
 //! which makes idempotent operations (cancel twice) cheap and exact.
 
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use trainyard_common::JobState;
 use uuid::Uuid;
 
@@ -51,15 +51,11 @@ pub async fn transition(
     to: JobState,
     reason: &str,
 ) -> Result<Transition, TransitionError> {
-    let row = sqlx::query("SELECT state::text AS state FROM jobs WHERE id = $1 FOR UPDATE")
+    let from: JobState = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1 FOR UPDATE")
         .bind(id)
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(TransitionError::NotFound)?;
-    let from: JobState = row
-        .get::<String, _>("state")
-        .parse()
-        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
     if from == to {
         return Ok(Transition::Unchanged);
     }
@@ -67,23 +63,23 @@ pub async fn transition(
         return Err(TransitionError::Illegal { from, to });
     }
     sqlx::query(
-        "UPDATE jobs SET state = $2::job_state, state_reason = $3, updated_at = clock_timestamp(),
+        "UPDATE jobs SET state = $2, state_reason = $3, updated_at = clock_timestamp(),
                 started_at = CASE WHEN $2 = 'running' THEN coalesce(started_at, clock_timestamp()) ELSE started_at END,
                 finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'cancelled') THEN clock_timestamp() END
          WHERE id = $1",
     )
     .bind(id)
-    .bind(to.as_str())
+    .bind(to)
     .bind(reason)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
         "INSERT INTO job_events (job_id, kind, from_state, to_state, reason)
-         VALUES ($1, 'transition', $2::job_state, $3::job_state, $4)",
+         VALUES ($1, 'transition', $2, $3, $4)",
     )
     .bind(id)
-    .bind(from.as_str())
-    .bind(to.as_str())
+    .bind(from)
+    .bind(to)
     .bind(reason)
     .execute(&mut *tx)
     .await?;

@@ -35,7 +35,7 @@ pub async fn assignments(
 ) -> ApiResult<Json<JobAssignments>> {
     let job = fetch_job(&st.db, id).await?;
     let rows = sqlx::query(
-        "SELECT a.role, a.index, a.device, a.ranges, e.id, e.name, e.address, e.state::text AS state
+        "SELECT a.role, a.index, a.device, a.ranges, e.id, e.name, e.address, e.state
          FROM assignments a JOIN executors e ON e.id = a.executor_id
          WHERE a.job_id = $1 AND a.generation = $2
          ORDER BY a.role, a.index",
@@ -52,8 +52,7 @@ pub async fn assignments(
             id: r.try_get("id")?,
             name: r.try_get("name")?,
             address: r.try_get("address")?,
-            state: ExecutorState::parse(&r.try_get::<String, _>("state")?)
-                .unwrap_or(ExecutorState::Lost),
+            state: r.try_get::<ExecutorState, _>("state")?,
         };
         let index = u32::try_from(r.try_get::<i32, _>("index")?)
             .map_err(|e| ApiError::Internal(e.into()))?;

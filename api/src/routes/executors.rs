@@ -34,6 +34,7 @@ use trainyard_common::cluster::{
 };
 use trainyard_common::model::{ParamInfo, TensorKind};
 use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::JobState;
 use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -62,8 +63,7 @@ fn info_from_row(r: &PgRow, roles: Vec<RoleInfo>) -> ApiResult<ExecutorInfo> {
         id: r.try_get("id")?,
         name: r.try_get("name")?,
         address: r.try_get("address")?,
-        state: ExecutorState::parse(&r.try_get::<String, _>("state")?)
-            .unwrap_or(ExecutorState::Lost),
+        state: r.try_get("state")?,
         resources: serde_json::from_value(r.try_get("resources")?).map_err(internal)?,
         labels: serde_json::from_value(r.try_get("labels")?).map_err(internal)?,
         sandbox: r
@@ -174,19 +174,15 @@ pub async fn list(
 ) -> ApiResult<Json<ExecutorList>> {
     let state = match q.state.as_deref() {
         None => None,
-        Some(s) => Some(
-            ExecutorState::parse(s)
-                .ok_or_else(|| {
-                    ApiError::bad_field(
-                        "state",
-                        format!("must be live, draining, lost or left, got {s:?}"),
-                    )
-                })?
-                .as_str(),
-        ),
+        Some(s) => Some(ExecutorState::parse(s).ok_or_else(|| {
+            ApiError::bad_field(
+                "state",
+                format!("must be live, draining, lost or left, got {s:?}"),
+            )
+        })?),
     };
     let rows = sqlx::query(&format!(
-        "SELECT {EXECUTOR_COLUMNS} FROM executors WHERE ($1::text IS NULL OR state::text = $1) ORDER BY registered_at DESC, id DESC LIMIT 1000"
+        "SELECT {EXECUTOR_COLUMNS} FROM executors WHERE ($1::executor_state IS NULL OR state = $1) ORDER BY registered_at DESC, id DESC LIMIT 1000"
     ))
     .bind(state)
     .fetch_all(&st.db)
@@ -225,8 +221,7 @@ pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json
 }
 
 pub(super) fn gone_if_removed(row: &PgRow) -> ApiResult<ExecutorState> {
-    let state =
-        ExecutorState::parse(&row.try_get::<String, _>("state")?).unwrap_or(ExecutorState::Lost);
+    let state: ExecutorState = row.try_get("state")?;
     match state {
         ExecutorState::Lost => Err(ApiError::Gone(
             "this executor was declared lost (missed heartbeats); register again".into(),
@@ -699,8 +694,8 @@ pub async fn inspection(
     authorize(&st, &headers, id, false).await?;
     let report: InspectionReport = parse_body(&body)?;
     let mut tx = st.db.begin().await?;
-    let row: Option<(String, Option<Uuid>, serde_json::Value)> =
-        sqlx::query_as("SELECT state::text, inspector, spec FROM jobs WHERE id = $1 FOR UPDATE")
+    let row: Option<(JobState, Option<Uuid>, serde_json::Value)> =
+        sqlx::query_as("SELECT state, inspector, spec FROM jobs WHERE id = $1 FOR UPDATE")
             .bind(report.job_id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -710,7 +705,7 @@ pub async fn inspection(
             report.job_id
         )));
     };
-    if state != "inspecting" || inspector != Some(id) {
+    if state != JobState::Inspecting || inspector != Some(id) {
         return Err(ApiError::Conflict(format!(
             "job {} is {state} and not being inspected by this executor",
             report.job_id
@@ -723,7 +718,7 @@ pub async fn inspection(
         // a forward of the wrong signature, an output that does not match
         // the data); its reason is the job's.
         InspectionResult::Error(e) => (
-            trainyard_common::JobState::Failed,
+            JobState::Failed,
             match text(e.trim()).chars().take(1000).collect::<String>() {
                 r if r.is_empty() => {
                     "inspecting model.url failed (the executor gave no reason)".to_owned()
@@ -759,7 +754,7 @@ pub async fn inspection(
             };
             if count == 0 {
                 (
-                    trainyard_common::JobState::Failed,
+                    JobState::Failed,
                     format!(
                         "the TorchScript module has no trainable parameters (its {} tensors are buffers or have requires_grad=False)",
                         params.len()
@@ -767,7 +762,7 @@ pub async fn inspection(
                 )
             } else if e.ps_worker_bytes > have {
                 (
-                    trainyard_common::JobState::Failed,
+                    JobState::Failed,
                     format!("the model has {count} parameters{state}: a worker needs {} MiB, more than resources.memory_mb ({})", e.ps_worker_bytes.div_ceil(1 << 20), spec.resources.memory_mb),
                 )
             } else {

@@ -50,16 +50,16 @@ pub async fn readyz(State(st): State<AppState>) -> ApiResult<Json<Health>> {
 #[utoipa::path(get, path = "/metrics", operation_id = "server_metrics", tag = "health",
     responses((status = 200, description = "Metrics", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse> {
-    let rows = sqlx::query("SELECT state::text AS state, count(*) AS n FROM jobs GROUP BY state")
+    let rows = sqlx::query("SELECT state, count(*) AS n FROM jobs GROUP BY state")
         .fetch_all(&st.db)
         .await?;
     for s in JobState::ALL {
         st.metrics.jobs.with_label_values(&[s.as_str()]).set(0);
     }
     for r in rows {
-        let state: String = r.try_get("state")?;
+        let state: JobState = r.try_get("state")?;
         let n: i64 = r.try_get("n")?;
-        st.metrics.jobs.with_label_values(&[&state]).set(n);
+        st.metrics.jobs.with_label_values(&[state.as_str()]).set(n);
     }
     // Usage counters catch up with the history's totals (which only grow
     // while jobs are kept).

@@ -23,7 +23,6 @@ use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use sqlx::postgres::PgRow;
 use sqlx::Row;
 pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
 use trainyard_common::spec::JobSpecInput;
@@ -328,13 +327,12 @@ fn decode_cursor(raw: &str) -> ApiResult<(DateTime<Utc>, Uuid)> {
     Ok((at, Uuid::parse_str(id).map_err(|_| bad())?))
 }
 
-fn parse_states(raw: Option<&str>) -> ApiResult<Option<Vec<String>>> {
+fn parse_states(raw: Option<&str>) -> ApiResult<Option<Vec<JobState>>> {
     let Some(raw) = raw else { return Ok(None) };
     raw.split(',')
         .map(|s| {
             s.trim()
                 .parse::<JobState>()
-                .map(|st| st.as_str().to_owned())
                 .map_err(|e| ApiError::bad_field("state", e.to_string()))
         })
         .collect::<ApiResult<Vec<_>>>()
@@ -382,7 +380,7 @@ pub async fn list(
     };
     let rows = sqlx::query(&format!(
         "SELECT {JOB_COLUMNS} FROM jobs
-         WHERE ($1::text[] IS NULL OR state = ANY($1::text[]::job_state[]))
+         WHERE ($1::job_state[] IS NULL OR state = ANY($1))
            AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
            AND ($5::text IS NULL OR owner = $5)
          ORDER BY created_at DESC, id DESC
@@ -472,7 +470,7 @@ pub async fn events(
     let after = parse_after(q.after.as_deref())?;
     ensure_job(&st.db, id).await?;
     let rows = sqlx::query(
-        "SELECT id, at, kind, from_state::text AS from_state, to_state::text AS to_state, reason, data
+        "SELECT id, at, kind, from_state, to_state, reason, data
          FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
     )
     .bind(id)
@@ -481,14 +479,6 @@ pub async fn events(
     .fetch_all(&st.db)
     .await?;
     let more = rows.len() as i64 > limit;
-    let state = |col: &str, row: &PgRow| -> ApiResult<Option<JobState>> {
-        row.try_get::<Option<String>, _>(col)?
-            .map(|s| {
-                s.parse()
-                    .map_err(|e| ApiError::Internal(anyhow::Error::new(e)))
-            })
-            .transpose()
-    };
     let events = rows
         .iter()
         .take(limit as usize)
@@ -497,8 +487,8 @@ pub async fn events(
                 id: r.try_get("id")?,
                 at: r.try_get("at")?,
                 kind: r.try_get("kind")?,
-                from_state: state("from_state", r)?,
-                to_state: state("to_state", r)?,
+                from_state: r.try_get("from_state")?,
+                to_state: r.try_get("to_state")?,
                 reason: r.try_get("reason")?,
                 data: r.try_get("data")?,
             })
@@ -529,7 +519,7 @@ mod tests {
     fn states_parse_as_a_list() {
         assert_eq!(
             parse_states(Some("queued,running")).unwrap(),
-            Some(vec!["queued".into(), "running".into()])
+            Some(vec![JobState::Queued, JobState::Running])
         );
         assert!(parse_states(Some("queued,nope")).is_err());
     }

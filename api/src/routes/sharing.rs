@@ -23,7 +23,6 @@ pub use trainyard_common::api::{
     JobUsage, OwnerUsage, QuotaInfo, QuotaLimits, QuotaList, QuotaUse, UsageFigures, UsageReport,
 };
 use trainyard_common::spec::Violation;
-use trainyard_common::JobState;
 use utoipa::IntoParams;
 
 /// Largest device or worker count a quota may name.
@@ -308,7 +307,7 @@ pub async fn usage(
         });
     }
     let job_rows = sqlx::query(&format!(
-        "{WINDOW} SELECT w.job_id, j.name, w.owner, j.state::text AS state, {SUMS}
+        "{WINDOW} SELECT w.job_id, j.name, w.owner, j.state, {SUMS}
          FROM w JOIN jobs j ON j.id = w.job_id WHERE secs > 0
          GROUP BY w.job_id, j.name, w.owner, j.state
          ORDER BY sum((cuda_devices + cpu_workers) * secs) DESC, w.job_id LIMIT $4"
@@ -321,14 +320,11 @@ pub async fn usage(
     .await?;
     let mut jobs = Vec::with_capacity(job_rows.len());
     for r in &job_rows {
-        let state: String = r.try_get("state")?;
         jobs.push(JobUsage {
             job_id: r.try_get("job_id")?,
             name: r.try_get("name")?,
             owner: r.try_get("owner")?,
-            state: state
-                .parse::<JobState>()
-                .map_err(|e| ApiError::Internal(anyhow::anyhow!("job state {state:?}: {e}")))?,
+            state: r.try_get("state")?,
             usage: figures(r)?,
         });
     }

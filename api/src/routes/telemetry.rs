@@ -249,14 +249,11 @@ async fn apply_outcome(
     key: &RoleKey,
     outcome: &RoleOutcome,
 ) -> ApiResult<Verdict> {
-    let state: Option<JobState> =
-        sqlx::query_scalar::<_, String>("SELECT state::text FROM jobs WHERE id = $1 FOR UPDATE")
-            .bind(key.job_id)
-            .fetch_one(&mut *tx)
-            .await?
-            .parse()
-            .ok();
-    if state.is_some_and(JobState::is_terminal) {
+    let state: JobState = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(key.job_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    if state.is_terminal() {
         // A job has one result: no second one is written.
         return Ok(Verdict::Ignored);
     }
@@ -285,7 +282,7 @@ async fn apply_outcome(
     .await?;
     // A short job can finish before its roles' heartbeats moved it to
     // `running`: it ran, so it passes through `running` first.
-    if to == JobState::Succeeded && state == Some(JobState::Scheduling) {
+    if to == JobState::Succeeded && state == JobState::Scheduling {
         lifecycle::transition(
             &mut *tx,
             key.job_id,

@@ -12,5 +12,6 @@ mod jobs;
 mod models;
 mod openapi;
 mod provisioner;
+mod schema;
 mod sharing;
 mod suspects;

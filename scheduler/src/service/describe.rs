@@ -5,6 +5,7 @@
 use super::world::World;
 use crate::plan::Placement;
 use std::collections::BTreeSet;
+use trainyard_common::cluster::ExecutorState;
 use uuid::Uuid;
 
 /// A sentence saying what changed between two placements and why.
@@ -46,7 +47,12 @@ pub(super) fn describe(
                 .iter()
                 .map(|w| w.executor)
                 .chain(o.parameter_servers.iter().map(|p| p.executor))
-                .filter(|e| world.executors.get(e).is_none_or(|(_, s)| s != "live"))
+                .filter(|e| {
+                    world
+                        .executors
+                        .get(e)
+                        .is_none_or(|(_, s)| *s != ExecutorState::Live)
+                })
                 .map(|e| name(&e))
                 .collect();
             if gone.is_empty() {
@@ -66,7 +72,7 @@ pub(super) fn describe(
                 let to = now.map(|p| p.executor);
                 if let Some(t) = to.filter(|t| Some(*t) == ps.standby) {
                     let (was, why) = match world.executors.get(&ps.executor) {
-                        Some((n, state)) if state == "draining" => (n.clone(), "draining"),
+                        Some((n, ExecutorState::Draining)) => (n.clone(), "draining"),
                         Some((n, _)) => (n.clone(), "lost"),
                         None => (ps.executor.to_string(), "lost"),
                     };
@@ -132,7 +138,10 @@ mod tests {
             meta: HashMap::new(),
             executors: executors
                 .iter()
-                .map(|(id, name, state)| (*id, ((*name).to_owned(), (*state).to_owned())))
+                .map(|(id, name, state)| {
+                    let state = ExecutorState::parse(state).expect("an executor state");
+                    (*id, ((*name).to_owned(), state))
+                })
                 .collect(),
         }
     }

@@ -15,9 +15,9 @@ use uuid::Uuid;
 /// executor (moving it to `inspecting`), and moves the inspection of a
 /// lost or departed inspector to another.
 pub(super) async fn assign_inspections(db: &PgPool) -> Result<(), SchedulerError> {
-    let pending: Vec<(Uuid, String, Option<Uuid>)> = sqlx::query_as(
-        "SELECT j.id, j.state::text, j.inspector FROM jobs j
-         WHERE j.state IN ('queued', 'inspecting') AND j.params IS NULL AND j.spec->'model'->>'kind' = 'torchscript'
+    let pending: Vec<(Uuid, JobState, Option<Uuid>)> = sqlx::query_as(
+        "SELECT j.id, j.state, j.inspector FROM jobs j
+         WHERE j.state IN ('queued', 'inspecting') AND j.params IS NULL AND j.model_kind = 'torchscript'
            AND NOT EXISTS (SELECT 1 FROM executors e WHERE e.id = j.inspector AND e.state = 'live' AND j.state = 'inspecting')
          ORDER BY j.priority DESC, j.created_at",
     )
@@ -33,13 +33,13 @@ pub(super) async fn assign_inspections(db: &PgPool) -> Result<(), SchedulerError
         .await?;
         let mut tx = db.begin().await?;
         // Re-check under the row lock: a cancel may have come first.
-        let still: Option<String> = sqlx::query_scalar(
-            "SELECT state::text FROM jobs WHERE id = $1 AND params IS NULL FOR UPDATE",
+        let still: Option<JobState> = sqlx::query_scalar(
+            "SELECT state FROM jobs WHERE id = $1 AND params IS NULL FOR UPDATE",
         )
         .bind(job)
         .fetch_optional(&mut *tx)
         .await?;
-        if still.as_deref() != Some(state.as_str()) {
+        if still != Some(state) {
             continue;
         }
         match pick {
@@ -59,7 +59,7 @@ pub(super) async fn assign_inspections(db: &PgPool) -> Result<(), SchedulerError
                     .execute(&mut *tx)
                     .await?;
                 let reason = format!("loading the TorchScript file on {name} to learn its tensors");
-                if state == "queued" {
+                if state == JobState::Queued {
                     transition(&mut tx, job, JobState::Inspecting, &reason)
                         .await
                         .map_err(db_err)?;

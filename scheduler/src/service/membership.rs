@@ -54,17 +54,13 @@ pub(super) async fn apply(
     }
 
     let mut tx = db.begin().await?;
-    let row =
-        sqlx::query("SELECT generation, state::text AS state FROM jobs WHERE id = $1 FOR UPDATE")
-            .bind(job.id)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let row = sqlx::query("SELECT generation, state FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(job.id)
+        .fetch_optional(&mut *tx)
+        .await?;
     let Some(row) = row else { return Ok(()) };
     let generation: i64 = row.get("generation");
-    let state: JobState = row
-        .get::<String, _>("state")
-        .parse()
-        .unwrap_or(JobState::Failed);
+    let state: JobState = row.try_get("state")?;
     if generation != meta.generation || state.is_terminal() {
         return Ok(()); // Changed under us: the next round sees the new truth.
     }

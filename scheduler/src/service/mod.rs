@@ -435,7 +435,7 @@ impl Scheduler {
         // for inspection wants one (one query for both).
         let (inspectors, needs_inspector): (Vec<Uuid>, bool) = sqlx::query_as(
             "SELECT coalesce(array_agg(inspector) FILTER (WHERE state = 'inspecting' AND inspector IS NOT NULL), '{}'),
-                    coalesce(bool_or(state = 'queued' AND params IS NULL AND spec->'model'->>'kind' = 'torchscript'), false)
+                    coalesce(bool_or(state = 'queued' AND params IS NULL AND model_kind = 'torchscript'), false)
              FROM jobs WHERE state IN ('queued', 'inspecting')",
         )
         .fetch_one(&self.db)

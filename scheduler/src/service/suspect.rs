@@ -34,7 +34,8 @@ use crate::lifecycle;
 use serde_json::json;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
-use trainyard_common::cluster::{SuspectAnswer, SuspectReport, SuspectVerdict};
+use trainyard_common::cluster::{ExecutorState, SuspectAnswer, SuspectReport, SuspectVerdict};
+use trainyard_common::JobState;
 use uuid::Uuid;
 
 /// How long the probe waits for the suspect's data plane to answer.
@@ -134,15 +135,15 @@ pub async fn judge(
     if report.suspect == reporter {
         return Err(JudgeError::Itself);
     }
-    let job: Option<(i64, String)> =
-        sqlx::query_as("SELECT generation, state::text FROM jobs WHERE id = $1")
+    let job: Option<(i64, JobState)> =
+        sqlx::query_as("SELECT generation, state FROM jobs WHERE id = $1")
             .bind(report.job_id)
             .fetch_optional(db)
             .await?;
     let Some((generation, state)) = job else {
         return Err(JudgeError::NoJob(report.job_id));
     };
-    if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+    if state.is_terminal() {
         return Ok(stale(format!("the job is {state}")));
     }
     if generation != report.generation {
@@ -172,8 +173,8 @@ pub async fn judge(
             "the suspect holds no role of the job at this generation".into(),
         ));
     }
-    let names: Vec<(Uuid, String, String, String, f64)> = sqlx::query_as(
-        "SELECT id, name, address, state::text,
+    let names: Vec<(Uuid, String, String, ExecutorState, f64)> = sqlx::query_as(
+        "SELECT id, name, address, state,
                 extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8
          FROM executors WHERE id = ANY($1)",
     )
@@ -185,8 +186,11 @@ pub async fn judge(
     let Some((_, suspect_name, address, suspect_state, age)) = find(report.suspect).cloned() else {
         return Ok(stale("the suspect is no longer registered".into()));
     };
-    if suspect_state != "live" && suspect_state != "draining" {
-        return Ok(stale(format!("the suspect is already {suspect_state}")));
+    if !matches!(suspect_state, ExecutorState::Live | ExecutorState::Draining) {
+        return Ok(stale(format!(
+            "the suspect is already {}",
+            suspect_state.as_str()
+        )));
     }
     let (outcome, took) = probe(&address, PROBE_TIMEOUT).await;
     let age = Duration::from_secs_f64(age.max(0.0));

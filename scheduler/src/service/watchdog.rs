@@ -149,7 +149,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
          -- jobs that leave stragglers out are read, so that a healthy
          -- fleet costs no spec decoding here.
          WHERE (p.phase IN ('data', 'compute') AND p.phase_ms >= $1)
-            OR coalesce((j.spec->'watchdog'->>'exclude_stragglers')::boolean, false)
+            OR j.exclude_stragglers
          ORDER BY p.job_id, p.rank",
     )
     .bind(MIN_STUCK_FLOOR_MS)

@@ -8,7 +8,7 @@ use crate::plan::{Demand, DeviceSlot, ExecutorView, JobView, Placement, PsRole, 
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use trainyard_common::cluster::{ExecutorResources, Range, RoleKind};
+use trainyard_common::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
 use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
 use trainyard_common::spec::{JobSpecInput, ModelSpec, Strategy};
 use uuid::Uuid;
@@ -27,7 +27,7 @@ pub(super) struct World {
     pub(super) jobs: Vec<JobView>,
     pub(super) live: Vec<ExecutorView>,
     pub(super) meta: HashMap<Uuid, JobMeta>,
-    pub(super) executors: HashMap<Uuid, (String, String)>,
+    pub(super) executors: HashMap<Uuid, (String, ExecutorState)>,
 }
 
 impl World {
@@ -38,14 +38,14 @@ impl World {
         // Executors that cannot confine users' code: never a TorchScript
         // job's (its replicas' model processes would be refused there).
         let mut unconfining = BTreeSet::new();
-        for r in sqlx::query("SELECT id, name, state::text AS state, resources, labels, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
+        for r in sqlx::query("SELECT id, name, state, resources, labels, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
             .fetch_all(db)
             .await?
         {
             let id: Uuid = r.get("id");
-            let state: String = r.get("state");
-            executors.insert(id, (r.get::<String, _>("name"), state.clone()));
-            if state != "live" {
+            let state: ExecutorState = r.try_get("state")?;
+            executors.insert(id, (r.get::<String, _>("name"), state));
+            if state != ExecutorState::Live {
                 continue;
             }
             if r.get::<Option<String>, _>("sandbox").as_deref() == Some("unavailable") {
@@ -103,7 +103,7 @@ impl World {
         let mut jobs = Vec::new();
         let mut meta = HashMap::new();
         for r in sqlx::query(
-            "SELECT id, spec, priority, created_at, generation, state_reason, strategy, params, owner, state::text AS state,
+            "SELECT id, spec, priority, created_at, generation, state_reason, strategy, params, owner, state,
                     CASE WHEN state = 'queued' THEN extract(epoch FROM clock_timestamp() - coalesce((SELECT max(at) FROM job_events e WHERE e.job_id = jobs.id AND e.to_state = 'queued'), created_at))::float8 END AS waited
              FROM jobs WHERE state IN ('queued', 'scheduling', 'running', 'recovering')",
         )
@@ -137,7 +137,9 @@ impl World {
     /// when it is gone from the table).
     pub(super) fn executor_label(&self, id: &Uuid) -> String {
         match self.executors.get(id) {
-            Some((name, state)) if state != "live" => format!("{name} ({state})"),
+            Some((name, state)) if *state != ExecutorState::Live => {
+                format!("{name} ({})", state.as_str())
+            }
             Some((name, _)) => name.clone(),
             None => id.to_string(),
         }

@@ -12,7 +12,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 /// The columns an executor is read from.
-pub const EXECUTOR_COLUMNS: &str = "id, name, address, state::text AS state, resources, labels, sandbox, token_hash, registered_at, last_heartbeat_at,
+pub const EXECUTOR_COLUMNS: &str = "id, name, address, state, resources, labels, sandbox, token_hash, registered_at, last_heartbeat_at,
      extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS since";
 
 /// Executor `id`'s row of [`EXECUTOR_COLUMNS`], or a 404.

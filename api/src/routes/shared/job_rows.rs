@@ -11,16 +11,13 @@ use uuid::Uuid;
 
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
 /// SQL through `pgbench` as its baseline).
-pub const JOB_COLUMNS: &str = "id, name, owner, spec, state::text AS state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts";
+pub const JOB_COLUMNS: &str = "id, name, owner, spec, state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts";
 
 /// Decodes a row of [`JOB_COLUMNS`].
 pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
     let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored spec does not decode: {e}")))?;
-    let state: JobState = row
-        .try_get::<String, _>("state")?
-        .parse()
-        .map_err(|e| ApiError::Internal(anyhow::Error::new(e)))?;
+    let state: JobState = row.try_get("state")?;
     Ok(Job {
         id: row.try_get("id")?,
         name: row.try_get("name")?,

@@ -1,0 +1,87 @@
+//! The database's types against the Rust types that read and bind them:
+//! the state enums are one set on both sides, and the columns generated
+//! from the spec follow the spec.
+
+use crate::helpers::{digits_spec, spawn_app};
+use serde_json::json;
+use trainyard_common::cluster::ExecutorState;
+use trainyard_common::JobState;
+
+#[tokio::test]
+async fn the_state_enums_are_the_rust_states_in_order_and_round_trip() {
+    let app = spawn_app().await;
+    let labels: Vec<String> = sqlx::query_scalar(
+        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+         WHERE t.typname = 'job_state' ORDER BY e.enumsortorder",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    let ours: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+    assert_eq!(labels, ours);
+    for s in JobState::ALL {
+        let back: JobState = sqlx::query_scalar("SELECT $1::job_state")
+            .bind(s)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        assert_eq!(back, s);
+    }
+    let labels: Vec<String> = sqlx::query_scalar(
+        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+         WHERE t.typname = 'executor_state' ORDER BY e.enumsortorder",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    let all = [
+        ExecutorState::Live,
+        ExecutorState::Draining,
+        ExecutorState::Lost,
+        ExecutorState::Left,
+    ];
+    assert_eq!(labels, all.map(|s| s.as_str()));
+    for s in all {
+        let back: ExecutorState = sqlx::query_scalar("SELECT $1::executor_state")
+            .bind(s)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        assert_eq!(back, s);
+    }
+}
+
+#[tokio::test]
+async fn the_columns_queries_filter_on_follow_the_stored_spec() {
+    let app = spawn_app().await;
+    let mut spec = digits_spec("generated-columns");
+    let plain = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    spec["name"] = json!("leaves-stragglers-out");
+    spec["watchdog"] = json!({"exclude_stragglers": true});
+    let strict = app.submit(&spec).await["id"].as_str().unwrap().to_owned();
+    let row = |id: String| {
+        let db = app.db.clone();
+        async move {
+            sqlx::query_as::<_, (Option<String>, bool)>(
+                "SELECT model_kind, exclude_stragglers FROM jobs WHERE id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&db)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(row(plain).await, (Some("mlp".into()), false));
+    assert_eq!(row(strict.clone()).await, (Some("mlp".into()), true));
+    // They are the spec's, not copies: a changed spec changes them.
+    sqlx::query(
+        "UPDATE jobs SET spec = jsonb_set(jsonb_set(spec, '{watchdog,exclude_stragglers}', 'false'),
+                                          '{model,kind}', '\"torchscript\"')
+         WHERE id = $1::uuid",
+    )
+    .bind(&strict)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(row(strict).await, (Some("torchscript".into()), false));
+}

@@ -396,16 +396,7 @@ fn fleet_config(config: &Config, max: u32, host: String) -> FleetConfig {
 }
 
 fn available_memory_mb() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb / 1024)
+    trainyard_common::host::available_memory().map(|b| b / (1024 * 1024))
 }
 
 /// The scheduler loop's settings from the server's.

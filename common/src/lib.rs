@@ -12,15 +12,18 @@
 //! * [`api`] — the REST API's resources (response bodies, the token request)
 //!   that the server sends and the typed client decodes;
 //! * [`artifact`] — users' uploaded files and the data policy of a job;
+//! * [`host`] — what the machine offers (its available memory);
 //! * [`model`] — parameter counts of the built-in models and the per-role
 //!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
 //!
-//! This crate has no I/O and no async code; it builds in seconds.
+//! This crate has no async code and no I/O beyond [`host`]'s one read of
+//! `/proc/meminfo`; it builds in seconds.
 
 pub mod api;
 pub mod artifact;
 pub mod checkpoint;
 pub mod cluster;
+pub mod host;
 pub mod model;
 pub mod spec;
 pub mod state;

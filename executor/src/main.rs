@@ -263,7 +263,7 @@ fn main() -> anyhow::Result<()> {
 fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {
     let ram = match cli.ram_mb {
         Some(mb) => mb << 20,
-        None => available_memory().unwrap_or(1 << 30),
+        None => trainyard_common::host::available_memory().unwrap_or(1 << 30),
     };
     let mut devices = vec![DeviceInfo {
         kind: Device::Cpu,
@@ -286,19 +286,6 @@ fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {
         cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         ram_bytes: ram,
     })
-}
-
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 fn hostname() -> String {

@@ -475,6 +475,22 @@ fn ring_keeps_hosts_adjacent() {
     let j = job(1, 0, demand(Strategy::Allreduce, 6, 6, 0, GIB));
     let p = plan(std::slice::from_ref(&j), &execs);
     check(std::slice::from_ref(&j), &execs, &p);
+    // `check` asserts contiguity only of a placed job: this one must be.
+    let placed = p
+        .placements
+        .get(&j.id)
+        .unwrap_or_else(|| panic!("six executors fit six ranks: {:?}", p.waiting));
+    let by_id: HashMap<Uuid, &ExecutorView> = execs.iter().map(|e| (e.id, e)).collect();
+    let order: Vec<&str> = placed
+        .workers
+        .iter()
+        .map(|w| by_id[&w.executor].host.as_deref().unwrap())
+        .collect();
+    assert_eq!(order.len(), 6);
+    // Three runs, one per host, in rank order: the ring crosses hosts
+    // three times, not six.
+    let runs = 1 + order.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(runs, 3, "ranks by host: {order:?}");
 }
 
 pub(crate) fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<ExecutorView>> {

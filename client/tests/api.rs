@@ -6,7 +6,6 @@
 //! nothing answering is a transient failure.
 
 use serde_json::json;
-use sqlx::{Connection, PgConnection};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use trainyard_api::{Application, Config};
@@ -18,49 +17,20 @@ use trainyard_common::cluster::{
 };
 use trainyard_common::spec::Device;
 use trainyard_common::JobState;
+use trainyard_testdb::{drop_database, TestDatabase};
 use uuid::Uuid;
 
 const JOIN: &str = "test-join-token";
 
-fn admin_url() -> String {
-    std::env::var("TRAINYARD_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
 /// A server over its own database, and a client of it; the database's name.
 async fn server() -> (Client, String) {
-    let db = format!("ty_client_{}", Uuid::new_v4().simple());
-    let admin = admin_url();
-    let mut conn = PgConnection::connect(&admin)
-        .await
-        .expect("connect to the test Postgres server (set TRAINYARD_TEST_DATABASE_URL)");
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn.close().await.unwrap();
-    let (base, query) = admin.split_once('?').unwrap_or((&admin, ""));
-    let cut = base.rfind('/').unwrap();
-    let url = format!(
-        "{}/{db}{}{query}",
-        &base[..cut],
-        if query.is_empty() { "" } else { "?" }
-    );
+    let TestDatabase { name: db, url } = TestDatabase::fresh("ty_test_client").await;
     let mut config = Config::for_tests("127.0.0.1:0".parse().unwrap());
     config.join_token = Some(JOIN.into());
     let app = Application::build(config, &url).await.expect("build app");
     let base = format!("http://{}", app.local_addr());
     tokio::spawn(app.run_until(std::future::pending()));
     (Client::new(base).unwrap(), db)
-}
-
-async fn drop_database(db: &str) {
-    if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
-        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .execute(&mut conn)
-            .await;
-    }
 }
 
 fn spec(name: &str) -> serde_json::Value {

@@ -7,41 +7,19 @@ use anyhow::{bail, Context};
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The admin URL of the test Postgres server (as the API tests use).
-pub fn admin_url() -> String {
-    std::env::var("TRAINYARD_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
+pub use trainyard_testdb::admin_url;
 
-/// Makes a fresh database with `psql` and returns its URL.
+/// Makes a fresh database on the test server and returns its URL.
 pub fn fresh_database() -> anyhow::Result<String> {
-    let admin = admin_url();
-    let name = format!("ty_test_{}", uuid::Uuid::new_v4().simple());
-    let ok = Command::new("psql")
-        .args([admin.as_str(), "-qc", &format!("CREATE DATABASE {name}")])
-        .status()
-        .context("running psql")?
-        .success();
-    if !ok {
-        bail!("cannot create a database on {admin}");
-    }
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-    Ok(format!("{base}/{name}"))
+    Ok(trainyard_testdb::TestDatabase::fresh_blocking("ty_test").url)
 }
 
 /// Drops a database [`fresh_database`] made (`db` is its URL), sessions
 /// and all; errors are ignored (a leftover is dropped by `scripts/test`).
 pub fn drop_database(db: &str) {
-    let admin = admin_url();
-    let name = db.rsplit('/').next().unwrap_or_default();
-    let _ = Command::new("psql")
-        .args([
-            admin.as_str(),
-            "-qc",
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        ])
-        .status();
+    let name = db.split('?').next().unwrap_or(db);
+    let name = name.rsplit('/').next().unwrap_or_default();
+    trainyard_testdb::drop_database_blocking(name);
 }
 
 /// A Postgres cluster of one test's own, so the test may stop and start it

@@ -1,16 +1,14 @@
 //! `spawn_app()`: a fresh database, the real application on a free port, and
 //! a small typed client.
 //!
-//! The Postgres server comes from `TRAINYARD_TEST_DATABASE_URL` (an admin
-//! URL; the test script sets it), else `DATABASE_URL`, else the local
-//! server at 127.0.0.1:5432. Each test makes its own `ty_test_*` database.
+//! Each test makes its own `ty_test_*` database on the test server
+//! (`trainyard_testdb`, which says where that server is).
 
 use reqwest::{Client, Response};
 use serde_json::{json, Value};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use std::net::SocketAddr;
 use trainyard_api::{Application, Config};
-use uuid::Uuid;
 
 pub struct TestApp {
     pub addr: SocketAddr,
@@ -19,40 +17,15 @@ pub struct TestApp {
     pub client: Client,
 }
 
-pub fn admin_url() -> String {
-    std::env::var("TRAINYARD_TEST_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// `admin_url` with its database replaced by `db`.
-pub fn url_for(db: &str) -> String {
-    let admin = admin_url();
-    let (base, query) = match admin.split_once('?') {
-        Some((b, q)) => (b.to_owned(), format!("?{q}")),
-        None => (admin.clone(), String::new()),
-    };
-    let cut = base
-        .rfind('/')
-        .filter(|&i| i > "postgres://".len())
-        .unwrap_or(base.len());
-    format!("{}/{db}{query}", &base[..cut])
-}
+pub use trainyard_testdb::admin_url;
+use trainyard_testdb::TestDatabase;
 
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
 
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
-    let db_name = format!("ty_test_{}", Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&admin_url())
-        .await
-        .expect("connect to the test Postgres server (set TRAINYARD_TEST_DATABASE_URL)");
-    sqlx::query(&format!("CREATE DATABASE {db_name}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
+    let TestDatabase { name: db_name, url } = TestDatabase::fresh("ty_test").await;
 
     let mut config = Config::for_tests("127.0.0.1:0".parse().unwrap());
     // The specs of these tests read file:///data/…: an admin allowed it,
@@ -66,7 +39,6 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
             .display()
     ));
     tweak(&mut config);
-    let url = url_for(&db_name);
     let app = Application::build(config, &url).await.expect("build app");
     let addr = app.local_addr();
     let db = app.state().db.clone();

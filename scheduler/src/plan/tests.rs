@@ -1,6 +1,8 @@
 //! Unit and property tests of the planner.
 
+use super::capacity::kind_key;
 use super::*;
+use crate::shard::shard_ranges;
 use proptest::prelude::{any, prop, prop_assert, prop_assert_eq, proptest};
 use proptest::strategy::Strategy as _;
 use trainyard_common::model::parameters;

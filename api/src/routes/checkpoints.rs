@@ -10,7 +10,7 @@
 //! [`shared::checkpointing`](super::shared::checkpointing), which the
 //! telemetry and executor routes use too.
 
-use super::shared::job_rows::{ensure_job, fetch_job};
+use super::shared::job_rows::{ensure_job, fetch_job, stored_spec};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, QueryParams};
 use crate::AppState;
@@ -27,7 +27,6 @@ use trainyard_common::api::{ModelTensors, TensorSource};
 use trainyard_common::checkpoint::{model_key, torchscript_key, Manifest};
 use trainyard_common::model::{parameters, ParamInfo, TensorKind};
 use trainyard_common::spec::ModelSpec;
-use trainyard_common::JobSpecInput;
 use utoipa::{IntoParams, ToSchema};
 
 /// List a job's committed checkpoints, newest first.
@@ -47,9 +46,7 @@ pub async fn list(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Jso
         .bind(id)
         .fetch_one(&st.db)
         .await?;
-    let keep = serde_json::from_value::<JobSpecInput>(spec)
-        .map(|s| s.checkpoint.keep)
-        .unwrap_or(3);
+    let keep = stored_spec(id, spec)?.checkpoint.keep;
     let rows = sqlx::query(
         "SELECT step, generation, shards, bytes, manifest_key, manifest, committed_at
          FROM checkpoints WHERE job_id = $1 ORDER BY step DESC",

@@ -11,7 +11,7 @@
 use super::shared::access::{authorize, executor_row, EXECUTOR_COLUMNS};
 use super::shared::checkpointing;
 use super::shared::data_access;
-use super::shared::job_rows::fetch_job;
+use super::shared::job_rows::{fetch_job, stored_spec};
 use super::shared::params::{parse_body, text};
 use crate::auth::{bearer, constant_time_eq, hash_token as hash};
 use crate::error::{ApiError, ApiResult, Problem};
@@ -33,7 +33,8 @@ use trainyard_common::cluster::{
     WorkerPeer, MAX_HEARTBEAT_WAIT_MS, MAX_REPORTED_ROLES,
 };
 use trainyard_common::model::{ParamInfo, TensorKind};
-use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::spec::Strategy;
+use trainyard_common::JobSpec;
 use trainyard_common::JobState;
 use trainyard_scheduler::service::{new_secret, EXECUTOR_CHANNEL};
 use utoipa::IntoParams;
@@ -399,8 +400,9 @@ pub async fn heartbeat(
 /// What an inspector is asked to do for job `job_id` with the stored
 /// `spec`: load `model.url` and, with the spec, try a forward pass on a
 /// batch of the job's data, under the job's data policy (its `artifact:`
-/// URLs resolved). A spec that no longer decodes (written by an older
-/// release) is not inspected: the inspector could not check its URL.
+/// URLs resolved). A stored spec that does not read (written by another
+/// release) is not inspected, and logged: the inspector could not check
+/// its URL.
 fn inspection_of(
     st: &AppState,
     job_id: Uuid,
@@ -408,10 +410,10 @@ fn inspection_of(
     owner: &str,
     policy: Option<serde_json::Value>,
 ) -> Option<Inspection> {
-    let spec = serde_json::from_value::<JobSpecInput>(spec)
-        .map_err(|e| tracing::warn!(job = %job_id, error = %e, "stored spec does not decode; not inspecting it"))
+    let spec = JobSpec::from_stored(spec)
+        .map_err(|e| tracing::error!(job = %job_id, error = %e, "not inspecting the job"))
         .ok()?;
-    let (spec, data_policy) = data_access::for_executor(st, owner, policy, spec);
+    let (spec, data_policy) = data_access::for_executor(st, owner, policy, spec.into());
     let url = match &spec.model {
         trainyard_common::spec::ModelSpec::Torchscript(t) => t.url.clone(),
         _ => return None,
@@ -547,11 +549,17 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
     }
     let mut specs = BTreeMap::new();
     for (id, j) in &jobs {
-        let spec: JobSpecInput =
-            serde_json::from_value(j.spec.clone()).map_err(|e| ApiError::Internal(e.into()))?;
+        let spec = match JobSpec::from_stored(j.spec.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                // One broken job does not cost the executor its other roles.
+                tracing::error!(job = %id, error = %e, "leaving the job's roles out of a heartbeat answer");
+                continue;
+            }
+        };
         specs.insert(
             *id,
-            data_access::for_executor(st, &j.owner, j.policy.clone(), spec),
+            data_access::for_executor(st, &j.owner, j.policy.clone(), spec.into()),
         );
     }
     let wanted: Vec<_> = specs
@@ -711,8 +719,7 @@ pub async fn inspection(
             report.job_id
         )));
     }
-    let spec: JobSpecInput =
-        serde_json::from_value(spec).map_err(|e| ApiError::Internal(e.into()))?;
+    let spec = stored_spec(report.job_id, spec)?;
     let (to, reason) = match report.result {
         // The executor names what is wrong (a file that is not TorchScript,
         // a forward of the wrong signature, an output that does not match

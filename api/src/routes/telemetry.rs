@@ -16,7 +16,7 @@
 use super::shared::access::authorize_executor;
 use super::shared::checkpointing;
 use super::shared::fencing;
-use super::shared::job_rows::ensure_job;
+use super::shared::job_rows::{ensure_job, stored_spec};
 use super::shared::params::{
     parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery,
 };
@@ -36,7 +36,6 @@ pub use trainyard_common::api::{
 use trainyard_common::cluster::{
     LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_REPORT_ITEMS,
 };
-use trainyard_common::spec::JobSpecInput;
 use trainyard_common::JobState;
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -467,9 +466,10 @@ async fn rank_progress(db: &sqlx::PgPool, id: Uuid) -> ApiResult<Vec<RankProgres
     .bind(id)
     .fetch_all(db)
     .await?;
-    let spec: Option<JobSpecInput> = rows
-        .first()
-        .and_then(|r| serde_json::from_value(r.get::<serde_json::Value, _>("spec")).ok());
+    let spec = match rows.first() {
+        Some(r) => Some(stored_spec(id, r.try_get("spec")?)?),
+        None => None,
+    };
     let sync = spec
         .as_ref()
         .is_some_and(|s| s.consistency_mode() == trainyard_common::spec::Consistency::Sync);

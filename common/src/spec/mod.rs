@@ -69,7 +69,8 @@ impl SpecError {
 }
 
 /// A job spec that passed every check. Read it through `Deref`; make one
-/// with [`JobSpec::parse`] or [`JobSpec::from_json`].
+/// with [`JobSpec::parse`] or [`JobSpec::from_json`]; read a stored one with
+/// [`JobSpec::from_stored`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "JobSpecInput", into = "JobSpecInput")]
 pub struct JobSpec(JobSpecInput);
@@ -141,6 +142,35 @@ impl JobSpec {
         };
         JobSpec::parse(input).map_err(SpecError::Invalid)
     }
+
+    /// Reads a spec the API stored (`jobs.spec`): the one place a stored
+    /// spec is decoded, and checked again, so every reader sees a valid
+    /// spec or one error that says what is wrong with it.
+    pub fn from_stored(stored: serde_json::Value) -> Result<JobSpec, StoredSpecError> {
+        let input: JobSpecInput =
+            serde_path_to_error::deserialize(stored).map_err(|e| StoredSpecError::Decode {
+                path: e.path().to_string(),
+                message: strip_position(&e.into_inner().to_string()),
+            })?;
+        JobSpec::parse(input).map_err(|v| StoredSpecError::Invalid(InvalidSpec(v)))
+    }
+}
+
+/// A stored job spec that does not read as a valid one: written by
+/// another version, or changed behind the API's back.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoredSpecError {
+    /// It is not the shape of a spec.
+    #[error("the stored spec does not decode at {path}: {message}")]
+    Decode {
+        /// Where (a field path).
+        path: String,
+        /// What.
+        message: String,
+    },
+    /// It breaks the rules.
+    #[error("the stored spec breaks the rules: {0}")]
+    Invalid(InvalidSpec),
 }
 
 /// serde_json appends " at line L column C" to data errors; the field path

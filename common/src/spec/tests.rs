@@ -63,6 +63,31 @@ fn valid_spec_parses_and_round_trips() {
 }
 
 #[test]
+fn a_stored_spec_reads_back_as_it_was_stored_or_says_what_is_wrong() {
+    let spec = parse(&digits()).unwrap();
+    let stored = serde_json::to_value(&spec).unwrap();
+    assert_eq!(JobSpec::from_stored(stored.clone()).unwrap(), spec);
+    // Not the shape of a spec: the field is named.
+    let bad = with(stored.clone(), "checkpoint.keep", json!("two"));
+    match JobSpec::from_stored(bad) {
+        Err(StoredSpecError::Decode { path, message }) => {
+            assert_eq!(path, "checkpoint.keep");
+            assert!(!message.contains(" at line "), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The shape of one, but against the rules (keep 0 is never valid).
+    let bad = with(stored, "checkpoint.keep", json!(0));
+    match JobSpec::from_stored(bad) {
+        Err(e @ StoredSpecError::Invalid(_)) => {
+            assert!(e.to_string().contains("checkpoint.keep"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(JobSpec::from_stored(json!([1, 2])).is_err());
+}
+
+#[test]
 fn defaults_are_filled_in() {
     let v = json!({
         "name": "x",

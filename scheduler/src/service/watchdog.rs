@@ -33,7 +33,8 @@
 use crate::lifecycle;
 use serde_json::json;
 use sqlx::{PgPool, Row};
-use trainyard_common::spec::{JobSpecInput, Watchdog};
+use trainyard_common::spec::Watchdog;
+use trainyard_common::JobSpec;
 use uuid::Uuid;
 
 /// The least `watchdog.stuck_floor_seconds` a spec may set, in ms: a rank
@@ -115,7 +116,7 @@ pub fn worth_leaving(extra_ms: f64, step_ms: f64, n: usize, min_workers: u32) ->
 }
 
 /// One rank as the watchdog reads it.
-struct Row_ {
+struct RankRow {
     job: Uuid,
     rank: i32,
     generation: i64,
@@ -127,7 +128,7 @@ struct Row_ {
     median_step_ms: f64,
     busy_ms: f64,
     window: i32,
-    spec: Option<JobSpecInput>,
+    spec: JobSpec,
     sync: bool,
 }
 
@@ -155,15 +156,17 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
     .bind(MIN_STUCK_FLOOR_MS)
     .fetch_all(db)
     .await?;
-    let rows: Vec<Row_> = rows
+    let rows: Vec<RankRow> = rows
         .iter()
-        .map(|r| {
-            let spec: Option<JobSpecInput> =
-                serde_json::from_value(r.get::<serde_json::Value, _>("spec")).ok();
-            let sync = spec
-                .as_ref()
-                .is_some_and(|s| s.consistency_mode() == trainyard_common::spec::Consistency::Sync);
-            Row_ {
+        .filter_map(|r| {
+            let job: Uuid = r.get("job_id");
+            let spec = JobSpec::from_stored(r.get("spec"))
+                .map_err(
+                    |e| tracing::error!(job = %job, error = %e, "not watching the job's ranks"),
+                )
+                .ok()?;
+            let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
+            Some(RankRow {
                 job: r.get("job_id"),
                 rank: r.get("rank"),
                 generation: r.get("generation"),
@@ -177,12 +180,12 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
                 window: r.get("window_steps"),
                 spec,
                 sync,
-            }
+            })
         })
         .collect();
     let mut left = Vec::new();
     for r in &rows {
-        let w = r.spec.as_ref().map(|s| s.watchdog).unwrap_or_default();
+        let w = r.spec.watchdog;
         let own = matches!(r.phase.as_str(), "data" | "compute");
         let Some(bound) = own
             .then(|| {
@@ -230,9 +233,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
             .map_or(rows.len(), |n| i + n);
         let ranks = &rows[i..end];
         i = end;
-        let Some(w) = ranks[0].spec.as_ref().map(|s| s.watchdog) else {
-            continue;
-        };
+        let w = ranks[0].spec.watchdog;
         if !w.exclude_stragglers || !ranks[0].sync || ranks.len() < 2 {
             continue;
         }
@@ -241,7 +242,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
             .map(|r| (r.busy_ms, r.window.max(0) as u32, r.median_step_ms))
             .collect();
         let slow = stragglers(&busy, w.straggler_factor);
-        let min_workers = ranks[0].spec.as_ref().map_or(1, |s| s.workers.min);
+        let min_workers = ranks[0].spec.workers.min;
         // Only a window's worth of steps makes a straggler persistent, and
         // one rank at most leaves per round: the next generation's ranks
         // are judged afresh.

@@ -10,7 +10,7 @@ use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use trainyard_common::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
 use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
-use trainyard_common::spec::{JobSpecInput, ModelSpec, Strategy};
+use trainyard_common::spec::{JobSpec, ModelSpec, Strategy};
 use uuid::Uuid;
 
 /// What the round remembers of a job besides its [`JobView`].
@@ -152,10 +152,11 @@ fn job_view(
     unconfining: &BTreeSet<Uuid>,
 ) -> Option<JobView> {
     let id: Uuid = r.get("id");
-    let spec: JobSpecInput = match serde_json::from_value(r.get("spec")) {
+    let spec = match JobSpec::from_stored(r.get("spec")) {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!(job = %id, error = %e, "stored spec does not decode; skipping");
+            // One broken job does not stop the round for the others.
+            tracing::error!(job = %id, error = %e, "leaving the job out of the plan");
             return None;
         }
     };

@@ -19,7 +19,7 @@ use trainyard_common::checkpoint::{
     manifest_key, parse_step_dir, shard_key, step_dir, CheckpointRef, Manifest, ShardUploaded,
 };
 use trainyard_common::cluster::RoleKey;
-use trainyard_common::JobSpecInput;
+use trainyard_common::JobSpec;
 use uuid::Uuid;
 
 /// Most shards one checkpoint may have.
@@ -206,10 +206,10 @@ async fn tidy(st: &AppState, tx: &mut sqlx::PgConnection, job: Uuid) -> anyhow::
         .bind(job)
         .fetch_one(&mut *tx)
         .await?;
-    let keep = serde_json::from_value::<JobSpecInput>(spec)
-        .map(|s| s.checkpoint.keep)
-        .unwrap_or(3)
-        .max(1);
+    let keep = JobSpec::from_stored(spec)
+        .map_err(|e| anyhow::anyhow!("job {job}: {e}"))?
+        .checkpoint
+        .keep;
     let dropped: Vec<i64> = sqlx::query_scalar(
         "DELETE FROM checkpoints WHERE job_id = $1 AND step IN
            (SELECT step FROM checkpoints WHERE job_id = $1 ORDER BY step DESC OFFSET $2)

@@ -6,17 +6,25 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use trainyard_common::api::Job;
 use trainyard_common::spec::{JobSpecInput, Strategy};
-use trainyard_common::JobState;
+use trainyard_common::{JobSpec, JobState};
 use uuid::Uuid;
 
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
 /// SQL through `pgbench` as its baseline).
 pub const JOB_COLUMNS: &str = "id, name, owner, spec, state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts";
 
+/// Job `id`'s stored spec, read by [`JobSpec::from_stored`]. Where one
+/// job is asked for, a spec that does not read is the server's fault (a
+/// 500, logged with the job and what is wrong); where many are (a
+/// heartbeat's answer, the scheduler's round), that job alone is left out
+/// and logged, by the caller.
+pub fn stored_spec(id: Uuid, stored: serde_json::Value) -> ApiResult<JobSpec> {
+    JobSpec::from_stored(stored).map_err(|e| ApiError::Internal(anyhow::anyhow!("job {id}: {e}")))
+}
+
 /// Decodes a row of [`JOB_COLUMNS`].
 pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
-    let spec: JobSpecInput = serde_json::from_value(row.try_get("spec")?)
-        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored spec does not decode: {e}")))?;
+    let spec: JobSpecInput = stored_spec(row.try_get("id")?, row.try_get("spec")?)?.into();
     let state: JobState = row.try_get("state")?;
     Ok(Job {
         id: row.try_get("id")?,

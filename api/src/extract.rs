@@ -65,20 +65,46 @@ fn is_length_limit(e: &axum::extract::rejection::BytesRejection) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
 
-/// The `{id}` path segment as a UUID; anything else is a 400 naming `id`.
-pub struct JobId(pub Uuid);
+/// An extractor of the route's `{id}` as the id of one kind of resource,
+/// so that a handler's signature says which.
+macro_rules! path_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub struct $name(pub Uuid);
 
-impl<S: Send + Sync> FromRequestParts<S> for JobId {
-    type Rejection = ApiError;
+        impl<S: Send + Sync> FromRequestParts<S> for $name {
+            type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(raw) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::bad_field("id", e.body_text()))?;
-        Uuid::parse_str(&raw)
-            .map(JobId)
-            .map_err(|_| ApiError::bad_field("id", format!("must be a UUID, got {raw:?}")))
-    }
+            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+                path_uuid(parts, state).await.map($name)
+            }
+        }
+    };
+}
+
+path_id!(
+    /// The `{id}` of a job's route (`/v1/jobs/{id}/…`) as a UUID; anything
+    /// else is a 400 naming `id`.
+    JobId
+);
+path_id!(
+    /// The `{id}` of an executor's route (`/v1/executors/{id}/…`) as a
+    /// UUID; anything else is a 400 naming `id`.
+    ExecutorId
+);
+path_id!(
+    /// The `{id}` of a token's route (`/v1/tokens/{id}`) as a UUID;
+    /// anything else is a 400 naming `id`.
+    TokenId
+);
+
+/// The route's one path parameter, `{id}`, as a UUID.
+async fn path_uuid<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<Uuid, ApiError> {
+    let Path(raw) = Path::<String>::from_request_parts(parts, state)
+        .await
+        .map_err(|e| ApiError::bad_field("id", e.body_text()))?;
+    Uuid::parse_str(&raw)
+        .map_err(|_| ApiError::bad_field("id", format!("must be a UUID, got {raw:?}")))
 }
 
 /// A query string decoded into `T`; unknown or malformed parameters are a

@@ -15,18 +15,28 @@
 //! the routes answer with are `trainyard_common::api`'s, shared with the
 //! typed client (`trainyard-client`).
 //!
+//! The rules behind the routes are modules of their own: [`checkpointing`]
+//! (committing checkpoints from shard reports, retention, resume points),
+//! [`data_policy`] (what a job may read), [`fencing`] (a role report only
+//! from the role's holder at its generation) and [`wakeup`] (long-polling
+//! heartbeats woken by job changes).
+//!
 //! When no `DATABASE_URL` is given, [`embedded_pg`] runs a private Postgres
 //! cluster in the data folder with the machine's PostgreSQL binaries.
 
 pub mod auth;
+pub mod checkpointing;
 pub mod config;
+pub mod data_policy;
 pub mod embedded_pg;
 pub mod error;
 pub mod extract;
+pub mod fencing;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
 pub mod serve;
+pub mod wakeup;
 pub mod web;
 
 use anyhow::Context;
@@ -61,7 +71,7 @@ pub struct AppState {
     /// Fans Postgres notifications out to `/v1/events/stream`.
     pub events: routes::stream::EventHub,
     /// Wakes long-polling heartbeats when a job changes.
-    pub wakeup: routes::shared::wakeup::Wakeup,
+    pub wakeup: wakeup::Wakeup,
     /// The object store of checkpoints and models.
     pub store: Arc<trainyard_store::Store>,
     /// The provisioner's settings (`kind: none` without one).
@@ -137,7 +147,7 @@ impl Application {
         ));
         let state = AppState {
             events: routes::stream::EventHub::new(db.clone()),
-            wakeup: routes::shared::wakeup::Wakeup::new(db.clone()),
+            wakeup: wakeup::Wakeup::new(db.clone()),
             db,
             metrics,
             join_token: Arc::new(join_token),

@@ -4,15 +4,15 @@
 //! Each upload is a version: re-uploading a name swaps the name to the new
 //! version in one statement, and a job keeps reading the version it was
 //! submitted with (the old bytes stay until no unfinished job reads them,
-//! `shared::data_access::sweep_superseded`). Sizes are bounded per artifact
+//! `crate::data_policy::sweep_superseded`). Sizes are bounded per artifact
 //! and per user (`--max-artifact-bytes`, `--max-artifact-bytes-per-user`).
 //!
 //! These routes are mounted outside the request timeout (an upload of
 //! gigabytes takes longer than any request should); an upload that moves no
 //! byte for `--artifact-idle-timeout-secs` is cut instead.
 
-use super::shared::data_access::{artifact_key, sweep_superseded};
 use crate::auth::Principal;
+use crate::data_policy::{artifact_key, sweep_superseded};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::QueryParams;
 use crate::AppState;

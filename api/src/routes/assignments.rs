@@ -9,7 +9,7 @@
 //! shard's hot standby (a job with `replicas`) is stored as a `standby` row
 //! numbered by its shard and shown here with its shard.
 
-use super::shared::job_rows::fetch_job;
+use super::job_rows::fetch_job;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::JobId;
 use crate::AppState;

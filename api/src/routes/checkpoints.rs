@@ -7,10 +7,10 @@
 //!
 //! Committing checkpoints (from the shard reports that come with role
 //! reports), retention and clean-up live in
-//! [`shared::checkpointing`](super::shared::checkpointing), which the
+//! [`crate::checkpointing`](crate::checkpointing), which the
 //! telemetry and executor routes use too.
 
-use super::shared::job_rows::{ensure_job, fetch_job, stored_spec};
+use super::job_rows::{ensure_job, fetch_job, stored_spec};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, QueryParams};
 use crate::AppState;

@@ -8,14 +8,14 @@
 //! scheduler declared lost, or that left, gets 410 Gone and must register
 //! again.
 
-use super::shared::access::{authorize, executor_row, EXECUTOR_COLUMNS};
-use super::shared::checkpointing;
-use super::shared::data_access;
-use super::shared::job_rows::{fetch_job, stored_spec};
-use super::shared::params::{parse_body, text};
+use super::access::{authorize, executor_row, EXECUTOR_COLUMNS};
+use super::job_rows::{fetch_job, stored_spec};
+use super::params::{parse_body, text};
 use crate::auth::{bearer, constant_time_eq, hash_token as hash};
+use crate::checkpointing;
+use crate::data_policy;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{JobId, JsonBytes, QueryParams};
+use crate::extract::{ExecutorId, JsonBytes, QueryParams};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -217,7 +217,10 @@ async fn info(st: &AppState, id: Uuid) -> ApiResult<ExecutorInfo> {
         (status = 404, description = "No such executor", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn get(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Json<ExecutorInfo>> {
+pub async fn get(
+    State(st): State<AppState>,
+    ExecutorId(id): ExecutorId,
+) -> ApiResult<Json<ExecutorInfo>> {
     Ok(Json(info(&st, id).await?))
 }
 
@@ -314,7 +317,7 @@ async fn record_progress(
 pub async fn heartbeat(
     State(st): State<AppState>,
     headers: HeaderMap,
-    JobId(id): JobId,
+    ExecutorId(id): ExecutorId,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<HeartbeatResponse>> {
     let row = authorize(&st, &headers, id, false).await?;
@@ -413,7 +416,7 @@ fn inspection_of(
     let spec = JobSpec::from_stored(spec)
         .map_err(|e| tracing::error!(job = %job_id, error = %e, "not inspecting the job"))
         .ok()?;
-    let (spec, data_policy) = data_access::for_executor(st, owner, policy, spec.into());
+    let (spec, data_policy) = data_policy::for_executor(st, owner, policy, spec.into());
     let url = match &spec.model {
         trainyard_common::spec::ModelSpec::Torchscript(t) => t.url.clone(),
         _ => return None,
@@ -559,7 +562,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         };
         specs.insert(
             *id,
-            data_access::for_executor(st, &j.owner, j.policy.clone(), spec.into()),
+            data_policy::for_executor(st, &j.owner, j.policy.clone(), spec.into()),
         );
     }
     let wanted: Vec<_> = specs
@@ -607,7 +610,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
 pub async fn drain(
     State(st): State<AppState>,
     headers: HeaderMap,
-    JobId(id): JobId,
+    ExecutorId(id): ExecutorId,
 ) -> ApiResult<Json<ExecutorInfo>> {
     let row = authorize(&st, &headers, id, true).await?;
     gone_if_removed(&row)?;
@@ -638,7 +641,7 @@ pub async fn drain(
 pub async fn leave(
     State(st): State<AppState>,
     headers: HeaderMap,
-    JobId(id): JobId,
+    ExecutorId(id): ExecutorId,
 ) -> ApiResult<Json<ExecutorInfo>> {
     let row = authorize(&st, &headers, id, true).await?;
     gone_if_removed(&row)?;
@@ -696,7 +699,7 @@ pub async fn leave(
 pub async fn inspection(
     State(st): State<AppState>,
     headers: HeaderMap,
-    JobId(id): JobId,
+    ExecutorId(id): ExecutorId,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<Job>> {
     authorize(&st, &headers, id, false).await?;

@@ -5,12 +5,12 @@
 //! the position of the last job returned, so pages stay stable while new
 //! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
 
-use super::shared::checkpointing;
-use super::shared::data_access;
-pub use super::shared::job_rows::JOB_COLUMNS;
-use super::shared::job_rows::{ensure_job, fetch_job, job_from_row, job_not_found};
-use super::shared::params::{parse_after, parse_limit, AfterQuery};
+pub use super::job_rows::JOB_COLUMNS;
+use super::job_rows::{ensure_job, fetch_job, job_from_row, job_not_found};
+use super::params::{parse_after, parse_limit, AfterQuery};
 use crate::auth::Principal;
+use crate::checkpointing;
+use crate::data_policy;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, JsonBytes, QueryParams};
 use crate::AppState;
@@ -187,7 +187,7 @@ pub async fn submit(
         }
     }
     let (policy, versions) =
-        data_access::policy_at_submit(&st, &who.user, who.is_admin(), &spec).await?;
+        data_policy::policy_at_submit(&st, &who.user, who.is_admin(), &spec).await?;
     let policy_json = serde_json::to_value(&policy).map_err(|e| ApiError::Internal(e.into()))?;
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     // Hash of the canonical (validated, re-serialized) spec: a retry with

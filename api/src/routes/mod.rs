@@ -11,19 +11,27 @@
 //! check the join token or the executor's own credential instead. Health,
 //! metrics, the OpenAPI document, the docs page and the web page are open. Unknown routes and wrong methods answer with problem details too.
 //!
-//! Each resource module holds its handlers and the SQL only they run; what
-//! several of them need (query and body decoding, job rows, executor
-//! credentials, checkpoint commits) is in [`shared`], so no resource module
-//! imports another.
+//! Each resource module holds its handlers and the SQL only they run. What
+//! several of them need to answer a request is in three helpers that import
+//! no resource module, so no resource module imports another: [`params`]
+//! (query parameters and JSON bodies decoded with problem details, executor
+//! text made storable), [`job_rows`] (a job's row read into
+//! [`Job`](trainyard_common::api::Job), its stored spec, the 404) and
+//! [`access`] (an executor's credential, or an admin's token, checked
+//! against its row). The rules they apply live beside the router, not in
+//! it: [`crate::checkpointing`], [`crate::data_policy`], [`crate::fencing`]
+//! and [`crate::wakeup`].
 
+pub mod access;
 pub mod artifacts;
 pub mod assignments;
 pub mod checkpoints;
 pub mod executors;
 pub mod health;
+pub mod job_rows;
 pub mod jobs;
+pub mod params;
 pub mod provisioner;
-pub mod shared;
 pub mod sharing;
 pub mod stream;
 pub mod suspects;

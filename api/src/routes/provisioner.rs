@@ -5,7 +5,7 @@
 //! `fleet` module) in whichever replica leads; the limits shown are this
 //! replica's configuration, which every replica shares.
 
-use super::shared::params::parse_limit;
+use super::params::parse_limit;
 use crate::error::ApiResult;
 use crate::extract::QueryParams;
 use crate::AppState;

@@ -9,7 +9,7 @@
 //! reason in `state_reason`; lowering a quota trims placed elastic jobs
 //! towards `workers.min` and releases jobs that no longer fit it.
 
-use super::shared::params::parse_body;
+use super::params::parse_body;
 use crate::auth::{valid_user_name, Principal, MAX_USER_CHARS};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JsonBytes, QueryParams};

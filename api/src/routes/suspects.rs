@@ -9,11 +9,11 @@
 //! suspect's data-plane address and its heartbeat's age — never from the
 //! report alone, and the job's `suspect` event records the decision.
 
+use super::access::authorize;
 use super::executors::gone_if_removed;
-use super::shared::access::authorize;
-use super::shared::params::{parse_body, text};
+use super::params::{parse_body, text};
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{JobId, JsonBytes};
+use crate::extract::{ExecutorId, JsonBytes};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -47,7 +47,7 @@ use trainyard_scheduler::service::suspect::{judge, JudgeError};
 pub async fn report(
     State(st): State<AppState>,
     headers: HeaderMap,
-    JobId(id): JobId,
+    ExecutorId(id): ExecutorId,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<SuspectAnswer>> {
     let row = authorize(&st, &headers, id, false).await?;

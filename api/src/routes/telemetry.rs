@@ -13,15 +13,13 @@
 //! has already ended (a retry whose answer was lost) changes nothing: a
 //! job has one result.
 
-use super::shared::access::authorize_executor;
-use super::shared::checkpointing;
-use super::shared::fencing;
-use super::shared::job_rows::{ensure_job, stored_spec};
-use super::shared::params::{
-    parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery,
-};
+use super::access::authorize_executor;
+use super::job_rows::{ensure_job, stored_spec};
+use super::params::{parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery};
+use crate::checkpointing;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{JobId, JsonBytes, QueryParams};
+use crate::extract::{ExecutorId, JobId, JsonBytes, QueryParams};
+use crate::fencing;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -70,7 +68,7 @@ fn finite(x: Option<f64>) -> Option<f64> {
 pub async fn report(
     State(st): State<AppState>,
     headers: HeaderMap,
-    JobId(executor): JobId,
+    ExecutorId(executor): ExecutorId,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<ReportAck>> {
     authorize_executor(&st, &headers, executor).await?;

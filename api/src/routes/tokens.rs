@@ -6,10 +6,10 @@
 //! makes it. Revoking is immediate (every request looks its token up) and
 //! idempotent. See [`crate::auth`] for how tokens are checked.
 
-use super::shared::params::parse_body;
+use super::params::parse_body;
 use crate::auth::{hash_token, valid_user_name, Principal, Role, MAX_USER_CHARS};
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{JobId, JsonBytes};
+use crate::extract::{JsonBytes, TokenId};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -173,7 +173,7 @@ pub async fn list(State(st): State<AppState>) -> ApiResult<Json<TokenList>> {
 pub async fn revoke(
     State(st): State<AppState>,
     who: Principal,
-    JobId(id): JobId,
+    TokenId(id): TokenId,
 ) -> ApiResult<Json<TokenInfo>> {
     let row = sqlx::query(&format!(
         "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, clock_timestamp())

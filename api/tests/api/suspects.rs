@@ -277,7 +277,7 @@ async fn a_held_heartbeat_answers_with_the_roles_a_new_job_gives_it() {
 #[tokio::test]
 async fn the_heartbeat_wakeup_moves_on_a_job_notification() {
     let app = spawn_app().await;
-    let wake = trainyard_api::routes::shared::wakeup::Wakeup::new(app.db.clone());
+    let wake = trainyard_api::wakeup::Wakeup::new(app.db.clone());
     let mut rx = wake.subscribe();
     rx.borrow_and_update();
     // Until the listener is up, notifications are missed: send until one

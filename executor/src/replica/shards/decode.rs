@@ -1,0 +1,148 @@
+//! One unit of a shard in memory: fetched through the cache tier (and
+//! checked against a manifest's SHA-256 when it came from the store),
+//! decoded (npz and safetensors by libtorch, Parquet row groups by
+//! [`super::parquet_rows`]), checked against the model and given its
+//! sample ids. The held-out evaluation goes unit by unit, so it holds one
+//! at a time.
+
+use super::meta::{unreadable, Columns};
+use super::parquet_rows::read_parquet_unit;
+use super::set::Shard;
+use super::sharded::Sharded;
+use crate::replica::data::{check, Data, DataError};
+use crate::storage::Source;
+use tch::{Kind, Tensor};
+use trainyard_common::spec::FileFormat;
+
+/// Held-out loss and accuracy of one batch (the replica's evaluation).
+pub type EvalFn<'a> = dyn FnMut(&(Tensor, Tensor)) -> (f64, Option<f64>) + 'a;
+
+/// Decoded rows of one unit.
+pub(super) struct Unit {
+    pub(super) x: Tensor,
+    pub(super) y: Tensor,
+    pub(super) ids: Vec<u64>,
+}
+
+impl Sharded {
+    /// Held-out loss and accuracy: `eval` on every held-out unit in turn,
+    /// rows summed (so memory holds one unit at a time). `None` without a
+    /// held-out set.
+    pub fn evaluate(&self, eval: &mut EvalFn<'_>) -> Result<Option<(f64, Option<f64>)>, DataError> {
+        if self.eval.is_empty() {
+            return Ok(None);
+        }
+        let (mut loss, mut correct, mut rows, mut classify) = (0.0, 0.0, 0u64, true);
+        for e in &self.eval {
+            let shard = &self.eval_set.shards[e.shard];
+            for &u in &e.units {
+                let unit = self.decode(shard, u, true, &self.eval_columns)?;
+                let n = unit.y.size()[0] as u64;
+                if n == 0 {
+                    continue;
+                }
+                let (l, a) = eval(&(unit.x.shallow_clone(), unit.y.shallow_clone()));
+                loss += l * n as f64;
+                match a {
+                    Some(a) => correct += a * n as f64,
+                    None => classify = false,
+                }
+                rows += n;
+            }
+        }
+        let rows = rows.max(1) as f64;
+        Ok(Some((loss / rows, classify.then_some(correct / rows))))
+    }
+
+    /// Unit `u` of `shard`, decoded and checked against the model.
+    pub(super) fn decode(
+        &self,
+        shard: &Shard,
+        u: usize,
+        by_loader: bool,
+        columns: &Columns,
+    ) -> Result<Unit, DataError> {
+        let f = self
+            .fetcher
+            .fetch(&shard.url)
+            .map_err(|e| unreadable(&shard.url, e))?;
+        self.count(f.source, by_loader);
+        if let (Some(want), Source::Store(_)) = (&shard.sha256, f.source) {
+            let bytes = std::fs::read(&f.path).map_err(|e| unreadable(&shard.url, e))?;
+            let found = trainyard_store::shard::sha256(&bytes);
+            if &found != want {
+                return Err(unreadable(
+                    &shard.url,
+                    format!("its bytes have SHA-256 {found}, the manifest says {want}"),
+                ));
+            }
+        }
+        let (x, y, ids) = match shard.format {
+            FileFormat::Parquet => read_parquet_unit(&f.path, &shard.url, u, columns)?,
+            fmt => {
+                let named = match fmt {
+                    FileFormat::Npz => Tensor::read_npz(&f.path),
+                    _ => Tensor::read_safetensors(&f.path),
+                }
+                .map_err(|e| unreadable(&shard.url, e))?;
+                let get = |name: &str| {
+                    named
+                        .iter()
+                        .find(|(n, _)| n == name || n.trim_end_matches(".npy") == name)
+                        .map(|(_, t)| t.shallow_clone())
+                };
+                let missing = |name: &str| {
+                    DataError::Shape(format!(
+                        "{} has no array named {name:?} (found {:?})",
+                        shard.url,
+                        named.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                    ))
+                };
+                let xname = columns.x.first().map_or("x", String::as_str);
+                let x = get(xname).ok_or_else(|| missing(xname))?;
+                let y = get(&columns.y).ok_or_else(|| missing(&columns.y))?;
+                let ids = match &columns.id {
+                    Some(n) => {
+                        let t = get(n).ok_or_else(|| missing(n))?;
+                        if t.is_floating_point() {
+                            return Err(DataError::Shape(format!(
+                                "{}: the id array {n:?} must hold integers",
+                                shard.url
+                            )));
+                        }
+                        Some(
+                            Vec::<i64>::try_from(t.to_kind(Kind::Int64).flatten(0, -1))
+                                .map_err(|e| unreadable(&shard.url, e))?,
+                        )
+                    }
+                    None => None,
+                };
+                (x, y, ids)
+            }
+        };
+        let rows = y.size().first().copied().unwrap_or(0) as u64;
+        if rows != shard.units[u] {
+            return Err(DataError::Shape(format!(
+                "{} holds {rows} samples where its metadata (or the manifest) said {}",
+                shard.url, shard.units[u]
+            )));
+        }
+        let Data::Tensors { x, y } = check(&self.spec, Data::Tensors { x, y })
+            .map_err(|e| DataError::Shape(format!("{}: {e}", shard.url)))?
+        else {
+            return Err(DataError::Shape("text cannot be sharded".into()));
+        };
+        let first: u64 = shard.base + shard.units[..u].iter().sum::<u64>();
+        let ids = match ids {
+            Some(v) if v.len() as u64 == rows => v.into_iter().map(|i| i as u64).collect(),
+            Some(_) => {
+                return Err(DataError::Shape(format!(
+                    "{}: the id array has another length than y",
+                    shard.url
+                )))
+            }
+            None => (first..first + rows).collect(),
+        };
+        Ok(Unit { x, y, ids })
+    }
+}

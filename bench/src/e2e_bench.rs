@@ -49,7 +49,7 @@ use trainyard_bench::figure::{record_data, Better, Figure};
 use trainyard_bench::server::Server;
 use trainyard_client::{Client, ClientError};
 use trainyard_common::api::Job;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_e2e::{kill9, repo_root, start_executor, Proc};
 use uuid::Uuid;
 
@@ -431,7 +431,7 @@ fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<R
     let detect = events
         .events
         .iter()
-        .filter(|e| e.kind == "placement")
+        .filter(|e| e.kind == EventKind::Placement)
         .map(|e| e.at.timestamp_micros() as f64 / 1e6)
         .find(|&t| t > kill_ts)
         .map_or(f64::NAN, |t| t - kill_ts);

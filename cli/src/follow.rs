@@ -144,7 +144,11 @@ struct ResultData {
 /// Prints how the job ended (and where its weights are); the exit code.
 async fn finish(client: &Client, id: Uuid, shown: &str, state: JobState) -> u8 {
     if let Ok(page) = client.job_events(id, None, Some(EVENTS)).await {
-        let result = page.events.iter().rev().find(|e| e.kind == "result");
+        let result = page
+            .events
+            .iter()
+            .rev()
+            .find(|e| e.kind == trainyard_common::EventKind::Result);
         if let Some(url) = result
             .and_then(|r| ResultData::deserialize(&r.data).ok())
             .and_then(|d| d.weights_url)

@@ -16,7 +16,7 @@ use trainyard_common::cluster::{
     RoleKind, RoleOutcome, RoleReport,
 };
 use trainyard_common::spec::Device;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_testdb::{drop_database, TestDatabase};
 use uuid::Uuid;
 
@@ -79,7 +79,7 @@ async fn every_user_answer_decodes_and_errors_are_problems() {
     assert_eq!(page.jobs.len(), 1);
     assert!(page.next_cursor.is_none());
     let events = client.job_events(job.id, None, Some(10)).await.unwrap();
-    assert_eq!(events.events[0].kind, "submitted");
+    assert_eq!(events.events[0].kind, EventKind::Submitted);
     assert!(client
         .job_assignments(job.id)
         .await

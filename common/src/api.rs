@@ -29,7 +29,7 @@ use crate::checkpoint::CursorState;
 use crate::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
 use crate::model::{MemoryEstimate, ParamInfo};
 use crate::spec::{JobSpecInput, Strategy};
-use crate::JobState;
+use crate::{EventKind, JobState};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -90,8 +90,8 @@ pub struct JobEvent {
     pub id: i64,
     /// When it happened.
     pub at: DateTime<Utc>,
-    /// `submitted`, `transition`, or a later capability's kind.
-    pub kind: String,
+    /// What happened.
+    pub kind: EventKind,
     /// The state left, for transitions.
     pub from_state: Option<JobState>,
     /// The state entered, for transitions and the submit.

@@ -12,6 +12,7 @@
 //! * [`api`] — the REST API's resources (response bodies, the token request)
 //!   that the server sends and the typed client decodes;
 //! * [`artifact`] — users' uploaded files and the data policy of a job;
+//! * [`event`] — the kinds of a job's event log;
 //! * [`host`] — what the machine offers (its available memory);
 //! * [`model`] — parameter counts of the built-in models and the per-role
 //!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
@@ -23,10 +24,12 @@ pub mod api;
 pub mod artifact;
 pub mod checkpoint;
 pub mod cluster;
+pub mod event;
 pub mod host;
 pub mod model;
 pub mod spec;
 pub mod state;
 
+pub use event::EventKind;
 pub use spec::{JobSpec, JobSpecInput, Violation};
 pub use state::JobState;

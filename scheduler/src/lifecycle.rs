@@ -7,7 +7,7 @@
 //! which makes idempotent operations (cancel twice) cheap and exact.
 
 use sqlx::PgConnection;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use uuid::Uuid;
 
 /// Postgres channel on which every job change is announced (payload: job id).
@@ -102,7 +102,7 @@ pub async fn notify(tx: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> 
 pub async fn event(
     tx: &mut PgConnection,
     job: Uuid,
-    kind: &str,
+    kind: EventKind,
     reason: &str,
     data: serde_json::Value,
 ) -> Result<(), sqlx::Error> {

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use trainyard_common::api::{Job, JobEvent};
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_e2e::{
     eventually, kill9, sse_events, tail, target_dir, ApiClient, Consistency, MlpSpec, Platform,
     Proc, TestPostgres,
@@ -334,7 +334,7 @@ fn wait_ended(p: &Fleet, ids: &[String]) -> Vec<Job> {
 fn accuracy(events: &[JobEvent]) -> Option<f64> {
     events
         .iter()
-        .find(|e| e.kind == "result")
+        .find(|e| e.kind == EventKind::Result)
         .and_then(|e| e.data["eval_accuracy"].as_f64())
 }
 
@@ -349,10 +349,10 @@ fn check_history(name: &str, events: &[JobEvent]) {
     let first = events
         .first()
         .unwrap_or_else(|| panic!("{name}: no events"));
-    assert_eq!(first.kind, "submitted", "{name}: {first:?}");
+    assert_eq!(first.kind, EventKind::Submitted, "{name}: {first:?}");
     assert_eq!(first.to_state, Some(JobState::Queued), "{name}: {first:?}");
     let mut state = "queued".to_owned();
-    for e in events.iter().filter(|e| e.kind == "transition") {
+    for e in events.iter().filter(|e| e.kind == EventKind::Transition) {
         assert_eq!(
             e.from_state.map(|s| s.to_string()),
             Some(state.clone()),
@@ -361,7 +361,10 @@ fn check_history(name: &str, events: &[JobEvent]) {
         state = e.to_state.map_or_else(|| "?".to_owned(), |s| s.to_string());
     }
     assert_eq!(state, "succeeded", "{name}: the history ends in {state}");
-    let results = events.iter().filter(|e| e.kind == "result").count();
+    let results = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Result)
+        .count();
     assert_eq!(results, 1, "{name}: {results} result events: {events:?}");
 }
 
@@ -654,9 +657,9 @@ fn run(
         };
         for id in hit {
             let h = &histories[ids.iter().position(|x| x == id).expect("a job")];
-            let why = h
-                .iter()
-                .find(|e| e.kind == "placement" && e.reason.contains(&format!("{victim} (lost)")));
+            let why = h.iter().find(|e| {
+                e.kind == EventKind::Placement && e.reason.contains(&format!("{victim} (lost)"))
+            });
             assert!(
                 why.is_some(),
                 "{}: no event explains the loss of {victim}: {:?}",

@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use trainyard_common::EventKind;
 use trainyard_e2e::{eventually, kill9, ApiClient, MlpSpec, Platform, Proc};
 
 /// An API that loses an executor after 10 silent heartbeats (2 s), whose
@@ -196,7 +197,7 @@ fn two_api_processes_schedule_once_and_fail_over() {
     let placements = events
         .events
         .iter()
-        .filter(|e| e.kind == "placement")
+        .filter(|e| e.kind == EventKind::Placement)
         .count();
     assert_eq!(placements, 1, "scheduled twice: {events:?}");
     assert_eq!(job_state(api_b, &job).1, 1, "one generation");

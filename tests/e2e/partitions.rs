@@ -38,6 +38,7 @@
 //! running `./scripts/test` have.
 
 use std::time::Duration;
+use trainyard_common::EventKind;
 use trainyard_e2e::{
     eventually, repo_root, start_executor, ApiClient, Consistency, Lab, MlpSpec, Platform, Proc,
 };
@@ -192,7 +193,10 @@ fn an_executor_cut_from_the_api_but_not_its_peers_trains_on() {
     assert!(admin.executors(Some("lost")).executors.is_empty());
     assert_eq!(job.generation, generation, "the job was re-placed");
     assert!(
-        admin.events(&id).iter().all(|e| e.kind != "suspect"),
+        admin
+            .events(&id)
+            .iter()
+            .all(|e| e.kind != EventKind::Suspect),
         "{:?}",
         admin.events(&id)
     );
@@ -231,7 +235,10 @@ fn a_peer_cut_from_a_healthy_rank_does_not_evict_it() {
     let job = admin.wait_end(&id, JOB_LIMIT);
     assert_eq!(job.state.as_str(), "succeeded", "{}", job.state_reason);
     let events = admin.events(&id);
-    let suspects: Vec<_> = events.iter().filter(|e| e.kind == "suspect").collect();
+    let suspects: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Suspect)
+        .collect();
     assert!(
         suspects
             .iter()
@@ -315,7 +322,10 @@ fn the_api_cut_from_every_executor_for_30_s_loses_nothing() {
 /// answered: a report across a cut never evicts a healthy executor.
 fn suspects_all_rejected(admin: &ApiClient, id: &str) -> usize {
     let events = admin.events(id);
-    let suspects: Vec<_> = events.iter().filter(|e| e.kind == "suspect").collect();
+    let suspects: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Suspect)
+        .collect();
     assert!(
         suspects
             .iter()
@@ -554,7 +564,7 @@ fn an_executor_cut_from_the_api_longer_than_the_timeout_is_replaced_and_rejoins(
         admin
             .events(&id)
             .iter()
-            .any(|e| e.kind == "placement" && e.reason.contains("lost")),
+            .any(|e| e.kind == EventKind::Placement && e.reason.contains("lost")),
         "the placement names the executor lost: {:?}",
         admin.events(&id)
     );

@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use trainyard_common::EventKind;
 use trainyard_e2e::{binary, eventually, ApiClient, Consistency, MlpSpec, Platform};
 
 /// An API with the local provisioner on a machine of 2 CPUs and 8 GiB that
@@ -58,7 +59,7 @@ fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
-fn job_event_kinds(api: &ApiClient, id: &str) -> Vec<(String, String)> {
+fn job_event_kinds(api: &ApiClient, id: &str) -> Vec<(EventKind, String)> {
     api.event_page(id, None, Some(1000))
         .events
         .into_iter()
@@ -175,7 +176,7 @@ fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
         assert!(
             kinds
                 .iter()
-                .any(|(k, r)| k == "provisioning" && r.contains("starting")),
+                .any(|(k, r)| *k == EventKind::Provisioning && r.contains("starting")),
             "job {job} has no provisioning event: {kinds:?}"
         );
     }
@@ -243,7 +244,7 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
     );
     assert!(job_event_kinds(&api, &big)
         .iter()
-        .any(|(k, r)| k == "provisioning" && r.contains("cannot supply")),);
+        .any(|(k, r)| *k == EventKind::Provisioning && r.contains("cannot supply")),);
 
     // Two ranks fit: the hand-started executor plus one provisioned.
     let small = api.submit(&digits("prov-small", "allreduce", 2, 0, 60));

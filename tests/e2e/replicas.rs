@@ -17,7 +17,7 @@
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_e2e::{eventually, kill9, safetensors_f32, Consistency, MlpSpec, Platform, Proc};
 
 /// An API that declares an executor lost after 40 silent 200 ms beats
@@ -147,7 +147,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     let clean_placements = p
         .events(&clean)
         .into_iter()
-        .filter(|e| e.kind == "placement")
+        .filter(|e| e.kind == EventKind::Placement)
         .count();
     assert_eq!(
         clean_placements,
@@ -205,7 +205,7 @@ fn kill_a_primary(shards: u32, steps: u64, env: &[(&str, &str)]) {
     let promoted = p
         .events(&faulty)
         .into_iter()
-        .filter(|e| e.kind == "placement")
+        .filter(|e| e.kind == EventKind::Placement)
         .map(|e| e.reason)
         .find(|r| r.contains("standby on") && r.contains("promoted"))
         .unwrap_or_else(|| {

@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_e2e::{binary, example_digits, free_port, wait_ready, ApiClient, Proc};
 
 fn serve(data_dir: &Path, port: u16) -> Proc {
@@ -112,7 +112,7 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
     assert_eq!(got.state, JobState::Queued);
     assert_eq!(serde_json::to_value(&got.spec).unwrap(), job["spec"]);
     let events = client.event_page(&id, None, None);
-    assert_eq!(events.events[0].kind, "submitted");
+    assert_eq!(events.events[0].kind, EventKind::Submitted);
     again.terminate().unwrap();
     assert_eq!(
         again.wait_exit(Duration::from_secs(60)).unwrap(),

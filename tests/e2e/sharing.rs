@@ -11,7 +11,7 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 use trainyard_common::api::JobEvent;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_e2e::{
     binary, digits_url, eventually, repo_root, ApiClient, Consistency, MlpSpec, Platform, Proc,
 };
@@ -74,7 +74,7 @@ fn workers(c: &ApiClient, id: &str) -> usize {
     c.assignments(id).workers.len()
 }
 
-fn reasons(events: &[JobEvent], kind: &str) -> Vec<String> {
+fn reasons(events: &[JobEvent], kind: EventKind) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.kind == kind)
@@ -87,7 +87,10 @@ fn reasons(events: &[JobEvent], kind: &str) -> Vec<String> {
 fn timeline_worker_seconds(c: &ApiClient, id: &str) -> f64 {
     let events = c.events(id);
     let end = c.job(id).finished_at.expect("the job ended");
-    let placements: Vec<&JobEvent> = events.iter().filter(|e| e.kind == "placement").collect();
+    let placements: Vec<&JobEvent> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Placement)
+        .collect();
     let mut total = 0.0;
     for (i, e) in placements.iter().enumerate() {
         let until = placements.get(i + 1).map_or(end, |n| n.at);
@@ -148,7 +151,9 @@ fn a_higher_priority_job_shrinks_an_elastic_ring_which_grows_back_and_usage_foll
     let events = alice.events(&a);
     let shrink = events
         .iter()
-        .find(|e| e.kind == "placement" && e.reason.starts_with("shrunk from 3 to 1 worker(s)"))
+        .find(|e| {
+            e.kind == EventKind::Placement && e.reason.starts_with("shrunk from 3 to 1 worker(s)")
+        })
         .unwrap_or_else(|| panic!("a shrink: {events:?}"));
     assert!(
         shrink.reason.starts_with(&format!(
@@ -170,12 +175,12 @@ fn a_higher_priority_job_shrinks_an_elastic_ring_which_grows_back_and_usage_foll
         alice.states(&a)
     );
     assert!(
-        reasons(&events, "preemption")
+        reasons(&events, EventKind::Preemption)
             .iter()
             .any(|r| r == &format!("shrunk from 3 to 1 worker(s) by job {b} of bob")),
         "{events:?}"
     );
-    let shrank = reasons(&bob.events(&b), "preemption");
+    let shrank = reasons(&bob.events(&b), EventKind::Preemption);
     assert!(
         shrank
             .iter()
@@ -316,7 +321,7 @@ fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
                 == format!("released every role: preempted by job {b} of bob (priority 5 > 0)")),
         "{events:?}"
     );
-    let preemption = reasons(&events, "preemption");
+    let preemption = reasons(&events, EventKind::Preemption);
     assert!(
         preemption
             .iter()
@@ -326,7 +331,7 @@ fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
     let done = bob.wait_end(&b, Duration::from_secs(120));
     assert_eq!(done.state, JobState::Succeeded, "{done:?}");
     assert!(
-        reasons(&bob.events(&b), "preemption")
+        reasons(&bob.events(&b), EventKind::Preemption)
             .iter()
             .any(|r| r == &format!("preempted job {a} of alice to make room")),
         "{:?}",
@@ -360,7 +365,7 @@ fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
     let events = alice.events(&a);
     let decided = events
         .iter()
-        .find(|e| e.kind == "preemption" && e.reason.starts_with("to be preempted"))
+        .find(|e| e.kind == EventKind::Preemption && e.reason.starts_with("to be preempted"))
         .unwrap()
         .at;
     let released = events
@@ -370,7 +375,9 @@ fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
         .at;
     let replaced = events
         .iter()
-        .find(|e| e.kind == "placement" && e.at > released && e.reason.starts_with("placed "))
+        .find(|e| {
+            e.kind == EventKind::Placement && e.at > released && e.reason.starts_with("placed ")
+        })
         .expect("placed again")
         .at;
     let list = alice.checkpoints(&a).checkpoints;

@@ -16,6 +16,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
+use trainyard_common::EventKind;
 use trainyard_e2e::{eventually, ApiClient, Consistency, MlpSpec, Platform};
 
 /// One `squeue` row of this test's jobs: id, state, name, node.
@@ -214,7 +215,7 @@ fn slurm_jobs_carry_ring_and_ps_jobs_through_signals_and_a_lost_node() {
         assert!(
             p.events(job)
                 .iter()
-                .any(|e| e.kind == "provisioning" && e.reason.contains("starting")),
+                .any(|e| e.kind == EventKind::Provisioning && e.reason.contains("starting")),
             "{job}: no provisioning event"
         );
     }
@@ -234,7 +235,7 @@ fn slurm_jobs_carry_ring_and_ps_jobs_through_signals_and_a_lost_node() {
         assert!(
             p.events(job)
                 .iter()
-                .any(|e| e.kind == "provisioning" && e.reason.contains("(Slurm job ")),
+                .any(|e| e.kind == EventKind::Provisioning && e.reason.contains("(Slurm job ")),
             "{job}: its provisioning event names no Slurm job"
         );
     }

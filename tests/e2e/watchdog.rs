@@ -23,7 +23,7 @@ use serde_json::json;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use trainyard_e2e::{eventually, ApiClient, Platform};
 use uuid::Uuid;
 
@@ -96,7 +96,7 @@ fn executor_state(c: &ApiClient, id: Uuid) -> String {
 }
 
 /// The events of job `id` of `kind`.
-fn events_of(c: &ApiClient, id: &str, kind: &str) -> Vec<trainyard_common::api::JobEvent> {
+fn events_of(c: &ApiClient, id: &str, kind: EventKind) -> Vec<trainyard_common::api::JobEvent> {
     c.events(id)
         .into_iter()
         .filter(|e| e.kind == kind)
@@ -177,7 +177,7 @@ fn a_rank_stalled_on_its_data_is_declared_stuck_and_its_job_leaves_the_executor(
         )
     });
     let stuck = eventually(Duration::from_secs(30), || {
-        events_of(&p, &id, "stuck").into_iter().next()
+        events_of(&p, &id, EventKind::Stuck).into_iter().next()
     })
     .unwrap_or_else(|| panic!("no stuck event: {:?}", p.events(&id)));
     println!(
@@ -218,7 +218,7 @@ fn a_rank_stalled_on_its_data_is_declared_stuck_and_its_job_leaves_the_executor(
     );
     // Only the stalled rank was judged: its peers waited on it in the
     // all-reduce, not on themselves.
-    let all = events_of(&p, &id, "stuck");
+    let all = events_of(&p, &id, EventKind::Stuck);
     assert_eq!(all.len(), 1, "one stuck role: {all:?}");
     let live = p
         .executors(None)
@@ -269,7 +269,7 @@ fn a_slow_rank_is_shown_as_a_straggler_and_left_out_when_the_spec_asks() {
     assert_eq!(flagged, vec![2], "{ranks:?}");
     assert!(ranks[2].busy_ms >= 60.0, "{ranks:?}");
     assert!(
-        events_of(&p, &id, "straggler").is_empty(),
+        events_of(&p, &id, EventKind::Straggler).is_empty(),
         "shown only: the spec does not ask to leave it out"
     );
     let (code, body) = p.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
@@ -281,7 +281,7 @@ fn a_slow_rank_is_shown_as_a_straggler_and_left_out_when_the_spec_asks() {
     let s = spec("straggler-left-out", &dir, 800, left_out);
     let id = p.submit(&s);
     let ev = eventually(Duration::from_secs(120), || {
-        events_of(&p, &id, "straggler").into_iter().next()
+        events_of(&p, &id, EventKind::Straggler).into_iter().next()
     })
     .unwrap_or_else(|| panic!("a straggler event: {:?}", p.events(&id)));
     println!("{}", ev.reason);
@@ -300,7 +300,7 @@ fn a_slow_rank_is_shown_as_a_straggler_and_left_out_when_the_spec_asks() {
     );
     // Two ranks at a minimum of two: however their step times scatter,
     // the job leaves no second executor.
-    let left = events_of(&p, &id, "straggler");
+    let left = events_of(&p, &id, EventKind::Straggler);
     assert_eq!(left.len(), 1, "one executor left: {left:?}");
     let acc = pytorch(&p, &id, &s, &dir);
     println!(

@@ -32,6 +32,7 @@ use trainyard_common::api::{
     CheckpointList, EventPage, ExecutorList, Job, JobAssignments, JobEvent, JobLogLine, LogPage,
     MetricSeries, ProvisionerStatus,
 };
+use trainyard_common::EventKind;
 use uuid::Uuid;
 
 /// The states a job does not leave.
@@ -324,7 +325,7 @@ impl ApiClient {
         let events = self.events(id);
         events
             .iter()
-            .find(|e| e.kind == "result")
+            .find(|e| e.kind == EventKind::Result)
             .map(|e| e.data.clone())
             .unwrap_or_else(|| panic!("a result event of {id}: {events:?}"))
     }

@@ -1,11 +1,11 @@
 //! The database's types against the Rust types that read and bind them:
-//! the state enums are one set on both sides, and the columns generated
-//! from the spec follow the spec.
+//! the state and event-kind enums are one set on both sides, and the
+//! columns generated from the spec follow the spec.
 
 use crate::helpers::{digits_spec, spawn_app};
 use serde_json::json;
 use trainyard_common::cluster::ExecutorState;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 
 #[tokio::test]
 async fn the_state_enums_are_the_rust_states_in_order_and_round_trip() {
@@ -49,6 +49,53 @@ async fn the_state_enums_are_the_rust_states_in_order_and_round_trip() {
             .unwrap();
         assert_eq!(back, s);
     }
+}
+
+#[tokio::test]
+async fn the_event_kinds_are_the_rust_kinds_and_no_other_can_be_stored() {
+    let app = spawn_app().await;
+    let labels: Vec<String> = sqlx::query_scalar(
+        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+         WHERE t.typname = 'event_kind' ORDER BY e.enumsortorder",
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(labels, EventKind::ALL.map(|k| k.as_str()));
+    let job = app.submit(&digits_spec("event-kinds")).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for k in EventKind::ALL {
+        sqlx::query("INSERT INTO job_events (job_id, kind, reason) VALUES ($1::uuid, $2, 'test')")
+            .bind(&job)
+            .bind(k)
+            .execute(&app.db)
+            .await
+            .unwrap();
+    }
+    let refused = sqlx::query(
+        "INSERT INTO job_events (job_id, kind, reason) VALUES ($1::uuid, 'exploded', 'test')",
+    )
+    .bind(&job)
+    .execute(&app.db)
+    .await;
+    assert!(refused.is_err(), "an unknown kind is refused");
+    // Every kind reads back through the API as its name.
+    let page = app
+        .get_json(&format!("/v1/jobs/{job}/events?limit=100"))
+        .await;
+    let kinds: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds[0], "submitted");
+    assert_eq!(
+        &kinds[kinds.len() - 12..],
+        EventKind::ALL.map(|k| k.as_str())
+    );
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use crate::plan::{JobView, Placement, Plan};
 use serde_json::json;
 use sqlx::{PgPool, Row};
 use trainyard_common::spec::Strategy;
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use uuid::Uuid;
 
 /// Writes job `job`'s new placement from `plan`, if it changed: in one
@@ -120,12 +120,12 @@ pub(super) async fn apply(
     .execute(&mut *tx)
     .await?;
     if let Some(why) = plan.decisions.get(&job.id) {
-        event(&mut tx, job.id, "strategy", why, json!({})).await?;
+        event(&mut tx, job.id, EventKind::Strategy, why, json!({})).await?;
     }
     event(
         &mut tx,
         job.id,
-        "placement",
+        EventKind::Placement,
         &reason,
         placement_json(next, new),
     )

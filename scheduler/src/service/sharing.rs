@@ -24,6 +24,7 @@ use serde_json::json;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
+use trainyard_common::EventKind;
 use uuid::Uuid;
 
 /// Usage older than this many half-lives is left out (it weighs < 1e-6).
@@ -203,7 +204,7 @@ pub(super) async fn record(
                 event(
                     &mut tx,
                     by,
-                    "preemption",
+                    EventKind::Preemption,
                     &format!(
                         "shrank job {victim} of {} from {from} to {to} worker(s) to make room",
                         owner(&victim)
@@ -214,7 +215,7 @@ pub(super) async fn record(
                 event(
                     &mut tx,
                     victim,
-                    "preemption",
+                    EventKind::Preemption,
                     &format!(
                         "shrunk from {from} to {to} worker(s) by job {by} of {}",
                         owner(&by)
@@ -227,7 +228,7 @@ pub(super) async fn record(
                 event(
                     &mut tx,
                     by,
-                    "preemption",
+                    EventKind::Preemption,
                     &format!("preempted job {victim} of {} to make room", owner(&victim)),
                     json!({"action": "preempt", "victim": victim}),
                 )
@@ -235,7 +236,7 @@ pub(super) async fn record(
                 event(
                     &mut tx,
                     victim,
-                    "preemption",
+                    EventKind::Preemption,
                     &format!("preempted by job {by} of {}: back to queued, resumes from its newest checkpoint", owner(&by)),
                     json!({"action": "preempted", "by": by}),
                 )
@@ -305,7 +306,7 @@ async fn start_pending(
         event(
             &mut tx,
             victim,
-            "preemption",
+            EventKind::Preemption,
             &format!(
                 "to be preempted by job {by} of {} (priority {} > {}): asked for a checkpoint, released once it is committed, within {secs}s",
                 b.owner, b.priority, v.priority
@@ -316,7 +317,7 @@ async fn start_pending(
         event(
             &mut tx,
             by,
-            "preemption",
+            EventKind::Preemption,
             &format!(
                 "preempting job {victim} of {} (priority {} < {}); it is asked for a checkpoint and has up to {secs}s to commit it",
                 v.owner, v.priority, b.priority
@@ -342,7 +343,7 @@ async fn call_off(db: &PgPool, victim: Uuid, by: Uuid) -> Result<(), SchedulerEr
         event(
             &mut tx,
             victim,
-            "preemption",
+            EventKind::Preemption,
             &format!("preemption called off: job {by} no longer needs this job's room"),
             json!({"action": "called_off", "by": by}),
         )

@@ -35,7 +35,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::{ExecutorState, SuspectAnswer, SuspectReport, SuspectVerdict};
-use trainyard_common::JobState;
+use trainyard_common::{EventKind, JobState};
 use uuid::Uuid;
 
 /// How long the probe waits for the suspect's data plane to answer.
@@ -246,7 +246,7 @@ pub async fn judge(
         if marked.is_none() {
             return Ok(stale("the suspect is already lost or gone".into()));
         }
-        lifecycle::event(&mut tx, report.job_id, "suspect", &evidence, data).await?;
+        lifecycle::event(&mut tx, report.job_id, EventKind::Suspect, &evidence, data).await?;
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(EXECUTOR_CHANNEL)
             .bind(report.suspect.to_string())
@@ -268,7 +268,7 @@ pub async fn judge(
         .fetch_one(&mut *tx)
         .await?;
         if !seen {
-            lifecycle::event(&mut tx, report.job_id, "suspect", &evidence, data).await?;
+            lifecycle::event(&mut tx, report.job_id, EventKind::Suspect, &evidence, data).await?;
             lifecycle::notify(&mut tx, report.job_id).await?;
         }
         tracing::info!(executor = %report.suspect, reporter = %reporter, job = %report.job_id, "{evidence}");

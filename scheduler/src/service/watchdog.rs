@@ -34,7 +34,7 @@ use crate::lifecycle;
 use serde_json::json;
 use sqlx::{PgPool, Row};
 use trainyard_common::spec::Watchdog;
-use trainyard_common::JobSpec;
+use trainyard_common::{EventKind, JobSpec};
 use uuid::Uuid;
 
 /// The least `watchdog.stuck_floor_seconds` a spec may set, in ms: a rank
@@ -219,7 +219,17 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
             "median_step_seconds": r.median_step_ms / 1e3, "bound_seconds": bound,
             "stuck_factor": w.stuck_factor, "stuck_floor_seconds": w.stuck_floor_seconds,
         });
-        if leave(db, r.job, r.executor, r.rank, "stuck", &reason, data).await? {
+        if leave(
+            db,
+            r.job,
+            r.executor,
+            r.rank,
+            EventKind::Stuck,
+            &reason,
+            data,
+        )
+        .await?
+        {
             left.push((r.job, r.executor));
         }
     }
@@ -283,7 +293,17 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
                 "others_busy_ms": ranks.iter().filter(|o| o.rank != r.rank).map(|o| o.busy_ms).collect::<Vec<_>>(),
                 "straggler_factor": w.straggler_factor,
             });
-            if leave(db, r.job, r.executor, r.rank, "straggler", &reason, data).await? {
+            if leave(
+                db,
+                r.job,
+                r.executor,
+                r.rank,
+                EventKind::Straggler,
+                &reason,
+                data,
+            )
+            .await?
+            {
                 left.push((r.job, r.executor));
             }
         }
@@ -299,7 +319,7 @@ async fn leave(
     job: Uuid,
     executor: Uuid,
     rank: i32,
-    kind: &str,
+    kind: EventKind,
     reason: &str,
     data: serde_json::Value,
 ) -> Result<bool, sqlx::Error> {
@@ -310,7 +330,7 @@ async fn leave(
     )
     .bind(job)
     .bind(executor)
-    .bind(kind)
+    .bind(kind.as_str())
     .bind(reason)
     .fetch_optional(&mut *tx)
     .await?;

@@ -7,16 +7,22 @@ use serde_json::json;
 use trainyard_common::cluster::ExecutorState;
 use trainyard_common::{EventKind, JobState};
 
+/// The labels of Postgres enum `name`, in their declared order.
+async fn enum_labels(db: &sqlx::PgPool, name: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+         WHERE t.typname = $1 ORDER BY e.enumsortorder",
+    )
+    .bind(name)
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn the_state_enums_are_the_rust_states_in_order_and_round_trip() {
     let app = spawn_app().await;
-    let labels: Vec<String> = sqlx::query_scalar(
-        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
-         WHERE t.typname = 'job_state' ORDER BY e.enumsortorder",
-    )
-    .fetch_all(&app.db)
-    .await
-    .unwrap();
+    let labels = enum_labels(&app.db, "job_state").await;
     let ours: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
     assert_eq!(labels, ours);
     for s in JobState::ALL {
@@ -27,13 +33,7 @@ async fn the_state_enums_are_the_rust_states_in_order_and_round_trip() {
             .unwrap();
         assert_eq!(back, s);
     }
-    let labels: Vec<String> = sqlx::query_scalar(
-        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
-         WHERE t.typname = 'executor_state' ORDER BY e.enumsortorder",
-    )
-    .fetch_all(&app.db)
-    .await
-    .unwrap();
+    let labels = enum_labels(&app.db, "executor_state").await;
     let all = [
         ExecutorState::Live,
         ExecutorState::Draining,
@@ -54,13 +54,7 @@ async fn the_state_enums_are_the_rust_states_in_order_and_round_trip() {
 #[tokio::test]
 async fn the_event_kinds_are_the_rust_kinds_and_no_other_can_be_stored() {
     let app = spawn_app().await;
-    let labels: Vec<String> = sqlx::query_scalar(
-        "SELECT enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
-         WHERE t.typname = 'event_kind' ORDER BY e.enumsortorder",
-    )
-    .fetch_all(&app.db)
-    .await
-    .unwrap();
+    let labels = enum_labels(&app.db, "event_kind").await;
     assert_eq!(labels, EventKind::ALL.map(|k| k.as_str()));
     let job = app.submit(&digits_spec("event-kinds")).await["id"]
         .as_str()

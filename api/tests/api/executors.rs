@@ -2,7 +2,7 @@
 //! from unknown, lost and departed executors, drain and leave, and the
 //! scheduler placing a job on registered executors.
 
-use crate::helpers::{assert_problem, digits_spec, spawn_app, TestApp};
+use crate::helpers::{assert_problem, digits_spec, spawn_app, spawn_app_with, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -557,7 +557,10 @@ async fn metrics_report_bus_bandwidth_and_the_ps_staleness_of_every_worker() {
 /// A fresh app with one executor and a one-rank ring job placed on it at
 /// generation 1: the app, the executor's id and credential, the job's id.
 async fn one_rank_job_placed(name: &str) -> (TestApp, String, String, String) {
-    let app = spawn_app().await;
+    // Its executor never heartbeats: with the tests' 3 missed beats it is
+    // declared lost after 3 s, which a loaded machine can take between
+    // two calls. These tests are about reports, not about loss.
+    let app = spawn_app_with(|c| c.heartbeat_misses = 120).await;
     let (id, token) = register(&app, &format!("{name}-executor")).await;
     let job = place_ring_job(&app, digits_spec(name), 1).await;
     (app, id, token, job)

@@ -137,7 +137,12 @@ impl Reporter for Sink {
     }
 
     fn deliver_inspection(&self, report: InspectionReport) {
-        tokio::spawn(super::inspection::deliver(self.clone(), report));
+        let sink = self.clone();
+        tokio::spawn(super::inspection::deliver(
+            self.client.clone(),
+            move || sink.executor_id(),
+            report,
+        ));
     }
 
     fn object_store(&self) -> String {

@@ -18,6 +18,12 @@ use crate::storage::Fetcher;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long an inspection may take before the job is refused, unless the
+/// executor's `--inspection-timeout-secs` says otherwise. It lives with the
+/// context that carries it (rather than in `roles::inspect`, which
+/// re-exports it as `LIMIT`) so that the context depends on no role.
+pub const INSPECTION_LIMIT: Duration = Duration::from_secs(300);
+
 /// Test hooks, from the environment: each slows one thing down so that a
 /// test can land a fault inside it. None is set in production.
 #[derive(Debug, Clone, Default)]
@@ -109,7 +115,7 @@ impl Context {
             suspects: Suspicions::default(),
             progress: StepProgress::default(),
             sandbox,
-            inspection_timeout: crate::roles::inspect::LIMIT,
+            inspection_timeout: INSPECTION_LIMIT,
         }
     }
 
@@ -124,7 +130,7 @@ impl Context {
             suspects: Suspicions::default(),
             progress: StepProgress::default(),
             sandbox: Arc::new(Sandbox::for_tests()),
-            inspection_timeout: crate::roles::inspect::LIMIT,
+            inspection_timeout: INSPECTION_LIMIT,
         }
     }
 }

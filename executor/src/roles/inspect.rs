@@ -37,9 +37,9 @@ use trainyard_sandbox::Limits;
 /// Rows of the trial batch.
 pub const TRIAL_ROWS: usize = 4;
 
-/// How long an inspection may take before the job is refused (the
-/// executor's `--inspection-timeout-secs` moves it).
-pub const LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long an inspection may take before the job is refused: the
+/// context's default, named here too where inspections are run.
+pub use crate::context::INSPECTION_LIMIT as LIMIT;
 
 /// What the confined child is given.
 #[derive(Debug, Serialize, Deserialize)]

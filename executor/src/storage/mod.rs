@@ -25,6 +25,12 @@ use uuid::Uuid;
 /// folder (or bucket) is refused rather than listed for minutes.
 pub const MAX_LISTED: usize = 250_000;
 
+/// Data memory budget of an executor (MiB) unless its flag or the spec
+/// says: the default of the budget each [`Fetcher`] carries to the sharded
+/// loader. It is defined here, and re-exported by `replica::shards`, so
+/// that storage needs nothing of the replica.
+pub const DEFAULT_MEMORY_MB: u64 = 256;
+
 /// Why object storage failed a role.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -173,7 +179,7 @@ impl Fetcher {
         Fetcher {
             remote: Some(Remote { options, cache, rt }),
             policy: None,
-            data_memory_mb: crate::replica::shards::DEFAULT_MEMORY_MB,
+            data_memory_mb: DEFAULT_MEMORY_MB,
         }
     }
 
@@ -182,7 +188,7 @@ impl Fetcher {
         Fetcher {
             remote: None,
             policy: None,
-            data_memory_mb: crate::replica::shards::DEFAULT_MEMORY_MB,
+            data_memory_mb: DEFAULT_MEMORY_MB,
         }
     }
 

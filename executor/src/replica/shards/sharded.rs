@@ -7,8 +7,8 @@
 
 use super::meta::Columns;
 use super::set::ShardSet;
-use crate::replica::data::DataError;
 use crate::replica::rng::Rng;
+use crate::replica::samples::DataError;
 use crate::storage::{Fetcher, Source};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -17,8 +17,9 @@ use trainyard_common::spec::{FileData, JobSpecInput};
 
 /// Samples of the shuffle buffer unless the spec says.
 pub const DEFAULT_SHUFFLE_BUFFER: u64 = 8192;
-/// Data memory budget of an executor unless its flag or the spec says.
-pub const DEFAULT_MEMORY_MB: u64 = 256;
+/// Data memory budget of an executor unless its flag or the spec says
+/// (kept by the storage layer's [`Fetcher`], which carries the budget).
+pub use crate::storage::DEFAULT_MEMORY_MB;
 /// Batches the loader keeps ready ahead of the training loop.
 pub const PREFETCH_BATCHES: usize = 4;
 

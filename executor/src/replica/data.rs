@@ -15,44 +15,17 @@
 //! each step among the ranks.
 
 use super::rng::Rng;
+use super::samples::check;
+pub use super::samples::{slice, Batch, Cursor, Data, DataError};
 use super::shards::{DataStats, Sharded};
 use crate::storage::Fetcher;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{DatasetSpec, FileFormat, JobSpecInput, Loss, ModelSpec};
+use trainyard_common::spec::{DatasetSpec, FileFormat, JobSpecInput, ModelSpec};
 
 /// Batches buffered ahead of the training loop.
 pub const PREFETCH: usize = 4;
-
-/// Why data could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    /// The URL could not be read.
-    #[error("cannot read dataset {url}: {reason}")]
-    Unreadable {
-        /// The dataset URL.
-        url: String,
-        /// Why.
-        reason: String,
-    },
-    /// The contents do not fit the model or the loss.
-    #[error("dataset does not fit the model: {0}")]
-    Shape(String),
-}
-
-/// Inputs and targets, all on the CPU.
-pub enum Data {
-    /// `x` `[n, features…]` float, `y` `[n]` int64 (classes) or `[n, targets]` float.
-    Tensors {
-        /// Inputs.
-        x: Tensor,
-        /// Targets.
-        y: Tensor,
-    },
-    /// A token stream (bytes) for language models.
-    Text(Tensor),
-}
 
 /// A loaded dataset with its split, or a sharded one.
 pub struct Dataset {
@@ -375,31 +348,6 @@ impl Dataset {
     }
 }
 
-/// Where training stands in the data: the epoch and how many samples of its
-/// permutation the steps so far have consumed (all workers together).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Cursor {
-    /// Epoch, from 0.
-    pub epoch: u64,
-    /// Samples of the epoch consumed.
-    pub offset: u64,
-}
-
-/// One worker's share of one step.
-pub struct Batch {
-    /// Inputs (undefined when `samples` is 0).
-    pub x: Tensor,
-    /// Targets (undefined when `samples` is 0).
-    pub y: Tensor,
-    /// Samples in this batch (0 at the ragged end of an epoch).
-    pub samples: usize,
-    /// The cursor after this step.
-    pub next: Cursor,
-    /// The wrapping sum of [`super::shards::id_mix`] over the batch's
-    /// sample ids: the epoch's accounting.
-    pub id_hash: u64,
-}
-
 /// The training indices of `epoch` in their seeded order; every worker
 /// computes the same.
 pub fn epoch_order(train: &[i64], seed: u64, epoch: u64) -> Vec<i64> {
@@ -408,38 +356,6 @@ pub fn epoch_order(train: &[i64], seed: u64, epoch: u64) -> Vec<i64> {
         .iter()
         .map(|&i| train[i as usize])
         .collect()
-}
-
-/// The positions in the epoch's order that worker `rank` of `world` trains
-/// on at the step that starts at `cursor`, and the cursor after the step.
-///
-/// A step consumes `world × batch` consecutive samples of the epoch's order
-/// (fewer at its end); rank `r` takes the `r`-th run of `batch`. The cursor
-/// is global, so after a membership change the remaining samples of the
-/// epoch are split among the new workers and none is lost or repeated.
-pub fn slice(
-    len: usize,
-    batch: usize,
-    rank: u32,
-    world: u32,
-    cursor: Cursor,
-) -> (std::ops::Range<usize>, Cursor) {
-    let at = (cursor.offset as usize).min(len);
-    let start = (at + rank as usize * batch).min(len);
-    let end = (start + batch).min(len);
-    let after = at + world.max(1) as usize * batch;
-    let next = if after >= len {
-        Cursor {
-            epoch: cursor.epoch + 1,
-            offset: 0,
-        }
-    } else {
-        Cursor {
-            epoch: cursor.epoch,
-            offset: after as u64,
-        }
-    };
-    (start..end, next)
 }
 
 /// Global steps an epoch takes from `offset` with `world` workers.
@@ -464,81 +380,6 @@ fn gather(data: &Data, idx: &[i64], spec: &JobSpecInput) -> (Tensor, Tensor) {
             let windows: Vec<Tensor> = idx.iter().map(|&s| t.narrow(0, s, c + 1)).collect();
             let w = Tensor::stack(&windows, 0).to_kind(Kind::Int64);
             (w.narrow(1, 0, c), w.narrow(1, 1, c))
-        }
-    }
-}
-
-/// Checks that the data fits the model and the loss; converts kinds.
-pub(super) fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
-    match data {
-        Data::Text(t) => match &spec.model {
-            ModelSpec::Transformer(m)
-                if m.vocab >= 256 || t.max().int64_value(&[]) < i64::from(m.vocab) =>
-            {
-                Ok(Data::Text(t))
-            }
-            ModelSpec::Transformer(m) => Err(DataError::Shape(format!(
-                "text has byte values ≥ the model's vocab ({})",
-                m.vocab
-            ))),
-            _ => Err(DataError::Shape("text data trains a transformer".into())),
-        },
-        Data::Tensors { x, y } => {
-            let (xs, ys) = (x.size(), y.size());
-            if xs.is_empty() || ys.is_empty() || xs[0] != ys[0] {
-                return Err(DataError::Shape(format!(
-                    "x has shape {xs:?} and y {ys:?}: they need the same number of samples"
-                )));
-            }
-            let features: i64 = xs[1..].iter().product();
-            let want = match &spec.model {
-                ModelSpec::Mlp(m) => Some(i64::from(m.inputs)),
-                ModelSpec::Cnn(c) => Some(i64::from(c.channels * c.height * c.width)),
-                ModelSpec::Transformer(_) => {
-                    return Err(DataError::Shape(
-                        "a transformer trains on text, not x/y tensors".into(),
-                    ))
-                }
-                ModelSpec::Torchscript(_) => None,
-            };
-            if let Some(w) = want.filter(|&w| w != features) {
-                return Err(DataError::Shape(format!(
-                    "x has {features} features per sample (shape {xs:?}) but the model takes {w}"
-                )));
-            }
-            let x = x.to_kind(Kind::Float);
-            let y = match spec.loss {
-                Loss::CrossEntropy => {
-                    let y = y.to_kind(Kind::Int64).flatten(0, -1);
-                    if y.size()[0] != xs[0] {
-                        return Err(DataError::Shape(format!(
-                            "cross_entropy needs one class id per sample; y has shape {ys:?}"
-                        )));
-                    }
-                    let classes = match &spec.model {
-                        ModelSpec::Mlp(m) => Some(i64::from(m.outputs)),
-                        ModelSpec::Cnn(c) => Some(i64::from(c.classes)),
-                        _ => None,
-                    };
-                    let (lo, hi) = (y.min().int64_value(&[]), y.max().int64_value(&[]));
-                    if lo < 0 || classes.is_some_and(|k| hi >= k) {
-                        return Err(DataError::Shape(format!(
-                            "class ids span {lo}..={hi}, outside 0..{}",
-                            classes.unwrap_or(0)
-                        )));
-                    }
-                    y
-                }
-                Loss::Mse => {
-                    let y = y.to_kind(Kind::Float);
-                    if ys.len() == 1 {
-                        y.unsqueeze(1)
-                    } else {
-                        y
-                    }
-                }
-            };
-            Ok(Data::Tensors { x, y })
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod optim;
 pub mod process;
 pub mod progress;
 pub mod rng;
+pub mod samples;
 pub mod script;
 pub mod shards;
 pub mod shm;

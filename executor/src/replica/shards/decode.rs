@@ -9,7 +9,7 @@ use super::meta::{unreadable, Columns};
 use super::parquet_rows::read_parquet_unit;
 use super::set::Shard;
 use super::sharded::Sharded;
-use crate::replica::data::{check, Data, DataError};
+use crate::replica::samples::{check, Data, DataError};
 use crate::storage::Source;
 use tch::{Kind, Tensor};
 use trainyard_common::spec::FileFormat;

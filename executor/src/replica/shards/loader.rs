@@ -8,7 +8,7 @@ use super::decode::Unit;
 use super::order::{id_mix, shard_order, stream_position, window_perm, Plan};
 use super::set::Shard;
 use super::sharded::{Sharded, PREFETCH_BATCHES};
-use crate::replica::data::{slice, Batch, Cursor, DataError};
+use crate::replica::samples::{slice, Batch, Cursor, DataError};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;

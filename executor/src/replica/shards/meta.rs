@@ -6,7 +6,7 @@
 //! schema is checked against them here, for the listing and for the
 //! reader of rows alike, so both refuse a column the same way.
 
-use crate::replica::data::DataError;
+use crate::replica::samples::DataError;
 use crate::storage::Fetcher;
 use std::collections::HashMap;
 use trainyard_common::spec::FileData;

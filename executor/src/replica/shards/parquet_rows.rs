@@ -4,7 +4,7 @@
 //! read, and nulls or other types are refused with the column's name.
 
 use super::meta::{parquet_columns, unreadable, Columns};
-use crate::replica::data::DataError;
+use crate::replica::samples::DataError;
 use tch::{Kind, Tensor};
 
 /// Reads row group `u` of a local Parquet file: features as f32

@@ -5,7 +5,7 @@
 //! id column are positions in this list.
 
 use super::meta::{npz_meta, parquet_meta, safetensors_meta, unreadable, Columns};
-use crate::replica::data::DataError;
+use crate::replica::samples::DataError;
 use crate::storage::Fetcher;
 use trainyard_common::spec::{file_format_from_url, is_glob, is_manifest, FileData, FileFormat};
 

@@ -4,7 +4,7 @@
 
 use super::meta::npy_shape;
 use super::order::{id_mix, shard_order, stream_position, Plan};
-use crate::replica::data::{slice, Cursor};
+use crate::replica::samples::{slice, Cursor};
 use proptest::prelude::*;
 
 /// What happens between two steps of the simulated job.

@@ -8,6 +8,10 @@ artifacts — the files a user uploads so that a job can read them as
 Listings that the API pages are followed to their end. Every error answer
 becomes an :class:`ApiError` carrying the problem document's status, detail
 and field errors. ``Client.fit`` (in :mod:`trainyard.fit`) builds on these.
+
+:class:`ApiError` lives in :mod:`trainyard.errors` (and is re-exported
+here) so that :mod:`trainyard.fit` can catch it without importing this
+module: the client imports ``fit``, lazily, and never the other way round.
 """
 
 import os
@@ -16,6 +20,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Union
 
 import requests
 
+from .errors import ApiError
 from .models import Artifact, CheckpointList, Job, JobEvent, JobLogLine, MetricSeries, ModelTensors, WhoAmI
 
 #: Where the API is when neither the argument nor ``TRAINYARD_API`` says.
@@ -23,54 +28,6 @@ DEFAULT_API = "http://127.0.0.1:8080"
 
 #: Bytes per read when a download is written to a file.
 _CHUNK = 1 << 20
-
-
-class ApiError(Exception):
-    """An error answer of the API (any HTTP status of 400 or more).
-
-    ``status`` is the HTTP status, ``title`` and ``detail`` the problem
-    document's (RFC 9457) summary and explanation, ``errors`` its list of
-    ``{"field", "message"}`` violations (empty when the problem is not about
-    fields), ``body`` the whole decoded document (or the raw text when the
-    answer was not JSON).
-    """
-
-    def __init__(self, status: int, title: str, detail: str, errors: List[Dict[str, str]], body: Any, method: str = "", url: str = ""):
-        self.status = status
-        self.title = title
-        self.detail = detail
-        self.errors = errors
-        self.body = body
-        self.method = method
-        self.url = url
-        fields = "; ".join(f"{e.get('field')}: {e.get('message')}" for e in errors)
-        super().__init__(f"{method} {url}: {status} {title}: {detail}" + (f" ({fields})" if fields else ""))
-
-    @property
-    def fields(self) -> List[str]:
-        """The names of the offending fields (``errors[].field``)."""
-        return [e.get("field", "") for e in self.errors]
-
-    @classmethod
-    def from_response(cls, r: requests.Response) -> "ApiError":
-        """The error a non-success response stands for."""
-        body: Any
-        try:
-            body = r.json()
-        except ValueError:
-            body = r.text
-        if isinstance(body, dict):
-            errors = body.get("errors") or []
-            return cls(
-                int(body.get("status") or r.status_code),
-                str(body.get("title") or r.reason or ""),
-                str(body.get("detail") or ""),
-                [e for e in errors if isinstance(e, dict)],
-                body,
-                r.request.method or "",
-                r.url,
-            )
-        return cls(r.status_code, r.reason or "", str(body)[:2000], [], body, r.request.method or "", r.url)
 
 
 def _quote(segment: str) -> str:

@@ -33,12 +33,17 @@ import tempfile
 import time
 import warnings
 import zipfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .client import ApiError, Client
+from .errors import ApiError
 from .models import Job
+
+if TYPE_CHECKING:
+    # For the annotations only: at run time the client imports this module
+    # (``Client.fit``), never this module the client.
+    from .client import Client
 
 #: States a job never leaves.
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -118,7 +123,7 @@ def artifact_name(stem: str, sha256: str, ext: str) -> str:
     return f"{stem[:96]}-{sha256[:16]}{ext}"
 
 
-def ensure_artifact(client: Client, path: str, stem: str, ext: str) -> Dict[str, Any]:
+def ensure_artifact(client: "Client", path: str, stem: str, ext: str) -> Dict[str, Any]:
     """Uploads the file at ``path`` under a name derived from its content,
     unless an artifact of that name with the same SHA-256 is already there;
     the artifact's metadata."""
@@ -174,7 +179,7 @@ class _Data:
         self.eval_fraction = eval_fraction
 
 
-def _prepare_data(client: Client, data: Any, validation: Any, loss: str, seed: int, tmp: str) -> _Data:
+def _prepare_data(client: "Client", data: Any, validation: Any, loss: str, seed: int, tmp: str) -> _Data:
     if isinstance(data, (str, os.PathLike)):
         if validation is not None:
             raise ValueError("validation= needs data given as (x, y) arrays, not a file or URL")
@@ -217,7 +222,7 @@ def _prepare_data(client: Client, data: Any, validation: Any, loss: str, seed: i
     return _Data({"kind": "file", "url": a["url"]}, train_rows, eval_fraction)
 
 
-def _prepare_model(client: Client, module: Any, tmp: str) -> str:
+def _prepare_model(client: "Client", module: Any, tmp: str) -> str:
     """The ``model.url`` of ``module``: a URL as given, a local ``.pt`` file or
     a (scripted) module uploaded as an artifact."""
     if isinstance(module, (str, os.PathLike)):
@@ -261,7 +266,7 @@ def _workers(workers: Any) -> Dict[str, int]:
 
 
 def fit(
-    client: Client,
+    client: "Client",
     module: Any,
     data: Any,
     *,
@@ -333,7 +338,7 @@ def fit(
 class Run:
     """A platform job seen from Python (``client.fit(...)`` or ``client.run(id)``)."""
 
-    def __init__(self, client: Client, id: str, *, job: Optional[Job] = None, total_steps: Optional[int] = None):
+    def __init__(self, client: "Client", id: str, *, job: Optional[Job] = None, total_steps: Optional[int] = None):
         self.client = client
         self.id = id
         self._job = job

@@ -9,7 +9,7 @@ use crate::AppState;
 use sqlx::Row;
 use trainyard_common::artifact::{artifact_of, DataPolicy, ResolvedArtifact};
 use trainyard_common::spec::{DatasetSpec, ModelSpec};
-use trainyard_common::{JobSpec, JobSpecInput, Violation};
+use trainyard_common::{JobSpec, UncheckedJobSpec, Violation};
 use uuid::Uuid;
 
 /// The store key of an artifact version's bytes.
@@ -18,7 +18,7 @@ pub fn artifact_key(owner: &str, version: Uuid, name: &str) -> String {
 }
 
 /// The URL fields of a spec a job reads from: `(field, url)`.
-pub fn data_urls(spec: &JobSpecInput) -> Vec<(&'static str, &str)> {
+pub fn data_urls(spec: &UncheckedJobSpec) -> Vec<(&'static str, &str)> {
     let mut out = Vec::new();
     if let ModelSpec::Torchscript(t) = &spec.model {
         out.push(("model.url", t.url.as_str()));
@@ -176,8 +176,8 @@ pub fn for_executor(
     st: &AppState,
     owner: &str,
     stored: Option<serde_json::Value>,
-    mut spec: JobSpecInput,
-) -> (JobSpecInput, DataPolicy) {
+    mut spec: UncheckedJobSpec,
+) -> (UncheckedJobSpec, DataPolicy) {
     let policy = match stored.map(serde_json::from_value::<DataPolicy>) {
         Some(Ok(p)) => p,
         Some(Err(e)) => {

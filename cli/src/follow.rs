@@ -11,7 +11,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 use trainyard_client::{Client, RetryPolicy};
 use trainyard_common::api::{Job, MetricSeries};
-use trainyard_common::spec::{DatasetSpec, JobSpecInput};
+use trainyard_common::spec::{DatasetSpec, UncheckedJobSpec};
 use trainyard_common::JobState;
 use uuid::Uuid;
 
@@ -33,7 +33,7 @@ const EVENTS: u32 = 1000;
 /// Steps a job will run, when the spec says: `steps`, or `epochs` over a
 /// generated dataset (whose size the spec gives). `None` for epochs over a
 /// file or generated text, whose length only the executor knows.
-pub fn expected_steps(spec: &JobSpecInput) -> Option<u64> {
+pub fn expected_steps(spec: &UncheckedJobSpec) -> Option<u64> {
     if let Some(s) = spec.steps {
         return Some(s);
     }
@@ -180,7 +180,7 @@ mod tests {
         assert!(bar(3, 0).ends_with("  0%"), "no total");
     }
 
-    fn spec(fields: serde_json::Value) -> JobSpecInput {
+    fn spec(fields: serde_json::Value) -> UncheckedJobSpec {
         let mut s = json!({"name": "t", "model": {"kind": "mlp", "inputs": 4, "outputs": 2},
             "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1}, "batch_size": 32});
         for (k, v) in fields.as_object().unwrap() {

@@ -87,7 +87,7 @@ impl std::str::FromStr for ModelFormat {
 }
 
 impl Client {
-    /// `POST /v1/jobs`: submits a job spec (a [`trainyard_common::JobSpecInput`]
+    /// `POST /v1/jobs`: submits a job spec (a [`trainyard_common::UncheckedJobSpec`]
     /// or any JSON value). With an idempotency key a retried submit returns
     /// the job the first one made, and only then is it retried.
     pub async fn submit_job(

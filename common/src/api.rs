@@ -28,7 +28,7 @@
 use crate::checkpoint::CursorState;
 use crate::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
 use crate::model::{MemoryEstimate, ParamInfo};
-use crate::spec::{JobSpecInput, Strategy};
+use crate::spec::{Strategy, UncheckedJobSpec};
 use crate::{EventKind, JobState};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -59,7 +59,7 @@ pub struct Job {
     /// Memory each role needs (built-in models only).
     pub estimate: Option<MemoryEstimate>,
     /// The spec as submitted, with defaults filled in.
-    pub spec: JobSpecInput,
+    pub spec: UncheckedJobSpec,
     /// The artifact versions its `artifact:` URLs resolved to at submit:
     /// what the job reads, whatever the names point at later.
     #[serde(default)]

@@ -3,7 +3,7 @@
 //! The API validates what users submit, the scheduler plans with it and the
 //! executors train from it, so the definitions live here once:
 //!
-//! * [`spec`] — the job spec as users write it ([`spec::JobSpecInput`]) and the
+//! * [`spec`] — the job spec as users write it ([`spec::UncheckedJobSpec`]) and the
 //!   validated [`spec::JobSpec`] that can only be made by [`spec::JobSpec::parse`],
 //!   so a spec that exists in memory is a valid one;
 //! * [`state`] — the job lifecycle states and which transitions are legal;
@@ -31,5 +31,5 @@ pub mod spec;
 pub mod state;
 
 pub use event::EventKind;
-pub use spec::{JobSpec, JobSpecInput, Violation};
+pub use spec::{JobSpec, UncheckedJobSpec, Violation};
 pub use state::JobState;

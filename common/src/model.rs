@@ -9,7 +9,7 @@
 //! buffer travels with the weights but has no optimizer state; a frozen
 //! parameter stays in the worker's module ([`MemoryEstimate::with_state`]).
 
-use crate::spec::{JobSpecInput, ModelSpec, OptimizerKind};
+use crate::spec::{ModelSpec, OptimizerKind, UncheckedJobSpec};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -279,7 +279,7 @@ impl MemoryEstimate {
     }
 }
 
-impl JobSpecInput {
+impl UncheckedJobSpec {
     /// The memory each role needs, for built-in models (the spec knows its
     /// model; the arithmetic lives here, with the parameter counts).
     pub fn estimate(&self) -> Option<MemoryEstimate> {

@@ -5,7 +5,7 @@ use crate::error::{ApiError, ApiResult};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use trainyard_common::api::Job;
-use trainyard_common::spec::{JobSpecInput, Strategy};
+use trainyard_common::spec::{Strategy, UncheckedJobSpec};
 use trainyard_common::{JobSpec, JobState};
 use uuid::Uuid;
 
@@ -24,7 +24,7 @@ pub fn stored_spec(id: Uuid, stored: serde_json::Value) -> ApiResult<JobSpec> {
 
 /// Decodes a row of [`JOB_COLUMNS`].
 pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
-    let spec: JobSpecInput = stored_spec(row.try_get("id")?, row.try_get("spec")?)?.into();
+    let spec: UncheckedJobSpec = stored_spec(row.try_get("id")?, row.try_get("spec")?)?.into();
     let state: JobState = row.try_get("state")?;
     Ok(Job {
         id: row.try_get("id")?,

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_common::{JobSpec, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -122,7 +122,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 /// for a different spec is a 422.
 #[utoipa::path(
     post, path = "/v1/jobs", operation_id = "submit_job", tag = "jobs",
-    request_body(content = JobSpecInput, content_type = "application/json"),
+    request_body(content = UncheckedJobSpec, content_type = "application/json"),
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this submit return the same job (1–255 visible ASCII characters)")),
     responses(
         (status = 201, description = "Job created (or replayed)", body = Job,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tch::Device;
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
 use trainyard_executor::context::Context;
 use trainyard_executor::replica::process::Host;
@@ -27,7 +27,7 @@ use trainyard_executor::storage::checkpoint::{Checkpointing, Policy, Uploader};
 use trainyard_executor::storage::Fetcher;
 use trainyard_executor::storage::Storage;
 
-fn job(steps: u64, every: Option<u64>) -> JobSpecInput {
+fn job(steps: u64, every: Option<u64>) -> UncheckedJobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "checkpoint-bench",
         "model": {"kind": "mlp", "inputs": 784, "hidden": [1024, 1024], "outputs": 10},

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Tensor};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_executor::replica::data::{Cursor, Dataset};
 use trainyard_executor::replica::process::Host;
 use trainyard_executor::ring;
@@ -30,7 +30,7 @@ const SHARDS: usize = 24;
 const PER_SHARD: i64 = 4096;
 const FEATURES: i64 = 256;
 
-fn job(url: &str, steps: u64) -> JobSpecInput {
+fn job(url: &str, steps: u64) -> UncheckedJobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "data-bench",
         "model": {"kind": "mlp", "inputs": FEATURES, "hidden": [1024, 1024], "outputs": 10},

@@ -147,7 +147,7 @@ fn role(model: &Path, sandbox: Arc<Sandbox>) {
         "optimizer": {"kind": "sgd", "lr": 0.1}
     }))
     .expect("a spec");
-    let spec: trainyard_common::spec::JobSpecInput = job.into();
+    let spec: trainyard_common::spec::UncheckedJobSpec = job.into();
     let fetcher = Fetcher::local_only();
     let host = Host {
         sandbox,

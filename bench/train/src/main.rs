@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
-use trainyard_common::spec::{CnnSpec, JobSpecInput, MlpSpec, ModelSpec};
+use trainyard_common::spec::{CnnSpec, MlpSpec, ModelSpec, UncheckedJobSpec};
 use trainyard_executor::replica::process::Host;
 use trainyard_executor::replica::Replica;
 use trainyard_executor::ring;
@@ -27,7 +27,7 @@ fn bench(
     warmup: usize,
     steps: usize,
 ) -> f64 {
-    let job: JobSpecInput = serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
+    let job: UncheckedJobSpec = serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "bench",
         "model": spec,
         "dataset": {"kind": "classification", "samples": 256, "features": features, "classes": classes},

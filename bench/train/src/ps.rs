@@ -27,7 +27,7 @@ use trainyard_dataplane::{plane, DataPlane};
 const MODEL_BYTES: usize = 64 << 20;
 const SECRET: &str = "ps-bench-secret";
 
-fn spec() -> trainyard_common::JobSpecInput {
+fn spec() -> trainyard_common::UncheckedJobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "ps-bench",
         "model": {"kind": "mlp", "inputs": 4, "hidden": [4], "outputs": 2},

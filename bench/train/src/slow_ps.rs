@@ -40,7 +40,7 @@ const JOB: uuid::Uuid = uuid::Uuid::from_u128(0x5109_11c5);
 /// and 1024·K and 10 outputs (4.2·K² M parameters: 16·K² MiB of fp32), on
 /// a generated classification set, async SGD through one shard, no
 /// evaluation set and no checkpoints (neither is part of a step here).
-fn spec(k: u32, batch: u32, world: u32, steps: u64) -> trainyard_common::JobSpecInput {
+fn spec(k: u32, batch: u32, world: u32, steps: u64) -> trainyard_common::UncheckedJobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "slow-links-ps",
         "model": {"kind": "mlp", "inputs": 1024 * k, "hidden": [2048 * k, 1024 * k], "outputs": 10},
@@ -62,7 +62,7 @@ fn spec(k: u32, batch: u32, world: u32, steps: u64) -> trainyard_common::JobSpec
 
 /// Role `role` (index `index`) of the job with its one shard at `shard`.
 fn assignment(
-    spec: trainyard_common::JobSpecInput,
+    spec: trainyard_common::UncheckedJobSpec,
     role: RoleKind,
     index: u32,
     world: u32,

@@ -2,7 +2,7 @@
 //! to, and the inspection of a TorchScript model with its report.
 
 use super::*;
-use crate::spec::{JobSpecInput, Strategy};
+use crate::spec::{Strategy, UncheckedJobSpec};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -88,7 +88,7 @@ pub struct Assignment {
     /// The job's data-plane secret (hex).
     pub secret: String,
     /// The job spec.
-    pub spec: JobSpecInput,
+    pub spec: UncheckedJobSpec,
     /// All workers of the job in rank order.
     pub workers: Vec<WorkerPeer>,
     /// All PS shards of the job in shard order.
@@ -140,7 +140,7 @@ pub struct Inspection {
     /// its dataset, so that a model that cannot train on that data fails
     /// the job before any worker starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<Box<crate::spec::JobSpecInput>>,
+    pub spec: Option<Box<crate::spec::UncheckedJobSpec>>,
     /// The URLs the job may read, as in an [`Assignment`].
     #[serde(default)]
     pub data_policy: crate::artifact::DataPolicy,

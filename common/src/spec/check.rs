@@ -1,4 +1,4 @@
-//! The rules of a valid job spec. [`check`] walks a [`JobSpecInput`] and
+//! The rules of a valid job spec. [`check`] walks a [`UncheckedJobSpec`] and
 //! records every broken bound or cross-field rule in a [`Checker`], each
 //! with its field path, so a user sees all of them at once.
 
@@ -6,7 +6,7 @@ use super::*;
 use std::fmt;
 
 /// Every rule `input` breaks, in the order the fields are checked.
-pub(super) fn violations(input: &JobSpecInput) -> Vec<Violation> {
+pub(super) fn violations(input: &UncheckedJobSpec) -> Vec<Violation> {
     let mut v = Checker::default();
     check(input, &mut v);
     v.0
@@ -82,7 +82,7 @@ impl Checker {
     }
 }
 
-fn check(s: &JobSpecInput, v: &mut Checker) {
+fn check(s: &UncheckedJobSpec, v: &mut Checker) {
     let name_len = s.name.chars().count();
     if s.name.trim().is_empty() {
         v.fail("name", "must not be empty");
@@ -336,7 +336,7 @@ fn check_dataset(d: &DatasetSpec, v: &mut Checker) -> bool {
     v.0.len() == before
 }
 
-fn check_model_fits_data(s: &JobSpecInput, v: &mut Checker) {
+fn check_model_fits_data(s: &UncheckedJobSpec, v: &mut Checker) {
     let (features, outputs, classification) = match &s.dataset {
         DatasetSpec::Classification(c) => (Some(c.features), Some(c.classes), true),
         DatasetSpec::Regression(r) => (Some(r.features), Some(r.targets), false),
@@ -426,7 +426,7 @@ fn check_model_fits_data(s: &JobSpecInput, v: &mut Checker) {
     }
 }
 
-fn check_memory(s: &JobSpecInput, v: &mut Checker) {
+fn check_memory(s: &UncheckedJobSpec, v: &mut Checker) {
     let Some(e) = s.estimate() else { return };
     let params = e.parameters;
     let have = s.memory_bytes();

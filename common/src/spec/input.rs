@@ -1,4 +1,4 @@
-//! The job spec's wire types: [`JobSpecInput`] and everything it nests, as
+//! The job spec's wire types: [`UncheckedJobSpec`] and everything it nests, as
 //! users write them in JSON (unknown fields rejected at every level), with
 //! their defaults and the values derived from them (shard and replica
 //! counts, consistency mode; the memory estimate is in [`crate::model`],
@@ -8,12 +8,15 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+// Not yet checked: decoding one proves only its shape. `JobSpec::parse`
+// (or `from_json`, `from_stored`) makes the checked `JobSpec`, the name
+// the OpenAPI document gives this type (on the wire there is one spec).
 /// A training job as the user writes it. Optional fields have the defaults
 /// shown; unknown fields anywhere are an error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = JobSpec)]
-pub struct JobSpecInput {
+pub struct UncheckedJobSpec {
     /// A human name (1–128 characters, no control characters).
     #[schema(example = "digits-mlp")]
     pub name: String,
@@ -708,7 +711,7 @@ impl Default for Resources {
     }
 }
 
-impl JobSpecInput {
+impl UncheckedJobSpec {
     /// Parameter-server shards (1 unless given).
     pub fn parameter_server_count(&self) -> u32 {
         self.parameter_servers.unwrap_or(1)

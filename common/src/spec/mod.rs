@@ -1,6 +1,6 @@
 //! The job spec: what a user submits, and its validation.
 //!
-//! [`JobSpecInput`] is the wire form (JSON, unknown fields rejected at every
+//! [`UncheckedJobSpec`] is the wire form (JSON, unknown fields rejected at every
 //! level). [`JobSpec::parse`] checks every bound and every cross-field rule
 //! and reports *all* violations at once, each naming its field by a path such
 //! as `optimizer.lr` or `model.hidden[2]`. A [`JobSpec`] can be made in no
@@ -11,7 +11,7 @@
 //! `trainyard_common::spec::…` path:
 //!
 //! * `limits` — the named bounds (`MAX_*`, [`URL_SCHEMES`]);
-//! * `input` — the wire types ([`JobSpecInput`] and everything it nests) and
+//! * `input` — the wire types ([`UncheckedJobSpec`] and everything it nests) and
 //!   their defaults and derived values;
 //! * `check` — the rules behind [`JobSpec::parse`], collecting every
 //!   violation with its field path;
@@ -72,25 +72,25 @@ impl SpecError {
 /// with [`JobSpec::parse`] or [`JobSpec::from_json`]; read a stored one with
 /// [`JobSpec::from_stored`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "JobSpecInput", into = "JobSpecInput")]
-pub struct JobSpec(JobSpecInput);
+#[serde(try_from = "UncheckedJobSpec", into = "UncheckedJobSpec")]
+pub struct JobSpec(UncheckedJobSpec);
 
 impl Deref for JobSpec {
-    type Target = JobSpecInput;
-    fn deref(&self) -> &JobSpecInput {
+    type Target = UncheckedJobSpec;
+    fn deref(&self) -> &UncheckedJobSpec {
         &self.0
     }
 }
 
-impl From<JobSpec> for JobSpecInput {
+impl From<JobSpec> for UncheckedJobSpec {
     fn from(s: JobSpec) -> Self {
         s.0
     }
 }
 
-impl TryFrom<JobSpecInput> for JobSpec {
+impl TryFrom<UncheckedJobSpec> for JobSpec {
     type Error = InvalidSpec;
-    fn try_from(input: JobSpecInput) -> Result<Self, InvalidSpec> {
+    fn try_from(input: UncheckedJobSpec) -> Result<Self, InvalidSpec> {
         JobSpec::parse(input).map_err(InvalidSpec)
     }
 }
@@ -108,7 +108,7 @@ impl fmt::Display for InvalidSpec {
 
 impl JobSpec {
     /// Checks every rule and returns the spec, or all its violations.
-    pub fn parse(input: JobSpecInput) -> Result<JobSpec, Vec<Violation>> {
+    pub fn parse(input: UncheckedJobSpec) -> Result<JobSpec, Vec<Violation>> {
         let violations = check::violations(&input);
         if violations.is_empty() {
             Ok(JobSpec(input))
@@ -121,7 +121,7 @@ impl JobSpec {
     /// field path), or all rule violations.
     pub fn from_json(bytes: &[u8]) -> Result<JobSpec, SpecError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let input: JobSpecInput = match serde_path_to_error::deserialize(de) {
+        let input: UncheckedJobSpec = match serde_path_to_error::deserialize(de) {
             Ok(input) => input,
             Err(e) => {
                 let path = e.path().to_string();
@@ -147,7 +147,7 @@ impl JobSpec {
     /// spec is decoded, and checked again, so every reader sees a valid
     /// spec or one error that says what is wrong with it.
     pub fn from_stored(stored: serde_json::Value) -> Result<JobSpec, StoredSpecError> {
-        let input: JobSpecInput =
+        let input: UncheckedJobSpec =
             serde_path_to_error::deserialize(stored).map_err(|e| StoredSpecError::Decode {
                 path: e.path().to_string(),
                 message: strip_position(&e.into_inner().to_string()),

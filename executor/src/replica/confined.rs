@@ -59,7 +59,7 @@ fn attacks() -> &'static Attacks {
     })
 }
 
-fn spec_of(model: &str, memory_mb: u64) -> JobSpecInput {
+fn spec_of(model: &str, memory_mb: u64) -> UncheckedJobSpec {
     let digits = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/digits.npz");
     let s: trainyard_common::JobSpec = serde_json::from_value(json!({
         "name": "attack",

@@ -22,7 +22,7 @@ use crate::storage::Fetcher;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{DatasetSpec, FileFormat, JobSpecInput, ModelSpec};
+use trainyard_common::spec::{DatasetSpec, FileFormat, ModelSpec, UncheckedJobSpec};
 
 /// Batches buffered ahead of the training loop.
 pub const PREFETCH: usize = 4;
@@ -45,7 +45,7 @@ fn unreadable(url: &str, reason: impl ToString) -> DataError {
     }
 }
 
-fn generated(spec: &JobSpecInput) -> Result<Data, DataError> {
+fn generated(spec: &UncheckedJobSpec) -> Result<Data, DataError> {
     let mut rng = Rng::new(spec.seed, 0xDA7A);
     Ok(match &spec.dataset {
         DatasetSpec::Classification(c) => {
@@ -168,7 +168,7 @@ fn load_file(url: &str, format: FileFormat, fetcher: &Fetcher) -> Result<Data, D
 impl Dataset {
     /// Loads (or generates) the dataset of `spec` (a file through
     /// `fetcher`), checks it against the model and the loss, and splits it.
-    pub fn load(spec: &JobSpecInput, fetcher: &Fetcher) -> Result<Dataset, DataError> {
+    pub fn load(spec: &UncheckedJobSpec, fetcher: &Fetcher) -> Result<Dataset, DataError> {
         if let DatasetSpec::File(f) = &spec.dataset {
             let mb = fetcher.data_memory_mb();
             let eval_only = |url: &str| -> Result<Arc<Sharded>, DataError> {
@@ -223,7 +223,7 @@ impl Dataset {
     }
 
     fn load_whole(
-        spec: &JobSpecInput,
+        spec: &UncheckedJobSpec,
         fetcher: &Fetcher,
         hold_out: bool,
     ) -> Result<Dataset, DataError> {
@@ -280,7 +280,7 @@ impl Dataset {
     }
 
     /// The evaluation set as one batch.
-    pub fn eval_batch(&self, spec: &JobSpecInput) -> Option<(Tensor, Tensor)> {
+    pub fn eval_batch(&self, spec: &UncheckedJobSpec) -> Option<(Tensor, Tensor)> {
         if self.eval.is_empty() {
             return None;
         }
@@ -293,7 +293,7 @@ impl Dataset {
     /// `cursor`; it stops when the receiver is dropped. See [`slice()`].
     pub fn stream(
         &self,
-        spec: &JobSpecInput,
+        spec: &UncheckedJobSpec,
         rank: u32,
         world: u32,
         cursor: Cursor,
@@ -364,14 +364,14 @@ pub fn steps_left_in_epoch(len: usize, batch: usize, world: u32, offset: u64) ->
     left.div_ceil((world.max(1) as usize * batch).max(1)) as u64
 }
 
-fn context(spec: &JobSpecInput) -> usize {
+fn context(spec: &UncheckedJobSpec) -> usize {
     match &spec.model {
         ModelSpec::Transformer(t) => t.context as usize,
         _ => 64,
     }
 }
 
-fn gather(data: &Data, idx: &[i64], spec: &JobSpecInput) -> (Tensor, Tensor) {
+fn gather(data: &Data, idx: &[i64], spec: &UncheckedJobSpec) -> (Tensor, Tensor) {
     let index = Tensor::from_slice(idx);
     match data {
         Data::Tensors { x, y } => (x.index_select(0, &index), y.index_select(0, &index)),

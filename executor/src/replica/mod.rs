@@ -40,7 +40,7 @@ use optim::FlatOptimizer;
 use sha2::{Digest, Sha256};
 use tch::nn;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec};
+use trainyard_common::spec::{Loss, ModelSpec, UncheckedJobSpec};
 
 pub use progress::StepStats;
 
@@ -87,7 +87,7 @@ pub enum TrainError {
 }
 
 pub(crate) fn loss_of(
-    spec: &JobSpecInput,
+    spec: &UncheckedJobSpec,
     out: &Tensor,
     y: &Tensor,
 ) -> Result<Tensor, tch::TchError> {
@@ -120,7 +120,7 @@ pub(crate) fn loss_of(
 /// user's module in its own process ([`process`]) take a step alike.
 pub struct Core<'a> {
     /// The job's spec (its loss).
-    pub spec: &'a JobSpecInput,
+    pub spec: &'a UncheckedJobSpec,
     /// The model.
     pub net: &'a dyn model::Net,
     /// Its tensors.
@@ -244,7 +244,7 @@ impl Core<'_> {
 
 /// A data-parallel replica: model, flat weights, optimizer state, progress.
 pub struct Replica {
-    spec: JobSpecInput,
+    spec: UncheckedJobSpec,
     device: tch::Device,
     dataset: Dataset,
     eval: Option<(Tensor, Tensor)>,
@@ -307,7 +307,7 @@ impl Replica {
     /// job's seeded initialisation; files at object-store URLs come
     /// through `fetcher`.
     pub fn new(
-        spec: &JobSpecInput,
+        spec: &UncheckedJobSpec,
         device: tch::Device,
         fetcher: &Fetcher,
         host: &process::Host,
@@ -669,13 +669,13 @@ impl Replica {
     }
 
     /// The spec this replica trains.
-    pub fn spec(&self) -> &JobSpecInput {
+    pub fn spec(&self) -> &UncheckedJobSpec {
         &self.spec
     }
 
     /// The spec, to change (tests stop a run half-way).
     #[cfg(test)]
-    pub(crate) fn spec_mut(&mut self) -> &mut JobSpecInput {
+    pub(crate) fn spec_mut(&mut self) -> &mut UncheckedJobSpec {
         &mut self.spec
     }
 

@@ -10,7 +10,7 @@
 use super::TrainError;
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec, Schedule};
+use trainyard_common::spec::{Loss, ModelSpec, Schedule, UncheckedJobSpec};
 
 /// One step's figures: the wire type of the reports, so what the loop
 /// measures is exactly what the API stores.
@@ -23,7 +23,7 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub const EVALUATIONS: u64 = 10;
 
 /// The learning rate at `step` (1-based) of `total`.
-pub fn learning_rate(spec: &JobSpecInput, step: u64, total: u64) -> f64 {
+pub fn learning_rate(spec: &UncheckedJobSpec, step: u64, total: u64) -> f64 {
     let lr = spec.optimizer.lr;
     match spec.optimizer.schedule {
         Schedule::Constant => lr,
@@ -133,7 +133,7 @@ pub const EVAL_ROWS: i64 = 256;
 /// `net` on `batch`: in evaluation mode (dropout off, BatchNorm on its
 /// running statistics), without gradients, [`EVAL_ROWS`] rows at a time.
 pub(crate) fn evaluate(
-    spec: &JobSpecInput,
+    spec: &UncheckedJobSpec,
     net: &dyn super::model::Net,
     batch: &(Tensor, Tensor),
     device: tch::Device,

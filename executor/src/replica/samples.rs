@@ -7,7 +7,7 @@
 //! [`super::data`] re-exports each item under its old path.
 
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{JobSpecInput, Loss, ModelSpec};
+use trainyard_common::spec::{Loss, ModelSpec, UncheckedJobSpec};
 
 /// Why data could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,7 @@ pub fn slice(
 }
 
 /// Checks that the data fits the model and the loss; converts kinds.
-pub(super) fn check(spec: &JobSpecInput, data: Data) -> Result<Data, DataError> {
+pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataError> {
     match data {
         Data::Text(t) => match &spec.model {
             ModelSpec::Transformer(m)

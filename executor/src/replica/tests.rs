@@ -72,7 +72,7 @@ fn digits_url() -> String {
     format!("file://{}", p.canonicalize().unwrap().display())
 }
 
-pub(crate) fn spec() -> JobSpecInput {
+pub(crate) fn spec() -> UncheckedJobSpec {
     let s: trainyard_common::JobSpec = serde_json::from_value(json!({
         "name": "byom",
         "model": {"kind": "torchscript", "url": format!("file://{}", module_file().display())},

@@ -12,7 +12,7 @@ use crate::replica::process::Host;
 use crate::replica::Replica;
 use crate::storage::Fetcher;
 use std::sync::atomic::AtomicBool;
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
 
 /// Loads a committed checkpoint into a new replica.
@@ -29,7 +29,7 @@ pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), RoleError>;
 pub fn join(
     ring: &mut Ring,
     slot: &mut Option<Replica>,
-    spec: &JobSpecInput,
+    spec: &UncheckedJobSpec,
     device: tch::Device,
     fetcher: &Fetcher,
     host: &Host,

@@ -10,10 +10,10 @@ use crate::storage::Fetcher;
 use serde_json::json;
 use std::sync::atomic::AtomicBool;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
 
-fn spec(v: serde_json::Value) -> JobSpecInput {
+fn spec(v: serde_json::Value) -> UncheckedJobSpec {
     let s: trainyard_common::JobSpec = serde_json::from_value(v).expect("valid spec");
     s.into()
 }
@@ -23,7 +23,7 @@ fn digits_url() -> String {
     format!("file://{}", p.canonicalize().unwrap().display())
 }
 
-fn train(s: &JobSpecInput) -> Result<(Outcome, Vec<StepStats>), RoleError> {
+fn train(s: &UncheckedJobSpec) -> Result<(Outcome, Vec<StepStats>), RoleError> {
     let mut steps = Vec::new();
     let out = run(
         s,
@@ -180,7 +180,7 @@ fn safetensors_datasets_train_too() {
 /// Trains `world` in-process replicas on a real ring over loopback, each
 /// created here in turn (libtorch's seed is global), and returns each one's
 /// outcome.
-fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
+fn train_ring(s: &UncheckedJobSpec, world: usize) -> Vec<Outcome> {
     use trainyard_dataplane::{DataPlane, Ring, RingConfig};
     let planes: Vec<DataPlane> = (0..world)
         .map(|_| DataPlane::bind("127.0.0.1:0").unwrap())
@@ -237,7 +237,7 @@ fn train_ring(s: &JobSpecInput, world: usize) -> Vec<Outcome> {
     })
 }
 
-fn sgd_digits(batch: u32, steps: u64) -> JobSpecInput {
+fn sgd_digits(batch: u32, steps: u64) -> UncheckedJobSpec {
     spec(json!({
         "name": "exact", "model": {"kind": "mlp", "inputs": 64, "hidden": [32], "outputs": 10},
         "dataset": {"kind": "file", "url": digits_url()}, "loss": "cross_entropy",

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use trainyard_common::checkpoint::{ring_slice, CursorState};
 use trainyard_common::cluster::StepPhase;
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
 
 /// Trains `replica` on `ring` until the job's steps or epochs are done,
@@ -155,7 +155,7 @@ pub fn write_slice(replica: &Replica, c: &mut Checkpointing, rank: u32, world: u
 /// Trains `spec` alone (a ring of one) on `device`, calling `on_step` after
 /// each step, until done or `stop` is set.
 pub fn run(
-    spec: &JobSpecInput,
+    spec: &UncheckedJobSpec,
     device: tch::Device,
     fetcher: &Fetcher,
     host: &crate::replica::process::Host,

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tch::{Kind, Tensor};
 use trainyard_common::cluster::{Inspection, InspectionResult};
-use trainyard_common::spec::{JobSpecInput, Loss};
+use trainyard_common::spec::{Loss, UncheckedJobSpec};
 use trainyard_sandbox::Limits;
 
 /// Rows of the trial batch.
@@ -54,7 +54,7 @@ pub struct Task {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Trial {
     /// The job's spec.
-    pub spec: Box<JobSpecInput>,
+    pub spec: Box<UncheckedJobSpec>,
     /// `x` and `y` of the batch (safetensors, in the workspace's inputs).
     pub batch: PathBuf,
     /// The dataset's largest integer label.
@@ -138,7 +138,7 @@ fn prepare_and_run(
 /// The first rows of the job's data, read by the executor's own decoders,
 /// and the dataset's largest label.
 fn trial_batch(
-    spec: &JobSpecInput,
+    spec: &UncheckedJobSpec,
     fetcher: &Fetcher,
 ) -> Result<(Tensor, Tensor, Option<i64>), String> {
     let data = Dataset::load(spec, fetcher).map_err(|e| format!("dataset: {e}"))?;
@@ -212,7 +212,7 @@ fn examine(task: &Task) -> Result<ModelTensors, String> {
 /// loss and the targets.
 fn trial(
     module: &Module,
-    spec: &JobSpecInput,
+    spec: &UncheckedJobSpec,
     x: &Tensor,
     y: &Tensor,
     label_max: Option<i64>,

@@ -15,7 +15,7 @@ use crate::replica::tensors::{first_line, ModelTensors};
 use crate::replica::{seeded_rng, Core};
 use std::io::{BufRead, Write};
 use tch::{Kind, Tensor};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 
 /// The child: loads the module (already confined), describes its tensors,
 /// maps the shared memory and answers calls until its stdin closes.
@@ -30,7 +30,7 @@ pub fn serve(load: Load, input: &mut dyn BufRead, output: &mut dyn Write) -> i32
 }
 
 struct Served {
-    spec: JobSpecInput,
+    spec: UncheckedJobSpec,
     net: Script,
     tensors: ModelTensors,
     device: tch::Device,

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_sandbox::spawn::Child;
 use trainyard_sandbox::{Ending, Limits};
 
@@ -102,7 +102,7 @@ impl Conversation {
     pub fn start(
         host: &Host,
         model: &std::path::Path,
-        spec: &JobSpecInput,
+        spec: &UncheckedJobSpec,
         device: tch::Device,
     ) -> Result<Started, TrainError> {
         let sandbox = &host.sandbox;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 
 /// The largest JSON header either side reads.
 const MAX_HEADER: usize = 1 << 20;
@@ -27,7 +27,7 @@ pub struct Load {
     /// `Some(i)`: CUDA device `i`; `None`: the CPU.
     pub cuda: Option<usize>,
     /// The job's spec (its loss, its seed).
-    pub spec: JobSpecInput,
+    pub spec: UncheckedJobSpec,
 }
 
 /// A tensor's shape and dtype in a header; its bytes are in the payload.

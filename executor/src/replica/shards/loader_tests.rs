@@ -7,7 +7,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tch::Tensor;
-use trainyard_common::spec::JobSpecInput;
+use trainyard_common::spec::UncheckedJobSpec;
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ty-shards-{name}-{}", std::process::id()));
@@ -69,7 +69,7 @@ fn write_parquet(dir: &std::path::Path, sizes: &[u64], group: usize) {
     }
 }
 
-fn spec(dataset: serde_json::Value, max: u32) -> JobSpecInput {
+fn spec(dataset: serde_json::Value, max: u32) -> UncheckedJobSpec {
     let s: trainyard_common::JobSpec = serde_json::from_value(json!({
         "name": "sharded",
         "model": {"kind": "mlp", "inputs": 4, "hidden": [8], "outputs": 3},
@@ -84,7 +84,7 @@ fn spec(dataset: serde_json::Value, max: u32) -> JobSpecInput {
 
 /// One epoch from `worlds` (the world size at each step, the last one
 /// repeated): the id hash and count of everything the ranks got.
-fn epoch(d: &Dataset, spec: &JobSpecInput, worlds: &[u32]) -> (u64, u64) {
+fn epoch(d: &Dataset, spec: &UncheckedJobSpec, worlds: &[u32]) -> (u64, u64) {
     let mut cursor = Cursor::default();
     let (mut hash, mut count, mut i) = (0u64, 0u64, 0);
     while cursor.epoch == 0 {

@@ -13,7 +13,7 @@ use crate::storage::{Fetcher, Source};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use trainyard_common::spec::{FileData, JobSpecInput};
+use trainyard_common::spec::{FileData, UncheckedJobSpec};
 
 /// Samples of the shuffle buffer unless the spec says.
 pub const DEFAULT_SHUFFLE_BUFFER: u64 = 8192;
@@ -46,7 +46,7 @@ pub(super) struct Entry {
 
 /// A sharded dataset, ready to stream.
 pub struct Sharded {
-    pub(super) spec: JobSpecInput,
+    pub(super) spec: UncheckedJobSpec,
     pub(super) fetcher: Fetcher,
     pub(super) columns: Columns,
     /// The held-out set's columns: those of `columns`, without the sample
@@ -126,7 +126,7 @@ impl Sharded {
     /// Lists the training (and held-out) shards of `f`, checks the budget.
     /// `memory_mb` is the executor's budget where the spec gives none.
     pub fn open(
-        spec: &JobSpecInput,
+        spec: &UncheckedJobSpec,
         f: &FileData,
         fetcher: &Fetcher,
         memory_mb: u64,

@@ -13,7 +13,7 @@
 //! through it for their peers to be checked ([`Suspicions`]).
 
 use crate::sandbox::Sandbox;
-pub use crate::shared::{CheckpointRequest, Drain, PendingUploads, StepProgress, Suspicions};
+pub use crate::signals::{CheckpointRequest, Drain, PendingUploads, StepProgress, Suspicions};
 use crate::storage::Fetcher;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,8 +2,11 @@
 //!
 //! Layers, from the bottom up (each uses only those above it in this list):
 //!
-//! * [`shared`] — the few small types every layer shares (drain flag,
-//!   pending uploads, a role's report [`shared::Item`], the [`shared::Reporter`]);
+//! * [`signals`] — the small shared cells every layer may read or set
+//!   (drain flag, checkpoint requests, pending uploads, peer checks, step
+//!   progress);
+//! * [`reports`] — what a role reports ([`reports::Item`]) and the
+//!   [`reports::Reporter`] that carries it to the API;
 //! * [`sandbox`] — the confined child processes that load users' models
 //!   (their inspection, and each TorchScript replica's module through
 //!   [`replica::process`]), over the `trainyard-sandbox` crate;
@@ -33,9 +36,10 @@ pub mod error;
 pub mod probe;
 pub mod ps;
 pub mod replica;
+pub mod reports;
 pub mod ring;
 pub mod role;
 pub mod roles;
 pub mod sandbox;
-pub mod shared;
+pub mod signals;
 pub mod storage;

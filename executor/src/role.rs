@@ -3,7 +3,7 @@
 //!
 //! [`crate::roles::Roles`] starts each assigned role on a thread of its own
 //! with a [`Role`]: its assignment, its stop flag (set when its generation
-//! ends), the channel its reports go through ([`crate::shared::Item`]s, which
+//! ends), the channel its reports go through ([`crate::reports::Item`]s, which
 //! [`crate::control::report`] delivers),
 //! the job's object store, the executor's data plane and the executor's
 //! [`Context`]. The ring and PS loops use its shared steps: the job's log,
@@ -15,7 +15,7 @@ use crate::context::Context;
 use crate::error::RoleError;
 use crate::replica::optim::FlatOptimizer;
 use crate::replica::{Outcome, Replica};
-use crate::shared::Item;
+use crate::reports::Item;
 use crate::storage::checkpoint::{self, Checkpointing, Policy, Uploader};
 use crate::storage::{write_weights, OpenedStorage, Storage};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -74,7 +74,7 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
     let mut ctx = Context::new(config.fetcher.clone(), config.sandbox.clone());
     ctx.inspection_timeout = config.inspection_timeout;
     let (checks, checked) = tokio::sync::mpsc::unbounded_channel();
-    ctx.suspects = crate::shared::Suspicions::new(checks);
+    ctx.suspects = crate::signals::Suspicions::new(checks);
     let sink = Sink {
         client: client.clone(),
         id: Arc::new(RwLock::new(Uuid::nil())),

@@ -7,8 +7,9 @@
 //! step and log line once however often a report is retried.
 
 use super::REPORT;
-pub use crate::shared::Item;
-use crate::shared::{PendingUploads, Reporter};
+pub use crate::reports::Item;
+use crate::reports::Reporter;
+use crate::signals::PendingUploads;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;

@@ -18,7 +18,7 @@
 //! ([`trainyard_scheduler::service::suspect`]). A report that fails (the
 //! API is down) is not retried: the heartbeat timeout still applies.
 
-use crate::shared::PeerCheck;
+use crate::signals::PeerCheck;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};

@@ -16,7 +16,7 @@ use super::standby::{self, Reporting, StandbyLink};
 use super::{from_wire, read_current, PS_TIMEOUT};
 use crate::context::{Context, Drain};
 use crate::replica::optim::FlatOptimizer;
-use crate::shared::Item;
+use crate::reports::Item;
 use crate::storage::checkpoint::Uploader;
 use crate::storage::OpenedStorage;
 use std::net::TcpStream;

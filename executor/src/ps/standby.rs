@@ -29,7 +29,7 @@
 use super::shard::{shard_len, Change, Locked, Published, Shard, Update};
 use super::{from_wire, read_current, standby_endpoint, to_wire};
 use crate::replica::optim::FlatOptimizer;
-use crate::shared::Item;
+use crate::reports::Item;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::context::Context;
-use crate::shared::Item;
+use crate::reports::Item;
 use serde_json::json;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};

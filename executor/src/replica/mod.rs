@@ -274,7 +274,7 @@ pub struct Replica {
     account: (u64, u64),
     /// Where in its step the role that trains this replica is (what its
     /// executor's heartbeat reports).
-    pub progress: crate::shared::StepProgress,
+    pub progress: crate::signals::StepProgress,
     /// A user's module's process (its mapping backs `weights` and `grad`,
     /// so it is dropped last).
     process: Option<process::Process>,

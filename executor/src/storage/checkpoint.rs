@@ -22,7 +22,8 @@
 //!   or into 3 PS shards.
 
 use super::{Storage, StorageError};
-use crate::shared::{CheckpointRequest, Drain, Item, PendingUploads};
+use crate::reports::Item;
+use crate::signals::{CheckpointRequest, Drain, PendingUploads};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};

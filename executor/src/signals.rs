@@ -1,17 +1,13 @@
-//! Small types every layer of the executor shares, kept below all of them
-//! so that no layer has to import one above it: whether the executor
-//! drains, whether the scheduler asks a role's job for a checkpoint, how
-//! many checkpoint shards are on their way, what a role
-//! reports, and the [`Reporter`] that carries reports to the API (which
-//! [`crate::control`] implements and [`crate::roles`] uses).
+//! Signals between the executor's layers, kept below all of them so that no
+//! layer has to import one above it: whether the executor drains, whether
+//! the scheduler asks a role's job for a checkpoint, how many checkpoint
+//! shards are on their way, where a role asks for its peers to be checked
+//! after a data-plane connection broke, and how far a role is in its step.
+//! Each is a cheap clone of one shared cell.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::mpsc::UnboundedReceiver;
-use trainyard_common::checkpoint::ShardUploaded;
-use trainyard_common::cluster::{
-    InspectionReport, LogLevel, MetricPoint, RoleKey, RoleOutcome, RoleProgress, StepPhase,
-};
+use trainyard_common::cluster::{RoleKey, RoleProgress, StepPhase};
 
 /// Whether the executor drains, shared by everything that must know.
 #[derive(Debug, Clone, Default)]
@@ -79,29 +75,6 @@ impl PendingUploads {
     pub fn count(&self) -> usize {
         self.0.load(Ordering::Relaxed)
     }
-}
-
-/// Something a role reports.
-pub enum Item {
-    /// A step.
-    Metric(MetricPoint),
-    /// A log line.
-    Log(LogLevel, String),
-    /// The end.
-    Outcome(RoleOutcome),
-    /// A checkpoint shard is in the object store.
-    Checkpoint(ShardUploaded),
-}
-
-/// Where the roles' reports go: the control plane, seen from below.
-pub trait Reporter: Send + Sync {
-    /// Starts delivering role `key`'s `items` until the channel closes.
-    fn deliver(&self, key: RoleKey, items: UnboundedReceiver<Item>);
-    /// Starts delivering an inspection's answer.
-    fn deliver_inspection(&self, report: InspectionReport);
-    /// The object store the API named for this executor's checkpoints and
-    /// weights.
-    fn object_store(&self) -> String;
 }
 
 /// A role's request to look at its job's peers after a data-plane

@@ -6,6 +6,7 @@ mod checkpoints;
 mod cli;
 mod cluster;
 mod data_policy;
+mod examples;
 mod executor_probe;
 mod partitions;
 mod provisioner;

@@ -7,15 +7,19 @@
 //! One open API with two executors and one API with an admin token (for the
 //! blocks that present `$admin` or `$tok`) serve every block. A block runs
 //! as a reader runs it: shell blocks with `bash` under `set -euo pipefail`,
-//! Python blocks with the venv's `python3` and `sdk/python` on `PYTHONPATH`,
-//! in a scratch folder that holds the repository's `data/` and `examples/`
-//! and whose `.trainyard/` is the API's data folder (the default
-//! `--data-dir`), with `api`, `TRAINYARD_API` and `TRAINYARD_API_TOKEN` set
-//! as the docs tell readers to, and `http://127.0.0.1:8080` (the address the
+//! Python blocks with `$TRAINYARD_PYTHON` (else the `python3` on `PATH`, the
+//! venv's) and `sdk/python` on `PYTHONPATH`, in a scratch folder that holds
+//! the repository's `data/` and `examples/` and whose `.trainyard/` is the
+//! API's data folder (the default `--data-dir`), with `api`, `TRAINYARD_API`
+//! and `TRAINYARD_API_TOKEN` set as the docs tell readers to, the built
+//! `trainyard` first on `PATH`, and `http://127.0.0.1:8080` (the address the
 //! docs assume) replaced by the platform's. The variables a shell block
 //! assigns carry to the later blocks of its page, as in a reader's
-//! terminal; a Python block runs after its page's earlier Python blocks. A
-//! block passes when it exits 0 within its time limit.
+//! terminal; a Python block runs after its page's earlier Python blocks; a
+//! page's unfinished jobs are cancelled before the next page. A block passes
+//! when it exits 0 within its time limit: the blocks that fetch a result use
+//! `curl -f` or wait with `trainyard job`, while those that show an API's
+//! error answer (a 422, a 404) pass by answering it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -143,7 +147,7 @@ fn blocks_of(file: &str, text: &str) -> Vec<Block> {
                 line: start + 1,
                 lang,
                 code: lines[start + 1..end.min(lines.len())].join("\n"),
-                excuse: before.and_then(|l| excuse(l)),
+                excuse: before.copied().and_then(excuse),
             });
         }
         i = end + 1;
@@ -176,6 +180,8 @@ struct Runner {
     open_url: String,
     secured_url: String,
     user_token: String,
+    /// `$TRAINYARD_PYTHON`, else the `python3` on `PATH` (the venv's).
+    python: String,
     path: String,
 }
 
@@ -201,12 +207,15 @@ impl Runner {
             .map(|(_, _, p)| *p)
             .collect::<String>();
         let (program, script) = if block.lang == "python" {
-            ("python3", format!("{earlier_python}\n{prelude}\n{code}\n"))
+            (
+                self.python.as_str(),
+                format!("{earlier_python}\n{prelude}\n{code}\n"),
+            )
         } else {
             let mut s = String::from("set -euo pipefail\n");
             s.push_str(&prelude);
             s.push_str(&code);
-            s.push_str("\n");
+            s.push('\n');
             for name in assigned(&code) {
                 s.push_str(&format!(
                     "printf '%s=%s\\0' {name} \"${{{name}-}}\" >> '{}'\n",
@@ -242,11 +251,14 @@ impl Runner {
             .unwrap_or_else(|e| panic!("running {}: {e}", block.name()));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
+        // Seen with --nocapture: what each block printed last.
         eprintln!(
-            "examples: {} exited {:?} in {:.1}s",
+            "examples: {} exited {:?} in {:.1}s\n{}\n{}",
             block.name(),
             out.status.code(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            tail(&stdout, 3),
+            tail(&stderr, 3)
         );
         if let Ok(bytes) = std::fs::read(&state) {
             for pair in String::from_utf8_lossy(&bytes).split('\0') {
@@ -256,11 +268,15 @@ impl Runner {
             }
         }
         (!out.status.success()).then(|| {
+            // `timeout` exits 124 (137 after its kill) when the limit passed.
+            let how = match out.status.code() {
+                Some(124 | 137) => format!("ran over {}s", BLOCK_LIMIT.as_secs()),
+                Some(code) => format!("exited {code}"),
+                None => "was killed by a signal".to_owned(),
+            };
             format!(
-                "{} exited {:?} (124: over {}s)\n--- stdout\n{}\n--- stderr\n{}",
+                "{} {how}\n--- stdout\n{}\n--- stderr\n{}",
                 block.name(),
-                out.status.code(),
-                BLOCK_LIMIT.as_secs(),
                 tail(&stdout, 15),
                 tail(&stderr, 15)
             )
@@ -336,16 +352,25 @@ fn every_doc_example_runs_or_is_marked_with_a_reason() {
     }
     std::os::unix::fs::symlink(&open.data, scratch.join(".trainyard")).expect("linking");
     let bin = binary("trainyard").expect("the trainyard binary");
-    let path = format!(
-        "{}:{}",
-        bin.parent().expect("a bin folder").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    // The shell blocks' `python3` is that Python too, and `trainyard` the
+    // built CLI.
+    let mut dirs = vec![bin.parent().expect("a bin folder").to_path_buf()];
+    if let Some(dir) = Path::new(&python).parent().filter(|d| d.is_absolute()) {
+        dirs.push(dir.to_path_buf());
+    }
+    let path = std::env::join_paths(dirs.into_iter().chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .expect("a PATH")
+    .to_string_lossy()
+    .into_owned();
     let runner = Runner {
         scratch: scratch.clone(),
         open_url: open.client.base.clone(),
         secured_url: secured.client.base.clone(),
         user_token,
+        python,
         path,
     };
 

@@ -156,19 +156,25 @@ fn blocks_of(file: &str, text: &str) -> Vec<Block> {
 }
 
 /// The variables a shell block assigns at the start of a line
-/// (`name=…`, `export name=…`): they carry to the page's later blocks.
-fn assigned(code: &str) -> Vec<String> {
-    let mut names = Vec::new();
+/// (`name=…`, `export name=…`), and whether it exports them: they carry to
+/// the page's later shell blocks, the exported ones to its Python blocks
+/// too.
+fn assigned(code: &str) -> Vec<(String, bool)> {
+    let mut names: Vec<(String, bool)> = Vec::new();
     for line in code.lines() {
         let line = line.trim_start();
+        let exported = line.starts_with("export ");
         let line = line.strip_prefix("export ").unwrap_or(line).trim_start();
         let name: String = line
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
         let starts_ok = name.chars().next().is_some_and(|c| !c.is_ascii_digit());
-        if starts_ok && line[name.len()..].starts_with('=') && !names.contains(&name) {
-            names.push(name);
+        if starts_ok && line[name.len()..].starts_with('=') {
+            match names.iter_mut().find(|(n, _)| *n == name) {
+                Some(seen) => seen.1 |= exported,
+                None => names.push((name, exported)),
+            }
         }
     }
     names
@@ -186,12 +192,13 @@ struct Runner {
 }
 
 impl Runner {
-    /// Runs `block` with the page's `vars`; its failure message, if it failed.
+    /// Runs `block` with the page's `vars` (their values, and whether the
+    /// page exported them); its failure message, if it failed.
     fn run(
         &self,
         block: &Block,
         earlier_python: &str,
-        vars: &mut BTreeMap<String, String>,
+        vars: &mut BTreeMap<String, (String, bool)>,
     ) -> Option<String> {
         let url = if block.uses_tokens() {
             &self.secured_url
@@ -216,9 +223,10 @@ impl Runner {
             s.push_str(&prelude);
             s.push_str(&code);
             s.push('\n');
-            for name in assigned(&code) {
+            for (name, exported) in assigned(&code) {
+                let mark = if exported { "export" } else { "shell" };
                 s.push_str(&format!(
-                    "printf '%s=%s\\0' {name} \"${{{name}-}}\" >> '{}'\n",
+                    "printf '%s %s=%s\\0' {mark} {name} \"${{{name}-}}\" >> '{}'\n",
                     state.display()
                 ));
             }
@@ -238,7 +246,11 @@ impl Runner {
             .args(["-k", "5", &BLOCK_LIMIT.as_secs().to_string(), program])
             .arg(&script_path)
             .current_dir(&self.scratch)
-            .envs(vars.iter())
+            .envs(
+                vars.iter()
+                    .filter(|(_, (_, exported))| *exported || block.lang != "python")
+                    .map(|(k, (v, _))| (k, v)),
+            )
             .env("api", url)
             .env("TRAINYARD_API", url)
             .env("admin", ADMIN)
@@ -262,8 +274,12 @@ impl Runner {
         );
         if let Ok(bytes) = std::fs::read(&state) {
             for pair in String::from_utf8_lossy(&bytes).split('\0') {
-                if let Some((k, v)) = pair.split_once('=') {
-                    vars.insert(k.to_owned(), v.to_owned());
+                let Some((how, rest)) = pair.split_once(' ') else {
+                    continue;
+                };
+                if let Some((k, v)) = rest.split_once('=') {
+                    let was = vars.get(k).is_some_and(|(_, e)| *e);
+                    vars.insert(k.to_owned(), (v.to_owned(), was || how == "export"));
                 }
             }
         }

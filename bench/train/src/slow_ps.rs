@@ -28,7 +28,7 @@ use trainyard_dataplane::DataPlane;
 use trainyard_executor::context::Context;
 use trainyard_executor::replica::process::Host;
 use trainyard_executor::replica::Replica;
-use trainyard_executor::shared::Item;
+use trainyard_executor::reports::Item;
 
 /// Errors end the process with their message (the benchmark shows it).
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;

@@ -169,15 +169,17 @@ pub async fn policy_at_submit(
 }
 
 /// The spec and policy an executor receives for a job: every `artifact:`
-/// URL replaced by its version's object URL. A job stored without a policy
-/// (submitted before artifacts existed) reads as an admin's when the
-/// bootstrap admin owns it, else under today's user rules.
+/// URL replaced by its version's object URL, and the result checked again
+/// (an executor is never handed a spec that does not pass). A job stored
+/// without a policy (submitted before artifacts existed) reads as an
+/// admin's when the bootstrap admin owns it, else under today's user rules.
 pub fn for_executor(
     st: &AppState,
     owner: &str,
     stored: Option<serde_json::Value>,
-    mut spec: UncheckedJobSpec,
-) -> (UncheckedJobSpec, DataPolicy) {
+    spec: JobSpec,
+) -> Result<(JobSpec, DataPolicy), trainyard_common::spec::InvalidSpec> {
+    let mut spec = UncheckedJobSpec::from(spec);
     let policy = match stored.map(serde_json::from_value::<DataPolicy>) {
         Some(Ok(p)) => p,
         Some(Err(e)) => {
@@ -206,7 +208,7 @@ pub fn for_executor(
             resolve("dataset.eval_url", u);
         }
     }
-    (spec, policy)
+    Ok((JobSpec::try_from(spec)?, policy))
 }
 
 /// Deletes artifact versions that are superseded (replaced or deleted)

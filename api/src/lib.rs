@@ -184,8 +184,8 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let db = self.state.db.clone();
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stopped)));
+        let stop = trainyard_shutdown::Shutdown::new();
+        let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stop.clone())));
         // Event streams never end by themselves: close them when shutdown
         // begins, or the graceful drain would wait for every open page.
         // The scheduler stops first, while HTTP still answers: executors
@@ -193,7 +193,7 @@ impl Application {
         let events = self.state.events.clone();
         let shutdown = async move {
             shutdown.await;
-            let _ = stop.send(true);
+            stop.trigger();
             if let Some(s) = scheduler {
                 let _ = s.await;
             }
@@ -422,31 +422,5 @@ pub fn scheduler_config(c: &Config) -> SchedulerConfig {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutdown signal received; draining requests");
-}
+/// Resolves on SIGINT or SIGTERM (then the server drains its requests).
+pub use trainyard_shutdown::termination as shutdown_signal;

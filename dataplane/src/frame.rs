@@ -6,7 +6,7 @@
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use trainyard_shutdown::Shutdown;
 
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 16;
@@ -65,14 +65,14 @@ impl Header {
     }
 }
 
-/// A stream whose reads wait out short read timeouts until `stop` is set
+/// A stream whose reads wait out short read timeouts until `stop` is triggered
 /// (then `ConnectionAborted`) or, if given, until `deadline` (then `TimedOut`),
 /// so `read_exact` on it is interruptible. Set a short read timeout first.
 pub struct Patient<'a> {
     /// The stream.
     pub stream: &'a mut TcpStream,
     /// Gives up once set.
-    pub stop: &'a AtomicBool,
+    pub stop: &'a Shutdown,
     /// Gives up after it.
     pub deadline: Option<std::time::Instant>,
 }
@@ -82,7 +82,7 @@ impl Read for Patient<'_> {
         loop {
             match self.stream.read(buf) {
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    if self.stop.load(Ordering::Relaxed) {
+                    if self.stop.is_triggered() {
                         // Not `Interrupted`: `read_exact` would retry that.
                         return Err(std::io::Error::new(ErrorKind::ConnectionAborted, "stopped"));
                     }

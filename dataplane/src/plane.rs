@@ -12,10 +12,11 @@ use crate::handshake::{self, HandshakeError, Hello, Status, CHALLENGE_LEN, HELLO
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 
 /// How long a peer may take to complete the handshake (in all, not per read).
@@ -68,7 +69,7 @@ struct Registered {
 struct Inner {
     endpoints: Mutex<HashMap<EndpointKey, Registered>>,
     next_id: AtomicU64,
-    shutdown: AtomicBool,
+    shutdown: Shutdown,
     refused: AtomicU64,
     handshaking: std::sync::atomic::AtomicUsize,
 }
@@ -98,7 +99,7 @@ impl DataPlane {
             .name("dataplane-accept".into())
             .spawn(move || {
                 for conn in listener.incoming() {
-                    if accept_inner.shutdown.load(Ordering::Relaxed) {
+                    if accept_inner.shutdown.is_triggered() {
                         return;
                     }
                     let Ok(stream) = conn else {
@@ -164,7 +165,7 @@ impl DataPlane {
 
 impl Drop for DataPlane {
     fn drop(&mut self) {
-        self.inner.shutdown.store(true, Ordering::Relaxed);
+        self.inner.shutdown.trigger();
         // Wake the accept loop.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
     }
@@ -177,10 +178,10 @@ impl Endpoint {
     }
 
     /// The next authenticated connection: the caller's rank and the stream.
-    /// Waits until `deadline`, giving up early once `stop` is set.
-    pub fn accept(&self, deadline: Instant, stop: &AtomicBool) -> Option<(u32, TcpStream)> {
+    /// Waits until `deadline`, giving up early once `stop` is triggered.
+    pub fn accept(&self, deadline: Instant, stop: &Shutdown) -> Option<(u32, TcpStream)> {
         loop {
-            if stop.load(Ordering::Relaxed) {
+            if stop.is_triggered() {
                 return None;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -218,7 +219,7 @@ fn serve(mut stream: TcpStream, inner: &Inner) {
         return;
     }
     let mut msg = [0u8; HELLO_LEN + MAC_LEN];
-    let never = AtomicBool::new(false);
+    let never = Shutdown::new();
     let mut patient = crate::frame::Patient {
         stream: &mut stream,
         stop: &never,
@@ -290,7 +291,7 @@ pub fn connect(
     hello: &Hello,
     secret: &[u8],
     deadline: Instant,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> Result<TcpStream, HandshakeError> {
     let mut backoff = Duration::from_millis(10);
     loop {
@@ -311,9 +312,9 @@ pub fn connect(
         match attempt {
             Ok(s) => return Ok(s),
             Err(HandshakeError::NotReady | HandshakeError::Io(_) | HandshakeError::Protocol)
-                if Instant::now() + backoff < deadline && !stop.load(Ordering::Relaxed) =>
+                if Instant::now() + backoff < deadline && !stop.is_triggered() =>
             {
-                std::thread::sleep(backoff);
+                stop.sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(200));
             }
             Err(e) => return Err(e),
@@ -345,7 +346,7 @@ mod tests {
             kind: EndpointRole::Ring,
             rank: 1,
         };
-        let stop = AtomicBool::new(false);
+        let stop = Shutdown::new();
         let soon = || Instant::now() + Duration::from_millis(300);
         // Nobody registered yet: not ready until the deadline.
         assert!(matches!(

@@ -2,10 +2,10 @@
 //! alike.
 //!
 //! [`crate::roles::Roles`] starts each assigned role on a thread of its own
-//! with a [`Role`]: its assignment, its stop flag (set when its generation
-//! ends), the channel its reports go through ([`crate::reports::Item`]s, which
-//! [`crate::control::report`] delivers),
-//! the job's object store, the executor's data plane and the executor's
+//! with a [`Role`]: its assignment, its stop signal (a
+//! [`Shutdown`](trainyard_shutdown::Shutdown), triggered when its generation
+//! ends), the channel its reports go through ([`crate::reports::Item`]s,
+//! which [`crate::control::report`] delivers), the job's object store, the executor's data plane and the executor's
 //! [`Context`]. The ring and PS loops use its shared steps: the job's log,
 //! failing the job, the device and rank of a worker, checkpointing, loading
 //! the committed checkpoint into a fresh replica, and rank 0's end (the
@@ -18,21 +18,21 @@ use crate::replica::{Outcome, Replica};
 use crate::reports::Item;
 use crate::storage::checkpoint::{self, Checkpointing, Policy, Uploader};
 use crate::storage::{write_weights, OpenedStorage, Storage};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::checkpoint::torchscript_key;
 use trainyard_common::cluster::{Assignment, LogLevel, RoleOutcome, WorkerPeer};
 use trainyard_common::spec::Device;
 use trainyard_dataplane::DataPlane;
+use trainyard_shutdown::Shutdown;
 
 /// One role's thread's world.
 pub struct Role {
     /// What the scheduler assigned.
     pub assignment: Assignment,
     /// Set when the role's generation ends or the role is let go.
-    pub stop: Arc<AtomicBool>,
+    pub stop: Shutdown,
     /// The role's reports.
     pub tx: UnboundedSender<Item>,
     /// The job's object store (why not, when it cannot be opened).
@@ -57,7 +57,7 @@ impl Role {
     }
 
     /// Where its replica's user module runs: this executor's sandbox, the
-    /// per-call limit, this role's stop flag.
+    /// per-call limit, this role's stop signal.
     pub fn host(&self) -> crate::replica::process::Host {
         crate::replica::process::Host {
             sandbox: self.ctx.sandbox.clone(),
@@ -69,19 +69,7 @@ impl Role {
 
     /// Whether the role was told to stop.
     pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
-
-    /// Sleeps up to `d`, returning early (true) once the role must stop.
-    pub fn pause(&self, d: Duration) -> bool {
-        let until = Instant::now() + d;
-        while Instant::now() < until {
-            if self.stopping() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.stopping()
+        self.stop.is_triggered()
     }
 
     /// The device a worker trains on.

@@ -416,7 +416,9 @@ fn inspection_of(
     let spec = JobSpec::from_stored(spec)
         .map_err(|e| tracing::error!(job = %job_id, error = %e, "not inspecting the job"))
         .ok()?;
-    let (spec, data_policy) = data_policy::for_executor(st, owner, policy, spec.into());
+    let (spec, data_policy) = data_policy::for_executor(st, owner, policy, spec)
+        .map_err(|e| tracing::error!(job = %job_id, error = %e, "not inspecting the job: its resolved spec does not pass"))
+        .ok()?;
     let url = match &spec.model {
         trainyard_common::spec::ModelSpec::Torchscript(t) => t.url.clone(),
         _ => return None,
@@ -560,10 +562,14 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 continue;
             }
         };
-        specs.insert(
-            *id,
-            data_policy::for_executor(st, &j.owner, j.policy.clone(), spec.into()),
-        );
+        match data_policy::for_executor(st, &j.owner, j.policy.clone(), spec) {
+            Ok(resolved) => {
+                specs.insert(*id, resolved);
+            }
+            Err(e) => {
+                tracing::error!(job = %id, error = %e, "leaving the job's roles out of a heartbeat answer: its resolved spec does not pass");
+            }
+        }
     }
     let wanted: Vec<_> = specs
         .iter()

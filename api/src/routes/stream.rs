@@ -35,9 +35,10 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 use trainyard_scheduler::lifecycle::JOB_CHANNEL;
 use trainyard_scheduler::service::EXECUTOR_CHANNEL;
+use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 
 /// Changes a slow stream may fall behind by before it is told to resync.
@@ -93,7 +94,7 @@ struct Inner {
     /// Whether the listening task runs; taken by subscribers and by the task
     /// when it decides to stop, so that neither misses the other.
     running: Mutex<bool>,
-    closed: watch::Sender<bool>,
+    closed: Shutdown,
 }
 
 impl EventHub {
@@ -104,36 +105,36 @@ impl EventHub {
                 db,
                 changes: broadcast::channel(BACKLOG).0,
                 running: Mutex::new(false),
-                closed: watch::channel(false).0,
+                closed: Shutdown::new(),
             }),
         }
     }
 
     /// Ends every open stream and refuses new ones (server shutdown).
     pub fn close(&self) {
-        self.inner.closed.send_replace(true);
+        self.inner.closed.trigger();
     }
 
     /// A receiver of changes (and of the close signal); starts the task.
-    fn subscribe(&self) -> (broadcast::Receiver<Change>, watch::Receiver<bool>) {
+    fn subscribe(&self) -> (broadcast::Receiver<Change>, Shutdown) {
         let rx = self.inner.changes.subscribe();
         let mut running = self.inner.running.lock().unwrap_or_else(|e| e.into_inner());
-        if !*running && !*self.inner.closed.borrow() {
+        if !*running && !self.inner.closed.is_triggered() {
             *running = true;
             tokio::spawn(self.clone().run());
         }
-        (rx, self.inner.closed.subscribe())
+        (rx, self.inner.closed.clone())
     }
 
     /// Listens and polls until the last subscriber leaves or the hub closes.
     async fn run(self) {
-        let mut closed = self.inner.closed.subscribe();
+        let closed = self.inner.closed.clone();
         let mut last: HashMap<Uuid, (i64, i64)> = HashMap::new();
         let mut listener: Option<PgListener> = None;
         let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if *closed.borrow() || self.done() {
+            if closed.is_triggered() || self.done() {
                 return;
             }
             if listener.is_none() {
@@ -155,7 +156,7 @@ impl EventHub {
             let Some(l) = listener.as_mut() else {
                 tokio::select! {
                     _ = tokio::time::sleep(PROGRESS_INTERVAL) => {}
-                    _ = closed.changed() => {}
+                    () = closed.wait() => {}
                 }
                 continue;
             };
@@ -197,7 +198,7 @@ impl EventHub {
                         Err(e) => tracing::warn!(error = %e, "event stream: progress query failed"),
                     }
                 }
-                _ = closed.changed() => {}
+                () = closed.wait() => {}
             }
         }
     }
@@ -205,7 +206,7 @@ impl EventHub {
     /// True (and the task marked stopped) when nobody listens any more.
     fn done(&self) -> bool {
         let mut running = self.inner.running.lock().unwrap_or_else(|e| e.into_inner());
-        if self.inner.changes.receiver_count() == 0 || *self.inner.closed.borrow() {
+        if self.inner.changes.receiver_count() == 0 || self.inner.closed.is_triggered() {
             *running = false;
             return true;
         }
@@ -288,12 +289,12 @@ pub async fn stream(
     let seen = Visibility::new(st.db.clone(), who);
     let s = futures::stream::unfold(
         (first, rx, closed, seen),
-        |(first, mut rx, mut closed, mut seen)| async move {
+        |(first, mut rx, closed, mut seen)| async move {
             if let Some(ev) = first {
                 return Some((Ok(ev), (None, rx, closed, seen)));
             }
             loop {
-                if *closed.borrow() {
+                if closed.is_triggered() {
                     return None;
                 }
                 tokio::select! {
@@ -308,11 +309,7 @@ pub async fn stream(
                         };
                         return Some((Ok(change.event()), (None, rx, closed, seen)));
                     }
-                    c = closed.changed() => {
-                        if c.is_err() {
-                            return None;
-                        }
-                    }
+                    () = closed.wait() => return None,
                 }
             }
         },

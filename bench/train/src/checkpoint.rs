@@ -12,7 +12,6 @@
 //! [-- --quick] [--every N]` after `source scripts/common.sh && torch_env`.
 //! Prints ms per step for each and the ratio (with ÷ without; target ≤ 1.10).
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::Device;
@@ -26,6 +25,7 @@ use trainyard_executor::ring;
 use trainyard_executor::storage::checkpoint::{Checkpointing, Policy, Uploader};
 use trainyard_executor::storage::Fetcher;
 use trainyard_executor::storage::Storage;
+use trainyard_shutdown::Shutdown;
 
 fn job(steps: u64, every: Option<u64>) -> UncheckedJobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
@@ -56,7 +56,7 @@ fn run(steps: u64, every: Option<u64>, storage: &Arc<Storage>) -> (f64, u64) {
         &Host::for_tests(),
     )
     .expect("a replica");
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let ctx = Context::for_tests();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut ckpt = every.map(|_| Checkpointing {

@@ -15,7 +15,6 @@
 //! [-- --quick]` after `source scripts/common.sh && torch_env`.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Tensor};
@@ -25,6 +24,7 @@ use trainyard_executor::replica::data::{Cursor, Dataset};
 use trainyard_executor::replica::process::Host;
 use trainyard_executor::ring;
 use trainyard_executor::storage::Fetcher;
+use trainyard_shutdown::Shutdown;
 
 const SHARDS: usize = 24;
 const PER_SHARD: i64 = 4096;
@@ -50,7 +50,7 @@ fn job(url: &str, steps: u64) -> UncheckedJobSpec {
 /// the share of step time spent waiting for data.
 fn train(url: &str, steps: u64, fetcher: &Fetcher) -> (f64, f64) {
     let spec = job(url, steps);
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let (mut total, mut data, mut n) = (0.0, 0.0, 0);
     let mut from = None;
     ring::run(

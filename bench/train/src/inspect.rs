@@ -20,7 +20,6 @@
 //! figure a role process would also pay once per generation.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tch::Tensor;
@@ -36,6 +35,7 @@ use trainyard_executor::roles::inspect::{confined, Task};
 use trainyard_executor::sandbox::{Mode, Sandbox};
 use trainyard_executor::storage::Fetcher;
 use trainyard_sandbox::Limits;
+use trainyard_shutdown::Shutdown;
 
 const ROUNDS: usize = 15;
 
@@ -152,7 +152,7 @@ fn role(model: &Path, sandbox: Arc<Sandbox>) {
     let host = Host {
         sandbox,
         timeout: Duration::from_secs(60),
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: Shutdown::new(),
         grace: STOP_GRACE,
     };
     let cpu = tch::Device::Cpu;

@@ -13,7 +13,6 @@
 //! (workers, shards) and the ratio to the ceiling (target ≥ 0.6).
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,11 +22,12 @@ use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, DataCursor, Message};
 use trainyard_dataplane::{plane, DataPlane};
+use trainyard_shutdown::Shutdown;
 
 const MODEL_BYTES: usize = 64 << 20;
 const SECRET: &str = "ps-bench-secret";
 
-fn spec() -> trainyard_common::UncheckedJobSpec {
+fn spec() -> trainyard_common::JobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "ps-bench",
         "model": {"kind": "mlp", "inputs": 4, "hidden": [4], "outputs": 2},
@@ -41,12 +41,11 @@ fn spec() -> trainyard_common::UncheckedJobSpec {
         "consistency": "sync"
     }))
     .expect("a valid spec")
-    .into()
 }
 
 /// A running shard tier: its servers' threads and addresses.
 struct Tier {
-    stop: Arc<AtomicBool>,
+    stop: Shutdown,
     threads: Vec<std::thread::JoinHandle<()>>,
     peers: Vec<PsPeer>,
     job: uuid::Uuid,
@@ -55,7 +54,7 @@ struct Tier {
 fn start_tier(shards: u32, workers: u32) -> Tier {
     let n = (MODEL_BYTES / 4) as u64;
     let job = uuid::Uuid::new_v4();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Shutdown::new();
     let planes: Vec<Arc<DataPlane>> = (0..shards)
         .map(|_| Arc::new(DataPlane::bind("127.0.0.1:0").expect("a listener")))
         .collect();
@@ -137,7 +136,7 @@ fn call(s: &mut TcpStream, m: Message, payload: &[f32], buf: &mut Vec<f32>, len:
 /// push calls (a push is answered once applied, so in sync mode the push
 /// call holds the update; over all shards, which run concurrently).
 fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> (f64, f64, f64) {
-    let never = AtomicBool::new(false);
+    let never = Shutdown::new();
     let barrier = std::sync::Barrier::new(workers as usize + 1);
     let mut elapsed = 0.0;
     let phases = std::sync::Mutex::new((0.0f64, 0.0f64));
@@ -323,7 +322,7 @@ fn main() {
             );
             rows.push(serde_json::json!({"workers": workers, "shards": shards, "goodput_gbps": goodput,
                 "step_ms": secs / f64::from(steps) * 1e3, "pull_ms": pull_s * 1e3, "push_ms": push_s * 1e3}));
-            tier.stop.store(true, Ordering::Relaxed);
+            tier.stop.trigger();
             for t in tier.threads {
                 let _ = t.join();
             }

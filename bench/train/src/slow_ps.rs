@@ -19,8 +19,6 @@
 //!   compute and communication seconds.
 
 use std::io::BufRead;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 use trainyard_common::cluster::{Assignment, PsPeer, RoleKey, RoleKind, WorkerPeer};
 use trainyard_common::spec::Strategy;
@@ -29,6 +27,7 @@ use trainyard_executor::context::Context;
 use trainyard_executor::replica::process::Host;
 use trainyard_executor::replica::Replica;
 use trainyard_executor::reports::Item;
+use trainyard_shutdown::Shutdown;
 
 /// Errors end the process with their message (the benchmark shows it).
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -40,7 +39,7 @@ const JOB: uuid::Uuid = uuid::Uuid::from_u128(0x5109_11c5);
 /// and 1024·K and 10 outputs (4.2·K² M parameters: 16·K² MiB of fp32), on
 /// a generated classification set, async SGD through one shard, no
 /// evaluation set and no checkpoints (neither is part of a step here).
-fn spec(k: u32, batch: u32, world: u32, steps: u64) -> trainyard_common::UncheckedJobSpec {
+fn spec(k: u32, batch: u32, world: u32, steps: u64) -> trainyard_common::JobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
         "name": "slow-links-ps",
         "model": {"kind": "mlp", "inputs": 1024 * k, "hidden": [2048 * k, 1024 * k], "outputs": 10},
@@ -57,12 +56,11 @@ fn spec(k: u32, batch: u32, world: u32, steps: u64) -> trainyard_common::Uncheck
         "workers": {"min": world, "max": world}
     }))
     .expect("a valid spec")
-    .into()
 }
 
 /// Role `role` (index `index`) of the job with its one shard at `shard`.
 fn assignment(
-    spec: trainyard_common::UncheckedJobSpec,
+    spec: trainyard_common::JobSpec,
     role: RoleKind,
     index: u32,
     world: u32,
@@ -187,7 +185,7 @@ fn shard(args: &[String]) -> Result<()> {
     let plane = DataPlane::bind(format!("{ip}:0"))?;
     let addr = plane.local_addr().to_string();
     let a = assignment(spec(k, batch, world, steps), RoleKind::Ps, 0, world, &addr)?;
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Shutdown::new();
     let server = {
         let stop = stop.clone();
         std::thread::spawn(move || {
@@ -209,7 +207,7 @@ fn shard(args: &[String]) -> Result<()> {
     while std::io::stdin().lock().read_line(&mut line)? > 0 {
         line.clear();
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.trigger();
     let _ = server.join();
     Ok(())
 }
@@ -231,7 +229,7 @@ fn worker(args: &[String]) -> Result<()> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let started = Instant::now();
     let trainer = std::thread::spawn(move || {
-        let stop = AtomicBool::new(false);
+        let stop = Shutdown::new();
         let (mut replica, mut last) = (None, None);
         trainyard_executor::ps::work(
             &a,

@@ -2,7 +2,7 @@
 //! to, and the inspection of a TorchScript model with its report.
 
 use super::*;
-use crate::spec::{Strategy, UncheckedJobSpec};
+use crate::spec::{JobSpec, Strategy, UncheckedJobSpec};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -87,8 +87,10 @@ pub struct Assignment {
     pub strategy: Strategy,
     /// The job's data-plane secret (hex).
     pub secret: String,
-    /// The job spec.
-    pub spec: UncheckedJobSpec,
+    /// The job spec, checked again after its `artifact:` URLs were
+    /// resolved (and once more when the executor decodes it).
+    #[schema(value_type = UncheckedJobSpec)]
+    pub spec: JobSpec,
     /// All workers of the job in rank order.
     pub workers: Vec<WorkerPeer>,
     /// All PS shards of the job in shard order.
@@ -140,7 +142,8 @@ pub struct Inspection {
     /// its dataset, so that a model that cannot train on that data fails
     /// the job before any worker starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<Box<crate::spec::UncheckedJobSpec>>,
+    #[schema(value_type = Option<UncheckedJobSpec>)]
+    pub spec: Option<Box<JobSpec>>,
     /// The URLs the job may read, as in an [`Assignment`].
     #[serde(default)]
     pub data_policy: crate::artifact::DataPolicy,

@@ -9,9 +9,9 @@
 
 use clap::{Parser, Subcommand};
 use std::io::BufRead;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use trainyard_dataplane::{DataPlane, Ring, RingConfig};
+use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 
 #[derive(Debug, Parser)]
@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
     std::io::stdin().lock().read_line(&mut line)?;
     let peers: Vec<String> = serde_json::from_str(&line)?;
     let world = peers.len() as u32;
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let cfg = RingConfig {
         job: cli.job,
         generation: 1,

@@ -9,14 +9,15 @@ use super::wire::{
 };
 use super::{Ring, RingError, POLL, WINDOW};
 use crate::frame::{Patient, Tag};
-use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::time::{Duration, Instant};
+use trainyard_shutdown::Shutdown;
 
 impl Ring {
     /// Sums `data` element-wise over all ranks, in place, on every rank.
-    pub fn allreduce(&mut self, data: &mut [f32], stop: &AtomicBool) -> Result<(), RingError> {
+    pub fn allreduce(&mut self, data: &mut [f32], stop: &Shutdown) -> Result<(), RingError> {
         self.allreduce_wire(data, Wire::F32, stop)
     }
 
@@ -29,7 +30,7 @@ impl Ring {
         &mut self,
         data: &mut [f32],
         wire: Wire,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), RingError> {
         self.collective(|ring| ring.allreduce_inner(data, wire, stop))
     }
@@ -38,7 +39,7 @@ impl Ring {
         &mut self,
         data: &mut [f32],
         wire: Wire,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), RingError> {
         if data.len() * wire.bytes() <= self.inline_bytes {
             return self.allreduce_inline(data, wire, stop);
@@ -90,7 +91,7 @@ impl Ring {
             let writer = scope.spawn(move || {
                 let mut packed: Vec<u16> = Vec::new();
                 for (op, idx, seg) in jobs {
-                    if stop.load(Ordering::Relaxed) {
+                    if stop.is_triggered() {
                         let _ = returns.send(Err(RingError::Stopped));
                         return;
                     }
@@ -194,7 +195,7 @@ impl Ring {
                 // The ring is done for: a writer blocked on a full socket
                 // must not hold this rank (and its hand-over) until the
                 // write timeout.
-                let _ = right_handle.shutdown(Shutdown::Write);
+                let _ = right_handle.shutdown(std::net::Shutdown::Write);
             }
             // Every segment comes back before the scope ends.
             let mut writer_error = None;
@@ -219,7 +220,7 @@ impl Ring {
         &mut self,
         data: &mut [f32],
         wire: Wire,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), RingError> {
         let n = self.world as usize;
         let r = self.rank as usize;
@@ -296,7 +297,7 @@ type Returned<'a> = Result<(usize, &'a mut [f32]), RingError>;
 /// Where the writer hands segments back, and how long to wait for them.
 struct Wait<'w, 'a> {
     back: &'w std::sync::mpsc::Receiver<Returned<'a>>,
-    stop: &'w AtomicBool,
+    stop: &'w Shutdown,
     deadline: Instant,
     timeout: Duration,
 }
@@ -313,7 +314,7 @@ impl<'a> Wait<'_, 'a> {
             if let Some(seg) = table[idx].take() {
                 return Ok(seg);
             }
-            if self.stop.load(Ordering::Relaxed) {
+            if self.stop.is_triggered() {
                 return Err(RingError::Stopped);
             }
             if Instant::now() > self.deadline {

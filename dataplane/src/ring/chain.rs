@@ -6,8 +6,9 @@ use super::split::Split;
 use super::wire::{expect, read_header, read_payload, write_frame};
 use super::{Ring, RingError};
 use crate::frame::{Patient, Tag};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
+use trainyard_shutdown::Shutdown;
 
 impl Ring {
     /// Copies `data` of rank `root` into `data` of every rank.
@@ -15,7 +16,7 @@ impl Ring {
         &mut self,
         data: &mut [f32],
         root: u32,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), RingError> {
         let root = root % self.world;
         self.collective(|ring| ring.broadcast_inner(data, root, stop))
@@ -25,7 +26,7 @@ impl Ring {
         &mut self,
         data: &mut [f32],
         root: u32,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), RingError> {
         self.collective = self.collective.wrapping_add(1);
         let coll = self.collective;
@@ -74,7 +75,7 @@ impl Ring {
     pub fn allgather_u64(
         &mut self,
         mine: &[u64],
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<Vec<Vec<u64>>, RingError> {
         let n = self.world as usize;
         let mut all = vec![Vec::new(); n];
@@ -87,7 +88,7 @@ impl Ring {
         &mut self,
         all: &mut [Vec<u64>],
         len: usize,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), RingError> {
         let n = self.world as usize;
         let r = self.rank as usize;

@@ -26,7 +26,7 @@
 //! to but not the generation.
 //!
 //! Failures: a closed connection, a frame that does not match the schedule,
-//! the collective timeout or the caller's stop flag end the collective with a
+//! the collective timeout or the caller's stop signal end the collective with a
 //! [`RingError`]; the ring is then unusable and the caller builds a new one
 //! (normally for the scheduler's next generation).
 //!
@@ -51,10 +51,11 @@ pub use wire::{bf16_to_f32, f32_to_bf16, Wire};
 use crate::frame::MAX_PAYLOAD;
 use crate::handshake::{HandshakeError, Hello};
 use crate::plane::{self, DataPlane, Endpoint, EndpointKey, EndpointRole};
-use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::TcpStream;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 
 /// Elements per segment: 1 MiB of `f32`.
@@ -76,7 +77,7 @@ pub const INLINE_BYTES: usize = 64 * 1024;
 /// Segments a rank may send beyond what it has received.
 pub const WINDOW: usize = 8;
 
-/// How often blocked reads look at the stop flags.
+/// How often blocked reads look at the stop signals.
 const POLL: Duration = Duration::from_millis(50);
 
 /// Who is in the ring and how long to wait.
@@ -150,7 +151,7 @@ impl Ring {
     pub fn connect(
         plane: &DataPlane,
         cfg: &RingConfig,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<Ring, RingError> {
         let world = u32::try_from(cfg.peers.len())
             .map_err(|_| RingError::Connect("too many ranks".into()))?;
@@ -213,7 +214,7 @@ impl Ring {
             match endpoint.accept(deadline, stop) {
                 Some((from, s)) if from == left_rank => break s,
                 Some(_) => continue,
-                None if stop.load(Ordering::Relaxed) => return Err(RingError::Stopped),
+                None if stop.is_triggered() => return Err(RingError::Stopped),
                 None => {
                     return Err(RingError::Connect(format!(
                         "rank {left_rank} did not connect within {:?}",
@@ -303,8 +304,8 @@ impl Ring {
 impl Drop for Ring {
     fn drop(&mut self) {
         if let Some(l) = &self.links {
-            let _ = l.right.shutdown(Shutdown::Both);
-            let _ = l.left.shutdown(Shutdown::Both);
+            let _ = l.right.shutdown(std::net::Shutdown::Both);
+            let _ = l.left.shutdown(std::net::Shutdown::Both);
         }
     }
 }

@@ -30,7 +30,7 @@ fn rings(n: usize, segment: usize) -> (Vec<DataPlane>, Vec<Ring>) {
             .map(|(r, cfg)| {
                 let plane = &planes[r];
                 s.spawn(move || {
-                    let mut ring = Ring::connect(plane, &cfg, &AtomicBool::new(false)).unwrap();
+                    let mut ring = Ring::connect(plane, &cfg, &Shutdown::new()).unwrap();
                     ring.set_segment(segment);
                     ring
                 })
@@ -61,7 +61,7 @@ fn in_process_rings_sum_exactly_for_awkward_lengths() {
                     .zip(inputs)
                     .map(|(ring, mut v)| {
                         s.spawn(move || {
-                            ring.allreduce(&mut v, &AtomicBool::new(false)).unwrap();
+                            ring.allreduce(&mut v, &Shutdown::new()).unwrap();
                             v
                         })
                     })
@@ -110,7 +110,7 @@ fn bf16_rings_sum_closely_and_agree_bit_for_bit() {
                 .zip(inputs)
                 .map(|(ring, mut v)| {
                     s.spawn(move || {
-                        ring.allreduce_wire(&mut v, Wire::Bf16, &AtomicBool::new(false))
+                        ring.allreduce_wire(&mut v, Wire::Bf16, &Shutdown::new())
                             .unwrap();
                         v
                     })
@@ -134,10 +134,8 @@ fn a_dead_neighbour_breaks_the_collective_promptly() {
     drop(dead);
     let started = Instant::now();
     let mut v = vec![1.0f32; 10_000];
-    let err = rings[0]
-        .allreduce(&mut v, &AtomicBool::new(false))
-        .unwrap_err();
+    let err = rings[0].allreduce(&mut v, &Shutdown::new()).unwrap_err();
     assert!(matches!(err, RingError::Broken(_)), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(rings[0].allreduce(&mut v, &AtomicBool::new(false)).is_err());
+    assert!(rings[0].allreduce(&mut v, &Shutdown::new()).is_err());
 }

@@ -88,7 +88,7 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
         checked,
     ));
     let mut roles = Roles::new(Arc::new(sink.clone()), config.plane.clone(), ctx.clone());
-    let shutdown = shutdown_signal();
+    let shutdown = trainyard_shutdown::termination_or_time_limit();
     tokio::pin!(shutdown);
 
     let mut session = tokio::select! {
@@ -128,7 +128,7 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
     }
     // A second signal ends the drain: the operator wants out now.
     tokio::spawn(async {
-        shutdown_signal().await;
+        trainyard_shutdown::termination_or_time_limit().await;
         tracing::warn!("a second signal during the drain: exiting at once");
         std::process::exit(130);
     });
@@ -261,26 +261,5 @@ async fn drain_and_leave(
         Ok(Err(e)) if e.status().is_some() => tracing::warn!(error = %e, "leave refused"),
         Ok(Err(e)) => tracing::warn!(error = %e, "leave failed"),
         Err(_) => tracing::warn!("leave not answered"),
-    }
-}
-
-/// Resolves on SIGINT, SIGTERM (a preemption or `scancel` under Slurm) or
-/// SIGUSR1 (Slurm's warning before a job's time limit, `sbatch
-/// --signal=B:USR1@N`): each is a drain with a checkpoint.
-async fn shutdown_signal() {
-    async fn on(kind: tokio::signal::unix::SignalKind) {
-        match tokio::signal::unix::signal(kind) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    }
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = on(tokio::signal::unix::SignalKind::terminate()) => {}
-        () = on(tokio::signal::unix::SignalKind::user_defined1()) => {
-            tracing::info!("SIGUSR1: Slurm's time limit is near; draining");
-        }
     }
 }

@@ -9,13 +9,13 @@ use crate::replica::data::Cursor;
 use crate::replica::Replica;
 use std::net::TcpStream;
 use std::num::NonZeroU64;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::{Assignment, PsPeer};
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, Message, WireError};
 use trainyard_dataplane::{plane, EndpointRole};
+use trainyard_shutdown::Shutdown;
 
 /// Where each shard's values live in a worker's flat weights.
 pub(super) struct ShardMap {
@@ -110,7 +110,7 @@ pub(super) fn connect(
     a: &Assignment,
     rank: u32,
     map: &ShardMap,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> Result<Vec<Link>, RoleError> {
     let deadline = Instant::now() + PS_TIMEOUT;
     let mut links = Vec::new();
@@ -154,7 +154,7 @@ impl Link {
         m: &Message,
         payload: &[f32],
         expect_len: usize,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<Message, RoleError> {
         // A shard gone or out of step: the next generation sorts it out.
         let broken = |e: WireError| RoleError::ps_transient(format!("parameter server: {e}"));
@@ -213,7 +213,7 @@ pub(super) fn pull_all(
     links: &mut [Link],
     expect: &[u64],
     map: &ShardMap,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> Vec<Pulled> {
     std::thread::scope(|scope| {
         let joins: Vec<_> = links
@@ -281,7 +281,7 @@ pub(super) fn exchange_pull(
     expect: &[u64],
     map: &ShardMap,
     rep: &mut Replica,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> Result<Exchange, RoleError> {
     let results = pull_all(links, expect, map, stop);
     apply_pull(links, results, map, rep)
@@ -347,7 +347,7 @@ pub(super) fn exchange_push(
     push: &PushOf,
     versions: &[Option<u64>],
     payloads: &[Vec<f32>],
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> Result<Vec<Option<PushReply>>, RoleError> {
     let results: Vec<Result<Option<PushReply>, RoleError>> = std::thread::scope(|scope| {
         let joins: Vec<_> = links

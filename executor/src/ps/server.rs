@@ -20,7 +20,7 @@ use crate::reports::Item;
 use crate::storage::checkpoint::Uploader;
 use crate::storage::OpenedStorage;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
@@ -29,6 +29,7 @@ use trainyard_common::spec::Consistency;
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::ps::{self, Message, WireError};
 use trainyard_dataplane::{DataPlane, EndpointKey, EndpointRole};
+use trainyard_shutdown::Shutdown;
 
 /// What a shard server's connection threads share.
 struct Served {
@@ -50,7 +51,7 @@ struct Served {
 /// for the next one.
 pub fn serve_shard(
     a: &Assignment,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     tx: &UnboundedSender<Item>,
     plane: &DataPlane,
     parked: Option<Shard>,
@@ -195,7 +196,7 @@ pub fn serve_shard(
             let (link, report) = (StandbyLink::new(a, p), &report);
             scope.spawn(move || standby::replicate(&served.shard, link, report, stop))
         });
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_triggered() {
             if let Some((from, stream)) =
                 endpoint.accept(Instant::now() + Duration::from_millis(200), stop)
             {
@@ -207,7 +208,7 @@ pub fn serve_shard(
                     // A worker's connection that ends while this generation
                     // runs may be its death: its peers are probed, and an
                     // unreachable one reported at once.
-                    if !stop.load(Ordering::Relaxed) {
+                    if !stop.is_triggered() {
                         let how = ended
                             .err()
                             .map_or_else(|| "closed".to_owned(), |e| e.to_string());
@@ -272,7 +273,7 @@ fn connection(
     from: u32,
     generation: i64,
     served: &Served,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> Result<(), WireError> {
     stream.set_read_timeout(Some(Duration::from_millis(50)))?;
     // A worker that stops reading (its host vanished) must not hold this
@@ -329,7 +330,7 @@ fn connection(
                 // `Init` has aligned its version with the job's; a version
                 // its standby has not acknowledged is not published.
                 let published = loop {
-                    if stop.load(Ordering::Relaxed) {
+                    if stop.is_triggered() {
                         return Ok(());
                     }
                     if !s.restored && s.published_version().is_some_and(|v| v >= at_least) {
@@ -408,7 +409,7 @@ struct Answer {
 impl Push {
     /// Takes the gradient and waits until what it produced is published;
     /// `None` when stopped before the standby acknowledged it.
-    fn take(&self, served: &Served, grad: &[f32], stop: &AtomicBool) -> Option<Answer> {
+    fn take(&self, served: &Served, grad: &[f32], stop: &Shutdown) -> Option<Answer> {
         let mut s = served.shard.lock();
         let taken = s.take(
             served.consistency,
@@ -439,7 +440,7 @@ impl Push {
         // ([`super::standby::STANDBY_GIVE_UP`]), which bounds this wait.
         if let Some(v) = taken.produced {
             while s.published_version().is_none_or(|p| p < v) {
-                if stop.load(Ordering::Relaxed) {
+                if stop.is_triggered() {
                     // Stopping with an update its standby does not have: no answer.
                     return None;
                 }

@@ -581,5 +581,5 @@ impl Locked {
     }
 }
 
-/// How long a waiter sleeps before it looks at its stop flag again.
+/// How long a waiter sleeps before it looks at its stop signal again.
 const WAIT: Duration = Duration::from_millis(100);

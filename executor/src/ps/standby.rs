@@ -31,7 +31,6 @@ use super::{from_wire, read_current, standby_endpoint, to_wire};
 use crate::replica::optim::FlatOptimizer;
 use crate::reports::Item;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
@@ -40,6 +39,7 @@ use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, Message, WireError};
 use trainyard_dataplane::{plane, DataPlane, EndpointKey, EndpointRole};
+use trainyard_shutdown::Shutdown;
 
 /// How long a shard waits for its standby: to connect, and to acknowledge
 /// one message.
@@ -139,7 +139,7 @@ impl StandbyLink {
 
     /// Sends `job` (the whole state where the standby may not hold the
     /// state it follows from) and waits for the acknowledgement.
-    fn send(&mut self, job: &Job, stop: &AtomicBool) -> Result<Published, Undelivered> {
+    fn send(&mut self, job: &Job, stop: &Shutdown) -> Result<Published, Undelivered> {
         if self.stream.is_none() {
             if let Err(e) = self.connect(stop) {
                 self.failed_at = Some(Instant::now());
@@ -166,7 +166,7 @@ impl StandbyLink {
 
     /// Opens the connection (the handshake proves the job's secret and
     /// names this generation).
-    fn connect(&mut self, stop: &AtomicBool) -> Result<(), String> {
+    fn connect(&mut self, stop: &Shutdown) -> Result<(), String> {
         let hello = Hello {
             job: self.job,
             generation: self.generation,
@@ -193,7 +193,7 @@ impl StandbyLink {
     }
 
     /// Sends `job` on the open connection.
-    fn deliver(&mut self, job: &Job, stop: &AtomicBool) -> Result<Published, Undelivered> {
+    fn deliver(&mut self, job: &Job, stop: &Shutdown) -> Result<Published, Undelivered> {
         match job {
             Job::Update(Update {
                 grad,
@@ -222,7 +222,7 @@ impl StandbyLink {
     }
 
     /// Sends the whole state: the values, then each optimizer state tensor.
-    fn whole(&mut self, w: &WholeState, stop: &AtomicBool) -> Result<Published, String> {
+    fn whole(&mut self, w: &WholeState, stop: &Shutdown) -> Result<Published, String> {
         let parts = 1 + w.state.len();
         let p = &w.published;
         for (i, part) in std::iter::once(&w.weights[..])
@@ -250,7 +250,7 @@ impl StandbyLink {
         m: &Message,
         payload: &[f32],
         want: u64,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<(), Failed> {
         let broken = |e: WireError| Failed::Broken(format!("the standby's connection: {e}"));
         let Some(stream) = self.stream.as_mut() else {
@@ -288,13 +288,13 @@ pub(super) fn replicate(
     shard: &Locked,
     mut link: StandbyLink,
     report: &Reporting<'_>,
-    stop: &AtomicBool,
+    stop: &Shutdown,
 ) -> StandbyLink {
     loop {
         let job = {
             let mut s = shard.lock();
             loop {
-                if stop.load(Ordering::Relaxed) || !s.replicated {
+                if stop.is_triggered() || !s.replicated {
                     return link;
                 }
                 let retry_due = link.failed_at.is_none_or(|t| t.elapsed() >= STANDBY_RETRY);
@@ -307,7 +307,7 @@ pub(super) fn replicate(
         };
         let Some(job) = job else { continue };
         if let (Some(pause), Job::Update(_)) = (report.slow, &job) {
-            std::thread::sleep(pause);
+            stop.sleep(pause);
         }
         let result = link.send(&job, stop);
         let mut s = shard.lock();
@@ -395,7 +395,7 @@ fn next_job(s: &mut Shard, synced: bool) -> Option<Job> {
 pub fn serve_standby(
     a: &Assignment,
     shard_index: u32,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     tx: &UnboundedSender<Item>,
     plane: &DataPlane,
     parked: Option<Shard>,
@@ -452,7 +452,7 @@ pub fn serve_standby(
     );
     let generation = a.key.generation;
     std::thread::scope(|scope| {
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_triggered() {
             let Some((from, stream)) =
                 endpoint.accept(Instant::now() + Duration::from_millis(200), stop)
             else {
@@ -507,7 +507,7 @@ struct Standby<'a> {
 
 impl Standby<'_> {
     /// Takes the shard's messages until it closes or `stop`.
-    fn connection(&self, mut stream: TcpStream, stop: &AtomicBool) -> Result<(), WireError> {
+    fn connection(&self, mut stream: TcpStream, stop: &Shutdown) -> Result<(), WireError> {
         stream.set_read_timeout(Some(Duration::from_millis(50)))?;
         stream.set_write_timeout(Some(STANDBY_TIMEOUT))?;
         stream.set_nodelay(true)?;

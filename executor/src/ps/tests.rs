@@ -9,7 +9,6 @@ use crate::context::Context;
 use crate::reports::Item;
 use serde_json::json;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::{wire_index, Assignment, LogLevel, PsPeer, Range, RoleKind};
@@ -18,6 +17,7 @@ use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::ps::{self, DataCursor, Message};
 use trainyard_dataplane::{plane, DataPlane, EndpointRole};
+use trainyard_shutdown::Shutdown;
 
 const LEN: u64 = 46;
 
@@ -81,7 +81,7 @@ fn assignment_with(
         device: None,
         strategy: Strategy::ParameterServer,
         secret: "s3cret".into(),
-        spec: spec.into(),
+        spec,
         workers: (0..2)
             .map(|rank| WorkerPeer {
                 rank,
@@ -116,7 +116,7 @@ fn dial_at(plane: &DataPlane, from: u32, to: u32, generation: i64) -> TcpStream 
         &hello,
         b"s3cret",
         Instant::now() + Duration::from_secs(10),
-        &AtomicBool::new(false),
+        &Shutdown::new(),
     )
     .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -233,7 +233,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
         let primary = assignment(&plane, RoleKind::Ps, consistency.clone());
         let standby = assignment(&plane, RoleKind::Standby, consistency.clone());
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let stop = AtomicBool::new(false);
+        let stop = Shutdown::new();
         let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
         let (shard, copy) = std::thread::scope(|scope| {
             let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
@@ -305,7 +305,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                     version: version(last)
                 }
             );
-            stop.store(true, Ordering::Relaxed);
+            stop.trigger();
             (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
         });
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -344,7 +344,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
     let primary = assignment(&plane, RoleKind::Ps, json!("sync"));
     let standby = assignment(&plane, RoleKind::Standby, json!("sync"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
     let (dead, copy) = std::thread::scope(|scope| {
         let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
@@ -370,7 +370,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
         ps::write_message(&mut w[1], 3, &m, &g).unwrap();
         // Version 1 exists once the standby has it.
         assert_eq!(version(call(&mut w[0], pull(1), &[], &mut buf)), 1);
-        stop.store(true, Ordering::Relaxed);
+        stop.trigger();
         (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
     });
     assert_eq!((dead.version, copy.version), (1, 1));
@@ -383,7 +383,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
     let mut promoted = assignment(&plane, RoleKind::Ps, json!("sync"));
     promoted.key.generation = 4;
     promoted.parameter_servers.retain(|p| !p.standby);
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let shard = std::thread::scope(|scope| {
         let sh = scope.spawn(|| {
@@ -417,7 +417,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
             assert!(acked(call_at(link, 4, m, &g, &mut buf)));
         }
         assert_eq!(version(call_at(&mut w[0], 4, pull(2), &[], &mut buf)), 2);
-        stop.store(true, Ordering::Relaxed);
+        stop.trigger();
         sh.join().unwrap().unwrap()
     });
     assert_eq!((shard.version, shard.applied), (2, copied + 1));
@@ -437,7 +437,7 @@ fn a_promoted_standby_serves_the_applied_version_and_never_applies_a_push_twice(
     // A standby that never got its shard's state, promoted.
     let mut empty = Shard::new(&promoted, shard.ranges.clone()).unwrap();
     empty.was_standby = true;
-    let stop = AtomicBool::new(true);
+    let stop = Shutdown::triggered();
     serve_shard(
         &promoted,
         &stop,
@@ -463,7 +463,7 @@ fn a_standby_refuses_malformed_state() {
     let plane = DataPlane::bind("127.0.0.1:0").unwrap();
     let standby = assignment(&plane, RoleKind::Standby, json!("sync"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let copy = std::thread::scope(|scope| {
         let sb = scope.spawn(|| serve_standby(&standby, 0, &stop, &tx, &plane, None));
         // Part 1 of 3 before part 0.
@@ -485,7 +485,7 @@ fn a_standby_refuses_malformed_state() {
         let mut s = dial(&plane, 0, wire_index(RoleKind::Standby, 0));
         ps::write_message(&mut s, 3, &pull(0), &[]).unwrap();
         assert!(ps::read_message(&mut s).is_err());
-        stop.store(true, Ordering::Relaxed);
+        stop.trigger();
         sb.join().unwrap().unwrap()
     });
     assert!(copy.weights.is_none());
@@ -503,7 +503,7 @@ fn a_slow_standby_holds_back_only_the_versions_it_has_not_acknowledged() {
     let primary = assignment(&plane, RoleKind::Ps, json!("async"));
     let standby = assignment(&plane, RoleKind::Standby, json!("async"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let mut ctx = Context::for_tests();
     ctx.hooks.slow_standby = Some((0, pause));
     let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
@@ -553,7 +553,7 @@ fn a_slow_standby_holds_back_only_the_versions_it_has_not_acknowledged() {
             took >= pause,
             "acknowledged after {took:?}, before the standby had it"
         );
-        stop.store(true, Ordering::Relaxed);
+        stop.trigger();
         (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
     });
     assert_eq!((shard.version, copy.version), (1, 1));
@@ -591,7 +591,7 @@ fn a_flagged_version_is_checkpointed_once_replicated_and_a_drain_asks_rank_0_onc
     let primary = assignment(&plane, RoleKind::Ps, json!("sync"));
     let standby = assignment(&plane, RoleKind::Standby, json!("sync"));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let ctx = Context::for_tests();
     ctx.drain.start();
     let init_values: Vec<f32> = (0..LEN).map(|i| i as f32 / 100.0).collect();
@@ -630,7 +630,7 @@ fn a_flagged_version_is_checkpointed_once_replicated_and_a_drain_asks_rank_0_onc
         }
         // Rank 0's first answer asks; nobody else's, and never again.
         assert_eq!(asks, [(0, true), (1, false), (0, false), (1, false)]);
-        stop.store(true, Ordering::Relaxed);
+        stop.trigger();
         (pr.join().unwrap().unwrap(), sb.join().unwrap().unwrap())
     });
     assert_eq!((shard.version, copy.version), (2, 2));
@@ -902,7 +902,7 @@ fn a_shard_refuses_a_buffer_range_before_a_parameter_range() {
         p.ranges = bad.clone();
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let stop = AtomicBool::new(true);
+    let stop = Shutdown::triggered();
     let out = serve_shard(
         &a,
         &stop,

@@ -36,12 +36,12 @@ use crate::reports::Item;
 use crate::role::Role;
 use crate::storage::checkpoint::Policy;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::cluster::{Assignment, LogLevel, StepPhase};
 use trainyard_common::spec::Consistency;
 use trainyard_dataplane::ps::Message;
+use trainyard_shutdown::Shutdown;
 
 /// A sync PS worker's last step, kept across generations on its device:
 /// the gradient slice it pushed to each shard, computed at `version`, and
@@ -65,7 +65,7 @@ pub fn work(
     device: tch::Device,
     replica: &mut Option<Replica>,
     last_step: &mut Option<LastStep>,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     tx: &UnboundedSender<Item>,
     ctx: &Context,
     host: &crate::replica::process::Host,
@@ -148,7 +148,7 @@ pub fn work(
         ),
     );
     loop {
-        if stop.load(Ordering::Relaxed) {
+        if stop.is_triggered() {
             return Err(RoleError::Stopped);
         }
         // Pull every shard at once.
@@ -383,7 +383,7 @@ pub fn work(
             );
         }
         if let Some(d) = ctx.hooks.slow_worker(rank) {
-            std::thread::sleep(d);
+            stop.sleep(d);
         }
     }
     log(
@@ -455,7 +455,7 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
                         format!("{e}: keeping the model and retrying until the next generation"),
                     );
                 }
-                if role.pause(Duration::from_millis(500)) {
+                if role.stop.retry_pause() {
                     return KeptWorker { replica, last_step };
                 }
             }
@@ -485,7 +485,7 @@ fn catch_up(
     a: &Assignment,
     rank: u32,
     rep: &Replica,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     log: &dyn Fn(LogLevel, String),
 ) -> Result<u64, RoleError> {
     let world = a.workers.len() as u32;

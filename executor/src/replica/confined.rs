@@ -11,9 +11,9 @@ use crate::sandbox::{Mode, Sandbox};
 use crate::storage::Fetcher;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trainyard_shutdown::Shutdown;
 
 /// The attack modules, written once per test binary into a folder of
 /// their own, aimed at a secret and a victim file in another.
@@ -78,7 +78,7 @@ fn host(mode: Mode, timeout: Duration) -> Host {
     Host {
         sandbox: Arc::new(Sandbox::for_tests_in(mode)),
         timeout,
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: Shutdown::new(),
         grace: STOP_GRACE,
     }
 }
@@ -154,12 +154,12 @@ fn a_module_that_spins_is_killed_at_its_deadline_or_its_stop() {
     let mut h = host(Mode::On, Duration::from_secs(600));
     h.grace = Duration::from_millis(500);
     let mut r = replica_of("spin.pt", &h).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Shutdown::new();
     r.watch(stop.clone());
     let flag = stop.clone();
     let setter = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(1));
-        flag.store(true, Ordering::Relaxed);
+        flag.trigger();
     });
     let e = one_step(&mut r).unwrap_err().to_string();
     setter.join().unwrap();

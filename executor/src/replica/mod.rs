@@ -396,10 +396,10 @@ impl Replica {
             .is_none_or(|p| process::lock(p).alive())
     }
 
-    /// Follows `stop`, the stop flag of the role now training the replica:
+    /// Follows `stop`, the stop signal of the role now training the replica:
     /// a user's module still busy [`process::STOP_GRACE`] after it is set
     /// is killed.
-    pub fn watch(&mut self, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    pub fn watch(&mut self, stop: trainyard_shutdown::Shutdown) {
         if let Some(p) = &self.process {
             process::lock(p).watch(stop);
         }

@@ -11,9 +11,9 @@ use crate::error::RoleError;
 use crate::replica::process::Host;
 use crate::replica::Replica;
 use crate::storage::Fetcher;
-use std::sync::atomic::AtomicBool;
 use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
+use trainyard_shutdown::Shutdown;
 
 /// Loads a committed checkpoint into a new replica.
 pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), RoleError>;
@@ -33,7 +33,7 @@ pub fn join(
     device: tch::Device,
     fetcher: &Fetcher,
     host: &Host,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     resume: Option<Resume<'_>>,
 ) -> Result<Option<u32>, RoleError> {
     let have = slot.as_ref().map_or([0, 0], |r| [1, r.step]);

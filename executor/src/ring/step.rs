@@ -12,12 +12,13 @@
 use crate::error::RoleError;
 use crate::replica::data::Batch;
 use crate::replica::Replica;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tch::Tensor;
 use trainyard_common::cluster::StepPhase;
 use trainyard_common::spec::Compression;
 use trainyard_dataplane::{Ring, Wire};
+use trainyard_shutdown::Shutdown;
 
 /// What one step measured.
 pub struct StepFigures {
@@ -60,7 +61,7 @@ impl RingStep {
         b: Batch,
         ring: &mut Ring,
         lr: f64,
-        stop: &AtomicBool,
+        stop: &Shutdown,
     ) -> Result<StepFigures, RoleError> {
         let computed = Instant::now();
         let n = replica.numel();
@@ -149,6 +150,6 @@ pub fn step_on(replica: &mut Replica, x: &Tensor, y: &Tensor, lr: f64) -> Result
         next: replica.cursor,
         id_hash: 0,
     };
-    let f = RingStep::default().run(replica, b, &mut Ring::solo(), lr, &AtomicBool::new(false))?;
+    let f = RingStep::default().run(replica, b, &mut Ring::solo(), lr, &Shutdown::new())?;
     Ok(f.loss)
 }

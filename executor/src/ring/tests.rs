@@ -8,10 +8,10 @@ use crate::replica::progress::learning_rate;
 use crate::replica::{Outcome, Replica, StepStats};
 use crate::storage::Fetcher;
 use serde_json::json;
-use std::sync::atomic::AtomicBool;
 use tch::{Kind, Tensor};
 use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
+use trainyard_shutdown::Shutdown;
 
 fn spec(v: serde_json::Value) -> UncheckedJobSpec {
     let s: trainyard_common::JobSpec = serde_json::from_value(v).expect("valid spec");
@@ -30,7 +30,7 @@ fn train(s: &UncheckedJobSpec) -> Result<(Outcome, Vec<StepStats>), RoleError> {
         tch::Device::Cpu,
         &Fetcher::local_only(),
         &Host::for_tests(),
-        &AtomicBool::new(false),
+        &Shutdown::new(),
         &mut |st| steps.push(*st),
     )?;
     Ok((out, steps))
@@ -205,7 +205,7 @@ fn train_ring(s: &UncheckedJobSpec, world: usize) -> Vec<Outcome> {
             .map(|(rank, replica)| {
                 let (plane, peers) = (&planes[rank], peers.clone());
                 scope.spawn(move || {
-                    let stop = AtomicBool::new(false);
+                    let stop = Shutdown::new();
                     let cfg = RingConfig {
                         job,
                         generation: 1,
@@ -273,7 +273,7 @@ fn an_exported_state_resumes_bit_for_bit() {
         "dataset": {"kind": "file", "url": digits_url()}, "loss": "cross_entropy",
         "optimizer": {"kind": "adam", "lr": 0.01}, "batch_size": 32, "steps": 20, "seed": 2
     }));
-    let stop = AtomicBool::new(false);
+    let stop = Shutdown::new();
     let mut a = Replica::new(
         &s,
         tch::Device::Cpu,

@@ -13,12 +13,13 @@ use crate::replica::progress::{self, StepStats, Timings};
 use crate::replica::{Outcome, Replica};
 use crate::storage::checkpoint::{Checkpointing, Snapshot};
 use crate::storage::Fetcher;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use trainyard_common::checkpoint::{ring_slice, CursorState};
 use trainyard_common::cluster::StepPhase;
 use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_dataplane::Ring;
+use trainyard_shutdown::Shutdown;
 
 /// Trains `replica` on `ring` until the job's steps or epochs are done,
 /// calling `on_step` after each step (with the held-out figures on rank 0,
@@ -26,7 +27,7 @@ use trainyard_dataplane::Ring;
 pub fn train(
     replica: &mut Replica,
     ring: &mut Ring,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     on_step: &mut dyn FnMut(&StepStats),
 ) -> Result<Outcome, RoleError> {
     train_with(replica, ring, stop, on_step, None)
@@ -37,7 +38,7 @@ pub fn train(
 pub fn train_with(
     replica: &mut Replica,
     ring: &mut Ring,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     on_step: &mut dyn FnMut(&StepStats),
     mut ckpt: Option<&mut Checkpointing>,
 ) -> Result<Outcome, RoleError> {
@@ -51,7 +52,7 @@ pub fn train_with(
     let mut step = RingStep::default();
     let mut evaluated_at = None;
     while !replica.finished() {
-        if stop.load(Ordering::Relaxed) {
+        if stop.is_triggered() {
             return Err(RoleError::Stopped);
         }
         let waited = Instant::now();
@@ -159,7 +160,7 @@ pub fn run(
     device: tch::Device,
     fetcher: &Fetcher,
     host: &crate::replica::process::Host,
-    stop: &AtomicBool,
+    stop: &Shutdown,
     on_step: &mut dyn FnMut(&StepStats),
 ) -> Result<Outcome, RoleError> {
     let mut replica = Replica::new(spec, device, fetcher, host)?;

@@ -85,7 +85,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                         role.log(LogLevel::Warn, format!("{e}; retrying"));
                         role.ctx.suspects.check(a, format!("ring rank {rank}: {e}"));
                     }
-                    if role.pause(Duration::from_millis(500)) {
+                    if role.stop.retry_pause() {
                         return Kept { replica, broke_at };
                     }
                     continue;
@@ -128,7 +128,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
             let mut line = ProgressLine::default();
             let mut on_step = |s: &StepStats| {
                 if let Some(d) = slow {
-                    std::thread::sleep(d);
+                    role.stop.sleep(d);
                 }
                 if let Some(t) = broke_at.take() {
                     role.log(
@@ -203,7 +203,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 // 0's last collective failed where theirs succeeded, it
                 // rebuilds the ring with them and receives the final state.
                 drop(ring);
-                if role.pause(Duration::from_millis(500)) {
+                if role.stop.retry_pause() {
                     return Kept { replica, broke_at };
                 }
             }
@@ -229,7 +229,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                     ),
                 );
                 drop(ring);
-                if role.pause(Duration::from_millis(500)) {
+                if role.stop.retry_pause() {
                     return Kept { replica, broke_at };
                 }
             }

@@ -28,11 +28,11 @@ use crate::sandbox::Sandbox;
 use crate::storage::Fetcher;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use tch::{Kind, Tensor};
 use trainyard_common::cluster::{Inspection, InspectionResult};
 use trainyard_common::spec::{Loss, UncheckedJobSpec};
 use trainyard_sandbox::Limits;
+use trainyard_shutdown::Shutdown;
 
 /// Rows of the trial batch.
 pub const TRIAL_ROWS: usize = 4;
@@ -70,7 +70,7 @@ pub fn inspect(
     fetcher: &Fetcher,
     sandbox: &Sandbox,
     timeout: std::time::Duration,
-    cancel: &AtomicBool,
+    cancel: &Shutdown,
 ) -> InspectionResult {
     match prepare_and_run(ins, fetcher, sandbox, timeout, cancel, true) {
         Ok(found) => found,
@@ -83,7 +83,7 @@ fn prepare_and_run(
     fetcher: &Fetcher,
     sandbox: &Sandbox,
     timeout: std::time::Duration,
-    cancel: &AtomicBool,
+    cancel: &Shutdown,
     screen: bool,
 ) -> Result<InspectionResult, String> {
     if let Some(why) = sandbox.refusal() {
@@ -107,7 +107,7 @@ fn prepare_and_run(
             Tensor::write_safetensors(&[("x", &x), ("y", &y)], &batch)
                 .map_err(|e| format!("writing the trial batch: {e}"))?;
             Some(Trial {
-                spec: spec.clone(),
+                spec: Box::new(UncheckedJobSpec::clone(spec)),
                 batch,
                 label_max,
             })
@@ -130,7 +130,7 @@ fn prepare_and_run(
             &Task { model, trial },
             limits,
             timeout,
-            &|| cancel.load(Ordering::Relaxed),
+            &|| cancel.is_triggered(),
         )
         .map_err(|e| format!("inspection of the model failed: {e}"))
 }
@@ -312,11 +312,13 @@ mod tests {
         let ins = Inspection {
             job_id: uuid::Uuid::nil(),
             url,
-            spec: Some(Box::new(spec)),
+            spec: Some(Box::new(
+                trainyard_common::JobSpec::parse(spec).expect("a valid spec"),
+            )),
             data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
         };
         let sandbox = crate::sandbox::Sandbox::for_tests();
-        let cancel = AtomicBool::new(false);
+        let cancel = Shutdown::new();
         prepare_and_run(
             &ins,
             &Fetcher::local_only(),

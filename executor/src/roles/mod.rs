@@ -31,7 +31,6 @@ use crate::ring::worker::Kept;
 use crate::role::Role;
 use crate::storage::{OpenedStorage, Storage};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,11 +41,12 @@ use trainyard_common::cluster::{
 };
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::DataPlane;
+use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 
 struct Running {
     key: RoleKey,
-    stop: Arc<AtomicBool>,
+    stop: Shutdown,
     /// The scheduler's request for a checkpoint, as the role's policy sees it.
     checkpoint_wanted: CheckpointRequest,
     /// Its step progress (workers).
@@ -76,7 +76,7 @@ pub struct Roles {
     sink: Arc<dyn Reporter>,
     /// Inspections started here, each with its cancel flag (set when the
     /// API stops asking: the job was cancelled or moved).
-    inspecting: BTreeMap<Uuid, Arc<AtomicBool>>,
+    inspecting: BTreeMap<Uuid, Shutdown>,
     plane: Arc<DataPlane>,
     /// The last worker thread of each (job, device): its replica goes to
     /// the next generation's worker there.
@@ -131,7 +131,7 @@ impl Roles {
         self.inspecting.retain(|job, cancel| {
             let listed = inspections.iter().any(|i| i.job_id == *job);
             if !listed {
-                cancel.store(true, Ordering::Relaxed);
+                cancel.trigger();
             }
             listed
         });
@@ -139,7 +139,7 @@ impl Roles {
             if self.inspecting.contains_key(&i.job_id) {
                 continue;
             }
-            let cancel = Arc::new(AtomicBool::new(false));
+            let cancel = Shutdown::new();
             self.inspecting.insert(i.job_id, cancel.clone());
             let (job_id, ins) = (i.job_id, i.clone());
             let sink = self.sink.clone();
@@ -207,7 +207,7 @@ impl Roles {
             .collect();
         for k in stale {
             if let Some(r) = self.running.remove(&k) {
-                r.stop.store(true, Ordering::Relaxed);
+                r.stop.trigger();
                 tracing::info!(job = %r.key.job_id, role = ?r.key.role, index = r.key.index, generation = r.key.generation, "role stopped");
             }
         }
@@ -241,7 +241,7 @@ impl Roles {
                 r.checkpoint_wanted.set(a.checkpoint_wanted);
                 continue;
             }
-            let stop = Arc::new(AtomicBool::new(false));
+            let stop = Shutdown::new();
             let checkpoint_wanted = CheckpointRequest::default();
             checkpoint_wanted.set(a.checkpoint_wanted);
             let progress = StepProgress::new(a.spec.watchdog.window_steps);
@@ -266,7 +266,7 @@ impl Roles {
     fn start(
         &self,
         a: Assignment,
-        stop: Arc<AtomicBool>,
+        stop: Shutdown,
         checkpoint_wanted: CheckpointRequest,
         progress: StepProgress,
     ) {

@@ -67,7 +67,7 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 use world::World;
 
@@ -139,19 +139,19 @@ impl Scheduler {
         self
     }
 
-    /// Runs until `shutdown` turns true: campaigns for the lease, and leads
-    /// while it holds it.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `shutdown` is triggered: campaigns for the lease, and
+    /// leads while it holds it.
+    pub async fn run(self, shutdown: Shutdown) {
         // One session campaigns (and, once it wins, holds the lease), so a
         // standby opens no new connection per try.
         let mut session: Option<PgConnection> = None;
-        while !*shutdown.borrow() {
+        while !shutdown.is_triggered() {
             match self.campaign(&mut session).await {
                 Ok(true) => {
                     if let Some(mut lock) = session.take() {
                         tracing::info!("scheduler: this process is the leader");
                         self.metrics.leader.set(1);
-                        if let Err(e) = self.lead(&mut lock, &mut shutdown).await {
+                        if let Err(e) = self.lead(&mut lock, &shutdown).await {
                             tracing::warn!(error = %e, "scheduler: lost leadership");
                         }
                         self.metrics.leader.set(0);
@@ -167,7 +167,7 @@ impl Scheduler {
             }
             tokio::select! {
                 () = tokio::time::sleep(self.config.tick()) => {}
-                _ = shutdown.changed() => {}
+                () = shutdown.wait() => {}
             }
         }
         // Executors this process started and still runs (it led once, or
@@ -207,7 +207,7 @@ impl Scheduler {
     async fn lead(
         &self,
         lock: &mut PgConnection,
-        shutdown: &mut watch::Receiver<bool>,
+        shutdown: &Shutdown,
     ) -> Result<(), SchedulerError> {
         let mut listener = PgListener::connect_with(&self.db).await?;
         listener
@@ -245,7 +245,7 @@ impl Scheduler {
             tokio::select! {
                 n = listener.recv() => { n?; }
                 _ = tick.tick() => {}
-                _ = shutdown.changed(), if closing.is_none() => {
+                () = shutdown.wait(), if closing.is_none() => {
                     let Some(fleet) = &self.fleet else { return Ok(()) };
                     let mut fleet = fleet.lock().await;
                     if fleet.is_empty() {

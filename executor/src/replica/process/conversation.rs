@@ -1,7 +1,7 @@
 //! The executor's side of a module process: the [`Host`] it is started
 //! from, the start (the sandboxed child, the sealed shared memory sized
 //! by the module's checked description), each call with its deadline and
-//! the role's stop flag, and the child's ending when a call fails: killed
+//! the role's stop signal, and the child's ending when a call fails: killed
 //! at the deadline or after a stop, or its own signal or memory limit,
 //! with the last line it wrote to stderr. [`Remote`] is the module as a
 //! [`Net`] for evaluation.
@@ -18,27 +18,27 @@ use crate::sandbox::{Sandbox, RUNTIME_MB};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_sandbox::spawn::Child;
 use trainyard_sandbox::{Ending, Limits};
+use trainyard_shutdown::Shutdown;
 
 /// How long a module may go on after its role is told to stop.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Where a replica's module process comes from: the sandbox, the limit
-/// on each call, and the stop flag of the role using it.
+/// on each call, and the stop signal of the role using it.
 #[derive(Clone)]
 pub struct Host {
     /// The executor's sandbox.
     pub sandbox: Arc<Sandbox>,
     /// The longest one call (load, step, evaluation, save) may take.
     pub timeout: Duration,
-    /// The role's stop flag (replaced as generations change hands).
-    pub stop: Arc<AtomicBool>,
+    /// The role's stop signal (replaced as generations change hands).
+    pub stop: Shutdown,
     /// How long a call may go on once stop is set ([`STOP_GRACE`]).
     pub grace: Duration,
 }
@@ -49,7 +49,7 @@ impl Host {
         Host {
             sandbox: Arc::new(Sandbox::for_tests()),
             timeout: Duration::from_secs(300),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: Shutdown::new(),
             grace: STOP_GRACE,
         }
     }
@@ -64,7 +64,7 @@ pub struct Conversation {
     /// Mapped once the model's size is known.
     memory: Option<Shared>,
     timeout: Duration,
-    stop: Arc<AtomicBool>,
+    stop: Shutdown,
     grace: Duration,
     limits: Limits,
     scratch: PathBuf,
@@ -211,8 +211,8 @@ impl Conversation {
         self.dead.is_none()
     }
 
-    /// Follows the stop flag of the role now using the replica.
-    pub fn watch(&mut self, stop: Arc<AtomicBool>) {
+    /// Follows the stop signal of the role now using the replica.
+    pub fn watch(&mut self, stop: Shutdown) {
         self.stop = stop;
     }
 

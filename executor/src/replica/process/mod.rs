@@ -17,7 +17,7 @@
 //! back on its stdout; the gradient is already in place.
 //!
 //! Every answer is awaited with a deadline (`--inspection-timeout-secs`,
-//! per call) and with the role's stop flag: a module that hangs is killed
+//! per call) and with the role's stop signal: a module that hangs is killed
 //! at the deadline, or [`STOP_GRACE`] after its role is told to stop, so
 //! its core is free again; one that crashes or outgrows its memory ends
 //! its job with the signal or limit, never the executor.
@@ -28,7 +28,7 @@
 //!
 //! **Files.** `frames` is that protocol (the calls, the answers, tensors
 //! in them and the checks of the sizes the other side gives); `timed` the
-//! pipe I/O with its deadline and stop flag; `mirror` the executor's
+//! pipe I/O with its deadline and stop signal; `mirror` the executor's
 //! checked copy of the tensors the child describes; `conversation` the
 //! executor's side (start, calls, the child's ending) and `child` the
 //! child's. Each uses only files before it in this list.

@@ -1,14 +1,14 @@
 //! Pipe I/O that cannot hang the executor: a reader or writer over a
 //! non-blocking pipe of the child that waits in short polls, and gives up
-//! at the call's deadline, or once the role's stop flag has been set for
+//! at the call's deadline, or once the role's stop signal has been triggered for
 //! the grace. The conversation wraps its stdin and stdout in one per call;
 //! the error kind says which (`TimedOut`, `ConnectionAborted`), so the
 //! child's ending can be named.
 
 use crate::replica::shm;
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use trainyard_shutdown::Shutdown;
 
 /// A reader/writer over a non-blocking pipe that gives up at a deadline
 /// or once stop has been set for [`STOP_GRACE`](super::STOP_GRACE).
@@ -16,7 +16,7 @@ pub(super) struct Timed<'a, F> {
     pub(super) fd: std::os::fd::RawFd,
     pub(super) io: F,
     pub(super) deadline: Instant,
-    pub(super) stop: &'a AtomicBool,
+    pub(super) stop: &'a Shutdown,
     pub(super) grace: Duration,
     pub(super) stopped_at: Option<Instant>,
 }
@@ -30,7 +30,7 @@ impl<F> Timed<'_, F> {
                     "deadline",
                 ));
             }
-            if self.stop.load(Ordering::Relaxed) {
+            if self.stop.is_triggered() {
                 let at = *self.stopped_at.get_or_insert_with(Instant::now);
                 if at.elapsed() >= self.grace {
                     // Not `Interrupted`: read_exact and write_all retry that.

@@ -19,6 +19,7 @@ use trainyard_common::checkpoint::{
     manifest_key, parse_step_dir, shard_key, step_dir, CheckpointRef, Manifest, ShardUploaded,
 };
 use trainyard_common::cluster::RoleKey;
+use trainyard_common::event::{self, EventData};
 use trainyard_common::JobSpec;
 use uuid::Uuid;
 
@@ -189,7 +190,13 @@ async fn commit_complete(st: &AppState, tx: &mut sqlx::PgConnection, job: Uuid) 
             manifest.shards.len(),
             manifest.bytes
         ))
-        .bind(serde_json::json!({"step": step, "manifest_url": st.store.url_of(&key)}))
+        .bind(
+            EventData::Checkpoint(event::Checkpoint {
+                step,
+                manifest_url: st.store.url_of(&key),
+            })
+            .to_json(),
+        )
         .execute(&mut *tx)
         .await?;
         tracing::info!(%job, step, shards = manifest.shards.len(), bytes = manifest.bytes, "checkpoint committed");

@@ -6,13 +6,13 @@
 
 use crate::error::CliError;
 use crate::error::{OrCli, EXIT_CANCELLED, EXIT_FAILED};
-use serde::Deserialize;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 use trainyard_client::{Client, RetryPolicy};
 use trainyard_common::api::{Job, MetricSeries};
+use trainyard_common::event::Outcome;
 use trainyard_common::spec::{DatasetSpec, UncheckedJobSpec};
-use trainyard_common::JobState;
+use trainyard_common::{EventData, JobState};
 use uuid::Uuid;
 
 /// How often `trainyard job` polls the API.
@@ -134,13 +134,6 @@ pub async fn follow(client: &Client, id: Uuid, shown: &str) -> Result<u8, CliErr
     }
 }
 
-/// What a job's `result` event says.
-#[derive(Deserialize)]
-struct ResultData {
-    /// Where the final weights are.
-    weights_url: Option<String>,
-}
-
 /// Prints how the job ended (and where its weights are); the exit code.
 async fn finish(client: &Client, id: Uuid, shown: &str, state: JobState) -> u8 {
     if let Ok(page) = client.job_events(id, None, Some(EVENTS)).await {
@@ -149,9 +142,9 @@ async fn finish(client: &Client, id: Uuid, shown: &str, state: JobState) -> u8 {
             .iter()
             .rev()
             .find(|e| e.kind == trainyard_common::EventKind::Result);
-        if let Some(url) = result
-            .and_then(|r| ResultData::deserialize(&r.data).ok())
-            .and_then(|d| d.weights_url)
+        if let Some(Ok(EventData::Result(Outcome::Trained {
+            weights_url: url, ..
+        }))) = result.map(|r| r.typed())
         {
             println!("weights: {url}");
         }

@@ -103,6 +103,13 @@ pub struct JobEvent {
     pub data: serde_json::Value,
 }
 
+impl JobEvent {
+    /// Its `data`, typed by its kind.
+    pub fn typed(&self) -> Result<crate::EventData, serde_json::Error> {
+        crate::EventData::from_json(self.kind, &self.data)
+    }
+}
+
 /// A page of a job's events, oldest first.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EventPage {

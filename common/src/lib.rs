@@ -30,6 +30,6 @@ pub mod model;
 pub mod spec;
 pub mod state;
 
-pub use event::EventKind;
+pub use event::{EventData, EventKind};
 pub use spec::{JobSpec, UncheckedJobSpec, Violation};
 pub use state::JobState;

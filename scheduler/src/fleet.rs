@@ -30,6 +30,8 @@ use serde_json::json;
 use sqlx::PgPool;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
+use trainyard_common::event::Provisioning;
+use trainyard_common::EventData;
 use uuid::Uuid;
 
 /// Something that starts and stops executors.
@@ -334,7 +336,7 @@ impl Fleet {
                 self.told.insert(*job, why.clone());
                 self.event("blocked", None, Some(*job), why, json!({}))
                     .await?;
-                job_event(&self.db, *job, why).await?;
+                job_event(&self.db, *job, why, Provisioning::Blocked).await?;
             }
         }
         self.told
@@ -435,7 +437,11 @@ impl Fleet {
                 shown.join(", "),
                 template.describe()
             );
-            job_event(&self.db, *job, &reason).await?;
+            let data = Provisioning::Starting {
+                executors: started.clone(),
+                needed: *need,
+            };
+            job_event(&self.db, *job, &reason, data).await?;
         }
         Ok(())
     }
@@ -609,15 +615,14 @@ impl Fleet {
     }
 }
 
-async fn job_event(db: &PgPool, job: Uuid, reason: &str) -> Result<(), sqlx::Error> {
+async fn job_event(
+    db: &PgPool,
+    job: Uuid,
+    reason: &str,
+    data: Provisioning,
+) -> Result<(), sqlx::Error> {
     let mut tx = db.begin().await?;
-    sqlx::query(
-        "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'provisioning', $2, '{}')",
-    )
-    .bind(job)
-    .bind(reason)
-    .execute(&mut *tx)
-    .await?;
+    crate::lifecycle::event(&mut tx, job, &EventData::Provisioning(data), reason).await?;
     crate::lifecycle::notify(&mut tx, job).await?;
     tx.commit().await
 }

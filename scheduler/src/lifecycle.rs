@@ -7,7 +7,7 @@
 //! which makes idempotent operations (cancel twice) cheap and exact.
 
 use sqlx::PgConnection;
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::{EventData, JobState};
 use uuid::Uuid;
 
 /// Postgres channel on which every job change is announced (payload: job id).
@@ -97,20 +97,19 @@ pub async fn notify(tx: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> 
     Ok(())
 }
 
-/// Writes an event of `kind` (not a state change: a placement, a strategy
-/// decision, an inspection handed over) to job `job`'s log.
+/// Writes an event (not a state change: a placement, a strategy decision,
+/// an inspection handed over) to job `job`'s log; its kind is its data's.
 pub async fn event(
     tx: &mut PgConnection,
     job: Uuid,
-    kind: EventKind,
+    data: &EventData,
     reason: &str,
-    data: serde_json::Value,
 ) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
         .bind(job)
-        .bind(kind)
+        .bind(data.kind())
         .bind(reason)
-        .bind(data)
+        .bind(data.to_json())
         .execute(tx)
         .await?;
     Ok(())

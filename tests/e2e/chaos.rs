@@ -31,7 +31,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use trainyard_common::api::{Job, JobEvent};
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::cluster::ExecutorState;
+use trainyard_common::event::Outcome;
+use trainyard_common::{EventData, EventKind, JobState};
 use trainyard_e2e::{
     eventually, kill9, sse_events, tail, target_dir, ApiClient, Consistency, MlpSpec, Platform,
     Proc, TestPostgres,
@@ -332,10 +334,10 @@ fn wait_ended(p: &Fleet, ids: &[String]) -> Vec<Job> {
 }
 
 fn accuracy(events: &[JobEvent]) -> Option<f64> {
-    events
-        .iter()
-        .find(|e| e.kind == EventKind::Result)
-        .and_then(|e| e.data["eval_accuracy"].as_f64())
+    events.iter().find_map(|e| match e.typed() {
+        Ok(EventData::Result(Outcome::Trained { eval_accuracy, .. })) => eval_accuracy,
+        _ => None,
+    })
 }
 
 /// Checks that `events` is a whole history: increasing ids, the submit
@@ -658,7 +660,8 @@ fn run(
         for id in hit {
             let h = &histories[ids.iter().position(|x| x == id).expect("a job")];
             let why = h.iter().find(|e| {
-                e.kind == EventKind::Placement && e.reason.contains(&format!("{victim} (lost)"))
+                matches!(e.typed(), Ok(EventData::Placement(p))
+                    if p.departed.iter().any(|d| &d.name == victim && d.state == ExecutorState::Lost))
             });
             assert!(
                 why.is_some(),

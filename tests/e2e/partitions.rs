@@ -38,7 +38,9 @@
 //! running `./scripts/test` have.
 
 use std::time::Duration;
-use trainyard_common::EventKind;
+use trainyard_common::cluster::{ExecutorState, SuspectVerdict};
+use trainyard_common::event::Suspect;
+use trainyard_common::{EventData, EventKind};
 use trainyard_e2e::{
     eventually, repo_root, start_executor, ApiClient, Consistency, Lab, MlpSpec, Platform, Proc,
 };
@@ -242,7 +244,8 @@ fn a_peer_cut_from_a_healthy_rank_does_not_evict_it() {
     assert!(
         suspects
             .iter()
-            .all(|e| e.data["verdict"] == "rejected" && e.data["probe"]["outcome"] == "answered"),
+            .all(|e| matches!(e.typed(), Ok(EventData::Suspect(Suspect { verdict: SuspectVerdict::Rejected, ref probe, .. }))
+                if probe.outcome == "answered")),
         "{suspects:?}"
     );
     assert!(admin.executors(Some("lost")).executors.is_empty());
@@ -329,7 +332,8 @@ fn suspects_all_rejected(admin: &ApiClient, id: &str) -> usize {
     assert!(
         suspects
             .iter()
-            .all(|e| e.data["verdict"] == "rejected" && e.data["probe"]["outcome"] == "answered"),
+            .all(|e| matches!(e.typed(), Ok(EventData::Suspect(Suspect { verdict: SuspectVerdict::Rejected, ref probe, .. }))
+                if probe.outcome == "answered")),
         "{suspects:?}"
     );
     suspects.len()
@@ -564,7 +568,8 @@ fn an_executor_cut_from_the_api_longer_than_the_timeout_is_replaced_and_rejoins(
         admin
             .events(&id)
             .iter()
-            .any(|e| e.kind == EventKind::Placement && e.reason.contains("lost")),
+            .any(|e| matches!(e.typed(), Ok(EventData::Placement(p))
+                if p.departed.iter().any(|d| d.state == ExecutorState::Lost))),
         "the placement names the executor lost: {:?}",
         admin.events(&id)
     );

@@ -7,7 +7,8 @@
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use trainyard_common::EventKind;
+use trainyard_common::event::Provisioning;
+use trainyard_common::EventData;
 use trainyard_e2e::{binary, eventually, ApiClient, Consistency, MlpSpec, Platform};
 
 /// An API with the local provisioner on a machine of 2 CPUs and 8 GiB that
@@ -59,11 +60,15 @@ fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
-fn job_event_kinds(api: &ApiClient, id: &str) -> Vec<(EventKind, String)> {
+/// What the provisioner told job `id`, typed.
+fn provisioning(api: &ApiClient, id: &str) -> Vec<Provisioning> {
     api.event_page(id, None, Some(1000))
         .events
         .into_iter()
-        .map(|e| (e.kind, e.reason))
+        .filter_map(|e| match e.typed() {
+            Ok(EventData::Provisioning(p)) => Some(p),
+            _ => None,
+        })
         .collect()
 }
 
@@ -172,12 +177,12 @@ fn zero_executors_grow_for_a_ring_and_a_ps_job_and_return_to_zero() {
         .all(|e| e["reason"].as_str().unwrap().contains("idle timeout 3s")));
     assert_eq!(of_kind(&ev, "stopped").len(), started.len(), "{ev:?}");
     for job in [&ring, &ps] {
-        let kinds = job_event_kinds(&api, job);
+        let told = provisioning(&api, job);
         assert!(
-            kinds
-                .iter()
-                .any(|(k, r)| *k == EventKind::Provisioning && r.contains("starting")),
-            "job {job} has no provisioning event: {kinds:?}"
+            told.iter()
+                .any(|p| matches!(p, Provisioning::Starting { executors, needed }
+                if !executors.is_empty() && *needed > 0)),
+            "job {job} has no provisioning event: {told:?}"
         );
     }
 
@@ -242,9 +247,7 @@ fn a_job_over_the_budget_waits_and_hand_started_executors_are_never_stopped() {
             .any(|e| e["job_id"] == big.as_str()),
         "{blocked:?}"
     );
-    assert!(job_event_kinds(&api, &big)
-        .iter()
-        .any(|(k, r)| *k == EventKind::Provisioning && r.contains("cannot supply")),);
+    assert!(provisioning(&api, &big).contains(&Provisioning::Blocked));
 
     // Two ranks fit: the hand-started executor plus one provisioned.
     let small = api.submit(&digits("prov-small", "allreduce", 2, 0, 60));

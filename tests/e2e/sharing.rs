@@ -11,7 +11,8 @@
 use serde_json::{json, Value};
 use std::time::Duration;
 use trainyard_common::api::JobEvent;
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::event::Preemption;
+use trainyard_common::{EventData, EventKind, JobState};
 use trainyard_e2e::{
     binary, digits_url, eventually, repo_root, ApiClient, Consistency, MlpSpec, Platform, Proc,
 };
@@ -94,7 +95,10 @@ fn timeline_worker_seconds(c: &ApiClient, id: &str) -> f64 {
     let mut total = 0.0;
     for (i, e) in placements.iter().enumerate() {
         let until = placements.get(i + 1).map_or(end, |n| n.at);
-        let n = e.data["workers"].as_array().map_or(0, Vec::len) as f64;
+        let n = match e.typed() {
+            Ok(EventData::Placement(p)) => p.workers.len() as f64,
+            _ => 0.0,
+        };
         total += n * (until - e.at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
     }
     total
@@ -162,8 +166,11 @@ fn a_higher_priority_job_shrinks_an_elastic_ring_which_grows_back_and_usage_foll
         "{}",
         shrink.reason
     );
-    assert_eq!(shrink.data["workers"].as_array().unwrap().len(), 1);
-    let generation = shrink.data["generation"].as_i64().unwrap();
+    let Ok(EventData::Placement(placed)) = shrink.typed() else {
+        panic!("a placement's data: {shrink:?}");
+    };
+    assert_eq!(placed.workers.len(), 1);
+    let generation = placed.generation;
     assert!(
         events.iter().any(|e| e.to_state == Some(JobState::Running)
             && e.reason == format!("all 1 role(s) running at generation {generation}")),
@@ -365,7 +372,10 @@ fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
     let events = alice.events(&a);
     let decided = events
         .iter()
-        .find(|e| e.kind == EventKind::Preemption && e.reason.starts_with("to be preempted"))
+        .find(|e| {
+            matches!(e.typed(), Ok(EventData::Preemption(Preemption::Pending { by: Some(by), .. }))
+                if by.to_string() == b)
+        })
         .unwrap()
         .at;
     let released = events
@@ -376,7 +386,8 @@ fn preempted_job_resumes(label: &str, victim: impl Fn(&str) -> Value) {
     let replaced = events
         .iter()
         .find(|e| {
-            e.kind == EventKind::Placement && e.at > released && e.reason.starts_with("placed ")
+            e.at > released
+                && matches!(e.typed(), Ok(EventData::Placement(p)) if !p.workers.is_empty())
         })
         .expect("placed again")
         .at;

@@ -23,7 +23,7 @@ use serde_json::json;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::{EventData, EventKind, JobState};
 use trainyard_e2e::{eventually, ApiClient, Platform};
 use uuid::Uuid;
 
@@ -200,9 +200,12 @@ fn a_rank_stalled_on_its_data_is_declared_stuck_and_its_job_leaves_the_executor(
     let size = eventually(Duration::from_secs(60), || rings_without(&p, &id, victim))
         .unwrap_or_else(|| panic!("a ring without {victim}: {:?}", p.assignments(&id)));
     assert_eq!(size, 2, "the two others train on");
+    let Ok(EventData::Stuck(stuck)) = stuck.typed() else {
+        panic!("a stuck event's data: {stuck:?}");
+    };
     assert_eq!(
-        stuck.data["rank"].as_i64(),
-        Some(i64::from(stalled.rank)),
+        i64::from(stuck.rank),
+        i64::from(stalled.rank),
         "the stalled rank is the one declared stuck"
     );
     // The stalled reader gets an end of file now: its role, of a past
@@ -285,8 +288,11 @@ fn a_slow_rank_is_shown_as_a_straggler_and_left_out_when_the_spec_asks() {
     })
     .unwrap_or_else(|| panic!("a straggler event: {:?}", p.events(&id)));
     println!("{}", ev.reason);
-    assert_eq!(ev.data["rank"], 2, "{ev:?}");
-    let victim: Uuid = ev.data["executor"].as_str().unwrap().parse().unwrap();
+    let Ok(EventData::Straggler(straggler)) = ev.typed() else {
+        panic!("a straggler event's data: {ev:?}");
+    };
+    assert_eq!(straggler.rank, 2, "{ev:?}");
+    let victim: Uuid = straggler.executor;
     assert_eq!(executor_state(&p, victim), "live", "only the job left it");
     let size = eventually(Duration::from_secs(60), || rings_without(&p, &id, victim))
         .unwrap_or_else(|| panic!("a ring without {victim}: {:?}", p.assignments(&id)));

@@ -25,8 +25,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
+use trainyard_common::event::Submitted;
 use trainyard_common::spec::UncheckedJobSpec;
-use trainyard_common::{JobSpec, JobState};
+use trainyard_common::{EventData, JobSpec, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -279,10 +280,17 @@ pub async fn submit(
                 .await?;
         }
         sqlx::query(INSERT_SUBMITTED_EVENT)
-        .bind(job.id)
-        .bind(serde_json::json!({ "strategy": job.strategy, "idempotency_key": key, "owner": job.owner }))
-        .execute(&mut *tx)
-        .await?;
+            .bind(job.id)
+            .bind(
+                EventData::Submitted(Submitted {
+                    strategy: job.strategy,
+                    idempotency_key: key.clone(),
+                    owner: job.owner.clone(),
+                })
+                .to_json(),
+            )
+            .execute(&mut *tx)
+            .await?;
         lifecycle::notify(&mut tx, job.id).await?;
         tx.commit().await?;
         st.metrics.jobs_submitted.inc();

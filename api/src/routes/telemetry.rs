@@ -34,7 +34,8 @@ pub use trainyard_common::api::{
 use trainyard_common::cluster::{
     LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_REPORT_ITEMS,
 };
-use trainyard_common::JobState;
+use trainyard_common::event::Outcome;
+use trainyard_common::{EventData, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -269,14 +270,13 @@ async fn apply_outcome(
         return Ok(Verdict::Stale);
     }
     let (to, reason, data) = result_of(outcome);
-    sqlx::query(
-        "INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, 'result', $2, $3)",
-    )
-    .bind(key.job_id)
-    .bind(&reason)
-    .bind(data)
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
+        .bind(key.job_id)
+        .bind(data.kind())
+        .bind(&reason)
+        .bind(data.to_json())
+        .execute(&mut *tx)
+        .await?;
     // A short job can finish before its roles' heartbeats moved it to
     // `running`: it ran, so it passes through `running` first.
     if to == JobState::Succeeded && state == JobState::Scheduling {
@@ -304,7 +304,7 @@ async fn apply_outcome(
 
 /// The state an outcome moves the job to, the reason its result event and
 /// transition give, and the result's data.
-fn result_of(outcome: &RoleOutcome) -> (JobState, String, serde_json::Value) {
+fn result_of(outcome: &RoleOutcome) -> (JobState, String, EventData) {
     match outcome {
         RoleOutcome::Succeeded {
             steps,
@@ -332,10 +332,20 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, serde_json::Value) {
                         eval_loss.unwrap_or(f64::NAN)
                     ),
                 },
-                serde_json::json!({"steps": steps, "final_loss": known, "eval_loss": finite(*eval_loss), "eval_accuracy": finite(*eval_accuracy), "weights_url": weights_url}),
+                EventData::Result(Outcome::Trained {
+                    steps: *steps,
+                    final_loss: known,
+                    eval_loss: finite(*eval_loss),
+                    eval_accuracy: finite(*eval_accuracy),
+                    weights_url: weights_url.clone(),
+                }),
             )
         }
-        RoleOutcome::Failed { reason } => (JobState::Failed, text(reason), serde_json::json!({})),
+        RoleOutcome::Failed { reason } => (
+            JobState::Failed,
+            text(reason),
+            EventData::Result(Outcome::Failed {}),
+        ),
     }
 }
 

@@ -6,9 +6,8 @@
 
 use super::error::{db_err, SchedulerError};
 use crate::lifecycle::{self, event, transition};
-use serde_json::json;
 use sqlx::PgPool;
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::{EventData, JobState};
 use uuid::Uuid;
 
 /// Gives each TorchScript job that has not been inspected to a live
@@ -68,7 +67,7 @@ pub(super) async fn assign_inspections(db: &PgPool) -> Result<(), SchedulerError
                         "inspector {} is gone; {reason}",
                         previous.map_or("?".into(), |p| p.to_string())
                     );
-                    event(&mut tx, job, EventKind::Inspection, &why, json!({})).await?;
+                    event(&mut tx, job, &EventData::Inspection, &why).await?;
                     lifecycle::notify(&mut tx, job).await?;
                 }
             }

@@ -11,10 +11,12 @@ use super::metrics::SchedulerMetrics;
 use super::world::World;
 use crate::lifecycle::{self, event, transition};
 use crate::plan::{JobView, Placement, Plan};
-use serde_json::json;
 use sqlx::{PgPool, Row};
+use std::collections::BTreeSet;
+use trainyard_common::cluster::ExecutorState;
+use trainyard_common::event::{self, EventData};
 use trainyard_common::spec::Strategy;
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::JobState;
 use uuid::Uuid;
 
 /// Writes job `job`'s new placement from `plan`, if it changed: in one
@@ -120,16 +122,10 @@ pub(super) async fn apply(
     .execute(&mut *tx)
     .await?;
     if let Some(why) = plan.decisions.get(&job.id) {
-        event(&mut tx, job.id, EventKind::Strategy, why, json!({})).await?;
+        event(&mut tx, job.id, &EventData::Strategy, why).await?;
     }
-    event(
-        &mut tx,
-        job.id,
-        EventKind::Placement,
-        &reason,
-        placement_json(next, new),
-    )
-    .await?;
+    let placed = placement_data(world, job.current.as_ref(), next, new);
+    event(&mut tx, job.id, &EventData::Placement(placed), &reason).await?;
     record_usage(&mut tx, job, next, new).await?;
     match (state, new.is_some()) {
         (JobState::Queued, true) => {
@@ -286,14 +282,63 @@ pub fn new_secret() -> Vec<u8> {
     s
 }
 
-fn placement_json(generation: i64, p: Option<&Placement>) -> serde_json::Value {
-    match p {
-        None => json!({ "generation": generation, "workers": [], "parameter_servers": [] }),
-        Some(p) => json!({
-            "generation": generation,
-            "strategy": strategy_name(p.strategy),
-            "workers": p.workers.iter().map(|w| json!({"rank": w.rank, "executor": w.executor, "device": w.device})).collect::<Vec<_>>(),
-            "parameter_servers": p.parameter_servers.iter().map(|s| json!({"shard": s.shard, "executor": s.executor, "standby": s.standby})).collect::<Vec<_>>(),
+/// The placement event's data: generation `generation`'s roles, and the
+/// executors of the `old` placement that are no longer live.
+fn placement_data(
+    world: &World,
+    old: Option<&Placement>,
+    generation: i64,
+    p: Option<&Placement>,
+) -> event::Placement {
+    let held: BTreeSet<Uuid> = old
+        .into_iter()
+        .flat_map(|o| {
+            o.workers
+                .iter()
+                .map(|w| w.executor)
+                .chain(o.parameter_servers.iter().map(|s| s.executor))
+                .chain(o.parameter_servers.iter().filter_map(|s| s.standby))
+        })
+        .collect();
+    let departed = held
+        .into_iter()
+        .filter_map(|e| match world.executors.get(&e) {
+            Some((_, ExecutorState::Live)) => None,
+            Some((name, state)) => Some(event::Departed {
+                executor: e,
+                name: name.clone(),
+                state: *state,
+            }),
+            None => Some(event::Departed {
+                executor: e,
+                name: e.to_string(),
+                state: ExecutorState::Lost,
+            }),
+        })
+        .collect();
+    event::Placement {
+        generation,
+        strategy: p.map(|p| strategy_name(p.strategy).to_string()),
+        workers: p.map_or(Vec::new(), |p| {
+            p.workers
+                .iter()
+                .map(|w| event::PlacedWorker {
+                    rank: w.rank,
+                    executor: w.executor,
+                    device: w.device,
+                })
+                .collect()
         }),
+        parameter_servers: p.map_or(Vec::new(), |p| {
+            p.parameter_servers
+                .iter()
+                .map(|s| event::PlacedShard {
+                    shard: s.shard,
+                    executor: s.executor,
+                    standby: s.standby,
+                })
+                .collect()
+        }),
+        departed,
     }
 }

@@ -20,11 +20,11 @@ use super::world::World;
 use crate::lifecycle::event;
 use crate::plan::{plan_shared, Plan, Quota, Sharing};
 use crate::share::{decayed, preempt, Action};
-use serde_json::json;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
-use trainyard_common::EventKind;
+use trainyard_common::event::Preemption;
+use trainyard_common::EventData;
 use uuid::Uuid;
 
 /// Usage older than this many half-lives is left out (it weighs < 1e-6).
@@ -204,23 +204,21 @@ pub(super) async fn record(
                 event(
                     &mut tx,
                     by,
-                    EventKind::Preemption,
+                    &EventData::Preemption(Preemption::Shrink { victim, from, to }),
                     &format!(
                         "shrank job {victim} of {} from {from} to {to} worker(s) to make room",
                         owner(&victim)
                     ),
-                    json!({"action": "shrink", "victim": victim, "from": from, "to": to}),
                 )
                 .await?;
                 event(
                     &mut tx,
                     victim,
-                    EventKind::Preemption,
+                    &EventData::Preemption(Preemption::Shrunk { by, from, to }),
                     &format!(
                         "shrunk from {from} to {to} worker(s) by job {by} of {}",
                         owner(&by)
                     ),
-                    json!({"action": "shrunk", "by": by, "from": from, "to": to}),
                 )
                 .await?;
             }
@@ -228,17 +226,15 @@ pub(super) async fn record(
                 event(
                     &mut tx,
                     by,
-                    EventKind::Preemption,
+                    &EventData::Preemption(Preemption::Preempt { victim }),
                     &format!("preempted job {victim} of {} to make room", owner(&victim)),
-                    json!({"action": "preempt", "victim": victim}),
                 )
                 .await?;
                 event(
                     &mut tx,
                     victim,
-                    EventKind::Preemption,
+                    &EventData::Preemption(Preemption::Preempted { by }),
                     &format!("preempted by job {by} of {}: back to queued, resumes from its newest checkpoint", owner(&by)),
-                    json!({"action": "preempted", "by": by}),
                 )
                 .await?;
             }
@@ -306,23 +302,21 @@ async fn start_pending(
         event(
             &mut tx,
             victim,
-            EventKind::Preemption,
+            &EventData::Preemption(Preemption::Pending { by: Some(by), victim: None, grace_secs: secs }),
             &format!(
                 "to be preempted by job {by} of {} (priority {} > {}): asked for a checkpoint, released once it is committed, within {secs}s",
                 b.owner, b.priority, v.priority
             ),
-            json!({"action": "pending", "by": by, "grace_secs": secs}),
         )
         .await?;
         event(
             &mut tx,
             by,
-            EventKind::Preemption,
+            &EventData::Preemption(Preemption::Pending { by: None, victim: Some(victim), grace_secs: secs }),
             &format!(
                 "preempting job {victim} of {} (priority {} < {}); it is asked for a checkpoint and has up to {secs}s to commit it",
                 v.owner, v.priority, b.priority
             ),
-            json!({"action": "pending", "victim": victim, "grace_secs": secs}),
         )
         .await?;
         crate::lifecycle::notify(&mut tx, victim).await?;
@@ -343,9 +337,8 @@ async fn call_off(db: &PgPool, victim: Uuid, by: Uuid) -> Result<(), SchedulerEr
         event(
             &mut tx,
             victim,
-            EventKind::Preemption,
+            &EventData::Preemption(Preemption::CalledOff { by }),
             &format!("preemption called off: job {by} no longer needs this job's room"),
-            json!({"action": "called_off", "by": by}),
         )
         .await?;
         crate::lifecycle::notify(&mut tx, victim).await?;

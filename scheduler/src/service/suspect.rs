@@ -31,11 +31,11 @@
 
 use super::EXECUTOR_CHANNEL;
 use crate::lifecycle;
-use serde_json::json;
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::{ExecutorState, SuspectAnswer, SuspectReport, SuspectVerdict};
-use trainyard_common::{EventKind, JobState};
+use trainyard_common::event::{self, EventData};
+use trainyard_common::JobState;
 use uuid::Uuid;
 
 /// How long the probe waits for the suspect's data plane to answer.
@@ -224,15 +224,21 @@ pub async fn judge(
     } else {
         SuspectVerdict::Rejected
     };
-    let data = json!({
-        "verdict": verdict,
-        "generation": report.generation,
-        "reporter": reporter, "reporter_name": reporter_name,
-        "suspect": report.suspect, "suspect_name": suspect_name,
-        "reason": report.reason,
-        "probe": {"address": address, "outcome": outcome.as_str(), "ms": took.as_secs_f64() * 1e3},
-        "heartbeat_age_s": age.as_secs_f64(),
-        "heartbeat_interval_s": interval.as_secs_f64(),
+    let data = EventData::Suspect(event::Suspect {
+        verdict,
+        generation: report.generation,
+        reporter,
+        reporter_name: reporter_name.clone(),
+        suspect: report.suspect,
+        suspect_name: suspect_name.clone(),
+        reason: report.reason.clone(),
+        probe: event::Probe {
+            address: address.clone(),
+            outcome: outcome.as_str().into(),
+            ms: took.as_secs_f64() * 1e3,
+        },
+        heartbeat_age_s: age.as_secs_f64(),
+        heartbeat_interval_s: interval.as_secs_f64(),
     });
     let mut tx = db.begin().await?;
     if confirmed {
@@ -246,7 +252,7 @@ pub async fn judge(
         if marked.is_none() {
             return Ok(stale("the suspect is already lost or gone".into()));
         }
-        lifecycle::event(&mut tx, report.job_id, EventKind::Suspect, &evidence, data).await?;
+        lifecycle::event(&mut tx, report.job_id, &data, &evidence).await?;
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(EXECUTOR_CHANNEL)
             .bind(report.suspect.to_string())
@@ -268,7 +274,7 @@ pub async fn judge(
         .fetch_one(&mut *tx)
         .await?;
         if !seen {
-            lifecycle::event(&mut tx, report.job_id, EventKind::Suspect, &evidence, data).await?;
+            lifecycle::event(&mut tx, report.job_id, &data, &evidence).await?;
             lifecycle::notify(&mut tx, report.job_id).await?;
         }
         tracing::info!(executor = %report.suspect, reporter = %reporter, job = %report.job_id, "{evidence}");

@@ -31,10 +31,10 @@
 //! that the next generation runs without it.
 
 use crate::lifecycle;
-use serde_json::json;
 use sqlx::{PgPool, Row};
+use trainyard_common::event::{self, EventData};
 use trainyard_common::spec::Watchdog;
-use trainyard_common::{EventKind, JobSpec};
+use trainyard_common::JobSpec;
 use uuid::Uuid;
 
 /// The least `watchdog.stuck_floor_seconds` a spec may set, in ms: a rank
@@ -212,24 +212,20 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
             r.median_step_ms / 1e3,
             w.stuck_floor_seconds
         );
-        let data = json!({
-            "verdict": "stuck", "rank": r.rank, "generation": r.generation,
-            "executor": r.executor, "executor_name": r.executor_name,
-            "phase": r.phase, "phase_seconds": r.phase_ms as f64 / 1e3, "step": r.step,
-            "median_step_seconds": r.median_step_ms / 1e3, "bound_seconds": bound,
-            "stuck_factor": w.stuck_factor, "stuck_floor_seconds": w.stuck_floor_seconds,
+        let data = EventData::Stuck(event::Stuck {
+            rank: r.rank.max(0) as u32,
+            generation: r.generation,
+            executor: r.executor,
+            executor_name: r.executor_name.clone(),
+            phase: r.phase.clone(),
+            phase_seconds: r.phase_ms as f64 / 1e3,
+            step: r.step.max(0) as u64,
+            median_step_seconds: r.median_step_ms / 1e3,
+            bound_seconds: bound,
+            stuck_factor: w.stuck_factor,
+            stuck_floor_seconds: w.stuck_floor_seconds,
         });
-        if leave(
-            db,
-            r.job,
-            r.executor,
-            r.rank,
-            EventKind::Stuck,
-            &reason,
-            data,
-        )
-        .await?
-        {
+        if leave(db, r.job, r.executor, r.rank, &reason, data).await? {
             left.push((r.job, r.executor));
         }
     }
@@ -286,24 +282,21 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
                 extra,
                 r.median_step_ms,
             );
-            let data = json!({
-                "verdict": "straggler", "rank": r.rank, "generation": r.generation,
-                "executor": r.executor, "executor_name": r.executor_name,
-                "busy_ms": r.busy_ms, "window_steps": r.window,
-                "others_busy_ms": ranks.iter().filter(|o| o.rank != r.rank).map(|o| o.busy_ms).collect::<Vec<_>>(),
-                "straggler_factor": w.straggler_factor,
+            let data = EventData::Straggler(event::Straggler {
+                rank: r.rank.max(0) as u32,
+                generation: r.generation,
+                executor: r.executor,
+                executor_name: r.executor_name.clone(),
+                busy_ms: r.busy_ms,
+                window_steps: r.window.max(0) as u64,
+                others_busy_ms: ranks
+                    .iter()
+                    .filter(|o| o.rank != r.rank)
+                    .map(|o| o.busy_ms)
+                    .collect(),
+                straggler_factor: w.straggler_factor,
             });
-            if leave(
-                db,
-                r.job,
-                r.executor,
-                r.rank,
-                EventKind::Straggler,
-                &reason,
-                data,
-            )
-            .await?
-            {
+            if leave(db, r.job, r.executor, r.rank, &reason, data).await? {
                 left.push((r.job, r.executor));
             }
         }
@@ -319,9 +312,8 @@ async fn leave(
     job: Uuid,
     executor: Uuid,
     rank: i32,
-    kind: EventKind,
     reason: &str,
-    data: serde_json::Value,
+    data: EventData,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db.begin().await?;
     let new: Option<Uuid> = sqlx::query_scalar(
@@ -330,7 +322,7 @@ async fn leave(
     )
     .bind(job)
     .bind(executor)
-    .bind(kind.as_str())
+    .bind(data.kind().as_str())
     .bind(reason)
     .fetch_optional(&mut *tx)
     .await?;
@@ -342,7 +334,7 @@ async fn leave(
         .bind(rank)
         .execute(&mut *tx)
         .await?;
-    lifecycle::event(&mut tx, job, kind, reason, data).await?;
+    lifecycle::event(&mut tx, job, &data, reason).await?;
     lifecycle::notify(&mut tx, job).await?;
     tx.commit().await?;
     tracing::warn!(%job, %executor, rank, "{reason}");

@@ -20,7 +20,8 @@
 //! * a PS shard cut from one of its two workers for 6 s, in sync mode (it
 //!   waits for the cut worker: no version without it), and in bounded mode
 //!   (the other worker trains on, the cut one waits): nobody lost, the
-//!   same generation;
+//!   same generation, and the job ends no worse than a fault-free run
+//!   (row by row, beyond chance);
 //!
 //! * the API cut from every executor for 30 s (six heartbeat timeouts):
 //!   the ring trains on, the scheduler — hearing nobody — suspects itself
@@ -32,7 +33,7 @@
 //!   the cut (the old ring cannot step without them: along the curve the
 //!   measuring generation never goes back), it registers again once the
 //!   link is back and the ring grows to three again; every step recorded
-//!   once, within a point of a fault-free run.
+//!   once, and no worse than a fault-free run (row by row, beyond chance).
 //!
 //! They need root and network namespaces (`ip netns`), which the machines
 //! running `./scripts/test` have.
@@ -42,7 +43,8 @@ use trainyard_common::cluster::{ExecutorState, SuspectVerdict};
 use trainyard_common::event::Suspect;
 use trainyard_common::{EventData, EventKind};
 use trainyard_e2e::{
-    eventually, repo_root, start_executor, ApiClient, Consistency, Lab, MlpSpec, Platform, Proc,
+    eventually, repo_root, start_executor, ApiClient, Consistency, Lab, MlpSpec, Paired, Platform,
+    Proc,
 };
 
 const ADMIN: &str = "partitions-admin-token";
@@ -135,6 +137,40 @@ fn pytorch_of(c: &ApiClient, id: &str, spec: &serde_json::Value) -> f64 {
     let acc = c.pytorch_accuracy(id, spec, &repo_root().join("data/digits.npz"), &dir);
     let _ = std::fs::remove_dir_all(&dir);
     acc
+}
+
+/// Asserts that job `faulted` (of `spec`) is no worse than the fault-free
+/// job `clean` (of `clean_spec`), both judged by PyTorch on the held-out
+/// rows: both train (at least 94 %), and the rows only the faulted model
+/// misses are no more than chance explains (an exact one-sided sign test
+/// at 1 %, `trainyard_e2e::compare`). Two runs follow different
+/// trajectories, so on 359 rows a fixed band of one point (3.6 rows)
+/// fails on noise, most of all where timing decides the trajectory
+/// (bounded staleness). Returns the line to print.
+fn assert_no_worse(
+    c: &ApiClient,
+    clean: &str,
+    clean_spec: &serde_json::Value,
+    faulted: &str,
+    spec: &serde_json::Value,
+) -> String {
+    let digits = repo_root().join("data/digits.npz");
+    let dir = std::env::temp_dir().join(format!("ty-partitions-{faulted}"));
+    let f = c.pytorch_evaluation(faulted, spec, &digits, &dir);
+    let u = c.pytorch_evaluation(clean, clean_spec, &digits, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let paired = Paired::new(&f.correct, &u.correct);
+    let line = format!(
+        "PyTorch held-out accuracy {:.4} vs {:.4} without the fault (rows only the faulted run misses {}, only the clean run misses {}, p = {:.3})",
+        f.accuracy, u.accuracy, paired.only_baseline, paired.only_candidate, paired.p_worse
+    );
+    println!("{line}");
+    assert!(f.accuracy >= 0.94 && u.accuracy >= 0.94, "{line}");
+    assert!(
+        !paired.candidate_is_worse(0.01),
+        "the faulted run is worse than the fault-free one beyond chance: {line}"
+    );
+    line
 }
 
 /// The lab host whose executor holds `rank` of job `id`.
@@ -441,8 +477,8 @@ fn a_ring_cut_in_two_halves_trains_on_neither_side_until_it_heals() {
 /// failing, is retried, and any report is rejected by the scheduler's
 /// probe); the shard makes no version without it, so no step is recorded
 /// during the cut; nobody is declared lost, the generation stays, every
-/// step is recorded once, and the job ends within a point of a fault-free
-/// run.
+/// step is recorded once, and the job ends no worse than a fault-free run
+/// ([`assert_no_worse`]).
 #[test]
 fn a_sync_ps_shard_cut_from_half_its_workers_waits_for_them() {
     let (lab, p, _executors) = lab_platform("part-ps-sync", 3, 20, 25);
@@ -482,17 +518,10 @@ fn a_sync_ps_shard_cut_from_half_its_workers_waits_for_them() {
         "sync mode made versions without the cut worker ({during} → {before_heal} steps)"
     );
     let reported = ends_undisturbed(&admin, &id, generation, steps);
-    let (a, b) = (
-        pytorch_of(&admin, &clean, &clean_spec),
-        pytorch_of(&admin, &id, &cut_spec),
-    );
     println!(
-        "sync PS shard cut from rank {cut_rank}: steps {during} → {before_heal} during the cut, {reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault"
+        "sync PS shard cut from rank {cut_rank}: steps {during} → {before_heal} during the cut, {reported} suspect report(s), all rejected"
     );
-    assert!(
-        (a - b).abs() <= 0.01,
-        "accuracy {b} vs {a} without the fault"
-    );
+    assert_no_worse(&admin, &clean, &clean_spec, &id, &cut_spec);
 }
 
 /// An elastic ring of up to three (at least two) on three hosts.
@@ -512,7 +541,8 @@ fn elastic_ring(name: &str, steps: u64) -> serde_json::Value {
 /// (fencing: no step is ever measured by an older generation after a
 /// newer one); once the link is back the executor is told it is gone,
 /// registers again and the ring grows back to three. Every step is
-/// recorded once and the job ends within a point of a fault-free run.
+/// recorded once and the job ends no worse than a fault-free run
+/// ([`assert_no_worse`]).
 #[test]
 fn an_executor_cut_from_the_api_longer_than_the_timeout_is_replaced_and_rejoins() {
     // Lost after 10 silent 200 ms beats.
@@ -598,15 +628,7 @@ fn an_executor_cut_from_the_api_longer_than_the_timeout_is_replaced_and_rejoins(
             .map(|p| (p.step, p.generation))
             .collect::<Vec<_>>()
     );
-    let (a, b) = (
-        pytorch_of(&admin, &clean, &elastic_ring("eval", steps)),
-        pytorch_of(&admin, &id, &spec),
-    );
-    println!("PyTorch held-out accuracy {b:.4} vs {a:.4} without the fault");
-    assert!(
-        (a - b).abs() <= 0.01,
-        "accuracy {b} vs {a} without the fault"
-    );
+    assert_no_worse(&admin, &clean, &elastic_ring("eval", steps), &id, &spec);
 }
 
 /// Worker `rank`'s last completed step, as its heartbeat reports it.
@@ -622,8 +644,8 @@ fn rank_step(admin: &ApiClient, id: &str, rank: u32) -> i64 {
 /// The same cut in bounded mode (staleness 4): the worker that still
 /// reaches the shard trains on during the cut (its heartbeat's step
 /// moves on), the cut one waits; nobody lost, the same generation, every
-/// suspect report rejected; the job ends within a point of a fault-free
-/// run.
+/// suspect report rejected; the job ends no worse than a fault-free run
+/// ([`assert_no_worse`]).
 #[test]
 fn a_bounded_ps_shard_cut_from_half_its_workers_trains_on_the_other() {
     let (lab, p, _executors) = lab_platform("part-ps-bounded", 3, 20, 25);
@@ -688,13 +710,6 @@ fn a_bounded_ps_shard_cut_from_half_its_workers_trains_on_the_other() {
     assert!(admin.executors(Some("lost")).executors.is_empty());
     assert_eq!(job.generation, generation, "the job was re-placed");
     let reported = suspects_all_rejected(&admin, &id);
-    let (a, b) = (
-        pytorch_of(&admin, &clean, &clean_spec),
-        pytorch_of(&admin, &id, &cut_spec),
-    );
-    println!("{reported} suspect report(s), all rejected; accuracy {b} vs {a} without the fault");
-    assert!(
-        (a - b).abs() <= 0.01,
-        "accuracy {b} vs {a} without the fault"
-    );
+    println!("{reported} suspect report(s), all rejected");
+    assert_no_worse(&admin, &clean, &clean_spec, &id, &cut_spec);
 }

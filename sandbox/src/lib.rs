@@ -162,9 +162,11 @@ impl Status {
 /// `no_new_privs` and seccomp. Call it first thing in the child, while it
 /// has one thread; what it cannot enforce is an error (fail closed).
 pub fn enter(c: &Confinement) -> Result<(), Error> {
-    // The executor's death ends the child too (a role must not outlive
-    // the agent that holds its job's secrets and reports).
-    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    // No PR_SET_PDEATHSIG: its "parent" is the thread that forked the
+    // child, and a model process outlives the role thread that started it
+    // (a survivor's replica is handed to the next generation's thread).
+    // The child watches its parent process instead (the executor's
+    // `exit_with_parent`).
     if nix::unistd::geteuid().is_root() {
         drop_capabilities()?;
     }

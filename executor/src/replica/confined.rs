@@ -201,6 +201,35 @@ fn the_module_runs_in_another_process_than_the_executor() {
     assert!(r.process.is_some());
 }
 
+/// A survivor's replica is started by one generation's role thread and
+/// trained by the next one's: its model process must outlive the thread
+/// that forked it (a thread's death signal would kill it).
+#[test]
+fn a_model_process_outlives_the_thread_that_started_it() {
+    let mut r = std::thread::spawn(|| {
+        let mut r = Replica::new(
+            &super::tests::spec(),
+            tch::Device::Cpu,
+            &Fetcher::local_only(),
+            &Host::for_tests(),
+        )
+        .unwrap();
+        one_step(&mut r).unwrap();
+        r
+    })
+    .join()
+    .unwrap();
+    // Time for a death signal to land, were one set.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(r.usable());
+    for _ in 0..2 {
+        one_step(&mut r).expect("the handed-on replica trains on");
+    }
+    let w = r.weights();
+    let steps = &w.iter().find(|(k, _)| k == "steps").unwrap().1;
+    assert_eq!(steps.int64_value(&[]), 3);
+}
+
 #[test]
 fn a_diverged_loss_from_the_model_process_is_named_as_one() {
     // NaN has no JSON: the loss crosses the pipe as its bits.

@@ -70,6 +70,9 @@ pub struct Conversation {
     scratch: PathBuf,
     /// Set once the child is gone: every later call fails with it.
     dead: Option<String>,
+    /// Whether it died of its own doing or its deadline (a crash the job
+    /// may retry), not because its role stopped.
+    crashed: bool,
     _workspace: crate::sandbox::Workspace,
 }
 
@@ -153,6 +156,7 @@ impl Conversation {
             limits,
             scratch: ws.scratch(),
             dead: None,
+            crashed: false,
             _workspace: ws,
         };
         // What the job reserved on this executor bounds what the child may
@@ -207,8 +211,10 @@ impl Conversation {
     }
 
     /// Whether the child still answers (it was not killed, nor ended).
-    pub fn alive(&self) -> bool {
-        self.dead.is_none()
+    pub fn alive(&mut self) -> bool {
+        // A child that died between calls (killed from outside while its
+        // replica waited for a ring) is as dead as one that died in one.
+        self.dead.is_none() && self.child.try_ending().is_none()
     }
 
     /// Follows the stop signal of the role now using the replica.
@@ -272,6 +278,17 @@ impl Conversation {
         }
     }
 
+    /// The error of every call once the process is gone: a crash when it
+    /// died of its own doing (or its deadline), not when it was stopped.
+    fn dead_error(&self) -> TrainError {
+        let why = self.dead.clone().unwrap_or_default();
+        if self.crashed {
+            TrainError::Crashed(why)
+        } else {
+            TrainError::Model(why)
+        }
+    }
+
     fn unexpected(&mut self) -> TrainError {
         self.child.kill();
         let why = "the model process answered out of turn".to_owned();
@@ -285,8 +302,8 @@ impl Conversation {
         payload: &[&[u8]],
         max_payload: usize,
     ) -> Result<(Reply, Vec<u8>), TrainError> {
-        if let Some(why) = &self.dead {
-            return Err(TrainError::Model(why.clone()));
+        if self.dead.is_some() {
+            return Err(self.dead_error());
         }
         let deadline = Instant::now() + self.timeout;
         let stop = self.stop.clone();
@@ -332,6 +349,8 @@ impl Conversation {
     /// Why the conversation broke (`e`), with the child's ending: it is
     /// killed if it still runs.
     fn ended(&mut self, e: std::io::Error) -> TrainError {
+        // Killed because its role stopped: no crash of the model's.
+        let mut crashed = true;
         let ending = match e.kind() {
             std::io::ErrorKind::TimedOut => {
                 self.child.kill();
@@ -342,6 +361,7 @@ impl Conversation {
             }
             std::io::ErrorKind::ConnectionAborted => {
                 self.child.kill();
+                crashed = false;
                 "was killed: its role was stopped".to_owned()
             }
             _ => {
@@ -376,7 +396,8 @@ impl Conversation {
             }
         );
         self.dead = Some(why.clone());
-        TrainError::Model(why)
+        self.crashed = crashed;
+        self.dead_error()
     }
 }
 

@@ -69,6 +69,11 @@ pub enum TrainError {
     /// The model cannot be built, or does not fit the data or the loss.
     #[error("{0}")]
     Model(String),
+    /// The process running the user's module died (a signal, a resource
+    /// limit, no answer in time): reported as a crash, which the job
+    /// retries a bounded number of times.
+    #[error("{0}")]
+    Crashed(String),
     /// A state handed to this replica (a peer's, a checkpoint's) is not
     /// this model's.
     #[error("{0}")]
@@ -452,6 +457,30 @@ impl Replica {
             }
             (None, None) => 1,
         }
+    }
+
+    /// A copy of the flat vector's buffer part (BatchNorm's running
+    /// statistics), taken before a step whose exchange may fail: a forward
+    /// in training mode moves the buffers before the ring has summed
+    /// anything, and [`Replica::restore_buffers`] puts them back, so that a
+    /// broken ring leaves the replica at its last completed step, buffers
+    /// included. `None` for a model without buffers.
+    pub fn save_buffers(&self) -> Option<Tensor> {
+        let (n, p) = (self.numel, self.trainable);
+        (n > p).then(|| tch::no_grad(|| self.weights.narrow(0, p as i64, (n - p) as i64).copy()))
+    }
+
+    /// Puts back the buffers [`Replica::save_buffers`] copied (the model's
+    /// own, or its process's through the shared vector, which it reads
+    /// before each step).
+    pub fn restore_buffers(&mut self, saved: &Tensor) {
+        let (n, p) = (self.numel, self.trainable);
+        tch::no_grad(|| {
+            self.weights
+                .narrow(0, p as i64, (n - p) as i64)
+                .copy_(saved)
+        });
+        self.buffers_from_flat();
     }
 
     /// Length of [`Replica::export`]: the flat vector, the optimizer state

@@ -6,8 +6,9 @@
 //! buffer, sums that buffer around the ring (reduce-scatter + all-gather,
 //! optionally with the gradient in bf16), and hands the sum to
 //! [`Replica::apply_summed`], which applies the same mean gradient on every
-//! rank. The replica changes only after the all-reduce completed, so a
-//! broken ring leaves it at its last completed step.
+//! rank. The replica's weights change only after the all-reduce completed,
+//! and the buffers its forward moved are put back when the all-reduce
+//! fails, so a broken ring leaves it at its last completed step.
 
 use crate::error::RoleError;
 use crate::replica::data::Batch;
@@ -66,6 +67,8 @@ impl RingStep {
         let computed = Instant::now();
         let n = replica.numel();
         let epoch = replica.cursor.epoch;
+        // Put back if the exchange fails (see `Replica::save_buffers`).
+        let saved = (ring.world() > 1).then(|| replica.save_buffers()).flatten();
         let (loss_sum, flat) = replica.forward_backward(&b)?;
         let compute = computed.elapsed().as_secs_f64();
         let comm_started = Instant::now();
@@ -92,15 +95,21 @@ impl RingStep {
             for i in 0..HASH_LIMBS {
                 limbs[rank * HASH_LIMBS + i] = ((b.id_hash >> (16 * i)) & 0xFFFF) as f32;
             }
-            match replica.spec().compression {
-                Compression::None => ring.allreduce(&mut self.buf, stop)?,
+            let exchanged = match replica.spec().compression {
+                Compression::None => ring.allreduce(&mut self.buf, stop),
                 Compression::Bf16 => {
                     // The gradient in bf16; the buffers, the sample count
                     // and the loss stay exact.
                     let (grad, counts) = self.buf.split_at_mut(replica.trainable_len());
-                    ring.allreduce_wire(grad, Wire::Bf16, stop)?;
-                    ring.allreduce(counts, stop)?;
+                    ring.allreduce_wire(grad, Wire::Bf16, stop)
+                        .and_then(|()| ring.allreduce(counts, stop))
                 }
+            };
+            if let Err(e) = exchanged {
+                if let Some(b) = &saved {
+                    replica.restore_buffers(b);
+                }
+                return Err(e.into());
             }
             let summed = Tensor::from_slice(&self.buf[..n]).to_device(replica.device());
             let mut id_hash = 0u64;

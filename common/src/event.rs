@@ -50,11 +50,13 @@ pub enum EventKind {
     Stuck,
     /// A rank that holds the others back; left out where the spec asks.
     Straggler,
+    /// The process running the job's model died; the job tries again.
+    Crash,
 }
 
 impl EventKind {
     /// Every kind, in the order the enum declares them.
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::Submitted,
         EventKind::Transition,
         EventKind::Strategy,
@@ -67,6 +69,7 @@ impl EventKind {
         EventKind::Preemption,
         EventKind::Stuck,
         EventKind::Straggler,
+        EventKind::Crash,
     ];
 
     /// The name on the wire and in Postgres.
@@ -84,6 +87,7 @@ impl EventKind {
             EventKind::Preemption => "preemption",
             EventKind::Stuck => "stuck",
             EventKind::Straggler => "straggler",
+            EventKind::Crash => "crash",
         }
     }
 }
@@ -122,6 +126,8 @@ pub enum EventData {
     Stuck(Stuck),
     /// A rank that holds the others back.
     Straggler(Straggler),
+    /// A role's model process died, and the job tries again.
+    Crash(Crash),
 }
 
 /// `submitted`: how the job was stored.
@@ -369,6 +375,27 @@ pub struct Straggler {
     pub straggler_factor: f64,
 }
 
+/// `crash`: a role's model process died (the event's reason names the
+/// signal or limit); the job's roles restart in a new generation, from
+/// their peers' state or the latest checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Crash {
+    /// The role's kind, as the API names it (`worker`).
+    pub role: String,
+    /// Its rank.
+    pub index: u32,
+    /// The generation it crashed in.
+    pub generation: i64,
+    /// Its executor.
+    pub executor: Uuid,
+    /// The generation the job now trains in.
+    pub retry_generation: i64,
+    /// Which try this crash ended (1 for the first).
+    pub attempt: u32,
+    /// How many tries the job has in all.
+    pub tries: u32,
+}
+
 impl EventData {
     /// The kind this data is of.
     pub fn kind(&self) -> EventKind {
@@ -385,6 +412,7 @@ impl EventData {
             EventData::Preemption(_) => EventKind::Preemption,
             EventData::Stuck(_) => EventKind::Stuck,
             EventData::Straggler(_) => EventKind::Straggler,
+            EventData::Crash(_) => EventKind::Crash,
         }
     }
 
@@ -414,6 +442,7 @@ impl EventData {
             EventData::Preemption(d) => json(d),
             EventData::Stuck(d) => with_verdict(json(d), "stuck"),
             EventData::Straggler(d) => with_verdict(json(d), "straggler"),
+            EventData::Crash(d) => json(d),
         }
     }
 
@@ -435,6 +464,7 @@ impl EventData {
             EventKind::Preemption => EventData::Preemption(de(data)?),
             EventKind::Stuck => EventData::Stuck(de(data)?),
             EventKind::Straggler => EventData::Straggler(de(data)?),
+            EventKind::Crash => EventData::Crash(de(data)?),
         })
     }
 }
@@ -528,6 +558,15 @@ mod tests {
                 window_steps: 20,
                 others_busy_ms: vec![10.0],
                 straggler_factor: 3.0,
+            }),
+            EventData::Crash(Crash {
+                role: "worker".into(),
+                index: 1,
+                generation: 2,
+                executor: e,
+                retry_generation: 3,
+                attempt: 1,
+                tries: 3,
             }),
         ]
     }

@@ -74,6 +74,12 @@ impl RoleError {
                 }
         )
     }
+
+    /// Whether the process running the user's module died (reported as a
+    /// crash, which the job retries a bounded number of times).
+    pub fn is_crash(&self) -> bool {
+        matches!(self, RoleError::Train(TrainError::Crashed(_)))
+    }
 }
 
 /// Runs `f`, turning a panic (a bug, or an assertion inside libtorch) into a

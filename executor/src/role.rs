@@ -56,6 +56,19 @@ impl Role {
         let _ = self.tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
     }
 
+    /// Ends the role with error `e`: a crash of its model's process is
+    /// reported as one (the API retries the job a bounded number of
+    /// times); anything else fails the job.
+    pub fn end(&self, e: &crate::error::RoleError) {
+        let reason = e.to_string();
+        if e.is_crash() {
+            self.log(LogLevel::Error, reason.clone());
+            let _ = self.tx.send(Item::Outcome(RoleOutcome::Crashed { reason }));
+        } else {
+            self.fail(reason);
+        }
+    }
+
     /// Where its replica's user module runs: this executor's sandbox, the
     /// per-call limit, this role's stop signal.
     pub fn host(&self) -> crate::replica::process::Host {

@@ -3,8 +3,10 @@
 //! that read host files with `torch.from_file` (a file in `/etc`, the
 //! executor's join-token file, its cached copy of another user's dataset,
 //! the object store's folder, the executor's own `/proc` entry), write one
-//! through a shared mapping, allocate 8 GiB, loop forever in `forward`,
-//! and archives cut or scrambled to break the loader.
+//! through a shared mapping, allocate 8 GiB (in every forward, or only
+//! while training, past the inspection: killed at its limit on each of
+//! its 3 tries), loop forever in `forward`, and archives cut or scrambled
+//! to break the loader.
 //!
 //! Each attack must end in a failed job with a reason that names the
 //! operator or the limit; no byte of a target may reach anything the user
@@ -144,6 +146,15 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
     attacks.extend([
         ("write.pt".to_owned(), vec!["aten::from_file", "`forward`"]),
         ("hog.pt".to_owned(), vec!["exceeded its", "MiB memory"]),
+        // Killed at its limit on each try: the job tries 3 times, then fails.
+        (
+            "hog-train.pt".to_owned(),
+            vec![
+                "crashed on each of its 3 tries",
+                "exceeded its",
+                "MiB memory",
+            ],
+        ),
         ("spin.pt".to_owned(), vec!["did not finish within 20 s"]),
         ("truncated.pt".to_owned(), vec!["TorchScript"]),
         ("fuzzed.pt".to_owned(), vec!["TorchScript"]),
@@ -179,6 +190,13 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
     ];
     for (file, id, expect) in &jobs {
         alice.wait_failed_with(file, id, Duration::from_secs(180), expect);
+        let crashes = alice
+            .events(id)
+            .into_iter()
+            .filter(|e| e.kind == trainyard_common::EventKind::Crash)
+            .count();
+        let tries = if file == "hog-train.pt" { 2 } else { 0 };
+        assert_eq!(crashes, tries, "{file}: crash events");
         let seen = readable(&alice, id);
         for n in &needles {
             assert!(

@@ -9,7 +9,9 @@
 //! run. Also: a one-rank job ends with the same weights and buffers as
 //! plain PyTorch in the executor's data order, and a checkpoint of a
 //! BatchNorm model evaluates in PyTorch as the job did at that step and
-//! resumes a job that ends where the uninterrupted one ended.
+//! resumes a job that ends where the uninterrupted one ended, and a job
+//! one of whose ranks' model process is SIGKILLed mid-run tries again and
+//! ends there too.
 //!
 //! The data: `user_models.py write` splits digits into `train.npz` (1297
 //! rows, the jobs' dataset, of which each job holds out 5 % for its own
@@ -602,9 +604,12 @@ const RESUME_AT: u64 = 78;
 
 #[test]
 fn a_batchnorm_checkpoint_evaluates_as_the_job_did_and_resumes_to_the_same_end() {
-    let p = Platform::builder("user-resume").start();
+    // Slowed a little (20 ms a step), so that the crash below lands mid-run.
+    let p = Platform::builder("user-resume")
+        .executor_env("TRAINYARD_SLOW_WORKER", "*:20")
+        .start();
     let files = Files::write(&p);
-    let _execs: Vec<Proc> = (0..2).map(|i| p.executor(&format!("resume-{i}"))).collect();
+    let execs: Vec<Proc> = (0..2).map(|i| p.executor(&format!("resume-{i}"))).collect();
     // A ring of two (each rank writes its slice of the checkpoint), a
     // fifth of the rows held out for the job's own evaluation, no dropout:
     // the run is a function of its data order, so a resumed job must end
@@ -718,4 +723,67 @@ fn a_batchnorm_checkpoint_evaluates_as_the_job_did_and_resumes_to_the_same_end()
         );
     }
     assert_eq!(p.result_accuracy(&b), p.result_accuracy(&a));
+
+    // The same job again, with one rank's model process SIGKILLed once
+    // mid-run (a host's OOM killer, a flaky device): its role reports a
+    // crash, the job tries again (a `crash` event), the crashed rank takes
+    // its peer's state, and the job ends where the uninterrupted one did.
+    let pids: Vec<u32> = execs.iter().map(Proc::pid).collect();
+    let before = model_processes(&pids);
+    let mut third = first.clone();
+    third["name"] = json!("bn-crashed");
+    let c = p.submit(&third);
+    p.wait_steps(&c, 40, Duration::from_secs(120));
+    let victim = model_processes(&pids)
+        .into_iter()
+        .find(|pid| !before.contains(pid))
+        .unwrap_or_else(|| panic!("no model process of job {c}"));
+    trainyard_e2e::kill9(victim);
+    succeeded(&p, &c, Duration::from_secs(300)).unwrap_or_else(|e| {
+        let lines: Vec<String> = p.logs(&c).into_iter().map(|l| format!("{l:?}")).collect();
+        panic!("the crashed job {e}; its log:\n{}", lines.join("\n"))
+    });
+    let crashes: Vec<_> = p
+        .events(&c)
+        .into_iter()
+        .filter(|e| e.kind == trainyard_common::EventKind::Crash)
+        .collect();
+    assert_eq!(crashes.len(), 1, "{crashes:?}");
+    assert!(crashes[0].reason.contains("SIGKILL"), "{:?}", crashes[0]);
+    assert!(
+        matches!(crashes[0].typed(), Ok(trainyard_common::EventData::Crash(ref x)) if x.attempt == 1),
+        "{:?}",
+        crashes[0]
+    );
+    let fc = files.dir.join("c.safetensors");
+    download(&p, &c, "safetensors", &fc).unwrap();
+    let cmp = py(&[Path::new("compare"), &fc, &fa]);
+    println!(
+        "crashed once vs uninterrupted, relative differences: {}",
+        cmp["relative"]
+    );
+    let far = differing(&cmp, 1e-5);
+    assert!(far.is_empty(), "the crashed job ended elsewhere: {far:?}");
+}
+
+/// The confined model processes (`--sandboxed model`) that the executors
+/// `parents` run now.
+fn model_processes(parents: &[u32]) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The parent is the fourth field, after the command in parentheses.
+            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            let model = args
+                .windows(2)
+                .any(|w| w[0] == b"--sandboxed" && w[1] == b"model");
+            (parents.contains(&ppid) && model).then_some(pid)
+        })
+        .collect()
 }

@@ -10,6 +10,8 @@ point them at its own secrets.
   inspection's trial runs it (the sandbox, not the screen, must stop it);
 - write.pt: maps the "write" target shared and overwrites it;
 - hog.pt: allocates 8 GiB in every forward;
+- hog-train.pt: allocates 8 GiB in training mode only, so that it passes
+  the inspection and is killed at its memory limit on every try to train;
 - spin.pt: loops forever in forward;
 - truncated.pt / fuzzed.pt: a good archive cut in half, and one whose
   pickled data is scrambled (the loader must not take the executor down).
@@ -68,6 +70,19 @@ class Hog(torch.nn.Module):
         return self.fc(x) + big[0]
 
 
+class TrainingHog(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        if self.training:
+            # Sized by the batch, so that no constant folding runs it early.
+            big = torch.ones([x.size(0) * 67108864])
+            return self.fc(x) + big[0]
+        return self.fc(x)
+
+
 class Spin(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -94,6 +109,7 @@ for i, path in enumerate(targets["read"]):
 torch.jit.script(reader(targets["read"][0], False)).save(os.path.join(d, "read-eval.pt"))
 torch.jit.script(Write(targets["write"])).save(os.path.join(d, "write.pt"))
 torch.jit.script(Hog()).save(os.path.join(d, "hog.pt"))
+torch.jit.script(TrainingHog()).save(os.path.join(d, "hog-train.pt"))
 torch.jit.script(Spin()).save(os.path.join(d, "spin.pt"))
 
 good = os.path.join(d, "good-for-fuzz.pt")

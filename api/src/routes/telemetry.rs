@@ -9,9 +9,11 @@
 //! role instance and sequence number), so an executor that retries after a
 //! lost answer duplicates nothing. An outcome is accepted only from a role
 //! of the job's current generation: it ends the job (`succeeded` with its
-//! result, or `failed` with the role's reason). An outcome for a job that
-//! has already ended (a retry whose answer was lost) changes nothing: a
-//! job has one result.
+//! result, or `failed` with the role's reason), except a crash of the
+//! role's model process, which starts the job's next try (a new generation
+//! of the same placement) until its tries are used up. An outcome for a
+//! job that has already ended (a retry whose answer was lost) changes
+//! nothing: a job has one result.
 
 use super::access::authorize_executor;
 use super::job_rows::{ensure_job, stored_spec};
@@ -33,8 +35,9 @@ pub use trainyard_common::api::{
 };
 use trainyard_common::cluster::{
     LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_REPORT_ITEMS,
+    MODEL_CRASH_TRIES,
 };
-use trainyard_common::event::Outcome;
+use trainyard_common::event::{Crash, Outcome};
 use trainyard_common::{EventData, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -269,6 +272,9 @@ async fn apply_outcome(
     if !current {
         return Ok(Verdict::Stale);
     }
+    if let RoleOutcome::Crashed { reason } = outcome {
+        return crashed(tx, executor, key, state, &text(reason)).await;
+    }
     let (to, reason, data) = result_of(outcome);
     sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
         .bind(key.job_id)
@@ -300,6 +306,95 @@ async fn apply_outcome(
         }
         Err(TransitionError::Database(e)) => Err(e.into()),
     }
+}
+
+/// A role's model process died (a signal, a limit, no answer in time).
+/// Below [`MODEL_CRASH_TRIES`] crashes, the job tries again as it would
+/// after losing the role's executor: the same placement in a new
+/// generation, every role restarted, the crashed replica rebuilt from its
+/// peers' state or the latest checkpoint, with a `crash` event naming the
+/// role, the cause and the try. The crash that uses up the tries fails
+/// the job with the same cause: a model that crashes every time is not
+/// retried for ever.
+async fn crashed(
+    tx: &mut PgConnection,
+    executor: Uuid,
+    key: &RoleKey,
+    state: JobState,
+    reason: &str,
+) -> ApiResult<Verdict> {
+    let job = key.job_id;
+    let before: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM job_events WHERE job_id = $1 AND kind = 'crash'")
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await?;
+    let attempt = u32::try_from(before).unwrap_or(u32::MAX).saturating_add(1);
+    let name: Option<String> = sqlx::query_scalar("SELECT name FROM executors WHERE id = $1")
+        .bind(executor)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let who = format!(
+        "{} {} on {}",
+        key.role.api_name(),
+        key.wire_index(),
+        name.unwrap_or_else(|| executor.to_string())
+    );
+    if attempt >= MODEL_CRASH_TRIES {
+        let why = format!(
+            "the model crashed on each of its {MODEL_CRASH_TRIES} tries; the last time, {who}: {reason}"
+        );
+        lifecycle::event(&mut *tx, job, &EventData::Result(Outcome::Failed {}), &why).await?;
+        return match lifecycle::transition(&mut *tx, job, JobState::Failed, &why).await {
+            Ok(_) => Ok(Verdict::Applied),
+            Err(TransitionError::Illegal { .. }) => Ok(Verdict::Ignored),
+            Err(TransitionError::NotFound) => {
+                Err(ApiError::NotFound(format!("no job with id {job}")))
+            }
+            Err(TransitionError::Database(e)) => Err(e.into()),
+        };
+    }
+    let next = key.generation + 1;
+    sqlx::query("UPDATE assignments SET generation = $2 WHERE job_id = $1")
+        .bind(job)
+        .bind(next)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("UPDATE jobs SET generation = $2, updated_at = clock_timestamp() WHERE id = $1")
+        .bind(job)
+        .bind(next)
+        .execute(&mut *tx)
+        .await?;
+    let why = format!(
+        "{who}: {reason}; the job's roles restart at generation {next}, from their peers' state or the latest checkpoint (try {} of {MODEL_CRASH_TRIES})",
+        attempt + 1
+    );
+    let data = EventData::Crash(Crash {
+        role: key.role.api_name().to_owned(),
+        index: key.wire_index(),
+        generation: key.generation,
+        executor,
+        retry_generation: next,
+        attempt,
+        tries: MODEL_CRASH_TRIES,
+    });
+    lifecycle::event(&mut *tx, job, &data, &why).await?;
+    if state == JobState::Running {
+        lifecycle::transition(&mut *tx, job, JobState::Recovering, &why)
+            .await
+            .map_err(|e| match e {
+                TransitionError::Database(e) => ApiError::from(e),
+                other => ApiError::Conflict(other.to_string()),
+            })?;
+    } else {
+        sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1")
+            .bind(job)
+            .bind(&why)
+            .execute(&mut *tx)
+            .await?;
+        lifecycle::notify(&mut *tx, job).await?;
+    }
+    Ok(Verdict::Applied)
 }
 
 /// The state an outcome moves the job to, the reason its result event and
@@ -341,7 +436,8 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, EventData) {
                 }),
             )
         }
-        RoleOutcome::Failed { reason } => (
+        // A crash that uses up the job's tries (`crashed`) fails it too.
+        RoleOutcome::Failed { reason } | RoleOutcome::Crashed { reason } => (
             JobState::Failed,
             text(reason),
             EventData::Result(Outcome::Failed {}),

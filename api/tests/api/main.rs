@@ -4,6 +4,7 @@
 mod artifacts;
 mod auth;
 mod checkpoints;
+mod crashes;
 mod executors;
 mod fencing;
 mod health;

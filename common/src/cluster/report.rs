@@ -128,7 +128,21 @@ pub enum RoleOutcome {
         /// Why, naming the problem.
         reason: String,
     },
+    /// The process that ran the job's model (a user's TorchScript module)
+    /// died: a signal, a resource limit, or no answer in time. The API
+    /// retries the job from its peers' state or its latest checkpoint, up
+    /// to [`MODEL_CRASH_TRIES`] times in all, then fails it.
+    Crashed {
+        /// How it died, naming the signal or limit.
+        reason: String,
+    },
 }
+
+/// How many times in all a job's model may crash (a
+/// [`RoleOutcome::Crashed`]) before the job fails: a model that crashes
+/// every time is not retried for ever, a one-off (a host's OOM killer, a
+/// flaky device) costs a restart, not the job.
+pub const MODEL_CRASH_TRIES: u32 = 3;
 
 // The schema `RoleOutcome` publishes: the same wire format, each variant's
 // fields a named schema of their own (utoipa would inline them, and client
@@ -147,6 +161,10 @@ pub(crate) enum RoleOutcomeSchema {
     /// Training failed.
     #[schema(title = "FailedOutcome")]
     Failed(RoleFailure),
+    /// The process that ran the job's model died; the API retries a
+    /// bounded number of times.
+    #[schema(title = "CrashedOutcome")]
+    Crashed(RoleFailure),
 }
 
 /// What a role that finished training reports.
@@ -217,6 +235,7 @@ mod outcome_schema_tests {
                 weights_url,
             }),
             RoleOutcome::Failed { reason } => RoleOutcomeSchema::Failed(RoleFailure { reason }),
+            RoleOutcome::Crashed { reason } => RoleOutcomeSchema::Crashed(RoleFailure { reason }),
         }
     }
 
@@ -233,7 +252,10 @@ mod outcome_schema_tests {
         let failed = RoleOutcome::Failed {
             reason: "out of memory".into(),
         };
-        for o in [succeeded, failed] {
+        let crashed = RoleOutcome::Crashed {
+            reason: "the model process was killed by SIGSEGV".into(),
+        };
+        for o in [succeeded, failed, crashed] {
             let wire = serde_json::to_value(&o).unwrap();
             assert_eq!(serde_json::to_value(published(o.clone())).unwrap(), wire);
             assert_eq!(serde_json::from_value::<RoleOutcome>(wire).unwrap(), o);

@@ -460,7 +460,7 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
                 }
             }
             Err(e) => {
-                role.fail(e.to_string());
+                role.end(&e);
                 return KeptWorker::default();
             }
         }

@@ -234,7 +234,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 }
             }
             Err(e) => {
-                role.fail(e.to_string());
+                role.end(&e);
                 return Kept::default();
             }
         }

@@ -181,23 +181,36 @@ fn a_broken_archive_fails_its_replica_not_the_executor() {
     }
 }
 
-#[test]
-fn the_module_runs_in_another_process_than_the_executor() {
-    // The buffer module counts its own steps: a counter that only the
-    // child's module moves, seen here through the shared flat vector.
-    let mut r = Replica::new(
+/// A replica of the module that counts its own steps in a buffer.
+fn counting_replica() -> Replica {
+    Replica::new(
         &super::tests::spec(),
         tch::Device::Cpu,
         &Fetcher::local_only(),
         &Host::for_tests(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The steps the module counted, as the executor sees its buffer.
+fn steps_counted(r: &Replica) -> i64 {
+    let w = r.weights();
+    w.iter()
+        .find(|(k, _)| k == "steps")
+        .unwrap()
+        .1
+        .int64_value(&[])
+}
+
+#[test]
+fn the_module_runs_in_another_process_than_the_executor() {
+    // The buffer module counts its own steps: a counter that only the
+    // child's module moves, seen here through the shared flat vector.
+    let mut r = counting_replica();
     for _ in 0..3 {
         one_step(&mut r).unwrap();
     }
-    let w = r.weights();
-    let steps = &w.iter().find(|(k, _)| k == "steps").unwrap().1;
-    assert_eq!(steps.int64_value(&[]), 3);
+    assert_eq!(steps_counted(&r), 3);
     assert!(r.process.is_some());
 }
 
@@ -207,13 +220,7 @@ fn the_module_runs_in_another_process_than_the_executor() {
 #[test]
 fn a_model_process_outlives_the_thread_that_started_it() {
     let mut r = std::thread::spawn(|| {
-        let mut r = Replica::new(
-            &super::tests::spec(),
-            tch::Device::Cpu,
-            &Fetcher::local_only(),
-            &Host::for_tests(),
-        )
-        .unwrap();
+        let mut r = counting_replica();
         one_step(&mut r).unwrap();
         r
     })
@@ -225,9 +232,7 @@ fn a_model_process_outlives_the_thread_that_started_it() {
     for _ in 0..2 {
         one_step(&mut r).expect("the handed-on replica trains on");
     }
-    let w = r.weights();
-    let steps = &w.iter().find(|(k, _)| k == "steps").unwrap().1;
-    assert_eq!(steps.int64_value(&[]), 3);
+    assert_eq!(steps_counted(&r), 3);
 }
 
 #[test]

@@ -378,11 +378,20 @@ if e:
     if p:
         w(f"![step time breakdown]({p})\n")
     table("e2e")
+    if e.get("user_model_rows"):
+        w(f"Users' models: the same MLP as a TorchScript module (`bench/e2e_baseline.py write`), submitted as "
+          "`{\"kind\": \"torchscript\"}`, so that every step crosses the sandbox's process boundary: the role thread in "
+          "the executor hands each batch to the job's confined model process and takes its gradients back. Its rows "
+          "are shown against the built-in model trained in-process, and ring ×2 against PyTorch DDP over gloo "
+          f"(`bench/e2e_baseline.py` with `\"world\": 2`: two processes of one thread, same model, optimizer and per-rank batch; "
+          f"{e['ddp_samples_per_sec']:,.0f} samples/s in this run), with the target ≥ 1.0×.\n")
     w(f"Recovery: a 2-worker job trains past step 300, one executor is SIGKILLed, and the time runs until the API "
-      "holds a step beyond the furthest one rank 0 can have trained before the kill (what the API held at the kill plus "
-      "0.6 s of steps at the rate before it: reports lag by up to 0.5 s, and a late report of steps trained before the "
-      "kill must not count as resumption; the bound errs long); baseline: the same job's cold start (submit → first "
-      f"step at the API). Production heartbeats ({e['heartbeat']['interval_ms']} ms, lost after "
+      "holds a step that a later generation trained (every metric point carries the generation that measured it, so a "
+      "late report of steps trained before the kill does not count as resumption); baseline: the same job's cold "
+      "start (submit → first step at the API). A ring rank and a PS worker are killed with the built-in model and "
+      "with the TorchScript one (whose confined model process dies with its executor); the TorchScript jobs' cold "
+      "start, beside the built-in ones', is the cost of a role's start-up in a sandboxed process. "
+      f"Production heartbeats ({e['heartbeat']['interval_ms']} ms, lost after "
       f"{e['heartbeat']['misses']} silent beats); the kill is detected by the victim's data-plane peers, which report it, "
       "and confirmed by the scheduler's probe of its data plane; heartbeats are long-polls, so the new generation "
       "reaches the survivors at once, and a role's first step reaches the API at once (later ones in reports every 0.5 s). "

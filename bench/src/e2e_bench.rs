@@ -18,7 +18,15 @@
 //!   steps. Baseline: the
 //!   same model, optimizer and batch in one plain Python PyTorch eager
 //!   process with one thread (`bench/e2e_baseline.py`), run in the same
-//!   invocation. The communication share is comm ÷ step time.
+//!   invocation. The communication share is comm ÷ step time. The ring ×2
+//!   row is also held against PyTorch DDP over gloo, two processes of one
+//!   thread with the same model, optimizer and per-rank batch (the same
+//!   script with `"world": 2`).
+//! * Users' models: the same MLP as a TorchScript module
+//!   (`bench/e2e_baseline.py write`), submitted as `{"kind": "torchscript"}`, so
+//!   every step crosses the sandbox's process boundary (the executor's role
+//!   thread ↔ the confined model process). Ring ×2 is held to ≥ 1.0× DDP;
+//!   both patterns are shown against the built-in model in-process.
 //! * Recovery: a 2-worker job (each pattern; for PS, a checkpoint every 50
 //!   steps) trains; the executor of a worker, of the shard's primary in a
 //!   job with `replicas: 1`, or of the (unreplicated) shard is SIGKILLed;
@@ -29,10 +37,15 @@
 //!   the scheduler's new placement: the data-plane peers report the kill
 //!   and the scheduler confirms it, see
 //!   `trainyard_scheduler::service::suspect`) and resumption. Each kill
-//!   runs 3 times (short) or 5 (full); the figures are medians, and the
-//!   first three kinds are held to the target of 1.0 s. Baseline:
-//!   the same job's cold start (submit → its first step at the API),
-//!   measured the same way in the same run. A role's first step reaches
+//!   runs 3 times (short) or 5 (full); the figures are medians, and every
+//!   kind but the unreplicated shard is held to the target of 1.0 s. A
+//!   ring rank and a PS worker are killed both with the built-in model and
+//!   with the TorchScript one (its confined model process dies with its
+//!   executor). Baseline: the same job's cold start (submit → its first
+//!   step at the API), measured the same way in the same run. Role
+//!   start-up is that cold start for the TorchScript job (a model process
+//!   spawned, confined and loaded) beside the built-in one (a role
+//!   thread). A role's first step reaches
 //!   the API at once, later ones in reports every 0.5 s.
 //!
 //! `e2e-bench [--short] [--recovery]` (`--recovery`: the recovery runs
@@ -43,6 +56,7 @@
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use std::future::Future;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use trainyard_bench::figure::{record_data, Better, Figure};
@@ -55,6 +69,8 @@ use uuid::Uuid;
 
 const JOIN: &str = "e2e-bench-join";
 const BATCH: u64 = 32;
+const LR: f64 = 0.005;
+const WEIGHT_DECAY: f64 = 0.0001;
 const EXECUTORS: usize = 4;
 /// The production heartbeat (the API's defaults), set explicitly so that
 /// what the report says is what ran.
@@ -180,14 +196,48 @@ impl Cluster {
     }
 }
 
-fn spec(strategy: &str, workers: u64, steps: u64, checkpoint_every: Option<u64>) -> Value {
+/// The model a benchmark job trains: the built-in MLP (trained in the
+/// executor's own process) or the same MLP as a user's TorchScript module
+/// (trained in a confined child process, the sandbox's cost).
+#[derive(Clone, Copy)]
+enum Model<'a> {
+    Builtin,
+    TorchScript(&'a Path),
+}
+
+impl Model<'_> {
+    fn json(self) -> Value {
+        match self {
+            Model::Builtin => json!({"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10}),
+            Model::TorchScript(p) => {
+                json!({"kind": "torchscript", "url": format!("file://{}", p.display())})
+            }
+        }
+    }
+
+    /// The prefix of its figures' names.
+    fn label(self) -> &'static str {
+        match self {
+            Model::Builtin => "",
+            Model::TorchScript(_) => "TorchScript ",
+        }
+    }
+}
+
+fn spec(
+    strategy: &str,
+    workers: u64,
+    steps: u64,
+    checkpoint_every: Option<u64>,
+    model: Model,
+) -> Value {
     let digits = repo_root().join("data/digits.npz");
     let mut s = json!({
         "name": format!("e2e-bench-{strategy}-{workers}"),
-        "model": {"kind": "mlp", "inputs": 64, "hidden": [128], "outputs": 10},
+        "model": model.json(),
         "dataset": {"kind": "file", "url": format!("file://{}", digits.display())},
         "loss": "cross_entropy",
-        "optimizer": {"kind": "adamw", "lr": 0.005, "weight_decay": 0.0001},
+        "optimizer": {"kind": "adamw", "lr": LR, "weight_decay": WEIGHT_DECAY},
         "batch_size": BATCH,
         "steps": steps,
         "strategy": strategy,
@@ -262,13 +312,10 @@ fn throughput(
     strategy: &str,
     workers: u64,
     window: Duration,
+    model: Model,
 ) -> anyhow::Result<Value> {
-    let id = c
-        .api(
-            c.client
-                .submit_job(&spec(strategy, workers, 100_000_000, None), None),
-        )?
-        .id;
+    let job = spec(strategy, workers, 100_000_000, None, model);
+    let id = c.api(c.client.submit_job(&job, None))?.id;
     let start = Instant::now();
     while c.last_step(id)? == 0 {
         anyhow::ensure!(
@@ -294,32 +341,71 @@ fn throughput(
     let (data, compute, comm, n) = breakdown(c, id, s1, s2)?;
     c.cancel(id)?;
     Ok(
-        json!({"strategy": strategy, "workers": workers, "samples_per_sec": sps,
+        json!({"strategy": strategy, "workers": workers, "model": model.label().trim(),
+        "samples_per_sec": sps,
         "window_s": secs, "steps": s2 - s1, "steps_per_sec": (s2 - s1) as f64 / secs,
         "data_ms": data * 1e3, "compute_ms": compute * 1e3, "comm_ms": comm * 1e3,
         "metric_points": n}),
     )
 }
 
-fn python_baseline(steps: u64) -> anyhow::Result<f64> {
-    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e_baseline.py");
-    let cfg = json!({
+fn python() -> String {
+    std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The benchmark job's recipe, as the Python baselines take it.
+fn baseline_recipe(steps: u64) -> Value {
+    json!({
         "data": repo_root().join("data/digits.npz"), "hidden": [128], "batch": BATCH,
-        "lr": 0.005, "weight_decay": 0.0001, "steps": steps, "warmup": 20, "threads": 1,
-    });
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(cfg.to_string())
+        "lr": LR, "weight_decay": WEIGHT_DECAY, "steps": steps, "warmup": 20, "threads": 1,
+    })
+}
+
+/// Runs a Python helper of the benchmark and reads the `samples_per_sec`
+/// of the JSON object it prints.
+fn samples_per_sec(script: &str, args: &[&str]) -> anyhow::Result<f64> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = Command::new(python())
+        .arg(&path)
+        .args(args)
         .output()
-        .with_context(|| format!("running {python}"))?;
+        .with_context(|| format!("running {}", python()))?;
     anyhow::ensure!(
         out.status.success(),
-        "the Python baseline failed: {}",
+        "{script} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout)?;
     v["samples_per_sec"].as_f64().context("no samples_per_sec")
+}
+
+/// One plain Python PyTorch eager process, one thread.
+fn python_baseline(steps: u64) -> anyhow::Result<f64> {
+    samples_per_sec("e2e_baseline.py", &[&baseline_recipe(steps).to_string()])
+}
+
+/// PyTorch DDP over gloo, `world` processes of one thread each.
+fn ddp_baseline(steps: u64, world: u64) -> anyhow::Result<f64> {
+    let mut cfg = baseline_recipe(steps);
+    cfg["world"] = json!(world);
+    samples_per_sec("e2e_baseline.py", &[&cfg.to_string()])
+}
+
+/// Writes the benchmark's MLP as a user's TorchScript module to `path`.
+fn write_torchscript(path: &Path) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e_baseline.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .arg("write")
+        .arg(path)
+        .output()
+        .with_context(|| format!("running {}", python()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "writing the TorchScript model failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// What a recovery run measured (seconds).
@@ -342,10 +428,15 @@ enum Victim {
     ReplicatedShard,
 }
 
-fn recovery(c: &mut Cluster, strategy: &str, victim: Victim) -> anyhow::Result<Recovery> {
+fn recovery(
+    c: &mut Cluster,
+    strategy: &str,
+    victim: Victim,
+    model: Model,
+) -> anyhow::Result<Recovery> {
     let ckpt = (strategy == "parameter_server").then_some(50);
     let submitted = Instant::now();
-    let mut s = spec(strategy, 2, 1_000_000, ckpt);
+    let mut s = spec(strategy, 2, 1_000_000, ckpt, model);
     if victim == Victim::ReplicatedShard {
         s["replicas"] = json!(1);
     }
@@ -467,6 +558,32 @@ fn median(xs: &[f64]) -> f64 {
 /// The target for kill → training resumed at the API (median).
 const RECOVERY_TARGET_S: f64 = 1.0;
 
+/// Emits the two figures of a throughput row: samples/s against
+/// `baseline`, and communication against the step time.
+fn emit_row(row: &Value, name: &str, baseline_name: &str, baseline: f64) {
+    let n = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
+    Figure::new(
+        "e2e",
+        format!("{name} samples/s"),
+        n("samples_per_sec"),
+        "samples/s",
+        baseline_name,
+        baseline,
+        Better::Higher,
+    )
+    .emit();
+    Figure::new(
+        "e2e",
+        format!("{name} communication per step"),
+        n("comm_ms"),
+        "ms",
+        "step time",
+        n("data_ms") + n("compute_ms") + n("comm_ms"),
+        Better::Lower,
+    )
+    .emit();
+}
+
 fn main() -> anyhow::Result<()> {
     let short = std::env::args().any(|a| a == "--short");
     // Only the recovery runs (no throughput rows, no Python baseline).
@@ -478,14 +595,23 @@ fn main() -> anyhow::Result<()> {
         .context("no binary folder")?
         .to_path_buf();
     std::env::set_var("TRAINYARD_BIN_DIR", &exe_dir);
-    let baseline = if recovery_only {
-        f64::NAN
+    let baseline_steps = if short { 2000 } else { 10_000 };
+    let (baseline, ddp) = if recovery_only {
+        (f64::NAN, f64::NAN)
     } else {
-        python_baseline(if short { 2000 } else { 10_000 })?
+        (
+            python_baseline(baseline_steps)?,
+            ddp_baseline(baseline_steps, 2)?,
+        )
     };
     let mut c = Cluster::start()?;
+    // The same MLP as a user would bring it; executors read it like any
+    // `file://` model and train it in their confined model process.
+    let user_model = c.server.work.join("digits-mlp.pt");
+    write_torchscript(&user_model)?;
+    let torchscript = Model::TorchScript(&user_model);
     println!(
-        "# end to end: digits MLP 64-128-10, AdamW, {BATCH} samples per worker per step, samples/s over {window:?} of training after a warm-up; {EXECUTORS} executors (1 libtorch thread each) and the API on this machine; baseline: one Python PyTorch eager process, 1 thread: {baseline:.0} samples/s"
+        "# end to end: digits MLP 64-128-10, AdamW, {BATCH} samples per worker per step, samples/s over {window:?} of training after a warm-up; {EXECUTORS} executors (1 libtorch thread each) and the API on this machine; baselines: one Python PyTorch eager process, 1 thread: {baseline:.0} samples/s; PyTorch DDP (gloo), 2 processes of 1 thread: {ddp:.0} samples/s"
     );
     let mut rows = Vec::new();
     let patterns: &[&str] = if recovery_only {
@@ -493,58 +619,98 @@ fn main() -> anyhow::Result<()> {
     } else {
         &["allreduce", "parameter_server"]
     };
+    let short_name = |strategy: &str| {
+        if strategy == "allreduce" {
+            "ring"
+        } else {
+            "ps"
+        }
+    };
     for &strategy in patterns {
         for workers in [1u64, 2, 4] {
-            let row = throughput(&c, strategy, workers, window)?;
-            let n = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
-            let (sps, comm, step) = (
-                n("samples_per_sec"),
-                n("comm_ms"),
-                n("data_ms") + n("compute_ms") + n("comm_ms"),
-            );
-            let label = if strategy == "allreduce" {
-                "ring"
-            } else {
-                "ps"
-            };
-            Figure::new(
-                "e2e",
-                format!("e2e {label} {workers} worker(s) samples/s"),
-                sps,
-                "samples/s",
-                "PyTorch eager, 1 process",
-                baseline,
-                Better::Higher,
-            )
-            .emit();
-            Figure::new(
-                "e2e",
-                format!("e2e {label} {workers} worker(s) communication per step"),
-                comm,
-                "ms",
-                "step time",
-                step,
-                Better::Lower,
-            )
-            .emit();
+            let row = throughput(&c, strategy, workers, window, Model::Builtin)?;
+            let name = format!("e2e {} {workers} worker(s)", short_name(strategy));
+            emit_row(&row, &name, "PyTorch eager, 1 process", baseline);
+            if strategy == "allreduce" && workers == 2 {
+                Figure::new(
+                    "e2e",
+                    "e2e ring 2 worker(s) samples/s against DDP",
+                    row["samples_per_sec"].as_f64().unwrap_or(f64::NAN),
+                    "samples/s",
+                    "PyTorch DDP gloo, 2 processes",
+                    ddp,
+                    Better::Higher,
+                )
+                .emit();
+            }
             rows.push(row);
         }
     }
+    // Users' models: the sandbox's process boundary on the hot path.
+    let mut user_rows = Vec::new();
+    for &strategy in patterns {
+        let row = throughput(&c, strategy, 2, window, torchscript)?;
+        let builtin = rows
+            .iter()
+            .find(|r| r["strategy"] == strategy && r["workers"] == 2)
+            .and_then(|r| r["samples_per_sec"].as_f64())
+            .unwrap_or(f64::NAN);
+        let name = format!("e2e TorchScript {} 2 worker(s)", short_name(strategy));
+        emit_row(&row, &name, "built-in model, in-process", builtin);
+        if strategy == "allreduce" {
+            Figure::new(
+                "e2e",
+                "e2e TorchScript ring 2 worker(s) samples/s against DDP",
+                row["samples_per_sec"].as_f64().unwrap_or(f64::NAN),
+                "samples/s",
+                "PyTorch DDP gloo, 2 processes",
+                ddp,
+                Better::Higher,
+            )
+            .target(trainyard_bench::figure::Target::AtLeast(1.0))
+            .emit();
+        }
+        user_rows.push(row);
+    }
     let mut recoveries = Vec::new();
+    let mut cold_starts = Vec::new();
     // Each kill `runs` times; the figures are the medians.
-    for (strategy, victim, what) in [
-        ("allreduce", Victim::Worker, "ring rank"),
-        ("parameter_server", Victim::Worker, "ps worker"),
+    for (strategy, victim, what, model) in [
+        ("allreduce", Victim::Worker, "ring rank", Model::Builtin),
+        (
+            "allreduce",
+            Victim::Worker,
+            "TorchScript ring rank",
+            torchscript,
+        ),
+        (
+            "parameter_server",
+            Victim::Worker,
+            "ps worker",
+            Model::Builtin,
+        ),
+        (
+            "parameter_server",
+            Victim::Worker,
+            "TorchScript ps worker",
+            torchscript,
+        ),
         (
             "parameter_server",
             Victim::ReplicatedShard,
             "replicated ps shard",
+            Model::Builtin,
         ),
-        ("parameter_server", Victim::Shard, "ps shard"),
+        (
+            "parameter_server",
+            Victim::Shard,
+            "ps shard",
+            Model::Builtin,
+        ),
     ] {
         let mut all = Vec::new();
         for _ in 0..runs {
-            let r = recovery(&mut c, strategy, victim)?;
+            let r = recovery(&mut c, strategy, victim, model)?;
             println!(
                 "#   {what}: killed {} after step {}; detection (kill → new placement) {:.2} s, resumption {:.2} s, total {:.2} s",
                 r.killed,
@@ -568,7 +734,7 @@ fn main() -> anyhow::Result<()> {
         )
         .emit();
         // The data-plane peers report the kill at once; the target
-        // holds for the three kinds a replica or a survivor takes over.
+        // holds for the kinds a replica or a survivor takes over.
         if victim != Victim::Shard {
             Figure::new(
                 "e2e",
@@ -582,16 +748,43 @@ fn main() -> anyhow::Result<()> {
             .target(trainyard_bench::figure::Target::AtMost(1.0))
             .emit();
         }
+        if victim == Victim::Worker {
+            cold_starts.push((strategy, model.label(), cold));
+        }
         recoveries.push(json!({"what": what, "strategy": strategy, "total_s": total,
             "detect_s": detect, "cold_start_s": cold,
             "step_before": all.last().map_or(0, |r| r.step_before),
             "runs": all.iter().map(|r| json!({"total_s": r.total, "detect_s": r.detect,
                 "cold_start_s": r.cold_start, "killed": r.killed})).collect::<Vec<_>>()}));
     }
+    // Role start-up: a confined model process against a role thread, as a
+    // job's submit → first step at the API.
+    for strategy in ["allreduce", "parameter_server"] {
+        let find = |label: &str| {
+            cold_starts
+                .iter()
+                .find(|(s, l, _)| *s == strategy && *l == label)
+                .map_or(f64::NAN, |c| c.2)
+        };
+        Figure::new(
+            "e2e",
+            format!(
+                "start-up of a TorchScript {} job (submit → first step)",
+                short_name(strategy)
+            ),
+            find("TorchScript "),
+            "s",
+            "built-in model, in-process",
+            find(""),
+            Better::Lower,
+        )
+        .emit();
+    }
     record_data(
         if recovery_only { "e2e-recovery" } else { "e2e" },
         &json!({"window_s": window.as_secs_f64(), "batch": BATCH, "executors": EXECUTORS,
-            "baseline_samples_per_sec": baseline, "rows": rows, "recoveries": recoveries,
+            "baseline_samples_per_sec": baseline, "ddp_samples_per_sec": ddp, "rows": rows,
+            "user_model_rows": user_rows, "recoveries": recoveries,
             "heartbeat": {"interval_ms": HEARTBEAT_MS, "misses": HEARTBEAT_MISSES}}),
     );
     drop(std::mem::take(&mut c.executors));

@@ -33,6 +33,7 @@ fn executors(n: usize) -> Vec<ExecutorView> {
                 memory_bytes: 80 * GIB,
             }))
             .collect(),
+            held: Vec::new(),
         })
         .collect()
 }

@@ -57,6 +57,7 @@ impl Template {
             host: self.host.clone(),
             ram_bytes: self.ram_bytes,
             devices: self.devices.clone(),
+            held: Vec::new(),
         }
     }
 
@@ -338,6 +339,7 @@ mod tests {
             host: Some("gpu-box".into()),
             ram_bytes: ram_mb * MIB,
             devices: template(ram_mb).devices,
+            held: Vec::new(),
         }
     }
 

@@ -19,7 +19,9 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use trainyard_common::JobState;
-use trainyard_e2e::{eventually, python_script, repo_root, ApiClient, MlpSpec, Platform};
+use trainyard_e2e::{
+    eventually, python_script, repo_root, sandboxed_children, ApiClient, MlpSpec, Platform,
+};
 
 const ADMIN: &str = "e2e-sandbox-admin";
 
@@ -244,8 +246,12 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
     });
     spec["resources"] = json!({"memory_mb": 512});
     let id = alice.submit(&spec);
-    let child = eventually(Duration::from_secs(60), || inspection_child(exec.pid()))
-        .expect("the executor starts a sandboxed inspection");
+    let child = eventually(Duration::from_secs(60), || {
+        sandboxed_children(&[exec.pid()], "inspection")
+            .into_iter()
+            .next()
+    })
+    .expect("the executor starts a sandboxed inspection");
     let (status, body) = alice.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
     assert!(status < 300, "{status} {body}");
     let gone = eventually(Duration::from_secs(10), || {
@@ -255,18 +261,41 @@ fn hostile_models_fail_alone_and_leak_nothing_while_another_job_trains() {
         gone.is_some(),
         "the inspection of a cancelled job still runs"
     );
-    assert!(exec.running(), "the executor died: {}", exec.output());
-}
 
-/// The pid of a sandboxed inspection `executor` runs, if one runs.
-fn inspection_child(executor: u32) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The parent is the fourth field, after the command in parentheses.
-        let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        (ppid == executor && String::from_utf8_lossy(&cmdline).contains("--sandboxed"))
-            .then_some(pid)
-    })
+    // A cancelled job's model process is killed within seconds, and the
+    // executor's one device is given to the next job only once that
+    // process has exited: never two model processes on it at once.
+    let good = upload(&alice, "good.pt", &models.join("good-for-fuzz.pt"));
+    let model_job = |name: &str, steps: u64| {
+        json!({
+            "name": name,
+            "model": {"kind": "torchscript", "url": good},
+            "dataset": {"kind": "file", "url": alice_data},
+            "loss": "cross_entropy", "optimizer": {"kind": "sgd", "lr": 0.1},
+            "batch_size": 32, "steps": steps, "resources": {"memory_mb": 512},
+        })
+    };
+    let long = alice.submit(&model_job("cancelled-mid-run", 1_000_000));
+    alice.wait_steps(&long, 5, Duration::from_secs(120));
+    let old = sandboxed_children(&[exec.pid()], "model");
+    assert!(!old.is_empty(), "the running job has a model process");
+    let (status, body) = alice.post(&format!("/v1/jobs/{long}/cancel"), &json!({}));
+    assert!(status < 300, "{status} {body}");
+    let next = alice.submit(&model_job("after-the-cancelled", 20));
+    let alive = |pid: &u32| Path::new(&format!("/proc/{pid}")).exists();
+    let exited = eventually(Duration::from_secs(5), || {
+        let now = sandboxed_children(&[exec.pid()], "model");
+        assert!(
+            !(now.iter().any(|p| !old.contains(p)) && old.iter().any(alive)),
+            "the next job's model process started beside the cancelled one's"
+        );
+        (!old.iter().any(alive)).then_some(())
+    });
+    assert!(
+        exited.is_some(),
+        "a cancelled job's model process outlived 5 s"
+    );
+    let job = alice.wait_end(&next, Duration::from_secs(120));
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    assert!(exec.running(), "the executor died: {}", exec.output());
 }

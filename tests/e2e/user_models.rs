@@ -729,12 +729,12 @@ fn a_batchnorm_checkpoint_evaluates_as_the_job_did_and_resumes_to_the_same_end()
     // crash, the job tries again (a `crash` event), the crashed rank takes
     // its peer's state, and the job ends where the uninterrupted one did.
     let pids: Vec<u32> = execs.iter().map(Proc::pid).collect();
-    let before = model_processes(&pids);
+    let before = trainyard_e2e::sandboxed_children(&pids, "model");
     let mut third = first.clone();
     third["name"] = json!("bn-crashed");
     let c = p.submit(&third);
     p.wait_steps(&c, 40, Duration::from_secs(120));
-    let victim = model_processes(&pids)
+    let victim = trainyard_e2e::sandboxed_children(&pids, "model")
         .into_iter()
         .find(|pid| !before.contains(pid))
         .unwrap_or_else(|| panic!("no model process of job {c}"));
@@ -764,26 +764,4 @@ fn a_batchnorm_checkpoint_evaluates_as_the_job_did_and_resumes_to_the_same_end()
     );
     let far = differing(&cmp, 1e-5);
     assert!(far.is_empty(), "the crashed job ended elsewhere: {far:?}");
-}
-
-/// The confined model processes (`--sandboxed model`) that the executors
-/// `parents` run now.
-fn model_processes(parents: &[u32]) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // The parent is the fourth field, after the command in parentheses.
-            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            let model = args
-                .windows(2)
-                .any(|w| w[0] == b"--sandboxed" && w[1] == b"model");
-            (parents.contains(&ppid) && model).then_some(pid)
-        })
-        .collect()
 }

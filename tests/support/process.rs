@@ -282,3 +282,25 @@ pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+/// The confined children (`--sandboxed KIND`: `model`, `inspect`) that the
+/// processes `parents` run now, found by walking `/proc`.
+pub fn sandboxed_children(parents: &[u32], kind: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The parent is the fourth field, after the command in parentheses.
+            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            let confined = args
+                .windows(2)
+                .any(|w| w[0] == b"--sandboxed" && w[1] == kind.as_bytes());
+            (parents.contains(&ppid) && confined).then_some(pid)
+        })
+        .collect()
+}

@@ -329,8 +329,15 @@ pub async fn heartbeat(
             format!("at most {MAX_REPORTED_ROLES} roles"),
         ));
     }
+    if req.held.len() > MAX_REPORTED_ROLES {
+        return Err(ApiError::invalid_field(
+            "held",
+            format!("at most {MAX_REPORTED_ROLES} devices"),
+        ));
+    }
     req.roles.sort();
     req.roles.dedup();
+    let held = serde_json::to_value(&req.held).map_err(|e| ApiError::Internal(e.into()))?;
     let progress = progress_rows(&req)?;
     // As `assignments` rows name them (the scheduler compares the two).
     let reported: serde_json::Value = req
@@ -340,13 +347,14 @@ pub async fn heartbeat(
         .collect();
     // Only live or draining executors are refreshed: a lost one stays lost.
     let changed: Option<bool> = sqlx::query_scalar(
-        "UPDATE executors e SET last_heartbeat_at = clock_timestamp(), reported = $2
-         FROM (SELECT reported AS old FROM executors WHERE id = $1) o
+        "UPDATE executors e SET last_heartbeat_at = clock_timestamp(), reported = $2, held = $3
+         FROM (SELECT reported AS old, held AS old_held FROM executors WHERE id = $1) o
          WHERE e.id = $1 AND e.state IN ('live', 'draining')
-         RETURNING o.old IS DISTINCT FROM $2",
+         RETURNING o.old IS DISTINCT FROM $2 OR o.old_held IS DISTINCT FROM $3",
     )
     .bind(id)
     .bind(&reported)
+    .bind(&held)
     .fetch_optional(&st.db)
     .await?;
     match changed {

@@ -667,3 +667,47 @@ async fn a_retried_outcome_ends_the_job_once() {
         "{ev}"
     );
 }
+
+#[tokio::test]
+async fn a_device_held_by_a_stopped_roles_process_is_not_given_to_another_job() {
+    let app = spawn_app_with(|_| {}).await;
+    let (id, token) = register(&app, "holding").await;
+    let beat = |held: Value| {
+        let (app, id, token) = (&app, id.clone(), token.clone());
+        async move {
+            app.client
+                .post(app.url(&format!("/v1/executors/{id}/heartbeat")))
+                .bearer_auth(token)
+                .json(&json!({"roles": [], "held": held}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    // Its only device is held by a cancelled job's model process.
+    let gone = uuid::Uuid::new_v4();
+    let r = beat(json!([{"job_id": gone, "kind": "cpu", "index": 0}])).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let job = app.submit(&ring_spec(digits_spec("waits"), 1)).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let j: Value = app.get_json(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(j["state"], "queued", "{j}");
+    assert_eq!(j["generation"], 0, "{j}");
+    // The process exited: the next heartbeat says so and the job starts.
+    let r = beat(json!([])).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    wait_for_generation(&app, &job, 1).await;
+    assert_eq!(holder_of_rank(&app, &job, 0).await, id);
+
+    // Bounded like the roles it reports.
+    let many: Vec<Value> = (0..=trainyard_common::cluster::MAX_REPORTED_ROLES)
+        .map(|i| json!({"job_id": gone, "kind": "cpu", "index": i}))
+        .collect();
+    let r = beat(json!(many)).await;
+    assert_problem(r, 422, Some("held")).await;
+    let r = beat(json!([{"job_id": gone, "kind": "tpu", "index": 0}])).await;
+    assert_eq!(r.status(), 422);
+}

@@ -27,6 +27,24 @@ pub struct HeartbeatRequest {
     /// in `roles`; roles that have not stepped yet may be absent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub progress: Vec<RoleProgress>,
+    /// Devices still held by roles it was told to stop: their thread or
+    /// their sandboxed model process has not exited yet. The scheduler
+    /// places no other job on them until they are gone from this list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldDevice>,
+}
+
+/// A device a stopped role still holds (at most [`MAX_REPORTED_ROLES`] in
+/// one heartbeat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeldDevice {
+    /// The job whose role it was.
+    pub job_id: uuid::Uuid,
+    /// `cpu` or `cuda`.
+    pub kind: crate::spec::Device,
+    /// Its index among the executor's devices of that kind.
+    pub index: u32,
 }
 
 /// Where in its step a training role is.

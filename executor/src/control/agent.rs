@@ -31,7 +31,7 @@ use crate::storage::Fetcher;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use trainyard_client::{Client, ClientError};
-use trainyard_common::cluster::{ExecutorState, HeartbeatRequest, RegisterRequest};
+use trainyard_common::cluster::{ExecutorState, HeartbeatRequest, HeldDevice, RegisterRequest};
 use uuid::Uuid;
 
 /// Timeout of each request to the API.
@@ -121,8 +121,10 @@ pub async fn run(config: AgentConfig) -> Result<(), ClientError> {
                 session.interval
             }
         };
+        let held = roles.held();
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
+            () = released(&mut roles, held) => {}
             () = &mut shutdown => break,
         }
     }
@@ -165,6 +167,18 @@ async fn register(client: &Client, config: &AgentConfig, sink: &Sink) -> Session
     unreachable!("registration retries without end")
 }
 
+/// Returns when the devices held by roles let go differ from `held` (a
+/// model process exited: the scheduler may place another job there), or
+/// never when none is held.
+async fn released(roles: &mut Roles, held: Vec<HeldDevice>) {
+    if held.is_empty() {
+        return std::future::pending().await;
+    }
+    while roles.held() == held {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 enum Beat {
     Gone(String),
     Failed(ClientError),
@@ -179,10 +193,13 @@ async fn heartbeat(
     long_poll: bool,
 ) -> Result<bool, Beat> {
     let before = roles.running();
+    let held = roles.held();
+    // Not held by the API while a device is held: its release is news.
     let body = HeartbeatRequest {
         roles: before.clone(),
-        wait_ms: long_poll.then_some(s.interval.as_millis() as u64),
+        wait_ms: (long_poll && held.is_empty()).then_some(s.interval.as_millis() as u64),
         progress: roles.progress(),
+        held,
     };
     match client.heartbeat(s.id, &body).await {
         Ok(hb) => {

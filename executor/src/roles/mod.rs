@@ -31,15 +31,16 @@ use crate::ring::worker::Kept;
 use crate::role::Role;
 use crate::storage::{OpenedStorage, Storage};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::unbounded_channel;
 use trainyard_common::cluster::{
-    Assignment, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey, RoleKind,
-    RoleProgress,
+    Assignment, HeldDevice, Inspection, InspectionReport, InspectionResult, LogLevel, RoleKey,
+    RoleKind, RoleProgress,
 };
-use trainyard_common::spec::Strategy;
+use trainyard_common::spec::{Device, Strategy};
 use trainyard_dataplane::DataPlane;
 use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
@@ -68,7 +69,35 @@ struct Parked {
 /// (by shard: its standby's state is the shard's too).
 type Slot = (Uuid, RoleKind, u32);
 
-type Handover = JoinHandle<Parked>;
+/// The last thread of a slot, with the kind of device its worker used.
+struct Handover {
+    thread: JoinHandle<Parked>,
+    device: Device,
+}
+
+/// A role let go whose thread (a drain checkpoint) or sandboxed model
+/// process has not ended yet: its reaper joins the thread and drops what
+/// it left, which kills the model process and waits for it.
+struct Exiting {
+    held: Option<HeldDevice>,
+    /// Set by the reaper once what the role left is dropped.
+    done: Arc<AtomicBool>,
+    /// None when no thread could be started for it (its handle was
+    /// dropped: the role's thread still ends on its stop).
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl Exiting {
+    fn ended(&self) -> bool {
+        self.reaper.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Whether it holds worker device `index` of `kind`.
+    fn holds(&self, kind: Device, index: u32) -> bool {
+        self.held
+            .is_some_and(|h| h.kind == kind && h.index == index)
+    }
+}
 
 /// The set of running roles.
 pub struct Roles {
@@ -82,8 +111,9 @@ pub struct Roles {
     /// the next generation's worker there.
     handovers: Arc<Mutex<HashMap<Slot, Handover>>>,
     ctx: Context,
-    /// Threads of roles let go, still finishing (a drain checkpoint).
-    finishing: Vec<Handover>,
+    /// Roles let go, still finishing (a drain checkpoint, a model process
+    /// being killed); their devices are reported held until they end.
+    finishing: Vec<Exiting>,
     /// The store opened for the URL the API gave.
     opened: Mutex<Option<(String, Arc<Storage>)>>,
 }
@@ -164,10 +194,24 @@ impl Roles {
     /// draining rank writes its checkpoint on the way out).
     pub fn wait_stopped(&mut self, timeout: Duration) {
         let until = Instant::now() + timeout;
-        while Instant::now() < until && self.finishing.iter().any(|t| !t.is_finished()) {
+        while Instant::now() < until && self.finishing.iter().any(|t| !t.ended()) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.finishing.retain(|t| !t.is_finished());
+        self.finishing.retain(|t| !t.ended());
+    }
+
+    /// The devices of roles let go whose thread or model process has not
+    /// ended yet (sent with each heartbeat: no other job is placed there
+    /// until they are free).
+    pub fn held(&mut self) -> Vec<HeldDevice> {
+        self.finishing.retain(|t| !t.ended());
+        let mut held: Vec<HeldDevice> = Vec::new();
+        for d in self.finishing.iter().filter_map(|t| t.held) {
+            if !held.contains(&d) {
+                held.push(d);
+            }
+        }
+        held
     }
 
     /// The roles running now, as reported in heartbeats.
@@ -213,15 +257,15 @@ impl Roles {
         }
         // Replicas of jobs no longer assigned here are let go.
         if let Ok(mut h) = self.handovers.lock() {
-            // A worker's state follows the job on this executor's devices; a
-            // shard's only its own shard (as the shard or its standby).
+            // A worker's state follows the job on its device; a shard's
+            // only its own shard (as the shard or its standby).
             let gone: Vec<Slot> = h
                 .keys()
                 .filter(|(job, kind, index)| {
-                    !wanted.keys().any(|(j, k, i)| {
+                    !wanted.iter().any(|((j, k, i), a)| {
                         j == job
                             && if *kind == RoleKind::Worker {
-                                *k == RoleKind::Worker
+                                *k == RoleKind::Worker && a.device.unwrap_or(0) == *index
                             } else {
                                 k.is_ps() && i == index
                             }
@@ -231,11 +275,11 @@ impl Roles {
                 .collect();
             for slot in gone {
                 if let Some(t) = h.remove(&slot) {
-                    self.finishing.push(t);
+                    self.finishing.push(reap(slot, t));
                 }
             }
         }
-        self.finishing.retain(|t| !t.is_finished());
+        self.finishing.retain(|t| !t.ended());
         for (k, a) in wanted {
             if let Some(r) = self.running.get(&k) {
                 r.checkpoint_wanted.set(a.checkpoint_wanted);
@@ -282,6 +326,18 @@ impl Roles {
             return;
         };
         let previous = handovers.remove(&slot);
+        let device = a.spec.resources.device;
+        // A worker starts on its device once the roles let go there (another
+        // job's, cancelled or moved) have ended, model process included.
+        let before: Vec<Arc<AtomicBool>> = match a.key.role {
+            RoleKind::Worker => self
+                .finishing
+                .iter()
+                .filter(|e| e.holds(device, slot.2) && !e.ended())
+                .map(|e| e.done.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
         // The role reads only what its job may (the API's data policy).
         let mut ctx = self.ctx.clone();
         ctx.fetcher = ctx.fetcher.with_policy(a.data_policy.clone());
@@ -298,13 +354,44 @@ impl Roles {
         let handle = std::thread::Builder::new()
             .name(format!("worker-{}", role.assignment.key.index))
             .spawn(move || {
-                let parked = previous.and_then(|h| h.join().ok()).unwrap_or_default();
+                let parked = previous
+                    .and_then(|h| h.thread.join().ok())
+                    .unwrap_or_default();
+                while !role.stop.is_triggered() && before.iter().any(|d| !d.load(Ordering::Acquire))
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 run(&role, parked)
             });
-        if let Ok(h) = handle {
-            handovers.insert(slot, h);
+        if let Ok(thread) = handle {
+            handovers.insert(slot, Handover { thread, device });
         }
     }
+}
+
+/// Lets a slot's last thread finish on a thread of its own, which then
+/// drops what it left (a replica's model process is killed and waited
+/// for), so that the device counts as held until that is done.
+fn reap(slot: Slot, h: Handover) -> Exiting {
+    let (job_id, kind, index) = slot;
+    let held = (kind == RoleKind::Worker).then_some(HeldDevice {
+        job_id,
+        kind: h.device,
+        index,
+    });
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let reaper = std::thread::Builder::new()
+        .name("reaper".into())
+        .spawn(move || {
+            drop(h.thread.join());
+            flag.store(true, Ordering::Release);
+        })
+        .ok();
+    if reaper.is_none() {
+        done.store(true, Ordering::Release);
+    }
+    Exiting { held, done, reaper }
 }
 
 /// Runs one role for its generation; returns what it leaves for the next.

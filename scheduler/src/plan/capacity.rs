@@ -129,6 +129,25 @@ impl Capacity {
         })
     }
 
+    /// Marks a device as used without taking memory (a stopped role's
+    /// process still runs there); nothing if it is used already.
+    pub(super) fn hold(&mut self, executor: Uuid, kind: Device, index: u32) {
+        let k = kind_key(kind);
+        let Some(&(mem, used)) = self.devices.get(&(executor, k, index)) else {
+            return;
+        };
+        if used {
+            return;
+        }
+        let usable = if kind == Device::Cpu {
+            self.ram.get(&executor).copied().unwrap_or(0)
+        } else {
+            mem
+        };
+        self.free[k as usize].remove(&(usable, executor, index));
+        self.devices.insert((executor, k, index), (mem, true));
+    }
+
     pub(super) fn take_ps(&mut self, executor: Uuid, bytes: u64) -> Option<Taken> {
         let free = *self.ram.get(&executor)?;
         if free < bytes {

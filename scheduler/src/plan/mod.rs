@@ -97,6 +97,9 @@ pub struct ExecutorView {
     pub ram_bytes: u64,
     /// Its devices.
     pub devices: Vec<DeviceSlot>,
+    /// Devices a stopped role of another job still holds (its model
+    /// process has not exited): no job is placed on them this round.
+    pub held: Vec<(Device, u32)>,
 }
 
 /// What a job asks for.
@@ -326,6 +329,18 @@ impl<'a> Round<'a> {
     }
 }
 
+impl Round<'_> {
+    /// Takes out the devices that stopped roles still hold, after the
+    /// placed jobs kept theirs (a job placed there already keeps it).
+    fn hold_exiting(&mut self) {
+        for e in self.executors {
+            for &(kind, index) in &e.held {
+                self.cap.hold(e.id, kind, index);
+            }
+        }
+    }
+}
+
 /// Plans every job over the live executors, with no quotas, usage or
 /// preemption (what the provisioner's what-if plans use).
 pub fn plan(jobs: &[JobView], executors: &[ExecutorView]) -> Plan {
@@ -363,6 +378,7 @@ pub fn plan_shared(jobs: &[JobView], executors: &[ExecutorView], sharing: &Shari
     order.sort_by(|a, b| visit_order(a, b, sharing));
     let mut round = Round::new(&executors, &order, sharing);
     round.keep();
+    round.hold_exiting();
     round.admit();
     round.grow();
     round.ranks()

@@ -25,6 +25,7 @@ pub(crate) fn cpu_exec(n: u128, ram: u64, host: Option<&str>) -> ExecutorView {
             index: 0,
             memory_bytes: ram,
         }],
+        held: Vec::new(),
     }
 }
 
@@ -355,6 +356,47 @@ fn priority_goes_first() {
 }
 
 #[test]
+fn a_device_a_stopped_role_still_holds_is_not_placed_until_released() {
+    let mut execs = vec![cpu_exec(1, 8 * GIB, None), cpu_exec(2, 8 * GIB, None)];
+    execs[0].held = vec![(Device::Cpu, 0)];
+    let j = job(1, 0, demand(Strategy::Allreduce, 1, 2, 0, GIB));
+    let p = plan(std::slice::from_ref(&j), &execs);
+    let ranks: Vec<Uuid> = p.placements[&j.id]
+        .workers
+        .iter()
+        .map(|w| w.executor)
+        .collect();
+    assert_eq!(ranks, vec![id(2)], "only the free executor is used");
+    // Held everywhere: the job waits.
+    execs[1].held = vec![(Device::Cpu, 0)];
+    assert!(plan(std::slice::from_ref(&j), &execs)
+        .waiting
+        .contains_key(&j.id));
+    // Released: both executors are used.
+    execs[0].held.clear();
+    execs[1].held.clear();
+    assert_eq!(
+        plan(std::slice::from_ref(&j), &execs).placements[&j.id]
+            .workers
+            .len(),
+        2
+    );
+    // A job placed there already keeps its device.
+    let mut placed = j.clone();
+    placed.current = plan(std::slice::from_ref(&j), &execs)
+        .placements
+        .get(&j.id)
+        .cloned();
+    execs[0].held = vec![(Device::Cpu, 0)];
+    assert_eq!(
+        plan(std::slice::from_ref(&placed), &execs).placements[&j.id]
+            .workers
+            .len(),
+        2
+    );
+}
+
+#[test]
 fn ps_never_takes_a_gpu_and_workers_get_one_each() {
     let gpu = |n: u128| ExecutorView {
         id: id(n),
@@ -377,6 +419,7 @@ fn ps_never_takes_a_gpu_and_workers_get_one_each() {
                 memory_bytes: 16 * GIB,
             },
         ],
+        held: Vec::new(),
     };
     let execs = vec![gpu(1), gpu(2)];
     let mut d = demand(Strategy::ParameterServer, 4, 8, 2, 4 * GIB);
@@ -530,6 +573,7 @@ pub(crate) fn arb_executors() -> impl proptest::strategy::Strategy<Value = Vec<E
                     host: host.map(|h| format!("h{h}")),
                     ram_bytes: ram * 512 * MIB,
                     devices,
+                    held: Vec::new(),
                 }
             })
             .collect()

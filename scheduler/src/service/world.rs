@@ -8,7 +8,7 @@ use crate::plan::{Demand, DeviceSlot, ExecutorView, JobView, Placement, PsRole, 
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use trainyard_common::cluster::{ExecutorResources, ExecutorState, Range, RoleKind};
+use trainyard_common::cluster::{ExecutorResources, ExecutorState, HeldDevice, Range, RoleKind};
 use trainyard_common::model::{parameters, MemoryEstimate, ParamInfo};
 use trainyard_common::spec::{JobSpec, ModelSpec, Strategy};
 use uuid::Uuid;
@@ -38,7 +38,7 @@ impl World {
         // Executors that cannot confine users' code: never a TorchScript
         // job's (its replicas' model processes would be refused there).
         let mut unconfining = BTreeSet::new();
-        for r in sqlx::query("SELECT id, name, state, resources, labels, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
+        for r in sqlx::query("SELECT id, name, state, resources, labels, held, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
             .fetch_all(db)
             .await?
         {
@@ -58,6 +58,8 @@ impl World {
                 host: labels.get("host").cloned(),
                 ram_bytes: res.ram_bytes,
                 devices: res.devices.iter().map(|d| DeviceSlot { kind: d.kind, index: d.index, memory_bytes: d.memory_bytes }).collect(),
+                // Unreadable (another release's) counts as nothing held.
+                held: serde_json::from_value::<Vec<HeldDevice>>(r.get("held")).unwrap_or_default().into_iter().map(|h| (h.kind, h.index)).collect(),
             });
         }
 

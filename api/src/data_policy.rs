@@ -18,16 +18,22 @@ pub fn artifact_key(owner: &str, version: Uuid, name: &str) -> String {
 }
 
 /// The URL fields of a spec a job reads from: `(field, url)`.
-pub fn data_urls(spec: &UncheckedJobSpec) -> Vec<(&'static str, &str)> {
+pub fn data_urls(spec: &UncheckedJobSpec) -> Vec<(String, &str)> {
     let mut out = Vec::new();
-    if let ModelSpec::Torchscript(t) = &spec.model {
-        out.push(("model.url", t.url.as_str()));
+    if let Some(ModelSpec::Torchscript(t)) = &spec.model {
+        out.push(("model.url".into(), t.url.as_str()));
     }
-    if let DatasetSpec::File(f) = &spec.dataset {
-        out.push(("dataset.url", f.url.as_str()));
+    if let Some(DatasetSpec::File(f)) = &spec.dataset {
+        out.push(("dataset.url".into(), f.url.as_str()));
         if let Some(u) = &f.eval_url {
-            out.push(("dataset.eval_url", u.as_str()));
+            out.push(("dataset.eval_url".into(), u.as_str()));
         }
+    }
+    if let Some(s) = &spec.script {
+        out.push(("script.code".into(), s.code.as_str()));
+    }
+    for (i, u) in spec.inputs.iter().enumerate() {
+        out.push((format!("inputs[{i}]"), u.as_str()));
     }
     out
 }
@@ -112,7 +118,7 @@ pub async fn policy_at_submit(
                 let key: String = row.try_get("key")?;
                 versions.push(row.try_get("id")?);
                 policy.artifacts.push(ResolvedArtifact {
-                    field: field.into(),
+                    field: field.clone(),
                     name,
                     url: st.store.url_of(&key),
                     sha256: row.try_get("sha256")?,
@@ -121,7 +127,7 @@ pub async fn policy_at_submit(
             }
             if matched == 0 {
                 errors.push(Violation {
-                    field: field.into(),
+                    field: field.clone(),
                     message: format!("none of your artifacts matches {pattern:?}"),
                 });
             }
@@ -139,7 +145,7 @@ pub async fn policy_at_submit(
             .await?;
             let Some(row) = row else {
                 errors.push(Violation {
-                    field: field.into(),
+                    field: field.clone(),
                     message: format!(
                         "you have no artifact named {name:?} (artifacts are per user: upload it with PUT /v1/artifacts/{name})"
                     ),
@@ -149,7 +155,7 @@ pub async fn policy_at_submit(
             let key: String = row.try_get("key")?;
             versions.push(row.try_get("id")?);
             policy.artifacts.push(ResolvedArtifact {
-                field: field.into(),
+                field: field.clone(),
                 name: name.into(),
                 url: st.store.url_of(&key),
                 sha256: row.try_get("sha256")?,
@@ -157,7 +163,7 @@ pub async fn policy_at_submit(
             });
         } else if let Some(why) = policy.refusal(url) {
             errors.push(Violation {
-                field: field.into(),
+                field,
                 message: format!("{url} may not be read by this job: {why}"),
             });
         }
@@ -199,10 +205,16 @@ pub fn for_executor(
             *url = a.url.clone();
         }
     };
-    if let ModelSpec::Torchscript(t) = &mut spec.model {
+    if let Some(ModelSpec::Torchscript(t)) = &mut spec.model {
         resolve("model.url", &mut t.url);
     }
-    if let DatasetSpec::File(f) = &mut spec.dataset {
+    if let Some(s) = &mut spec.script {
+        resolve("script.code", &mut s.code);
+    }
+    for (i, u) in spec.inputs.iter_mut().enumerate() {
+        resolve(&format!("inputs[{i}]"), u);
+    }
+    if let Some(DatasetSpec::File(f)) = &mut spec.dataset {
         resolve("dataset.url", &mut f.url);
         if let Some(u) = f.eval_url.as_mut() {
             resolve("dataset.eval_url", u);

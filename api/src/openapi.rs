@@ -7,8 +7,8 @@
 
 use crate::error::Problem;
 use crate::routes::{
-    artifacts, assignments, checkpoints, executors, health, jobs, provisioner, sharing, stream,
-    suspects, telemetry, tokens,
+    artifacts, assignments, checkpoints, executors, health, jobs, outputs, provisioner, sharing,
+    stream, suspects, telemetry, tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -26,7 +26,7 @@ use utoipa_swagger_ui::SwaggerUi;
     ),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
-        assignments::assignments, checkpoints::list, checkpoints::model, checkpoints::tensors, stream::stream,
+        assignments::assignments, checkpoints::list, checkpoints::model, checkpoints::tensors, outputs::list, outputs::download, stream::stream,
         telemetry::metrics, telemetry::logs,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         suspects::report,

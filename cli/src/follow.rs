@@ -38,12 +38,12 @@ pub fn expected_steps(spec: &UncheckedJobSpec) -> Option<u64> {
         return Some(s);
     }
     let epochs = u64::from(spec.epochs?);
-    let samples = match &spec.dataset {
+    let samples = match spec.dataset.as_ref()? {
         DatasetSpec::Classification(d) => d.samples,
         DatasetSpec::Regression(d) => d.samples,
         DatasetSpec::Text(_) | DatasetSpec::File(_) => return None,
     };
-    let batch = u64::from(spec.batch_size).max(1);
+    let batch = u64::from(spec.batch_size?).max(1);
     let workers = u64::from(spec.workers.max).max(1);
     let train = samples - (samples as f64 * spec.eval_fraction).round() as u64;
     Some(epochs * train.div_ceil(workers).div_ceil(batch).max(1))

@@ -724,3 +724,23 @@ pub struct UsageReport {
     /// Per job, most device-seconds first (at most 1,000).
     pub jobs: Vec<JobUsage>,
 }
+
+/// `GET /v1/jobs/{id}/outputs`: the files a script job's rank 0 left in
+/// its `TRAINYARD_OUTPUT_DIR`, stored when the job succeeded.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OutputList {
+    /// Job id.
+    pub job_id: Uuid,
+    /// Each file, by its path in the output folder, in path order.
+    pub outputs: Vec<OutputFile>,
+}
+
+/// One output file.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OutputFile {
+    /// Its path relative to the output folder (`GET
+    /// /v1/jobs/{id}/outputs/{path}` downloads it).
+    pub path: String,
+    /// Bytes.
+    pub size: u64,
+}

@@ -61,6 +61,17 @@ pub fn torchscript_key(job: Uuid) -> String {
     format!("{job}/final/model.pt")
 }
 
+/// The folder of a script job's outputs (rank 0's
+/// `TRAINYARD_OUTPUT_DIR`), relative to the store's prefix.
+pub fn outputs_prefix(job: Uuid) -> String {
+    format!("{job}/outputs/")
+}
+
+/// An output file's object key: `path` is relative to the outputs folder.
+pub fn output_key(job: Uuid, path: &str) -> String {
+    format!("{}{path}", outputs_prefix(job))
+}
+
 /// Parses the step out of a `step-{n}` folder name.
 pub fn parse_step_dir(name: &str) -> Option<u64> {
     name.strip_prefix("step-")?.parse().ok()

@@ -220,6 +220,13 @@ pub enum Outcome {
         /// Where the final weights are.
         weights_url: String,
     },
+    /// A script job's script finished; its outputs are stored.
+    Ran {
+        /// Output files.
+        outputs: u64,
+        /// Their bytes.
+        bytes: u64,
+    },
     /// Failed (or cancelled): no figures.
     Failed {},
 }

@@ -283,9 +283,9 @@ impl UncheckedJobSpec {
     /// The memory each role needs, for built-in models (the spec knows its
     /// model; the arithmetic lives here, with the parameter counts).
     pub fn estimate(&self) -> Option<MemoryEstimate> {
-        let tensors = parameters(&self.model)?;
+        let tensors = parameters(self.model.as_ref()?)?;
         Some(
-            MemoryEstimate::of(&tensors, self.optimizer.kind, self.is_sync())
+            MemoryEstimate::of(&tensors, self.optimizer.as_ref()?.kind, self.is_sync())
                 .with_ps_replicas(self.ps_replicas()),
         )
     }

@@ -22,6 +22,8 @@
 //! * [`ring`] — the ring all-reduce pattern: step, join, loop, a rank's life;
 //! * [`ps`] — the parameter-server pattern: shard servers, standbys and the
 //!   workers that use them;
+//! * [`script`] — a script job's rank: the user's own training script in a
+//!   sandboxed process under torchrun's environment contract;
 //! * [`roles`] — the set of roles an executor runs, started, stopped and
 //!   handed over as generations change;
 //! * [`control`] — the control plane: registration, heartbeats, drain and
@@ -41,5 +43,6 @@ pub mod ring;
 pub mod role;
 pub mod roles;
 pub mod sandbox;
+pub mod script;
 pub mod signals;
 pub mod storage;

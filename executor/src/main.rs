@@ -94,6 +94,12 @@ struct Cli {
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
 
+    /// A Python runtime script jobs may name, `NAME=PATH` to its
+    /// interpreter (repeatable). `default` is the one a spec that names
+    /// none gets: `$TRAINYARD_PYTHON`, else `python3` on the PATH.
+    #[arg(long = "python", value_parser = parse_label)]
+    pythons: Vec<(String, String)>,
+
     /// Object-store settings as KEY=VALUE (`aws_endpoint`, `aws_region`,
     /// `aws_access_key_id`, …; repeatable). The standard `AWS_*` variables
     /// are read too; these win.
@@ -153,6 +159,7 @@ fn main() -> anyhow::Result<()> {
         let code = match kind.as_str() {
             "inspection" => sandbox::child(inspect::confined),
             "model" => sandbox::session(trainyard_executor::replica::process::serve),
+            "script" => sandbox::exec_script(),
             other => {
                 eprintln!("unknown sandboxed task {other:?}");
                 2
@@ -186,7 +193,12 @@ fn main() -> anyhow::Result<()> {
             std::env::current_exe().context("finding this executable")?,
             cli.torch_threads,
         )
-        .map_err(anyhow::Error::msg)?,
+        .map_err(anyhow::Error::msg)?
+        .with_pythons(
+            cli.pythons
+                .iter()
+                .map(|(name, path)| (name.clone(), std::path::PathBuf::from(path))),
+        ),
     );
     match (cli.sandbox, sandbox.refusal()) {
         (sandbox::Mode::Off, _) => tracing::warn!(

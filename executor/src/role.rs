@@ -160,7 +160,7 @@ impl Role {
         let (Some(at), Ok(s)) = (a.resume.as_ref(), self.storage.as_ref()) else {
             return Err(RoleError::Assignment("no checkpoint to resume from".into()));
         };
-        let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
+        let states = FlatOptimizer::state_tensors(a.spec.optimizer().kind);
         let all = r.ranges(0, r.numel());
         let hits = s.cache.hits.load(Ordering::Relaxed);
         let loaded = checkpoint::load(s, at, &all, r.numel() as u64, states)?;

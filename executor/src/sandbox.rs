@@ -48,6 +48,8 @@ pub struct Sandbox {
     root: PathBuf,
     program: PathBuf,
     torch_threads: Option<i32>,
+    /// The Python runtimes script jobs may name (`default` always).
+    pythons: std::collections::BTreeMap<String, PathBuf>,
 }
 
 /// The task line a sandboxed child reads on stdin.
@@ -85,7 +87,31 @@ impl Sandbox {
             root,
             program,
             torch_threads,
+            pythons: [("default".to_owned(), default_python())].into(),
         })
+    }
+
+    /// With the Python runtimes `named` (`NAME=PATH`, an admin's
+    /// `--python`), beside (or replacing) `default`.
+    pub fn with_pythons(mut self, named: impl IntoIterator<Item = (String, PathBuf)>) -> Sandbox {
+        self.pythons.extend(named);
+        self
+    }
+
+    /// The interpreter of the runtime `name` (`None`: `default`).
+    pub fn python(&self, name: Option<&str>) -> Result<&Path, String> {
+        let name = name.unwrap_or("default");
+        self.pythons.get(name).map(PathBuf::as_path).ok_or_else(|| {
+            format!(
+                "this executor has no Python runtime named {name:?} (it has: {})",
+                self.pythons.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
+    /// The number of threads each child's libtorch (or script) may use.
+    pub fn torch_threads(&self) -> Option<i32> {
+        self.torch_threads
     }
 
     /// A sandbox for tests: on, children started from the executor binary
@@ -202,6 +228,30 @@ impl Sandbox {
         Ok(Workspace { dir })
     }
 
+    /// Folder `name` of job `job`'s own, kept across its generations on
+    /// this executor (a script rank's checkpoints) and writable by the
+    /// sandbox's user; removed by [`Sandbox::forget_job`].
+    pub fn job_folder(&self, job: uuid::Uuid, name: &str) -> Result<PathBuf, String> {
+        let dir = self.root.join("jobs").join(job.to_string()).join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("job folder {}: {e}", dir.display()))?;
+        self.give(&dir)?;
+        Ok(dir)
+    }
+
+    /// Removes job `job`'s folders (it left this executor).
+    pub fn forget_job(&self, job: uuid::Uuid) {
+        let _ = std::fs::remove_dir_all(self.root.join("jobs").join(job.to_string()));
+    }
+
+    /// Makes `dir` the sandbox user's (when children run as one).
+    pub fn give(&self, dir: &Path) -> Result<(), String> {
+        if let Some(id) = self.identity {
+            std::os::unix::fs::chown(dir, Some(id.uid), Some(id.gid))
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        Ok(())
+    }
+
     /// Runs `task` as `kind` in a child confined to `ws` with `limits`,
     /// for at most `timeout` or until `stop` says so (the child's process
     /// group and cgroup are then killed); its answer, or why it has none
@@ -277,6 +327,141 @@ impl Sandbox {
         }
         Ok((child, stdin))
     }
+}
+
+impl Sandbox {
+    /// Starts a user's script as `task` (the interpreter, its arguments,
+    /// environment and folder) confined to `ws` plus `read_only` (the
+    /// runtime's folders) and `read_write` (its checkpoint and output
+    /// folders), with `limits`. Unlike a model process its network is not
+    /// confined by port: gloo and NCCL listen on ports they pick. Its
+    /// stdin is closed after the task; its stdout and stderr are pipes.
+    pub fn start_script(
+        &self,
+        ws: &Workspace,
+        task: &ScriptTask,
+        limits: Limits,
+        read_only: Vec<PathBuf>,
+        read_write: Vec<PathBuf>,
+        device: tch::Device,
+    ) -> Result<trainyard_sandbox::spawn::Child, String> {
+        if let Some(why) = self.refusal() {
+            return Err(why);
+        }
+        let (line, spec) = self.prepare("script", ws, task, limits, None, device)?;
+        let line = match self.mode {
+            Mode::Off => line,
+            Mode::On => {
+                let mut envelope: Envelope<serde_json::Value> =
+                    serde_json::from_str(&line).map_err(|e| e.to_string())?;
+                if let Some(c) = envelope.confinement.as_mut() {
+                    c.read_only.extend(read_only);
+                    c.read_write.extend(read_write);
+                    c.connect_tcp = None;
+                    c.bind_tcp = None;
+                }
+                serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n"
+            }
+        };
+        let child = trainyard_sandbox::spawn::Child::spawn(&spec, line.as_bytes())
+            .map_err(|e| format!("cannot start the sandboxed script: {e}"))?;
+        Ok(child)
+    }
+}
+
+/// What a script's sandboxed child runs once it is confined.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScriptTask {
+    /// The interpreter.
+    pub program: PathBuf,
+    /// Its arguments (the entrypoint, then the script's own).
+    pub args: Vec<String>,
+    /// Its whole environment.
+    pub env: Vec<(String, String)>,
+    /// Its working folder (the code's).
+    pub cwd: PathBuf,
+}
+
+/// The child's side of a script: reads the envelope on stdin, confines
+/// itself, asks to be killed with the thread that started it (its role's,
+/// which waits for it), and replaces itself with the interpreter. Returns
+/// an exit code only when that fails.
+pub fn exec_script() -> i32 {
+    use std::io::BufRead;
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().lock().read_line(&mut line) {
+        eprintln!("reading the task: {e}");
+        return 2;
+    }
+    let envelope: Envelope<ScriptTask> = match serde_json::from_str(&line) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("reading the task: {e}");
+            return 2;
+        }
+    };
+    // Before the confinement: it survives exec, and the role's thread
+    // lives exactly as long as the script should.
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
+        eprintln!("cannot tie the script to its executor: {e}");
+        return 3;
+    }
+    if envelope
+        .parent
+        .is_some_and(|p| p != std::os::unix::process::parent_id())
+    {
+        eprintln!("the executor is gone");
+        return 3;
+    }
+    if let Some(c) = &envelope.confinement {
+        if let Err(e) = trainyard_sandbox::enter(c) {
+            eprintln!("cannot confine this process: {e}");
+            return 3;
+        }
+    }
+    let task = envelope.task;
+    if let Err(e) = std::env::set_current_dir(&task.cwd) {
+        eprintln!("cannot enter the script's folder: {e}");
+        return 3;
+    }
+    let cstr = |s: &str| std::ffi::CString::new(s).map_err(|e| e.to_string());
+    let built = (|| {
+        let program = cstr(&task.program.to_string_lossy())?;
+        let mut args = vec![program.clone()];
+        for a in &task.args {
+            args.push(cstr(a)?);
+        }
+        let env = task
+            .env
+            .iter()
+            .map(|(k, v)| cstr(&format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, String>((program, args, env))
+    })();
+    let (program, args, env) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("the script's command line: {e}");
+            return 2;
+        }
+    };
+    let e = nix::unistd::execve(&program, &args, &env).unwrap_err();
+    eprintln!("cannot run {}: {e}", task.program.display());
+    126
+}
+
+/// The default Python runtime: `TRAINYARD_PYTHON` when set, else
+/// `python3` from the executor's `PATH`.
+fn default_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TRAINYARD_PYTHON") {
+        return PathBuf::from(p);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("python3"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/python3"))
 }
 
 impl Sandbox {

@@ -12,6 +12,7 @@ mod partitions;
 mod provisioner;
 mod replicas;
 mod sandbox;
+mod scripts;
 mod server_lifecycle;
 mod sharded;
 mod sharing;

@@ -149,7 +149,7 @@ pub async fn model(
     let (key, filename, what) = match format {
         ModelFormat::Safetensors => (model_key(id), format!("{id}.safetensors"), "final weights"),
         ModelFormat::Torchscript => {
-            if let Some(kind) = builtin_kind(&job.spec.model) {
+            if let Some(kind) = job.spec.model.as_ref().and_then(builtin_kind) {
                 return Err(ApiError::bad_field(
                     "format",
                     format!(
@@ -209,7 +209,7 @@ pub async fn tensors(
     JobId(id): JobId,
 ) -> ApiResult<Json<ModelTensors>> {
     let job = fetch_job(&st.db, id).await?;
-    let (source, mut tensors) = match parameters(&job.spec.model) {
+    let (source, mut tensors) = match job.spec.model.as_ref().and_then(parameters) {
         Some(t) => (TensorSource::Spec, t),
         None => {
             let stored: Option<serde_json::Value> =

@@ -428,7 +428,7 @@ fn inspection_of(
         .map_err(|e| tracing::error!(job = %job_id, error = %e, "not inspecting the job: its resolved spec does not pass"))
         .ok()?;
     let url = match &spec.model {
-        trainyard_common::spec::ModelSpec::Torchscript(t) => t.url.clone(),
+        Some(trainyard_common::spec::ModelSpec::Torchscript(t)) => t.url.clone(),
         _ => return None,
     };
     Some(Inspection {
@@ -764,7 +764,12 @@ pub async fn inspection(
             let frozen = elements(TensorKind::Frozen);
             // Buffers and frozen parameters take a worker's memory too.
             let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
-            let e = trainyard_common::model::MemoryEstimate::of(&params, spec.optimizer.kind, sync);
+            let Some(optimizer) = spec.optimizer.as_ref() else {
+                return Err(ApiError::Conflict(
+                    "only a TorchScript model job is inspected".into(),
+                ));
+            };
+            let e = trainyard_common::model::MemoryEstimate::of(&params, optimizer.kind, sync);
             let have = spec.resources.memory_mb.saturating_mul(1 << 20);
             sqlx::query("UPDATE jobs SET params = $2 WHERE id = $1")
                 .bind(report.job_id)

@@ -30,6 +30,7 @@ pub mod executors;
 pub mod health;
 pub mod job_rows;
 pub mod jobs;
+pub mod outputs;
 pub mod params;
 pub mod provisioner;
 pub mod sharing;
@@ -67,6 +68,8 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/jobs/{id}/checkpoints", get(checkpoints::list))
         .route("/jobs/{id}/model", get(checkpoints::model))
         .route("/jobs/{id}/tensors", get(checkpoints::tensors))
+        .route("/jobs/{id}/outputs", get(outputs::list))
+        .route("/jobs/{id}/outputs/{*path}", get(outputs::download))
         .route("/jobs/{id}/metrics", get(telemetry::metrics))
         .route("/jobs/{id}/logs", get(telemetry::logs))
         .route_layer(middleware::from_fn_with_state(

@@ -38,6 +38,7 @@ use trainyard_common::cluster::{
     MODEL_CRASH_TRIES,
 };
 use trainyard_common::event::{Crash, Outcome};
+use trainyard_common::spec::script::DEFAULT_SCRIPT_RESTARTS;
 use trainyard_common::{EventData, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -330,6 +331,23 @@ async fn crashed(
             .fetch_one(&mut *tx)
             .await?;
     let attempt = u32::try_from(before).unwrap_or(u32::MAX).saturating_add(1);
+    // A script job restarts as often as its spec allows (torchrun's
+    // max_restarts); a model job's model gets MODEL_CRASH_TRIES tries.
+    let script: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT spec->'script' FROM jobs WHERE id = $1")
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await?;
+    let (tries, what) = match script.filter(|s| !s.is_null()) {
+        Some(s) => (
+            s.get("max_restarts")
+                .and_then(serde_json::Value::as_u64)
+                .map_or(DEFAULT_SCRIPT_RESTARTS, |n| n as u32)
+                .saturating_add(1),
+            "script",
+        ),
+        None => (MODEL_CRASH_TRIES, "model"),
+    };
     let name: Option<String> = sqlx::query_scalar("SELECT name FROM executors WHERE id = $1")
         .bind(executor)
         .fetch_optional(&mut *tx)
@@ -340,10 +358,14 @@ async fn crashed(
         key.wire_index(),
         name.unwrap_or_else(|| executor.to_string())
     );
-    if attempt >= MODEL_CRASH_TRIES {
-        let why = format!(
-            "the model crashed on each of its {MODEL_CRASH_TRIES} tries; the last time, {who}: {reason}"
-        );
+    if attempt >= tries {
+        let why = if what == "script" {
+            format!("the script failed on each of its {tries} tries (max_restarts {}); the last time, {who}: {reason}", tries - 1)
+        } else {
+            format!(
+                "the model crashed on each of its {tries} tries; the last time, {who}: {reason}"
+            )
+        };
         lifecycle::event(&mut *tx, job, &EventData::Result(Outcome::Failed {}), &why).await?;
         return match lifecycle::transition(&mut *tx, job, JobState::Failed, &why).await {
             Ok(_) => Ok(Verdict::Applied),
@@ -366,7 +388,12 @@ async fn crashed(
         .execute(&mut *tx)
         .await?;
     let why = format!(
-        "{who}: {reason}; the job's roles restart at generation {next}, from their peers' state or the latest checkpoint (try {} of {MODEL_CRASH_TRIES})",
+        "{who}: {reason}; the job's roles restart at generation {next}, {} (try {} of {tries})",
+        if what == "script" {
+            "each rank's script from its checkpoint folder"
+        } else {
+            "from their peers' state or the latest checkpoint"
+        },
         attempt + 1
     );
     let data = EventData::Crash(Crash {
@@ -376,7 +403,7 @@ async fn crashed(
         executor,
         retry_generation: next,
         attempt,
-        tries: MODEL_CRASH_TRIES,
+        tries,
     });
     lifecycle::event(&mut *tx, job, &data, &why).await?;
     if state == JobState::Running {
@@ -436,6 +463,16 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, EventData) {
                 }),
             )
         }
+        RoleOutcome::Ran { outputs, bytes } => (
+            JobState::Succeeded,
+            format!(
+                "the script finished on every rank that ran to its end; {outputs} output file(s), {bytes} bytes"
+            ),
+            EventData::Result(Outcome::Ran {
+                outputs: *outputs,
+                bytes: *bytes,
+            }),
+        ),
         // A crash that uses up the job's tries (`crashed`) fails it too.
         RoleOutcome::Failed { reason } | RoleOutcome::Crashed { reason } => (
             JobState::Failed,

@@ -238,6 +238,8 @@ fn operations() -> Vec<Op> {
         op(M::GET, "/v1/jobs/{id}/checkpoints", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/model", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/tensors", Rule::JobOwner, None),
+        op(M::GET, "/v1/jobs/{id}/outputs", Rule::JobOwner, None),
+        op(M::GET, "/v1/jobs/{id}/outputs/{path}", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/metrics", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/logs", Rule::JobOwner, None),
         op(
@@ -326,6 +328,7 @@ fn concrete(w: &World, template: &str) -> String {
     template
         .replace("{id}", id)
         .replace("{name}", "table.json")
+        .replace("{path}", "model.pt")
         .replace("{owner}", "carol")
 }
 
@@ -358,7 +361,10 @@ async fn every_endpoint_allows_exactly_its_callers() {
         let path = concrete(&w, o.template);
         // What any caller sees for a job that does not exist.
         let ghost = if matches!(o.rule, Rule::JobOwner) {
-            let p = o.template.replace("{id}", &missing_job);
+            let p = o
+                .template
+                .replace("{id}", &missing_job)
+                .replace("{path}", "model.pt");
             let r = w
                 .call(Caller::Owner, o.method.clone(), &p, o.body.as_ref())
                 .await;

@@ -14,5 +14,6 @@ mod models;
 mod openapi;
 mod provisioner;
 mod schema;
+mod scripts;
 mod sharing;
 mod suspects;

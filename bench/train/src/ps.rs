@@ -283,7 +283,8 @@ fn main() {
     // whole model, as one shard applies it), for reading the rows below.
     let update_ms = {
         let n = MODEL_BYTES / 4;
-        let mut opt = trainyard_executor::replica::optim::SliceOptimizer::new(&spec().optimizer, n);
+        let mut opt =
+            trainyard_executor::replica::optim::SliceOptimizer::new(spec().optimizer(), n);
         let (mut w, g) = (vec![0.5f32; n], vec![1e-6f32; n]);
         opt.step(&mut w, &g, None, 1.0, 0.01);
         let t = Instant::now();

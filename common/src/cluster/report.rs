@@ -123,6 +123,14 @@ pub enum RoleOutcome {
         /// Where the final weights (safetensors) were written.
         weights_url: String,
     },
+    /// A script job's script finished on rank 0; its output folder is in
+    /// the object store.
+    Ran {
+        /// Output files stored.
+        outputs: u64,
+        /// Their bytes.
+        bytes: u64,
+    },
     /// Training failed.
     Failed {
         /// Why, naming the problem.
@@ -139,7 +147,8 @@ pub enum RoleOutcome {
 }
 
 /// How many times in all a job's model may crash (a
-/// [`RoleOutcome::Crashed`]) before the job fails: a model that crashes
+/// [`RoleOutcome::Crashed`]) before the job fails (a script job: its
+/// spec's `max_restarts` + 1): a model that crashes
 /// every time is not retried for ever, a one-off (a host's OOM killer, a
 /// flaky device) costs a restart, not the job.
 pub const MODEL_CRASH_TRIES: u32 = 3;
@@ -158,6 +167,9 @@ pub(crate) enum RoleOutcomeSchema {
     /// Training finished.
     #[schema(title = "SucceededOutcome")]
     Succeeded(RoleSuccess),
+    /// A script job's script finished; its outputs are stored.
+    #[schema(title = "RanOutcome")]
+    Ran(RoleRan),
     /// Training failed.
     #[schema(title = "FailedOutcome")]
     Failed(RoleFailure),
@@ -182,6 +194,15 @@ pub(crate) struct RoleSuccess {
     pub eval_accuracy: Option<f64>,
     /// Where the final weights (safetensors) were written.
     pub weights_url: String,
+}
+
+/// What a script job's rank 0 reports when its script finished.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RoleRan {
+    /// Output files stored.
+    pub outputs: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// What a role whose training failed reports.
@@ -234,6 +255,9 @@ mod outcome_schema_tests {
                 eval_accuracy,
                 weights_url,
             }),
+            RoleOutcome::Ran { outputs, bytes } => {
+                RoleOutcomeSchema::Ran(RoleRan { outputs, bytes })
+            }
             RoleOutcome::Failed { reason } => RoleOutcomeSchema::Failed(RoleFailure { reason }),
             RoleOutcome::Crashed { reason } => RoleOutcomeSchema::Crashed(RoleFailure { reason }),
         }
@@ -255,7 +279,11 @@ mod outcome_schema_tests {
         let crashed = RoleOutcome::Crashed {
             reason: "the model process was killed by SIGSEGV".into(),
         };
-        for o in [succeeded, failed, crashed] {
+        let ran = RoleOutcome::Ran {
+            outputs: 2,
+            bytes: 1024,
+        };
+        for o in [succeeded, ran, failed, crashed] {
             let wire = serde_json::to_value(&o).unwrap();
             assert_eq!(serde_json::to_value(published(o.clone())).unwrap(), wire);
             assert_eq!(serde_json::from_value::<RoleOutcome>(wire).unwrap(), o);

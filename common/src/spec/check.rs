@@ -2,6 +2,7 @@
 //! records every broken bound or cross-field rule in a [`Checker`], each
 //! with its field path, so a user sees all of them at once.
 
+use super::script::*;
 use super::*;
 use std::fmt;
 
@@ -95,83 +96,9 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
         v.fail("name", "must not contain control characters");
     }
 
-    let before = v.0.len();
-    check_model(&s.model, v);
-    let model_ok = v.0.len() == before;
-    let dataset_ok = check_dataset(&s.dataset, v);
-    if model_ok && dataset_ok {
-        check_model_fits_data(s, v);
-    }
-
-    // Optimizer.
-    let o = &s.optimizer;
-    if !(o.lr > 0.0 && o.lr <= MAX_LR) {
-        v.fail(
-            "optimizer.lr",
-            format!("must be greater than 0 and at most {MAX_LR}, got {}", o.lr),
-        );
-    }
-    if !(0.0..=1.0).contains(&o.weight_decay) {
-        v.fail(
-            "optimizer.weight_decay",
-            format!("must be between 0 and 1, got {}", o.weight_decay),
-        );
-    }
-    match (o.kind, o.momentum) {
-        (OptimizerKind::Momentum, Some(m)) if !(0.0..1.0).contains(&m) => {
-            v.fail("optimizer.momentum", format!("must be in [0, 1), got {m}"))
-        }
-        (OptimizerKind::Momentum, _) | (_, None) => {}
-        (_, Some(_)) => v.fail("optimizer.momentum", "applies only to kind \"momentum\""),
-    }
-    match (o.kind, o.betas) {
-        (OptimizerKind::Adam | OptimizerKind::Adamw, Some(b)) => {
-            for (i, beta) in b.iter().enumerate() {
-                if !(0.0..1.0).contains(beta) {
-                    v.fail(
-                        format!("optimizer.betas[{i}]"),
-                        format!("must be in [0, 1), got {beta}"),
-                    );
-                }
-            }
-        }
-        (_, None) => {}
-        (_, Some(_)) => v.fail(
-            "optimizer.betas",
-            "applies only to kinds \"adam\" and \"adamw\"",
-        ),
-    }
-    if let Some(c) = o.grad_clip {
-        if !(c > 0.0 && c <= 1e6) {
-            v.fail(
-                "optimizer.grad_clip",
-                format!("must be greater than 0 and at most 1000000, got {c}"),
-            );
-        }
-    }
-    if let Schedule::WarmupCosine { warmup_steps } = o.schedule {
-        v.range(
-            "optimizer.schedule.warmup_steps",
-            warmup_steps,
-            0,
-            MAX_STEPS,
-        );
-        if let Some(steps) = s.steps {
-            if warmup_steps >= steps {
-                v.fail(
-                    "optimizer.schedule.warmup_steps",
-                    format!("must be less than steps ({steps}), got {warmup_steps}"),
-                );
-            }
-        }
-    }
-
-    v.range("batch_size", s.batch_size, 1, MAX_BATCH);
-    match (s.epochs, s.steps) {
-        (None, None) => v.fail("epochs", "give exactly one of epochs and steps"),
-        (Some(_), Some(_)) => v.fail("steps", "give exactly one of epochs and steps, not both"),
-        (Some(e), None) => v.range("epochs", e, 1, MAX_EPOCHS),
-        (None, Some(n)) => v.range("steps", n, 1, MAX_STEPS),
+    match &s.script {
+        Some(script) => check_script_job(s, script, v),
+        None => check_model_job(s, v),
     }
 
     v.range("workers.min", s.workers.min, 1, MAX_WORKERS);
@@ -258,6 +185,253 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
     }
 }
 
+/// A script job's own fields: none of a model job's, the allreduce
+/// pattern, and a script and inputs that are safe to materialize.
+fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) {
+    let model_fields = [
+        ("model", s.model.is_some()),
+        ("dataset", s.dataset.is_some()),
+        ("loss", s.loss.is_some()),
+        ("optimizer", s.optimizer.is_some()),
+        ("batch_size", s.batch_size.is_some()),
+        ("epochs", s.epochs.is_some()),
+        ("steps", s.steps.is_some()),
+    ];
+    for (field, given) in model_fields {
+        if given {
+            v.fail(
+                field,
+                format!("a script job has no {field}: its script decides how it trains"),
+            );
+        }
+    }
+    if s.strategy == Strategy::ParameterServer {
+        v.fail("strategy", "the parameter-server pattern is not offered to script jobs; they run as one process group (allreduce, torchrun's pattern)");
+    }
+    for (field, given) in [
+        ("parameter_servers", s.parameter_servers.is_some()),
+        ("replicas", s.replicas.is_some()),
+        ("consistency", s.consistency.is_some()),
+        ("compression", s.compression != Compression::None),
+    ] {
+        if given {
+            v.fail(
+                field,
+                "applies only to model jobs (a script exchanges its own gradients)",
+            );
+        }
+    }
+
+    v.url("script.code", &script.code);
+    let packaging = script.packaging();
+    if packaging.is_none() {
+        v.fail(
+            "script.code",
+            "must name a .py file or a .tar.gz, .tgz or .zip archive of a folder",
+        );
+    }
+    match (&script.entrypoint, packaging) {
+        (Some(e), _) => {
+            if e.chars().count() > MAX_ENTRYPOINT_CHARS {
+                v.fail(
+                    "script.entrypoint",
+                    format!("must be at most {MAX_ENTRYPOINT_CHARS} characters"),
+                );
+            } else if let Some(why) = relative_path_problem(e) {
+                v.fail("script.entrypoint", why);
+            } else if !e.ends_with(".py") {
+                v.fail("script.entrypoint", "must name a .py file");
+            } else if packaging == Some(CodePackaging::Python)
+                && script.entrypoint() != script.code.rsplit(['/', ':']).next().map(str::to_owned)
+            {
+                v.fail(
+                    "script.entrypoint",
+                    "a single .py file is its own entrypoint: leave it out or give the file's name",
+                );
+            }
+        }
+        (None, Some(CodePackaging::TarGz | CodePackaging::Zip)) => {
+            v.fail("script.entrypoint", "an archive needs an entrypoint: the .py file to run, relative to the archive's top folder");
+        }
+        (None, _) => {}
+    }
+    if script.args.len() > MAX_SCRIPT_ARGS {
+        v.fail(
+            "script.args",
+            format!("at most {MAX_SCRIPT_ARGS} arguments"),
+        );
+    }
+    for (i, a) in script.args.iter().enumerate() {
+        if a.len() > MAX_SCRIPT_VALUE_BYTES || a.contains('\0') {
+            v.fail(
+                format!("script.args[{i}]"),
+                format!("must be at most {MAX_SCRIPT_VALUE_BYTES} bytes, without NUL"),
+            );
+        }
+    }
+    if script.env.len() > MAX_SCRIPT_ENV {
+        v.fail("script.env", format!("at most {MAX_SCRIPT_ENV} variables"));
+    }
+    for (k, value) in &script.env {
+        if let Some(why) = env_key_problem(k) {
+            v.fail(
+                format!("script.env.{}", k.chars().take(64).collect::<String>()),
+                why,
+            );
+        } else if value.len() > MAX_SCRIPT_VALUE_BYTES || value.contains('\0') {
+            v.fail(
+                format!("script.env.{k}"),
+                format!("must be at most {MAX_SCRIPT_VALUE_BYTES} bytes, without NUL"),
+            );
+        }
+    }
+    if let Some(p) = &script.python {
+        let ok = !p.is_empty()
+            && p.len() <= 64
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if !ok {
+            v.fail("script.python", "must be the name of one of the executors' Python runtimes: 1 to 64 letters, digits, `.`, `_` or `-`");
+        }
+    }
+    if let Some(n) = script.max_restarts {
+        v.range("script.max_restarts", n, 0, MAX_SCRIPT_RESTARTS);
+    }
+
+    if s.inputs.len() > MAX_INPUTS {
+        v.fail("inputs", format!("at most {MAX_INPUTS} inputs"));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, url) in s.inputs.iter().enumerate() {
+        let field = format!("inputs[{i}]");
+        if url.contains('*') {
+            v.fail(&field, "names one file (no globs)");
+            continue;
+        }
+        v.url(&field, url);
+        let name = input_name(url);
+        if !names.insert(name.to_owned()) {
+            v.fail(
+                &field,
+                format!(
+                    "another input is also named {name:?}: each is materialized under its own name"
+                ),
+            );
+        }
+    }
+}
+
+/// The file name input `url` is materialized under in
+/// `TRAINYARD_INPUT_DIR`: its last path segment (an artifact's name).
+pub fn input_name(url: &str) -> &str {
+    let rest = crate::artifact::artifact_of(url).unwrap_or(url);
+    rest.rsplit('/').next().unwrap_or(rest)
+}
+
+/// A model job's own fields: all present, each valid, the model fitting
+/// the data, and how long it trains.
+fn check_model_job(s: &UncheckedJobSpec, v: &mut Checker) {
+    if !s.inputs.is_empty() {
+        v.fail(
+            "inputs",
+            "applies only to script jobs (a model job reads its dataset)",
+        );
+    }
+    let Some(m) = s.model_job() else {
+        let missing = [
+            ("model", s.model.is_none()),
+            ("dataset", s.dataset.is_none()),
+            ("loss", s.loss.is_none()),
+            ("optimizer", s.optimizer.is_none()),
+            ("batch_size", s.batch_size.is_none()),
+        ];
+        for (field, absent) in missing {
+            if absent {
+                v.fail(field, "missing: a job names a model (with dataset, loss, optimizer and batch_size) or a script");
+            }
+        }
+        return;
+    };
+    let before = v.0.len();
+    check_model(m.model, v);
+    let model_ok = v.0.len() == before;
+    let dataset_ok = check_dataset(m.dataset, v);
+    if model_ok && dataset_ok {
+        check_model_fits_data(&m, v);
+    }
+
+    // Optimizer.
+    let o = m.optimizer;
+    if !(o.lr > 0.0 && o.lr <= MAX_LR) {
+        v.fail(
+            "optimizer.lr",
+            format!("must be greater than 0 and at most {MAX_LR}, got {}", o.lr),
+        );
+    }
+    if !(0.0..=1.0).contains(&o.weight_decay) {
+        v.fail(
+            "optimizer.weight_decay",
+            format!("must be between 0 and 1, got {}", o.weight_decay),
+        );
+    }
+    match (o.kind, o.momentum) {
+        (OptimizerKind::Momentum, Some(m)) if !(0.0..1.0).contains(&m) => {
+            v.fail("optimizer.momentum", format!("must be in [0, 1), got {m}"))
+        }
+        (OptimizerKind::Momentum, _) | (_, None) => {}
+        (_, Some(_)) => v.fail("optimizer.momentum", "applies only to kind \"momentum\""),
+    }
+    match (o.kind, o.betas) {
+        (OptimizerKind::Adam | OptimizerKind::Adamw, Some(b)) => {
+            for (i, beta) in b.iter().enumerate() {
+                if !(0.0..1.0).contains(beta) {
+                    v.fail(
+                        format!("optimizer.betas[{i}]"),
+                        format!("must be in [0, 1), got {beta}"),
+                    );
+                }
+            }
+        }
+        (_, None) => {}
+        (_, Some(_)) => v.fail(
+            "optimizer.betas",
+            "applies only to kinds \"adam\" and \"adamw\"",
+        ),
+    }
+    if let Some(c) = o.grad_clip {
+        if !(c > 0.0 && c <= 1e6) {
+            v.fail(
+                "optimizer.grad_clip",
+                format!("must be greater than 0 and at most 1000000, got {c}"),
+            );
+        }
+    }
+    if let Schedule::WarmupCosine { warmup_steps } = o.schedule {
+        v.range(
+            "optimizer.schedule.warmup_steps",
+            warmup_steps,
+            0,
+            MAX_STEPS,
+        );
+        if let Some(steps) = s.steps {
+            if warmup_steps >= steps {
+                v.fail(
+                    "optimizer.schedule.warmup_steps",
+                    format!("must be less than steps ({steps}), got {warmup_steps}"),
+                );
+            }
+        }
+    }
+
+    v.range("batch_size", m.batch_size, 1, MAX_BATCH);
+    match (s.epochs, s.steps) {
+        (None, None) => v.fail("epochs", "give exactly one of epochs and steps"),
+        (Some(_), Some(_)) => v.fail("steps", "give exactly one of epochs and steps, not both"),
+        (Some(e), None) => v.range("epochs", e, 1, MAX_EPOCHS),
+        (None, Some(n)) => v.range("steps", n, 1, MAX_STEPS),
+    }
+}
+
 fn check_model(m: &ModelSpec, v: &mut Checker) {
     match m {
         ModelSpec::Mlp(m) => {
@@ -336,8 +510,8 @@ fn check_dataset(d: &DatasetSpec, v: &mut Checker) -> bool {
     v.0.len() == before
 }
 
-fn check_model_fits_data(s: &UncheckedJobSpec, v: &mut Checker) {
-    let (features, outputs, classification) = match &s.dataset {
+fn check_model_fits_data(s: &ModelJob<'_>, v: &mut Checker) {
+    let (features, outputs, classification) = match s.dataset {
         DatasetSpec::Classification(c) => (Some(c.features), Some(c.classes), true),
         DatasetSpec::Regression(r) => (Some(r.features), Some(r.targets), false),
         DatasetSpec::Text(_) => (None, None, true),
@@ -345,7 +519,7 @@ fn check_model_fits_data(s: &UncheckedJobSpec, v: &mut Checker) {
             let fmt = f.format.or_else(|| file_format_from_url(&f.url));
             if fmt == Some(FileFormat::Text)
                 && !matches!(
-                    s.model,
+                    *s.model,
                     ModelSpec::Transformer(_) | ModelSpec::Torchscript(_)
                 )
             {
@@ -354,14 +528,14 @@ fn check_model_fits_data(s: &UncheckedJobSpec, v: &mut Checker) {
                     "a text dataset trains a transformer (or TorchScript) model",
                 );
             }
-            if fmt != Some(FileFormat::Text) && matches!(s.model, ModelSpec::Transformer(_)) {
+            if fmt != Some(FileFormat::Text) && matches!(*s.model, ModelSpec::Transformer(_)) {
                 v.fail("dataset", "a transformer language model trains on text (kind text, or a file of format text)");
             }
             return;
         }
     };
     let is_text = matches!(s.dataset, DatasetSpec::Text(_));
-    match &s.model {
+    match s.model {
         ModelSpec::Mlp(m) => {
             if is_text {
                 v.fail(

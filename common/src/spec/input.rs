@@ -20,16 +20,32 @@ pub struct UncheckedJobSpec {
     /// A human name (1–128 characters, no control characters).
     #[schema(example = "digits-mlp")]
     pub name: String,
-    /// The model to train.
-    pub model: ModelSpec,
-    /// The data to train on.
-    pub dataset: DatasetSpec,
-    /// The loss.
-    pub loss: Loss,
-    /// The optimizer and its learning-rate schedule.
-    pub optimizer: OptimizerSpec,
-    /// Samples per worker per step (1–65536).
-    pub batch_size: u32,
+    /// The model to train. A job names a model (with `dataset`, `loss`,
+    /// `optimizer` and `batch_size`) or a `script`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// The data to train on (a model job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<DatasetSpec>,
+    /// The loss (a model job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<Loss>,
+    /// The optimizer and its learning-rate schedule (a model job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<OptimizerSpec>,
+    /// Samples per worker per step (1–65536; a model job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
+    /// A script job: the user's own PyTorch training script, run by every
+    /// rank under torchrun's contract (instead of `model`, `dataset`,
+    /// `loss`, `optimizer` and `batch_size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<super::script::ScriptSpec>,
+    /// A script job's inputs (at most 64 artifacts or allowed URLs),
+    /// materialized read-only in each rank's sandbox at
+    /// `TRAINYARD_INPUT_DIR`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
     /// Passes over the training split (1–100000). Exactly one of `epochs`
     /// and `steps` is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]

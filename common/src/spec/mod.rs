@@ -20,9 +20,12 @@
 mod check;
 mod input;
 mod limits;
+pub mod script;
 
+pub use check::input_name;
 pub use input::*;
 pub use limits::*;
+pub use script::{ModelJob, ScriptSpec};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

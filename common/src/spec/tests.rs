@@ -178,7 +178,8 @@ fn missing_required_field_is_named() {
     let mut v = digits();
     v.as_object_mut().unwrap().remove("loss");
     let e = parse(&v).unwrap_err();
-    assert!(e.violations()[0].message.contains("missing field `loss`"));
+    assert_eq!(fields(&e), ["loss"]);
+    assert!(e.violations()[0].message.starts_with("missing"), "{e}");
 }
 
 #[test]
@@ -458,4 +459,149 @@ fn globs_match_stars_within_a_name() {
     assert!(is_manifest("file:///d/shards.JSON"));
     assert!(FileData::at("s3://b/x.parquet").is_sharded());
     assert!(!FileData::at("s3://b/x.npz").is_sharded());
+}
+
+fn ddp_script() -> Value {
+    json!({
+        "name": "ddp",
+        "script": {"code": "artifact:train.py", "args": ["--epochs", "3"], "env": {"SEED": "1"}},
+        "inputs": ["artifact:digits.npz"],
+        "workers": {"min": 2, "max": 3},
+        "resources": {"memory_mb": 2048},
+    })
+}
+
+#[test]
+fn a_script_job_parses_round_trips_and_has_no_model_parts() {
+    let spec = parse(&ddp_script()).unwrap();
+    assert!(spec.is_script() && spec.model_job().is_none());
+    let s = spec.script.as_ref().unwrap();
+    assert_eq!(s.entrypoint().as_deref(), Some("train.py"));
+    assert_eq!(s.max_restarts(), script::DEFAULT_SCRIPT_RESTARTS);
+    let back = serde_json::to_value(&spec).unwrap();
+    assert!(
+        back.get("model").is_none() && back.get("batch_size").is_none(),
+        "{back}"
+    );
+    assert_eq!(parse(&back).unwrap(), spec);
+    // An archive names its entrypoint.
+    let tar = with(ddp_script(), "script.code", json!("artifact:code.tar.gz"));
+    assert_eq!(fields(&parse(&tar).unwrap_err()), ["script.entrypoint"]);
+    let tar = with(tar, "script.entrypoint", json!("src/train.py"));
+    assert_eq!(
+        parse(&tar)
+            .unwrap()
+            .script
+            .as_ref()
+            .unwrap()
+            .entrypoint()
+            .as_deref(),
+        Some("src/train.py")
+    );
+    assert_eq!(input_name("artifact:digits.npz"), "digits.npz");
+    assert_eq!(input_name("s3://b/data/x.parquet"), "x.parquet");
+}
+
+#[test]
+fn a_script_job_refuses_a_model_jobs_fields_and_the_ps_pattern_by_name() {
+    for (field, value) in [
+        (
+            "model",
+            json!({"kind": "mlp", "inputs": 64, "hidden": [], "outputs": 10}),
+        ),
+        (
+            "dataset",
+            json!({"kind": "file", "url": "file:///data/digits.npz"}),
+        ),
+        ("loss", json!("mse")),
+        ("optimizer", json!({"kind": "sgd", "lr": 0.1})),
+        ("batch_size", json!(32)),
+        ("steps", json!(10)),
+        ("epochs", json!(1)),
+        ("strategy", json!("parameter_server")),
+        ("parameter_servers", json!(1)),
+        ("compression", json!("bf16")),
+    ] {
+        let e = parse(&with(ddp_script(), field, value)).unwrap_err();
+        assert_eq!(fields(&e), [field], "{e}");
+    }
+    let e = parse(&with(ddp_script(), "strategy", json!("parameter_server"))).unwrap_err();
+    assert!(e.to_string().contains("not offered to script jobs"), "{e}");
+    // allreduce and auto are torchrun's pattern.
+    for s in ["allreduce", "auto"] {
+        parse(&with(ddp_script(), "strategy", json!(s))).unwrap();
+    }
+    // Neither a model nor a script: every missing part is named.
+    let mut none = ddp_script();
+    none.as_object_mut().unwrap().remove("script");
+    none.as_object_mut().unwrap().remove("inputs");
+    let e = parse(&none).unwrap_err();
+    assert_eq!(
+        fields(&e),
+        ["model", "dataset", "loss", "optimizer", "batch_size"]
+    );
+    // A model job has no inputs.
+    let e = parse(&with(digits(), "inputs", json!(["artifact:x.npz"]))).unwrap_err();
+    assert_eq!(fields(&e), ["inputs"]);
+}
+
+#[test]
+fn a_scripts_paths_environment_and_inputs_are_bounded_and_safe() {
+    let bad = [
+        ("script.code", json!("artifact:train.sh"), "script.code"),
+        ("script.code", json!("ftp://x/train.py"), "script.code"),
+        (
+            "script.entrypoint",
+            json!("../escape.py"),
+            "script.entrypoint",
+        ),
+        ("script.entrypoint", json!("/etc/x.py"), "script.entrypoint"),
+        ("script.entrypoint", json!("other.py"), "script.entrypoint"),
+        ("script.python", json!("../../bin/sh"), "script.python"),
+        ("script.max_restarts", json!(101), "script.max_restarts"),
+        ("script.env", json!({"RANK": "3"}), "script.env.RANK"),
+        (
+            "script.env",
+            json!({"MASTER_ADDR": "10.0.0.1"}),
+            "script.env.MASTER_ADDR",
+        ),
+        (
+            "script.env",
+            json!({"LD_PRELOAD": "/x.so"}),
+            "script.env.LD_PRELOAD",
+        ),
+        (
+            "script.env",
+            json!({"TRAINYARD_TOKEN": "x"}),
+            "script.env.TRAINYARD_TOKEN",
+        ),
+        (
+            "script.env",
+            json!({"PYTHONPATH": "/"}),
+            "script.env.PYTHONPATH",
+        ),
+        ("script.env", json!({"1BAD": "x"}), "script.env.1BAD"),
+        ("script.args", json!(["a\u{0}b"]), "script.args[0]"),
+        (
+            "inputs",
+            json!(["file:///data/a/x.npz", "file:///data/b/x.npz"]),
+            "inputs[1]",
+        ),
+        ("inputs", json!(["artifact:shard-*.npz"]), "inputs[0]"),
+        ("inputs", json!(["http://"]), "inputs[0]"),
+    ];
+    for (path, value, field) in bad {
+        let e = parse(&with(ddp_script(), path, value.clone())).unwrap_err();
+        assert_eq!(fields(&e), [field], "{path} = {value}: {e}");
+    }
+    let many: Vec<String> = (0..=script::MAX_SCRIPT_ARGS)
+        .map(|i| i.to_string())
+        .collect();
+    let e = parse(&with(ddp_script(), "script.args", json!(many))).unwrap_err();
+    assert_eq!(fields(&e), ["script.args"]);
+    let long = "x".repeat(script::MAX_SCRIPT_VALUE_BYTES + 1);
+    let e = parse(&with(ddp_script(), "script.env", json!({"K": long}))).unwrap_err();
+    assert_eq!(fields(&e), ["script.env.K"]);
+    let e = parse(&with(ddp_script(), "script.unknown", json!(1))).unwrap_err();
+    assert!(e.to_string().contains("unknown field"), "{e}");
 }

@@ -103,7 +103,7 @@ pub fn serve_shard(
     // lost) takes its ranges from the newest committed checkpoint.
     if let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
     {
-        let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
+        let states = FlatOptimizer::state_tensors(a.spec.optimizer().kind);
         match crate::storage::checkpoint::load(st, at, &me.ranges, numel, states) {
             Ok(l) => {
                 shard.restore(&l);
@@ -162,7 +162,7 @@ pub fn serve_shard(
     let served = Served {
         shard: Locked::new(shard),
         consistency: a.spec.consistency_mode(),
-        clip: a.spec.optimizer.grad_clip,
+        clip: a.spec.optimizer().grad_clip,
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),
         index: a.key.index,

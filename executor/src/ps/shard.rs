@@ -165,7 +165,7 @@ impl Shard {
             ranges,
             head,
             weights: None,
-            opt: SliceOptimizer::new(&a.spec.optimizer, len),
+            opt: SliceOptimizer::new(a.spec.optimizer(), len),
             version: 0,
             cursor: Cursor::default(),
             generation: a.key.generation,

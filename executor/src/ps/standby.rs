@@ -438,9 +438,9 @@ pub fn serve_standby(
         ),
     );
     let len = shard_len(&me.ranges);
-    let states = FlatOptimizer::state_tensors(a.spec.optimizer.kind);
+    let states = FlatOptimizer::state_tensors(a.spec.optimizer().kind);
     let shared = Mutex::new(shard);
-    let clip = a.spec.optimizer.grad_clip;
+    let clip = a.spec.optimizer().grad_clip;
     let endpoint = plane.register(
         EndpointKey {
             job: a.key.job_id,

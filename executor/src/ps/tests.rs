@@ -671,12 +671,12 @@ fn a_sync_round_takes_rank_0s_buffers_as_they_are_and_optimizes_only_the_paramet
     for kind in ["sgd", "momentum", "adam", "adamw"] {
         let optimizer = json!({"kind": kind, "lr": 0.05, "grad_clip": 0.5, "weight_decay": 0.1});
         let a = assignment_with(&plane, RoleKind::Ps, json!("sync"), optimizer);
-        let clip = a.spec.optimizer.grad_clip.unwrap();
+        let clip = a.spec.optimizer().grad_clip.unwrap();
         for order in [[0u32, 1], [1, 0]] {
             let mut shard = seeded(&a, &initial());
             assert_eq!(shard.head, HEAD);
             let mut reference = initial()[..HEAD].to_vec();
-            let mut opt = SliceOptimizer::new(&a.spec.optimizer, HEAD);
+            let mut opt = SliceOptimizer::new(a.spec.optimizer(), HEAD);
             for step in 0..3u64 {
                 let g: Vec<Vec<f32>> = (0..2)
                     .map(|r| pushed(step as u32 * 2 + r, r, step))

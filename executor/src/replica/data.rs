@@ -47,7 +47,7 @@ fn unreadable(url: &str, reason: impl ToString) -> DataError {
 
 fn generated(spec: &UncheckedJobSpec) -> Result<Data, DataError> {
     let mut rng = Rng::new(spec.seed, 0xDA7A);
-    Ok(match &spec.dataset {
+    Ok(match &spec.dataset() {
         DatasetSpec::Classification(c) => {
             let (n, f, k) = (c.samples as usize, c.features as usize, c.classes as usize);
             let centers: Vec<f32> = (0..k * f).map(|_| (rng.normal() * 1.5) as f32).collect();
@@ -169,7 +169,7 @@ impl Dataset {
     /// Loads (or generates) the dataset of `spec` (a file through
     /// `fetcher`), checks it against the model and the loss, and splits it.
     pub fn load(spec: &UncheckedJobSpec, fetcher: &Fetcher) -> Result<Dataset, DataError> {
-        if let DatasetSpec::File(f) = &spec.dataset {
+        if let DatasetSpec::File(f) = &spec.dataset() {
             let mb = fetcher.data_memory_mb();
             let eval_only = |url: &str| -> Result<Arc<Sharded>, DataError> {
                 let mut e = f.clone();
@@ -227,7 +227,7 @@ impl Dataset {
         fetcher: &Fetcher,
         hold_out: bool,
     ) -> Result<Dataset, DataError> {
-        let data = match &spec.dataset {
+        let data = match &spec.dataset() {
             DatasetSpec::File(f) => {
                 let fmt = f
                     .format
@@ -303,7 +303,7 @@ impl Dataset {
         }
         let (tx, rx) = sync_channel(PREFETCH);
         let spec = spec.clone();
-        let batch = spec.batch_size as usize;
+        let batch = spec.batch_size() as usize;
         // Tensors are not `Sync`: the loader gets handles of its own that
         // share the storage.
         let data = match &self.data {
@@ -365,7 +365,7 @@ pub fn steps_left_in_epoch(len: usize, batch: usize, world: u32, offset: u64) ->
 }
 
 fn context(spec: &UncheckedJobSpec) -> usize {
-    match &spec.model {
+    match &spec.model() {
         ModelSpec::Transformer(t) => t.context as usize,
         _ => 64,
     }

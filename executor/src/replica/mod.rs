@@ -96,7 +96,7 @@ pub(crate) fn loss_of(
     out: &Tensor,
     y: &Tensor,
 ) -> Result<Tensor, tch::TchError> {
-    match spec.loss {
+    match spec.loss() {
         Loss::CrossEntropy => {
             let classes = *out.size().last().unwrap_or(&1);
             out.f_reshape([-1, classes])?
@@ -325,7 +325,7 @@ impl Replica {
         // A user's module lives in a confined process of its own; the
         // executor's side of the replica is on the CPU over shared memory.
         let (net, tensors, weights, grad, process, device): (Box<dyn model::Net>, _, _, _, _, _) =
-            match &spec.model {
+            match &spec.model() {
                 ModelSpec::Torchscript(t) => {
                     let path = fetcher.materialize(&t.url)?;
                     let s = process::Conversation::start(host, &path, spec, device)?;
@@ -446,7 +446,7 @@ impl Replica {
         match (self.spec.steps, self.spec.epochs) {
             (Some(s), _) => s,
             (None, Some(e)) => {
-                let (len, b) = (self.dataset.train_len(), self.spec.batch_size as usize);
+                let (len, b) = (self.dataset.train_len(), self.spec.batch_size() as usize);
                 let e = u64::from(e);
                 if self.cursor.epoch >= e {
                     return self.step;
@@ -487,12 +487,12 @@ impl Replica {
     /// over the trainable part, the metadata.
     pub fn state_len(&self) -> usize {
         self.numel
-            + self.trainable * FlatOptimizer::state_tensors(self.spec.optimizer.kind)
+            + self.trainable * FlatOptimizer::state_tensors(self.spec.optimizer().kind)
             + META_WORDS
     }
 
     fn optimizer(&mut self) -> &mut FlatOptimizer {
-        let (spec, n, device) = (&self.spec.optimizer, self.trainable as i64, self.device);
+        let (spec, n, device) = (&self.spec.optimizer(), self.trainable as i64, self.device);
         self.opt
             .get_or_insert_with(|| FlatOptimizer::new(spec, n, device))
     }
@@ -570,7 +570,7 @@ impl Replica {
     pub fn snapshot(&self, start: usize, end: usize) -> Vec<Vec<f32>> {
         let len = end - start;
         let mut out = vec![self.read_range(start, len)];
-        let states = FlatOptimizer::state_tensors(self.spec.optimizer.kind);
+        let states = FlatOptimizer::state_tensors(self.spec.optimizer().kind);
         for i in 0..states {
             // Over the buffers the optimizer keeps nothing: zeros.
             let mut v = vec![0f32; len];
@@ -867,7 +867,7 @@ impl Replica {
             }
             let mut g = g.narrow(0, 0, p);
             let _ = g.g_div_scalar_(f64::from(total));
-            if let Some(c) = self.spec.optimizer.grad_clip {
+            if let Some(c) = self.spec.optimizer().grad_clip {
                 optim::clip_norm(&mut g, c);
             }
             // The model's parameters are views of `weights`: updated in place.

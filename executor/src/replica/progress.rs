@@ -24,8 +24,8 @@ pub const EVALUATIONS: u64 = 10;
 
 /// The learning rate at `step` (1-based) of `total`.
 pub fn learning_rate(spec: &UncheckedJobSpec, step: u64, total: u64) -> f64 {
-    let lr = spec.optimizer.lr;
-    match spec.optimizer.schedule {
+    let lr = spec.optimizer().lr;
+    match spec.optimizer().schedule {
         Schedule::Constant => lr,
         Schedule::WarmupCosine { warmup_steps } => {
             if step <= warmup_steps {
@@ -139,7 +139,7 @@ pub(crate) fn evaluate(
     device: tch::Device,
 ) -> (f64, Option<f64>) {
     let classify =
-        spec.loss == Loss::CrossEntropy && !matches!(spec.model, ModelSpec::Transformer(_));
+        spec.loss() == Loss::CrossEntropy && !matches!(spec.model(), ModelSpec::Transformer(_));
     let rows = batch.0.size().first().copied().unwrap_or(0);
     if rows == 0 {
         return (f64::NAN, None);

@@ -98,7 +98,7 @@ pub fn slice(
 /// Checks that the data fits the model and the loss; converts kinds.
 pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataError> {
     match data {
-        Data::Text(t) => match &spec.model {
+        Data::Text(t) => match &spec.model() {
             ModelSpec::Transformer(m)
                 if m.vocab >= 256 || t.max().int64_value(&[]) < i64::from(m.vocab) =>
             {
@@ -118,7 +118,7 @@ pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataErr
                 )));
             }
             let features: i64 = xs[1..].iter().product();
-            let want = match &spec.model {
+            let want = match &spec.model() {
                 ModelSpec::Mlp(m) => Some(i64::from(m.inputs)),
                 ModelSpec::Cnn(c) => Some(i64::from(c.channels * c.height * c.width)),
                 ModelSpec::Transformer(_) => {
@@ -134,7 +134,7 @@ pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataErr
                 )));
             }
             let x = x.to_kind(Kind::Float);
-            let y = match spec.loss {
+            let y = match spec.loss() {
                 Loss::CrossEntropy => {
                     let y = y.to_kind(Kind::Int64).flatten(0, -1);
                     if y.size()[0] != xs[0] {
@@ -142,7 +142,7 @@ pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataErr
                             "cross_entropy needs one class id per sample; y has shape {ys:?}"
                         )));
                     }
-                    let classes = match &spec.model {
+                    let classes = match &spec.model() {
                         ModelSpec::Mlp(m) => Some(i64::from(m.outputs)),
                         ModelSpec::Cnn(c) => Some(i64::from(c.classes)),
                         _ => None,

@@ -286,7 +286,7 @@ fn a_replica_refuses_a_model_url_outside_its_jobs_data_policy() {
         .err()
         .expect("refused")
         .to_string();
-    let trainyard_common::spec::ModelSpec::Torchscript(t) = &s.model else {
+    let trainyard_common::spec::ModelSpec::Torchscript(t) = s.model() else {
         unreachable!()
     };
     assert!(err.contains(&t.url) && err.contains("refused"), "{err}");

@@ -143,7 +143,7 @@ fn trial_batch(
 ) -> Result<(Tensor, Tensor, Option<i64>), String> {
     let data = Dataset::load(spec, fetcher).map_err(|e| format!("dataset: {e}"))?;
     let mut small = spec.clone();
-    small.batch_size = TRIAL_ROWS.min(data.train_len()).max(1) as u32;
+    small.batch_size = Some(TRIAL_ROWS.min(data.train_len()).max(1) as u32);
     let batch = data
         .stream(&small, 0, 1, Cursor::default())
         .recv()
@@ -235,7 +235,7 @@ fn trial(
             out.size()
         ));
     }
-    match spec.loss {
+    match spec.loss() {
         Loss::CrossEntropy => {
             let classes = *out.size().last().unwrap_or(&0);
             let labels = label_max.unwrap_or(0);
@@ -306,7 +306,7 @@ mod tests {
         let url = format!("file://{}", path.display());
         let mut spec = crate::replica::tests::spec();
         spec.resources.memory_mb = memory_mb;
-        if let trainyard_common::spec::ModelSpec::Torchscript(t) = &mut spec.model {
+        if let Some(trainyard_common::spec::ModelSpec::Torchscript(t)) = &mut spec.model {
             t.url = url.clone();
         }
         let ins = Inspection {

@@ -116,6 +116,8 @@ pub struct Roles {
     finishing: Vec<Exiting>,
     /// The store opened for the URL the API gave.
     opened: Mutex<Option<(String, Arc<Storage>)>>,
+    /// Jobs with roles here (whose folders are removed when they leave).
+    jobs_here: std::collections::BTreeSet<Uuid>,
 }
 
 impl Roles {
@@ -131,6 +133,7 @@ impl Roles {
             ctx,
             finishing: Vec::new(),
             opened: Mutex::new(None),
+            jobs_here: Default::default(),
         }
     }
 
@@ -278,6 +281,22 @@ impl Roles {
                     self.finishing.push(reap(slot, t));
                 }
             }
+            // A job with no role left here takes its folders (a script
+            // rank's checkpoints) with it.
+            let left: std::collections::BTreeSet<Uuid> = self
+                .running
+                .keys()
+                .map(|k| k.0)
+                .chain(wanted.keys().map(|k| k.0))
+                .collect();
+            for job in std::mem::take(&mut self.jobs_here) {
+                if left.contains(&job) {
+                    self.jobs_here.insert(job);
+                } else {
+                    self.ctx.sandbox.forget_job(job);
+                }
+            }
+            self.jobs_here.extend(wanted.keys().map(|k| k.0));
         }
         self.finishing.retain(|t| !t.ended());
         for (k, a) in wanted {
@@ -445,6 +464,12 @@ fn run(role: &Role, mut parked: Parked) -> Parked {
             a.key.generation
         ),
     );
+    if a.spec.is_script() {
+        // A script's state is its own (its checkpoint folder): nothing is
+        // handed to the next generation.
+        crate::script::run(role, rank, &peers);
+        return Parked::default();
+    }
     if a.strategy == Strategy::ParameterServer {
         let kept = crate::ps::run_worker(
             role,

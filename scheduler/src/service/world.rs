@@ -163,12 +163,16 @@ fn job_view(
         }
     };
     let created: chrono::DateTime<chrono::Utc> = r.get("created_at");
-    // TorchScript models are planned from what their inspection reported.
-    let params = match parameters(&spec.model) {
-        Some(p) => p,
-        None => r
-            .get::<Option<serde_json::Value>, _>("params")
-            .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())?,
+    // TorchScript models are planned from what their inspection reported;
+    // a script job by the memory it asks for (its model is its own).
+    let params = match spec.model.as_ref() {
+        None => Vec::new(),
+        Some(model) => match parameters(model) {
+            Some(p) => p,
+            None => r
+                .get::<Option<serde_json::Value>, _>("params")
+                .and_then(|v| serde_json::from_value::<Vec<ParamInfo>>(v).ok())?,
+        },
     };
     let sync = spec.consistency_mode() == trainyard_common::spec::Consistency::Sync;
     let current = assigned
@@ -186,25 +190,31 @@ fn job_view(
         priority: r.get("priority"),
         seq: created.timestamp_micros(),
         demand: Demand {
-            strategy: spec.strategy,
+            // A script runs as one process group (torchrun's pattern).
+            strategy: if spec.is_script() {
+                Strategy::Allreduce
+            } else {
+                spec.strategy
+            },
             device: spec.resources.device,
             min_workers: spec.workers.min,
             max_workers: spec.workers.max,
             parameter_servers: spec.parameter_server_count(),
             memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
             // Buffers and frozen parameters count where they live.
-            estimate: Some(
-                MemoryEstimate::of(&params, spec.optimizer.kind, sync)
-                    .with_ps_replicas(spec.ps_replicas()),
-            ),
-            params: Some(params),
+            estimate: spec.optimizer.as_ref().map(|o| {
+                MemoryEstimate::of(&params, o.kind, sync).with_ps_replicas(spec.ps_replicas())
+            }),
+            params: spec.optimizer.is_some().then_some(params),
         },
         current,
         owner: r.get("owner"),
         starving: false,
+        // Users' code (a TorchScript model, a script) runs only where it
+        // is confined.
         excluded: match spec.model {
-            ModelSpec::Torchscript(_) => unconfining.clone(),
-            _ => Default::default(),
+            Some(ModelSpec::Torchscript(_)) | None => unconfining.clone(),
+            Some(_) => Default::default(),
         },
     })
 }

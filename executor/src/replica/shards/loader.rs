@@ -43,7 +43,7 @@ impl Sharded {
         std::thread::spawn(move || {
             let mut loader = Loader::new(&me, ptx);
             let mut cursor = cursor;
-            let batch = me.spec.batch_size as usize;
+            let batch = me.spec.batch_size() as usize;
             let len = me.train_len();
             loop {
                 let (range, next) = slice(len, batch, rank, world, cursor);
@@ -120,7 +120,7 @@ impl EpochOrder {
             at += s.train[e].samples;
         }
         starts.push(at);
-        let plan = Plan::new(at, s.lanes, u64::from(s.spec.batch_size));
+        let plan = Plan::new(at, s.lanes, u64::from(s.spec.batch_size()));
         EpochOrder {
             order,
             starts,

@@ -165,7 +165,7 @@ impl Sharded {
             .copied()
             .unwrap_or(0)
             * row_bytes;
-        let batches = PREFETCH_BATCHES as u64 * u64::from(spec.batch_size) * row_bytes;
+        let batches = PREFETCH_BATCHES as u64 * u64::from(spec.batch_size()) * row_bytes;
         let need = 2 * window_bytes + 2 * largest_unit + batches;
         if need > budget {
             return Err(DataError::Shape(format!(

@@ -1,0 +1,148 @@
+//! Script jobs through the API: a script and its inputs are artifacts
+//! resolved like a model's, the job is placed without an inspection, a
+//! model job's fields are refused by name, a failing script restarts until
+//! its `max_restarts` are used up, and rank 0's `ran` outcome succeeds the
+//! job, whose outputs are listed (none here: the store has none).
+
+use crate::executors::{place_ring_job, register, wait_for_generation};
+use crate::helpers::{assert_problem, spawn_app_with, TestApp};
+use serde_json::{json, Value};
+
+async fn put_artifact(app: &TestApp, name: &str, body: &'static [u8]) {
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/artifacts/{name}")))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
+fn script_spec(max_restarts: u32) -> Value {
+    json!({
+        "name": "ddp",
+        "script": {"code": "artifact:train.py", "args": ["--epochs", "2"], "max_restarts": max_restarts},
+        "inputs": ["artifact:data.npz"],
+        "workers": {"min": 1, "max": 1},
+    })
+}
+
+#[tokio::test]
+async fn a_script_job_is_placed_restarted_on_failure_and_succeeds_with_its_outputs() {
+    let app = spawn_app_with(|_| {}).await;
+    let (exec, token) = register(&app, "runner").await;
+    put_artifact(&app, "train.py", b"import torch\n").await;
+    put_artifact(&app, "data.npz", b"PK").await;
+
+    // A model job's fields, the PS pattern and a missing artifact are
+    // refused by name.
+    for (field, value) in [
+        ("batch_size", json!(32)),
+        ("strategy", json!("parameter_server")),
+        (
+            "model",
+            json!({"kind": "torchscript", "url": "artifact:train.py"}),
+        ),
+    ] {
+        let mut spec = script_spec(1);
+        spec[field] = value;
+        let r = app.post_json("/v1/jobs", &spec).await;
+        assert_problem(r, 422, Some(field)).await;
+    }
+    let mut spec = script_spec(1);
+    spec["inputs"] = json!(["artifact:missing.npz"]);
+    let r = app.post_json("/v1/jobs", &spec).await;
+    assert_problem(r, 422, Some("inputs[0]")).await;
+
+    // Placed at once (nothing to inspect), with its artifacts resolved in
+    // the assignment.
+    let id = place_ring_job(&app, script_spec(1), 1).await;
+    let j: Value = app.get_json(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(j["strategy"], "allreduce", "{j}");
+    let beat: Value = app
+        .post_as(
+            &format!("/v1/executors/{exec}/heartbeat"),
+            &token,
+            &json!({"roles": []}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let spec = &beat["assignments"][0]["spec"];
+    assert!(
+        spec["script"]["code"]
+            .as_str()
+            .unwrap()
+            .starts_with("file://"),
+        "{spec}"
+    );
+    assert!(
+        spec["inputs"][0].as_str().unwrap().starts_with("file://"),
+        "{spec}"
+    );
+
+    // The script fails: one restart (max_restarts 1), then the job fails.
+    for generation in [1, 2] {
+        let key = json!({"job_id": id, "generation": generation, "role": "worker", "index": 0});
+        let r = app
+            .post_as(
+                &format!("/v1/executors/{exec}/heartbeat"),
+                &token,
+                &json!({"roles": [key]}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        let crash = json!({"key": key, "outcome": {"crashed": {"reason": "rank 0's script exited with code 1"}}});
+        let r = app
+            .post_as(&format!("/v1/executors/{exec}/reports"), &token, &crash)
+            .await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        if generation == 1 {
+            wait_for_generation(&app, &id, 2).await;
+        }
+    }
+    let j: Value = app.get_json(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(j["state"], "failed", "{j}");
+    let reason = j["state_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the script failed on each of its 2 tries (max_restarts 1)")
+            && reason.contains("code 1"),
+        "{reason}"
+    );
+
+    // Another one ends: rank 0's outcome succeeds it.
+    let id = place_ring_job(&app, script_spec(0), 1).await;
+    let key = json!({"job_id": id, "generation": 1, "role": "worker", "index": 0});
+    let ran = json!({"key": key, "outcome": {"ran": {"outputs": 1, "bytes": 10}}});
+    let r = app
+        .post_as(&format!("/v1/executors/{exec}/reports"), &token, &ran)
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let j: Value = app.get_json(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(
+        j["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("1 output file(s), 10 bytes"),
+        "{j}"
+    );
+    let listed: Value = app.get_json(&format!("/v1/jobs/{id}/outputs")).await;
+    assert_eq!(listed["outputs"], json!([]), "{listed}");
+    let r = app
+        .client
+        .get(app.url(&format!("/v1/jobs/{id}/outputs/a/../../b")))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status() == 400 || r.status() == 404, "{}", r.status());
+    let r = app
+        .client
+        .get(app.url(&format!("/v1/jobs/{id}/outputs/model.pt")))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(r, 404, None).await;
+}

@@ -1,0 +1,260 @@
+//! A script job's own part of the spec: the user's unmodified PyTorch
+//! training script (one `.py` file, or an archive of a folder), how it is
+//! started (entrypoint, arguments, environment, Python runtime) and how
+//! often it may be restarted, with the rules a valid one follows. Each rank
+//! runs the script in its role's sandbox under torchrun's environment
+//! contract ([`TORCHRUN_ENV`]); the executor sets those variables, so a
+//! spec may not.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// Most arguments a script takes.
+pub const MAX_SCRIPT_ARGS: usize = 256;
+/// Most environment variables a spec sets.
+pub const MAX_SCRIPT_ENV: usize = 64;
+/// Longest argument or environment value, bytes.
+pub const MAX_SCRIPT_VALUE_BYTES: usize = 4096;
+/// Longest entrypoint path, characters.
+pub const MAX_ENTRYPOINT_CHARS: usize = 256;
+/// Most restarts a script job may ask for.
+pub const MAX_SCRIPT_RESTARTS: u32 = 100;
+/// Restarts when the spec does not say (`TORCHELASTIC_MAX_RESTARTS`).
+pub const DEFAULT_SCRIPT_RESTARTS: u32 = 3;
+/// Most inputs a job names.
+pub const MAX_INPUTS: usize = 64;
+
+/// The variables torchrun gives every rank, which Trainyard sets with the
+/// values torchrun would give.
+pub const TORCHRUN_ENV: [&str; 16] = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "OMP_NUM_THREADS",
+];
+
+/// Variables a spec may not set besides [`TORCHRUN_ENV`]: the sandbox's
+/// own (folders, the loader's and Python's search paths).
+pub const RESERVED_ENV: [&str; 9] = [
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "PYTHONHOME",
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+];
+
+/// A user's training script and how to start it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptSpec {
+    /// The code: `artifact:NAME` (or an admin-allowed URL) of one `.py`
+    /// file, or of a `.tar.gz`, `.tgz` or `.zip` of a folder.
+    #[schema(example = "artifact:train.py")]
+    pub code: String,
+    /// The file to run, relative to the code's folder; for a single `.py`
+    /// file, that file (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "train.py")]
+    pub entrypoint: Option<String>,
+    /// Its command-line arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables of its own (not torchrun's, not the
+    /// sandbox's: see `TORCHRUN_ENV`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The executor's Python runtime to run it with, by name (an admin's
+    /// `--python NAME=PATH`); `default` when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// How many times its ranks may be restarted after a failure
+    /// (`TORCHELASTIC_MAX_RESTARTS`; 3 when not given). A changed world
+    /// (a join, a loss) restarts them too but is not a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
+}
+
+impl ScriptSpec {
+    /// The entrypoint: as given, or the code's own file name for a single
+    /// `.py` file.
+    pub fn entrypoint(&self) -> Option<String> {
+        if let Some(e) = &self.entrypoint {
+            return Some(e.clone());
+        }
+        let name = self
+            .code
+            .rsplit(['/', ':'])
+            .next()
+            .unwrap_or(&self.code)
+            .to_owned();
+        name.ends_with(".py").then_some(name)
+    }
+
+    /// The restarts allowed.
+    pub fn max_restarts(&self) -> u32 {
+        self.max_restarts.unwrap_or(DEFAULT_SCRIPT_RESTARTS)
+    }
+
+    /// The code's packaging, from its URL's extension.
+    pub fn packaging(&self) -> Option<CodePackaging> {
+        CodePackaging::of(&self.code)
+    }
+}
+
+/// How a script's code is packaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodePackaging {
+    /// One Python file.
+    Python,
+    /// A gzipped tar archive of a folder.
+    TarGz,
+    /// A zip archive of a folder.
+    Zip,
+}
+
+impl CodePackaging {
+    /// The packaging `url`'s extension names, if any.
+    pub fn of(url: &str) -> Option<CodePackaging> {
+        let lower = url.to_ascii_lowercase();
+        if lower.ends_with(".py") {
+            Some(CodePackaging::Python)
+        } else if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
+            Some(CodePackaging::TarGz)
+        } else if lower.ends_with(".zip") {
+            Some(CodePackaging::Zip)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why `path` (a path inside the code's folder, from a spec or an
+/// archive) is not a safe relative path, if it is not: absolute, with a
+/// `..`, empty or control characters.
+pub fn relative_path_problem(path: &str) -> Option<&'static str> {
+    if path.is_empty() {
+        return Some("must not be empty");
+    }
+    if path.starts_with('/') || path.starts_with('\\') {
+        return Some("must be a path relative to the code's folder, not an absolute one");
+    }
+    if path.chars().any(char::is_control) {
+        return Some("must not contain control characters");
+    }
+    if path.contains('\\') {
+        return Some("must use `/` between folders");
+    }
+    if path.split('/').any(|p| p == "..") {
+        return Some("must not contain `..`");
+    }
+    None
+}
+
+/// Why `key` may not be set by a spec's `env`, if it may not.
+pub fn env_key_problem(key: &str) -> Option<String> {
+    let valid = !key.is_empty()
+        && key.len() <= 128
+        && key
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Some("must be a variable name: letters, digits and `_`, not starting with a digit, at most 128".into());
+    }
+    if TORCHRUN_ENV.contains(&key) {
+        return Some("is set by Trainyard, with the value torchrun would give".into());
+    }
+    if RESERVED_ENV.contains(&key) || key.starts_with("TRAINYARD_") || key.starts_with("LD_") {
+        return Some("is set by the sandbox".into());
+    }
+    None
+}
+
+/// What a model job trains, every part present: a checked job has either
+/// all of them or a script ([`super::UncheckedJobSpec::model_job`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ModelJob<'a> {
+    /// The model.
+    pub model: &'a super::ModelSpec,
+    /// Its data.
+    pub dataset: &'a super::DatasetSpec,
+    /// Its loss.
+    pub loss: super::Loss,
+    /// Its optimizer.
+    pub optimizer: &'a super::OptimizerSpec,
+    /// Samples per worker per step.
+    pub batch_size: u32,
+}
+
+impl super::UncheckedJobSpec {
+    /// The model job's parts; `None` for a script job (or a spec missing
+    /// one, which no checked spec is).
+    pub fn model_job(&self) -> Option<ModelJob<'_>> {
+        Some(ModelJob {
+            model: self.model.as_ref()?,
+            dataset: self.dataset.as_ref()?,
+            loss: self.loss?,
+            optimizer: self.optimizer.as_ref()?,
+            batch_size: self.batch_size?,
+        })
+    }
+
+    /// Whether it runs a user's script.
+    pub fn is_script(&self) -> bool {
+        self.script.is_some()
+    }
+}
+
+/// A model job's parts. [`super::JobSpec::parse`] guarantees that a spec
+/// without a `script` has every one of them, so these are for the code
+/// that runs model jobs only (the executor's replicas, shards and
+/// inspection, on a checked spec); a script job's path never calls them,
+/// and code that may see either kind reads the `Option` fields or
+/// [`super::UncheckedJobSpec::model_job`].
+impl super::UncheckedJobSpec {
+    const MODEL_JOB: &'static str =
+        "a checked spec without a script is a model job with all its parts";
+
+    /// The model.
+    pub fn model(&self) -> &super::ModelSpec {
+        self.model.as_ref().expect(Self::MODEL_JOB)
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &super::DatasetSpec {
+        self.dataset.as_ref().expect(Self::MODEL_JOB)
+    }
+
+    /// The loss.
+    pub fn loss(&self) -> super::Loss {
+        self.loss.expect(Self::MODEL_JOB)
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &super::OptimizerSpec {
+        self.optimizer.as_ref().expect(Self::MODEL_JOB)
+    }
+
+    /// Samples per worker per step.
+    pub fn batch_size(&self) -> u32 {
+        self.batch_size.expect(Self::MODEL_JOB)
+    }
+}

@@ -1,0 +1,260 @@
+//! torchrun's environment contract, computed for one rank of a script job:
+//! the variables torchrun's elastic agent gives each worker, with the
+//! values it would give for the same world, plus the sandbox's own
+//! (folders, threads) and the script's from its spec. Pure, so that the
+//! contract is tested without starting anything.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use trainyard_common::cluster::WorkerPeer;
+use uuid::Uuid;
+
+/// The first port of the range a job's rendezvous port is taken from.
+pub const RENDEZVOUS_PORT_BASE: u16 = 20_000;
+/// How many ports that range has (below Linux's ephemeral range, where a
+/// connection's own port could collide).
+pub const RENDEZVOUS_PORTS: u16 = 12_000;
+
+/// Where a rank's folders are, as the script sees them.
+pub struct Folders<'a> {
+    /// Its code (the working folder).
+    pub code: &'a Path,
+    /// Its inputs (read-only).
+    pub inputs: &'a Path,
+    /// Its checkpoints (read-write; kept across restarts).
+    pub checkpoints: &'a Path,
+    /// Its outputs (read-write; rank 0's are the job's outputs).
+    pub outputs: &'a Path,
+    /// Its scratch (home and temporary folder).
+    pub scratch: &'a Path,
+}
+
+/// One rank's place in its job's world.
+pub struct Place<'a> {
+    /// The job.
+    pub job: Uuid,
+    /// Its generation (1 at the first start; each change of the world or
+    /// restart after a failure adds one).
+    pub generation: u64,
+    /// The job's workers in rank order.
+    pub peers: &'a [&'a WorkerPeer],
+    /// This rank.
+    pub rank: u32,
+    /// Restarts the spec allows.
+    pub max_restarts: u32,
+    /// Threads the rank may use.
+    pub threads: Option<i32>,
+    /// The network interface that carries this executor's data-plane
+    /// address, for gloo (`None`: loopback or not found; gloo picks).
+    pub interface: Option<String>,
+}
+
+/// The rendezvous port of `job` at `generation`: the same on every rank
+/// (each computes it), another at each generation (so that a port still
+/// held by the last generation's store, or taken by something else, is
+/// not tried twice in a row).
+pub fn rendezvous_port(job: Uuid, generation: u64) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in job.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // A stride prime to the range's size: consecutive generations never
+    // share a port.
+    let n = u64::from(RENDEZVOUS_PORTS);
+    let at = (h % n + (generation % n) * 7919) % n;
+    RENDEZVOUS_PORT_BASE + at as u16
+}
+
+/// The host part of a data-plane address (`host:port`, `[v6]:port`).
+pub fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// The network interface that carries address `host` on this machine, for
+/// gloo to bind (`None` for loopback, a name, or an address not found).
+pub fn interface_of(host: &str) -> Option<String> {
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    if ip.is_loopback() {
+        return None;
+    }
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|i| {
+        let addr = i.address?;
+        let found = match ip {
+            std::net::IpAddr::V4(v4) => addr.as_sockaddr_in().map(|a| a.ip() == v4),
+            std::net::IpAddr::V6(v6) => addr.as_sockaddr_in6().map(|a| a.ip() == v6),
+        };
+        found.unwrap_or(false).then_some(i.interface_name)
+    })
+}
+
+/// The whole environment of one rank: the spec's variables, then torchrun's
+/// and the sandbox's (which the spec may not set; the spec's check refuses
+/// them, and they are written last here as well).
+pub fn environment(
+    place: &Place<'_>,
+    folders: &Folders<'_>,
+    spec_env: &BTreeMap<String, String>,
+    library_path: Option<&str>,
+) -> Vec<(String, String)> {
+    let world = place.peers.len();
+    let me = place.peers[place.rank as usize];
+    let master = place.peers[0];
+    // torchrun's "local" world is one agent's: here, the ranks on this
+    // executor; its group rank is the executor's index among the job's
+    // executors in rank order.
+    let mut executors: Vec<Uuid> = Vec::new();
+    for p in place.peers {
+        if !executors.contains(&p.executor_id) {
+            executors.push(p.executor_id);
+        }
+    }
+    let local: Vec<&&WorkerPeer> = place
+        .peers
+        .iter()
+        .filter(|p| p.executor_id == me.executor_id)
+        .collect();
+    let local_rank = local
+        .iter()
+        .position(|p| p.rank == me.rank)
+        .unwrap_or_default();
+    let group_rank = executors
+        .iter()
+        .position(|e| *e == me.executor_id)
+        .unwrap_or_default();
+    let threads = place.threads.unwrap_or(1).max(1).to_string();
+    let dir = |p: &Path| p.display().to_string();
+    let mut env: BTreeMap<String, String> = spec_env.clone();
+    let ours = [
+        ("RANK", place.rank.to_string()),
+        ("LOCAL_RANK", local_rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_WORLD_SIZE", local.len().to_string()),
+        ("GROUP_RANK", group_rank.to_string()),
+        ("GROUP_WORLD_SIZE", executors.len().to_string()),
+        ("ROLE_RANK", place.rank.to_string()),
+        ("ROLE_WORLD_SIZE", world.to_string()),
+        ("ROLE_NAME", "default".to_owned()),
+        ("MASTER_ADDR", host_of(&master.address).to_owned()),
+        (
+            "MASTER_PORT",
+            rendezvous_port(place.job, place.generation).to_string(),
+        ),
+        (
+            "TORCHELASTIC_RESTART_COUNT",
+            place.generation.saturating_sub(1).to_string(),
+        ),
+        ("TORCHELASTIC_MAX_RESTARTS", place.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", place.job.to_string()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "False".to_owned()),
+        ("OMP_NUM_THREADS", threads.clone()),
+        ("MKL_NUM_THREADS", threads),
+        ("TRAINYARD_JOB_ID", place.job.to_string()),
+        ("TRAINYARD_INPUT_DIR", dir(folders.inputs)),
+        ("TRAINYARD_CHECKPOINT_DIR", dir(folders.checkpoints)),
+        ("TRAINYARD_OUTPUT_DIR", dir(folders.outputs)),
+        ("TRAINYARD_CODE_DIR", dir(folders.code)),
+        ("HOME", dir(folders.scratch)),
+        ("TMPDIR", dir(folders.scratch)),
+        ("USER", "trainyard".to_owned()),
+        ("LOGNAME", "trainyard".to_owned()),
+        ("PATH", "/usr/local/bin:/usr/bin:/bin".to_owned()),
+        ("PYTHONUNBUFFERED", "1".to_owned()),
+        ("PYTHONDONTWRITEBYTECODE", "1".to_owned()),
+        ("PYTHONNOUSERSITE", "1".to_owned()),
+    ];
+    for (k, v) in ours {
+        env.insert(k.to_owned(), v);
+    }
+    if let Some(i) = &place.interface {
+        env.insert("GLOO_SOCKET_IFNAME".into(), i.clone());
+    }
+    if let Some(l) = library_path {
+        env.insert("LD_LIBRARY_PATH".into(), l.to_owned());
+    }
+    env.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn peer(rank: u32, executor: u128, address: &str) -> WorkerPeer {
+        WorkerPeer {
+            rank,
+            executor_id: Uuid::from_u128(executor),
+            address: address.into(),
+            device: 0,
+        }
+    }
+
+    fn env_of(peers: &[WorkerPeer], rank: u32, generation: u64) -> BTreeMap<String, String> {
+        let refs: Vec<&WorkerPeer> = peers.iter().collect();
+        let p = Path::new("/w");
+        let folders = Folders {
+            code: p,
+            inputs: p,
+            checkpoints: p,
+            outputs: p,
+            scratch: p,
+        };
+        let place = Place {
+            job: Uuid::from_u128(7),
+            generation,
+            peers: &refs,
+            rank,
+            max_restarts: 3,
+            threads: Some(2),
+            interface: None,
+        };
+        let mine = [
+            ("RANK".to_owned(), "99".to_owned()),
+            ("SEED".into(), "1".into()),
+        ]
+        .into();
+        environment(&place, &folders, &mine, None)
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn every_rank_gets_what_torchrun_would_give() {
+        // Two executors: ranks 0 and 1 on the first, rank 2 on the second.
+        let peers = [
+            peer(0, 1, "10.0.0.1:7000"),
+            peer(1, 1, "10.0.0.1:7000"),
+            peer(2, 2, "10.0.0.2:7001"),
+        ];
+        let e = env_of(&peers, 2, 3);
+        let get = |k: &str| e[k].as_str();
+        assert_eq!(get("RANK"), "2", "the spec cannot set torchrun's variables");
+        assert_eq!(get("WORLD_SIZE"), "3");
+        assert_eq!(get("LOCAL_RANK"), "0");
+        assert_eq!(get("LOCAL_WORLD_SIZE"), "1");
+        assert_eq!(get("GROUP_RANK"), "1");
+        assert_eq!(get("GROUP_WORLD_SIZE"), "2");
+        assert_eq!(get("ROLE_RANK"), "2");
+        assert_eq!(get("MASTER_ADDR"), "10.0.0.1");
+        assert_eq!(get("TORCHELASTIC_RESTART_COUNT"), "2");
+        assert_eq!(get("TORCHELASTIC_MAX_RESTARTS"), "3");
+        assert_eq!(get("OMP_NUM_THREADS"), "2");
+        assert_eq!(get("SEED"), "1");
+        let one = env_of(&peers, 1, 3);
+        assert_eq!(one["LOCAL_RANK"], "1");
+        assert_eq!(one["LOCAL_WORLD_SIZE"], "2");
+        assert_eq!(one["GROUP_RANK"], "0");
+        assert_eq!(one["MASTER_PORT"], e["MASTER_PORT"]);
+        assert_eq!(host_of("[::1]:80"), "::1");
+    }
+
+    proptest! {
+        #[test]
+        fn the_rendezvous_port_is_in_its_range_and_moves_with_the_generation(job: u128, g in 1u64..1_000_000) {
+            let p = rendezvous_port(Uuid::from_u128(job), g);
+            prop_assert!((RENDEZVOUS_PORT_BASE..RENDEZVOUS_PORT_BASE + RENDEZVOUS_PORTS).contains(&p));
+            prop_assert_ne!(p, rendezvous_port(Uuid::from_u128(job), g + 1));
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! A script job's rank: the user's own PyTorch training script, unmodified,
+//! run in a sandboxed process under torchrun's environment contract.
+//!
+//! Each worker role of a script job is one rank. Its thread puts the code
+//! ([`code`]) and the job's inputs into a fresh sandbox workspace (inputs
+//! read-only, the code read-only), gives the rank a checkpoint folder kept
+//! across the job's generations on this executor and an output folder,
+//! computes torchrun's variables ([`env`]) and starts the executor's
+//! Python runtime on the entrypoint in a confined child
+//! ([`crate::sandbox::Sandbox::start_script`]). The rank's stdout and
+//! stderr become the job's log, bounded and tagged by rank. A new
+//! generation (a join, a loss, a restart) stops the role, which kills the
+//! process; the next generation's role starts it again with the new world
+//! and `TORCHELASTIC_RESTART_COUNT` + 1.
+//!
+//! How it ends: rank 0's exit 0 uploads its output folder to the object
+//! store and reports the job's result; another rank's exit 0 reports
+//! nothing (rank 0's is the job's). A non-zero exit, a signal or a limit is
+//! reported as a crash, which the API turns into a restart of every rank
+//! until the spec's `max_restarts` are used up; when a peer may be the
+//! cause (its executor died and the collective broke), the rank first asks
+//! for its peers to be checked and gives the scheduler a moment to change
+//! the generation, so that a lost executor does not spend a restart.
+
+pub mod code;
+pub mod env;
+
+use crate::role::Role;
+use crate::sandbox::{ScriptTask, RUNTIME_MB};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use trainyard_common::checkpoint::output_key;
+use trainyard_common::cluster::{LogLevel, RoleOutcome, WorkerPeer};
+use trainyard_common::spec::{input_name, ScriptSpec};
+use trainyard_sandbox::{Ending, Limits};
+
+/// Longest log line kept from a script, characters.
+pub const MAX_LINE_CHARS: usize = 2000;
+/// Lines a rank may log per second; more are counted and dropped.
+pub const LINES_PER_SECOND: u32 = 200;
+/// Lines of a failed rank's output its failure reason quotes.
+pub const TAIL_LINES: usize = 20;
+/// Most output files a job keeps.
+pub const MAX_OUTPUT_FILES: usize = 1000;
+/// Largest output file, bytes.
+pub const MAX_OUTPUT_FILE: u64 = 1 << 30;
+/// How long a rank whose script failed waits for the generation to
+/// change (a peer's executor lost) before it reports a crash.
+pub const PEER_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs rank `rank` of the script job `role` is assigned to, among
+/// `peers`, until its script ends or its generation does.
+pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer]) {
+    let a = &role.assignment;
+    let Some(script) = a.spec.script.as_ref() else {
+        return role.fail("a script role's job has no script".into());
+    };
+    // The workspace (its output folder) lives until the outputs are stored.
+    let mut started = None;
+    let ended = prepare(role, script, rank, peers).and_then(|p| {
+        let s = started.insert(p);
+        watch(role, rank, s, peers.len())
+    });
+    match ended {
+        Ok(Ended::Finished(outputs)) if rank == 0 => finish(role, &outputs),
+        Ok(Ended::Finished(_)) => {
+            role.log(LogLevel::Info, format!("rank {rank}'s script finished"))
+        }
+        Ok(Ended::Stopped) => {}
+        Err(Failure::Refused(reason)) => role.fail(reason),
+        Err(Failure::Crashed(reason)) => {
+            role.log(LogLevel::Error, reason.clone());
+            let _ = role
+                .tx
+                .send(crate::reports::Item::Outcome(RoleOutcome::Crashed {
+                    reason,
+                }));
+        }
+    }
+}
+
+/// How a rank ended.
+enum Ended {
+    /// Its script exited 0; its output folder.
+    Finished(PathBuf),
+    /// Its generation ended (it was killed; nothing to report).
+    Stopped,
+}
+
+/// Why a rank did not finish.
+enum Failure {
+    /// The job cannot run here at all (its code refused, no such runtime):
+    /// a restart would not help.
+    Refused(String),
+    /// Its script failed: the job may restart it.
+    Crashed(String),
+}
+
+/// A started rank.
+struct Started {
+    child: trainyard_sandbox::spawn::Child,
+    /// Its workspace (removed when dropped, after the process ended).
+    _ws: crate::sandbox::Workspace,
+    outputs: PathBuf,
+}
+
+/// Puts the code and inputs in place and starts the script.
+fn prepare(
+    role: &Role,
+    script: &ScriptSpec,
+    rank: u32,
+    peers: &[&WorkerPeer],
+) -> Result<Started, Failure> {
+    let a = &role.assignment;
+    let sandbox = &role.ctx.sandbox;
+    let job = a.key.job_id;
+    let refused = Failure::Refused;
+    let python = sandbox.python(script.python.as_deref()).map_err(refused)?;
+    let mut runtime = runtime_folders(python).map_err(Failure::Refused)?;
+    runtime.extend(network_folders());
+    let ws = sandbox
+        .workspace(&format!("script-{job}-{rank}"))
+        .map_err(Failure::Crashed)?;
+    let code_dir = ws.inputs().join("code");
+    let input_dir = ws.inputs().join("data");
+    let fetch = |url: &str, what: &str| {
+        role.ctx
+            .fetcher
+            .fetch(url)
+            .map_err(|e| Failure::Refused(format!("{what}: {e}")))
+    };
+    let code = fetch(&script.code, "script.code")?;
+    let entrypoint = script.entrypoint().unwrap_or_default();
+    let packaging = script
+        .packaging()
+        .ok_or_else(|| Failure::Refused("script.code: not a .py file or an archive".into()))?;
+    let name = input_name(&script.code).to_owned();
+    code::materialize(&code, &name, packaging, &code_dir, &entrypoint)
+        .map_err(|e| Failure::Refused(e.to_string()))?;
+    std::fs::create_dir_all(&input_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
+    for (i, url) in a.spec.inputs.iter().enumerate() {
+        let file = fetch(url, &format!("inputs[{i}]"))?;
+        let to = input_dir.join(input_name(url));
+        if std::fs::hard_link(&file.path, &to).is_err() {
+            std::fs::copy(&file.path, &to)
+                .map_err(|e| Failure::Crashed(format!("inputs[{i}]: {e}")))?;
+        }
+    }
+    let checkpoints = sandbox
+        .job_folder(job, &format!("checkpoints-{rank}"))
+        .map_err(Failure::Crashed)?;
+    let outputs = ws.scratch().join("outputs");
+    let home = ws.scratch().join("home");
+    for d in [&outputs, &home] {
+        std::fs::create_dir_all(d).map_err(|e| Failure::Crashed(e.to_string()))?;
+        sandbox.give(d).map_err(Failure::Crashed)?;
+    }
+    let interface = env::interface_of(env::host_of(&peers[rank as usize].address));
+    let place = env::Place {
+        job,
+        generation: a.key.generation as u64,
+        peers,
+        rank,
+        max_restarts: script.max_restarts(),
+        threads: sandbox.torch_threads(),
+        interface,
+    };
+    let folders = env::Folders {
+        code: &code_dir,
+        inputs: &input_dir,
+        checkpoints: &checkpoints,
+        outputs: &outputs,
+        scratch: &home,
+    };
+    let library_path = std::env::var("LD_LIBRARY_PATH").ok();
+    let task = ScriptTask {
+        program: python.to_owned(),
+        args: std::iter::once(entrypoint.clone())
+            .chain(script.args.iter().cloned())
+            .collect(),
+        env: env::environment(&place, &folders, &script.env, library_path.as_deref()),
+        cwd: code_dir.clone(),
+    };
+    let limits = Limits {
+        memory_mb: a.spec.resources.memory_mb + RUNTIME_MB,
+        ..Limits::default()
+    };
+    let device = role.device().map_err(|e| Failure::Refused(e.to_string()))?;
+    let child = sandbox
+        .start_script(&ws, &task, limits, runtime, vec![checkpoints], device)
+        .map_err(Failure::Crashed)?;
+    role.log(
+        LogLevel::Info,
+        format!(
+            "rank {rank} of {} runs {entrypoint} (generation {}, restart {})",
+            peers.len(),
+            a.key.generation,
+            a.key.generation.saturating_sub(1)
+        ),
+    );
+    Ok(Started {
+        child,
+        _ws: ws,
+        outputs,
+    })
+}
+
+/// The folders the interpreter at `python` reads: its own file, its
+/// prefix and every folder on its module search path (asked of it,
+/// unconfined: the runtime is the admin's).
+pub fn runtime_folders(python: &Path) -> Result<Vec<PathBuf>, String> {
+    static KNOWN: Mutex<Vec<(PathBuf, Vec<PathBuf>)>> = Mutex::new(Vec::new());
+    if let Some((_, f)) = KNOWN
+        .lock()
+        .ok()
+        .and_then(|k| k.iter().find(|(p, _)| p == python).cloned())
+    {
+        return Ok(f);
+    }
+    let out = std::process::Command::new(python)
+        .args([
+            "-I",
+            "-c",
+            "import sys, os; print('\\n'.join([os.path.realpath(sys.executable), sys.prefix, sys.base_prefix] + [p for p in sys.path if p]))",
+        ])
+        .env_clear()
+        .output()
+        .map_err(|e| format!("cannot run the Python runtime {}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the Python runtime {} does not start: {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let mut folders: Vec<PathBuf> = vec![python.to_owned()];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let p = PathBuf::from(line.trim());
+        // The base prefix of a system Python is `/usr`: its library
+        // folder is the runtime's, not the whole of `/usr`.
+        if p.is_absolute() && p.exists() && p != Path::new("/usr") && p != Path::new("/") {
+            folders.push(p);
+        }
+    }
+    // A virtual environment's prefix is its own folder (its config file).
+    folders.sort();
+    folders.dedup();
+    if let Ok(mut k) = KNOWN.lock() {
+        k.push((python.to_owned(), folders.clone()));
+    }
+    Ok(folders)
+}
+
+/// What gloo reads to pick its interface and transport: the network
+/// interfaces and the PCI devices (each listing's entries are links into
+/// `/sys/devices`, whose folders it reads), nothing else of `/sys`.
+fn network_folders() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for listing in ["/sys/class/net", "/sys/bus/pci/devices"] {
+        let listing = PathBuf::from(listing);
+        for e in std::fs::read_dir(&listing).into_iter().flatten().flatten() {
+            if let Ok(real) = std::fs::canonicalize(e.path()) {
+                out.push(real);
+            }
+        }
+        if listing.exists() {
+            out.push(listing);
+        }
+    }
+    out
+}
+
+/// Waits for the rank's script to end, passing its output to the log; how
+/// it ended.
+fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended, Failure> {
+    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let mut readers = Vec::new();
+    for (stream, level) in [
+        (
+            s.child
+                .stdout()
+                .map(|o| Box::new(o) as Box<dyn Read + Send>),
+            LogLevel::Info,
+        ),
+        (
+            s.child
+                .stderr()
+                .map(|e| Box::new(e) as Box<dyn Read + Send>),
+            LogLevel::Warn,
+        ),
+    ] {
+        let Some(stream) = stream else { continue };
+        let (tx, tail) = (role.tx.clone(), tail.clone());
+        let job = role.assignment.key.job_id;
+        readers.push(std::thread::spawn(move || {
+            forward(stream, rank, level, &tail, |level, line| {
+                tracing::debug!(%job, rank, "{line}");
+                let _ = tx.send(crate::reports::Item::Log(level, line));
+            })
+        }));
+    }
+    let ending = s.child.wait(None, &|| role.stopping());
+    for r in readers {
+        let _ = r.join();
+    }
+    if role.stopping() || ending == Ending::Killed {
+        return Ok(Ended::Stopped);
+    }
+    if ending == Ending::Exited(0) {
+        return Ok(Ended::Finished(s.outputs.clone()));
+    }
+    let last: Vec<String> = tail
+        .lock()
+        .map(|t| t.iter().cloned().collect())
+        .unwrap_or_default();
+    let what = match &ending {
+        Ending::Memory { .. } => format!(
+            "rank {rank}'s script {ending} ({} MiB asked by resources.memory_mb, {RUNTIME_MB} MiB for the runtime)",
+            role.assignment.spec.resources.memory_mb
+        ),
+        other => format!("rank {rank}'s script {other}"),
+    };
+    let reason = if last.is_empty() {
+        what
+    } else {
+        format!("{what}; its last lines:\n{}", last.join("\n"))
+    };
+    if world > 1 {
+        // A collective that broke because a peer's executor died fails
+        // every rank: the peers are checked, and a generation change in
+        // the meantime means the loss, not the script, ended it.
+        role.ctx
+            .suspects
+            .check(&role.assignment, format!("rank {rank}'s script failed"));
+        let until = Instant::now() + PEER_GRACE;
+        while Instant::now() < until {
+            if role.stop.sleep(Duration::from_millis(100)) {
+                return Ok(Ended::Stopped);
+            }
+        }
+    }
+    Err(Failure::Crashed(reason))
+}
+
+/// Passes `stream`'s lines to `emit` tagged with the rank, at most
+/// [`LINES_PER_SECOND`] a second, each cut at [`MAX_LINE_CHARS`]; keeps
+/// the last [`TAIL_LINES`] in `tail`.
+fn forward(
+    stream: impl Read,
+    rank: u32,
+    level: LogLevel,
+    tail: &Mutex<VecDeque<String>>,
+    emit: impl Fn(LogLevel, String),
+) {
+    let mut second = Instant::now();
+    let (mut sent, mut dropped) = (0u32, 0u64);
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.by_ref().take(1 << 20).read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let mut line: String = text.trim_end().chars().take(MAX_LINE_CHARS).collect();
+        if text.trim_end().chars().count() > MAX_LINE_CHARS {
+            line.push('…');
+        }
+        if let Ok(mut t) = tail.lock() {
+            t.push_back(line.clone());
+            if t.len() > TAIL_LINES {
+                t.pop_front();
+            }
+        }
+        if second.elapsed() >= Duration::from_secs(1) {
+            if dropped > 0 {
+                emit(
+                    LogLevel::Warn,
+                    format!("[rank {rank}] … {dropped} lines dropped (more than {LINES_PER_SECOND} a second)"),
+                );
+            }
+            second = Instant::now();
+            sent = 0;
+            dropped = 0;
+        }
+        if sent < LINES_PER_SECOND {
+            sent += 1;
+            emit(level, format!("[rank {rank}] {line}"));
+        } else {
+            dropped += 1;
+        }
+    }
+    if dropped > 0 {
+        emit(
+            LogLevel::Warn,
+            format!(
+                "[rank {rank}] … {dropped} lines dropped (more than {LINES_PER_SECOND} a second)"
+            ),
+        );
+    }
+}
+
+/// Rank 0's end: its outputs to the object store, then the job's result.
+fn finish(role: &Role, outputs: &Path) {
+    let job = role.assignment.key.job_id;
+    let stored = role
+        .storage
+        .as_ref()
+        .map_err(|e| format!("cannot open the object store: {e}"))
+        .and_then(|s| {
+            let files = output_files(outputs)?;
+            let mut bytes = 0u64;
+            for (path, rel) in &files {
+                let data = std::fs::read(path).map_err(|e| format!("reading output {rel}: {e}"))?;
+                bytes += data.len() as u64;
+                s.put(&output_key(job, rel), data.into())
+                    .map_err(|e| format!("storing output {rel}: {e}"))?;
+            }
+            Ok((files.len() as u64, bytes))
+        });
+    let outcome = match stored {
+        Ok((files, bytes)) => {
+            role.log(
+                LogLevel::Info,
+                format!("the script finished on rank 0; {files} output file(s), {bytes} bytes"),
+            );
+            RoleOutcome::Ran {
+                outputs: files,
+                bytes,
+            }
+        }
+        Err(reason) => {
+            role.log(LogLevel::Error, reason.clone());
+            RoleOutcome::Failed { reason }
+        }
+    };
+    let _ = role.tx.send(crate::reports::Item::Outcome(outcome));
+}
+
+/// The regular files under `dir` with their paths relative to it, in
+/// order; links and special files are left out. Bounded in count and size.
+pub fn output_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("listing outputs: {e}"))?;
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() {
+                let Some(rel) = path
+                    .strip_prefix(dir)
+                    .ok()
+                    .and_then(|r| r.to_str())
+                    .map(str::to_owned)
+                else {
+                    continue;
+                };
+                if meta.len() > MAX_OUTPUT_FILE {
+                    return Err(format!(
+                        "output {rel} is larger than {} MiB",
+                        MAX_OUTPUT_FILE >> 20
+                    ));
+                }
+                out.push((path, rel));
+                if out.len() > MAX_OUTPUT_FILES {
+                    return Err(format!("more than {MAX_OUTPUT_FILES} output files"));
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(out)
+}

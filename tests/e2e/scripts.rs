@@ -1,0 +1,323 @@
+//! Script jobs: a user's own PyTorch DDP script (`tests/python/scripts/
+//! ddp_digits.py`, plain PyTorch: gloo, a BatchNorm CNN, its own
+//! DistributedSampler and checkpoints) runs unmodified on two executors
+//! under torchrun's environment contract, and its downloaded output,
+//! evaluated by PyTorch in eval mode on digits no job saw, is within 1.5
+//! points of the same script run by `torchrun --nproc-per-node 2` in the
+//! same test. A hostile script's attempts (host files, the executor's
+//! environment, another job's folders, a shell, a fork bomb, the API
+//! without a token) are each contained while the DDP job trains beside it;
+//! a memory bomb fails its job naming the limit; a cancelled script's
+//! processes are gone within seconds.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use trainyard_common::JobState;
+use trainyard_e2e::{eventually, repo_root, ApiClient, Platform};
+
+const ADMIN: &str = "e2e-scripts-admin";
+
+fn python() -> String {
+    std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn scripts() -> PathBuf {
+    repo_root().join("tests/python/scripts")
+}
+
+fn user(p: &Platform, name: &str) -> ApiClient {
+    let admin = p.with_token(ADMIN);
+    let (status, token) = admin.post("/v1/tokens", &json!({"owner": name, "role": "user"}));
+    assert_eq!(status, 201, "{token}");
+    p.with_token(token["token"].as_str().unwrap())
+}
+
+fn upload(c: &ApiClient, name: &str, file: &Path) -> String {
+    let r = c
+        .request(reqwest::Method::PUT, &format!("/v1/artifacts/{name}"))
+        .body(std::fs::read(file).unwrap())
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "uploading {name}: {}", r.status());
+    format!("artifact:{name}")
+}
+
+fn download(c: &ApiClient, path: &str, to: &Path) {
+    let r = c.get_response(path);
+    let status = r.status();
+    let bytes = r.bytes().unwrap();
+    assert_eq!(
+        status,
+        200,
+        "GET {path}: {}",
+        String::from_utf8_lossy(&bytes)
+    );
+    std::fs::write(to, bytes).unwrap();
+}
+
+/// PyTorch's eval-mode accuracy of `model` on `test`.
+fn accuracy(model: &Path, test: &Path) -> f64 {
+    let out = Command::new(python())
+        .arg(scripts().join("evaluate_ddp.py"))
+        .args([model, test])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["accuracy"].as_f64().unwrap()
+}
+
+fn ddp_job(name: &str, epochs: u32) -> Value {
+    json!({
+        "name": name,
+        "script": {"code": "artifact:train.py", "args": ["--epochs", epochs.to_string()]},
+        "inputs": ["artifact:digits-train.npz"],
+        "workers": {"min": 2, "max": 2},
+        "resources": {"memory_mb": 1024},
+    })
+}
+
+/// The log of job `id`, one line each.
+fn log_text(c: &ApiClient, id: &str) -> String {
+    c.log_messages(id).join("\n")
+}
+
+#[test]
+fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained() {
+    let p = Platform::builder("scripts")
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .executor_env("TRAINYARD_TORCH_THREADS", "1")
+        .start();
+    let mut execs = [p.executor("a"), p.executor("b")];
+    let alice = user(&p, "alice");
+    let mallory = user(&p, "mallory");
+
+    // The data: digits split into the training rows and 500 no job sees.
+    let dir = p.file("digits");
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/python/user_models.py"))
+        .args(["write".as_ref(), dir.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (train, test) = (dir.join("train.npz"), dir.join("test.npz"));
+    upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
+    upload(&alice, "digits-train.npz", &train);
+
+    // The script job, and torchrun's run of the same script beside it.
+    let id = alice.submit(&ddp_job("ddp", 4));
+    let reference = p.file("torchrun");
+    let inputs = p.file("torchrun-inputs");
+    std::fs::create_dir_all(&inputs).unwrap();
+    std::fs::copy(&train, inputs.join("digits-train.npz")).unwrap();
+    let torchrun = Command::new(python())
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+        ])
+        .arg(scripts().join("ddp_digits.py"))
+        .args(["--epochs", "4"])
+        .env("TRAINYARD_INPUT_DIR", &inputs)
+        .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
+        .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
+        .env("OMP_NUM_THREADS", "1")
+        .spawn()
+        .unwrap();
+
+    // Mallory's hostile script runs on the same executors meanwhile.
+    upload(&mallory, "hostile.py", &scripts().join("hostile.py"));
+    let token_file = p.file("join-token");
+    std::fs::write(&token_file, p.join_token()).unwrap();
+    let targets = json!({
+        "read": [
+            "/etc/passwd",
+            token_file,
+            train,
+            format!("/proc/{}/environ", execs[0].pid()),
+            "/root/.bash_history",
+        ],
+        "api": p.base.clone(),
+    });
+    let hostile = mallory.submit(&json!({
+        "name": "hostile",
+        "script": {"code": "artifact:hostile.py", "args": [targets.to_string()], "max_restarts": 0},
+        "workers": {"min": 1, "max": 1},
+        "resources": {"memory_mb": 512},
+    }));
+    let job = mallory.wait_end(&hostile, Duration::from_secs(180));
+    assert_eq!(
+        job.state,
+        JobState::Succeeded,
+        "{job:?}\n{}",
+        log_text(&mallory, &hostile)
+    );
+    let report_file = p.file("report.json");
+    download(
+        &mallory,
+        &format!("/v1/jobs/{hostile}/outputs/report.json"),
+        &report_file,
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&report_file).unwrap()).unwrap();
+    for (path, result) in report["read"].as_object().unwrap() {
+        assert!(
+            result.as_str().unwrap().starts_with("denied"),
+            "the hostile script read {path}: {result}"
+        );
+    }
+    assert!(
+        report["list_parent"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied"),
+        "{report}"
+    );
+    assert_ne!(report["system"], 0, "a shell ran: {report}");
+    let forked = report["forked"].as_u64().unwrap();
+    assert!(
+        forked < 300,
+        "the fork bomb made {forked} processes: {report}"
+    );
+    assert_eq!(report["api"], "refused 401", "{report}");
+    assert!(
+        report["abstract_socket"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied"),
+        "{report}"
+    );
+    let env: Vec<&str> = report["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for secret in [
+        "TRAINYARD_JOIN_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "TRAINYARD_API",
+    ] {
+        assert!(
+            !env.contains(&secret),
+            "{secret} reached the script: {env:?}"
+        );
+    }
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
+    ] {
+        assert!(env.contains(&k), "{k} is missing: {env:?}");
+    }
+
+    // The DDP job: two ranks, each logged; its output against torchrun's.
+    let job = alice.wait_end(&id, Duration::from_secs(600));
+    let log = log_text(&alice, &id);
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}\n{log}");
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("[rank {rank}] rank {rank} epoch 3 loss")),
+            "{log}"
+        );
+    }
+    let listed = alice.get(&format!("/v1/jobs/{id}/outputs"));
+    assert_eq!(listed["outputs"][0]["path"], "model.pt", "{listed}");
+    let ours = p.file("ours.pt");
+    download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
+    let status = torchrun.wait_with_output().unwrap().status;
+    assert!(status.success(), "torchrun failed: {status}");
+    let (a, b) = (
+        accuracy(&ours, &test),
+        accuracy(&reference.join("outputs/model.pt"), &test),
+    );
+    eprintln!(
+        "script job {a:.4}, torchrun {b:.4}, on {} held-out rows",
+        500
+    );
+    assert!(
+        a > 0.9 && (a - b).abs() <= 0.015,
+        "script job {a:.4}, torchrun {b:.4}"
+    );
+    let r = alice.get_response(&format!("/v1/jobs/{id}/outputs/..%2Fx"));
+    assert_eq!(r.status(), 400);
+    let r = mallory.get_response(&format!("/v1/jobs/{id}/outputs/model.pt"));
+    assert_eq!(r.status(), 404, "another user's outputs");
+
+    // A memory bomb fails its job, naming the limit, on its one try.
+    let bomb = scripts().join("bomb.py");
+    std::fs::write(
+        &bomb,
+        "import torch\nx = torch.ones(1 << 30)\nprint(x.sum())\n",
+    )
+    .unwrap();
+    upload(&mallory, "bomb.py", &bomb);
+    let id = mallory.submit(&json!({
+        "name": "bomb",
+        "script": {"code": "artifact:bomb.py", "max_restarts": 0},
+        "workers": {"min": 1, "max": 1},
+        "resources": {"memory_mb": 256},
+    }));
+    mallory.wait_failed_with(
+        "bomb",
+        &id,
+        Duration::from_secs(120),
+        &["exceeded its", "MiB memory", "1 tries"],
+    );
+    let _ = std::fs::remove_file(&bomb);
+
+    // A cancelled script job's processes are gone within 5 s.
+    let id = alice.submit(&ddp_job("cancelled", 1000));
+    let pids: Vec<u32> = execs.iter().map(|e| e.pid()).collect();
+    let running = eventually(Duration::from_secs(120), || {
+        let found = script_ranks(&pids);
+        (found.len() == 2).then_some(found)
+    });
+    let running = running.unwrap_or_else(|| panic!("two ranks run:\n{}", log_text(&alice, &id)));
+    let (status, body) = alice.post(&format!("/v1/jobs/{id}/cancel"), &json!({}));
+    assert!(status < 300, "{status} {body}");
+    let cancelled = Instant::now();
+    let gone = eventually(Duration::from_secs(5), || {
+        (!running
+            .iter()
+            .any(|pid| Path::new(&format!("/proc/{pid}")).exists()))
+        .then_some(())
+    });
+    assert!(gone.is_some(), "a cancelled script's ranks outlived 5 s");
+    eprintln!("cancelled ranks gone in {:?}", cancelled.elapsed());
+    for e in &mut execs {
+        assert!(e.running(), "an executor died: {}", e.output());
+    }
+}
+
+/// The script ranks (`… train.py …`, the interpreter the sandboxed child
+/// became) that the executors `parents` run now.
+fn script_ranks(parents: &[u32]) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let train = cmdline.split(|&b| b == 0).any(|a| a == b"train.py");
+            (parents.contains(&ppid) && train).then_some(pid)
+        })
+        .collect()
+}

@@ -1,0 +1,99 @@
+"""A user's own distributed training script, in plain PyTorch: nothing in
+it is Trainyard's. It trains a small CNN with BatchNorm on 8x8 digits with
+DistributedDataParallel over gloo, shards the data with its own
+DistributedSampler, saves a checkpoint after every epoch and loads it when
+it is restarted, and rank 0 saves the trained weights. It runs the same
+under `torchrun --nproc-per-node 2 ddp_digits.py` and as a Trainyard script
+job; the folders come from the environment, with local defaults.
+"""
+
+import argparse
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.1), nn.Linear(32 * 2 * 2, 10))
+
+    def forward(self, x):
+        return self.head(self.features(x.view(-1, 1, 8, 8)))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--data", default="digits-train.npz")
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    inputs = os.environ.get("TRAINYARD_INPUT_DIR", ".")
+    ckpt_dir = os.environ.get("TRAINYARD_CHECKPOINT_DIR", "checkpoints")
+    out_dir = os.environ.get("TRAINYARD_OUTPUT_DIR", "outputs")
+    os.makedirs(ckpt_dir, exist_ok=True)
+
+    d = np.load(os.path.join(inputs, args.data))
+    x = torch.from_numpy(np.asarray(d["x"])).float() / 16.0
+    y = torch.from_numpy(np.asarray(d["y"])).long().flatten()
+    data = TensorDataset(x, y)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
+    loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
+
+    model = DDP(Net())
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    start = 0
+    ckpt = os.path.join(ckpt_dir, "last.pt")
+    if os.path.exists(ckpt):
+        state = torch.load(ckpt)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["epoch"] + 1
+        print(f"rank {rank}: resumed after epoch {state['epoch']}", flush=True)
+
+    for epoch in range(start, args.epochs):
+        model.train()
+        sampler.set_epoch(epoch)
+        total, n = 0.0, 0
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            total, n = total + loss.item(), n + 1
+        print(f"rank {rank} epoch {epoch} loss {total / max(n, 1):.4f}", flush=True)
+        # Rank 0 saves (DDP keeps the replicas equal); every rank loads.
+        if rank == 0:
+            tmp = ckpt + ".tmp"
+            state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch}
+            torch.save(state, tmp)
+            os.replace(tmp, ckpt)
+
+    if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

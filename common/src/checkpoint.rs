@@ -61,6 +61,18 @@ pub fn torchscript_key(job: Uuid) -> String {
     format!("{job}/final/model.pt")
 }
 
+/// The folder of a script job's committed checkpoints (what its rank 0
+/// wrote to `TRAINYARD_CHECKPOINT_DIR`), one numbered folder each.
+pub fn script_checkpoints_prefix(job: Uuid) -> String {
+    format!("{job}/script-checkpoints/")
+}
+
+/// The folder of a script job's checkpoint `seq`: its files under
+/// `files/`, then `manifest.json`, written last.
+pub fn script_checkpoint_dir(job: Uuid, seq: u64) -> String {
+    format!("{}{seq:010}/", script_checkpoints_prefix(job))
+}
+
 /// The folder of a script job's outputs (rank 0's
 /// `TRAINYARD_OUTPUT_DIR`), relative to the store's prefix.
 pub fn outputs_prefix(job: Uuid) -> String {

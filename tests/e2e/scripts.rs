@@ -321,3 +321,104 @@ fn script_ranks(parents: &[u32]) -> Vec<u32> {
         })
         .collect()
 }
+
+#[test]
+fn a_killed_executors_rank_restarts_every_rank_from_the_last_checkpoint() {
+    let p = Platform::builder("scripts-kill")
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .executor_env("TRAINYARD_TORCH_THREADS", "1")
+        .start();
+    let mut execs = vec![p.executor("a"), p.executor("b"), p.executor("c")];
+    let alice = user(&p, "alice");
+    let dir = p.file("digits");
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/python/user_models.py"))
+        .args(["write".as_ref(), dir.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (train, test) = (dir.join("train.npz"), dir.join("test.npz"));
+    upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
+    upload(&alice, "digits-train.npz", &train);
+    let epochs = 30;
+    let id = alice.submit(&ddp_job("killed", epochs));
+
+    // torchrun's uninterrupted run of the same script, meanwhile.
+    let reference = p.file("torchrun");
+    let inputs = p.file("torchrun-inputs");
+    std::fs::create_dir_all(&inputs).unwrap();
+    std::fs::copy(&train, inputs.join("digits-train.npz")).unwrap();
+    let torchrun = Command::new(python())
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+        ])
+        .arg(scripts().join("ddp_digits.py"))
+        .args(["--epochs", &epochs.to_string()])
+        .env("TRAINYARD_INPUT_DIR", &inputs)
+        .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
+        .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
+        .env("OMP_NUM_THREADS", "1")
+        .spawn()
+        .unwrap();
+
+    // Once a few epochs are committed, rank 1's executor is SIGKILLed.
+    let committed = eventually(Duration::from_secs(180), || {
+        let log = log_text(&alice, &id);
+        (log.contains("rank 0 epoch 3 loss") && log.contains("checkpoint 3 committed"))
+            .then_some(())
+    });
+    assert!(
+        committed.is_some(),
+        "three epochs committed:\n{}",
+        log_text(&alice, &id)
+    );
+    let a = alice.assignments(&id);
+    let holder = a
+        .workers
+        .iter()
+        .find(|w| w.rank == 1)
+        .map(|w| w.executor.name.clone())
+        .unwrap();
+    let at = ["a", "b", "c"].iter().position(|n| *n == holder).unwrap();
+    let victim = execs.remove(at);
+    trainyard_e2e::kill9(victim.pid());
+    let killed = Instant::now();
+
+    let job = alice.wait_end(&id, Duration::from_secs(600));
+    let log = log_text(&alice, &id);
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}\n{log}");
+    // One restart: the loss, not a crash, changed the generation.
+    assert_eq!(job.generation, 2, "{log}");
+    assert!(log.contains("(generation 2, restart 1)"), "{log}");
+    let resumed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("resumed after epoch"))
+        .collect();
+    assert_eq!(resumed.len(), 2, "both ranks resumed:\n{log}");
+    assert!(
+        !resumed.iter().any(|l| l.ends_with("after epoch 0")),
+        "resumed from a later epoch than the first: {resumed:?}"
+    );
+    eprintln!("{resumed:?}, {:?} after the kill", killed.elapsed());
+    let ours = p.file("ours.pt");
+    download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
+    assert!(torchrun.wait_with_output().unwrap().status.success());
+    let (a, b) = (
+        accuracy(&ours, &test),
+        accuracy(&reference.join("outputs/model.pt"), &test),
+    );
+    eprintln!("killed and resumed {a:.4}, torchrun uninterrupted {b:.4}");
+    assert!(
+        a > 0.9 && (a - b).abs() <= 0.015,
+        "killed {a:.4}, torchrun {b:.4}"
+    );
+}

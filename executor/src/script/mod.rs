@@ -22,6 +22,7 @@
 //! for its peers to be checked and gives the scheduler a moment to change
 //! the generation, so that a lost executor does not spend a restart.
 
+pub mod checkpoints;
 pub mod code;
 pub mod env;
 
@@ -102,6 +103,9 @@ enum Failure {
 /// A started rank.
 struct Started {
     child: trainyard_sandbox::spawn::Child,
+    /// Rank 0's: commits its checkpoint folder to the job's store.
+    committer: Option<checkpoints::Committer>,
+    checkpoints: PathBuf,
     /// Its workspace (removed when dropped, after the process ended).
     _ws: crate::sandbox::Workspace,
     outputs: PathBuf,
@@ -152,6 +156,24 @@ fn prepare(
     let checkpoints = sandbox
         .job_folder(job, &format!("checkpoints-{rank}"))
         .map_err(Failure::Crashed)?;
+    // Every rank starts from the job's latest committed checkpoint.
+    let store = role
+        .storage
+        .as_ref()
+        .map_err(|e| Failure::Crashed(format!("cannot open the object store: {e}")))?;
+    let latest = checkpoints::latest(store, job).map_err(Failure::Crashed)?;
+    let restored = checkpoints::restore(store, job, latest.as_ref(), &checkpoints)
+        .map_err(Failure::Crashed)?;
+    role.log(LogLevel::Info, format!("rank {rank}: {restored}"));
+    let committer = (rank == 0).then(|| {
+        checkpoints::Committer::new(
+            job,
+            a.key.generation as u64,
+            latest.as_ref(),
+            a.spec.checkpoint.keep,
+            checkpoints::scan(&checkpoints),
+        )
+    });
     let outputs = ws.scratch().join("outputs");
     let home = ws.scratch().join("home");
     for d in [&outputs, &home] {
@@ -190,7 +212,14 @@ fn prepare(
     };
     let device = role.device().map_err(|e| Failure::Refused(e.to_string()))?;
     let child = sandbox
-        .start_script(&ws, &task, limits, runtime, vec![checkpoints], device)
+        .start_script(
+            &ws,
+            &task,
+            limits,
+            runtime,
+            vec![checkpoints.clone()],
+            device,
+        )
         .map_err(Failure::Crashed)?;
     role.log(
         LogLevel::Info,
@@ -203,6 +232,8 @@ fn prepare(
     );
     Ok(Started {
         child,
+        committer,
+        checkpoints,
         _ws: ws,
         outputs,
     })
@@ -302,9 +333,13 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
             })
         }));
     }
-    let ending = s.child.wait(None, &|| role.stopping());
+    let ending = run_to_end(role, s);
     for r in readers {
         let _ = r.join();
+    }
+    if ending == Ending::Exited(0) {
+        // The folder as the script left it, before the outputs.
+        commit_now(role, s);
     }
     if role.stopping() || ending == Ending::Killed {
         return Ok(Ended::Stopped);
@@ -343,6 +378,44 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
         }
     }
     Err(Failure::Crashed(reason))
+}
+
+/// Waits for the script to end (killing it when the role stops), looking
+/// at rank 0's checkpoint folder every [`checkpoints::POLL`].
+fn run_to_end(role: &Role, s: &mut Started) -> Ending {
+    let mut next_look = Instant::now() + checkpoints::POLL;
+    loop {
+        if let Some(e) = s.child.try_ending() {
+            return e;
+        }
+        if role.stopping() {
+            s.child.kill();
+            return s.child.wait(None, &|| false);
+        }
+        if Instant::now() >= next_look {
+            look(role, s);
+            next_look = Instant::now() + checkpoints::POLL;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One look at rank 0's checkpoint folder (a commit when it is due).
+fn look(role: &Role, s: &mut Started) {
+    let (Some(c), Ok(store)) = (s.committer.as_mut(), role.storage.as_ref()) else {
+        return;
+    };
+    match c.look(store, &s.checkpoints, &|| role.stopping()) {
+        Ok(Some(line)) => role.log(LogLevel::Info, line),
+        Ok(None) => {}
+        Err(e) => role.log(LogLevel::Warn, format!("checkpoint not committed: {e}")),
+    }
+}
+
+/// Commits rank 0's folder as its script left it (it has ended).
+fn commit_now(role: &Role, s: &mut Started) {
+    std::thread::sleep(checkpoints::QUIET);
+    look(role, s);
 }
 
 /// Passes `stream`'s lines to `emit` tagged with the rank, at most

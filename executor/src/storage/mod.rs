@@ -142,6 +142,16 @@ impl Storage {
     pub fn read_remote(&self, key: &str) -> Result<Bytes, StorageError> {
         Ok(self.rt.block_on(self.store.get(key))?)
     }
+
+    /// Keys and sizes under `prefix`, sorted.
+    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
+        Ok(self.rt.block_on(self.store.list(prefix))?)
+    }
+
+    /// Deletes every object under `prefix`; how many.
+    pub fn delete_prefix(&self, prefix: &str) -> Result<usize, StorageError> {
+        Ok(self.rt.block_on(self.store.delete_prefix(prefix))?)
+    }
 }
 
 /// How this executor reaches object storage: the options of its stores

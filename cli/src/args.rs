@@ -98,6 +98,66 @@ pub struct UploadArgs {
     pub conn: Connection,
 }
 
+/// `trainyard run-script`.
+#[derive(Debug, Args)]
+pub struct RunScriptArgs {
+    /// Your training script (a `.py` file): it runs unmodified on every
+    /// rank, under torchrun's variables.
+    pub script: PathBuf,
+    /// Files and folders packed beside the script (a `.tar.gz` whose top
+    /// folder holds them all); repeatable.
+    #[arg(long = "files", num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// An input: a local file (uploaded under its own name, found by it in
+    /// `TRAINYARD_INPUT_DIR`) or `artifact:NAME` / an allowed URL;
+    /// repeatable.
+    #[arg(long = "input")]
+    pub inputs: Vec<String>,
+    /// The world: `N`, or `MIN:MAX` for an elastic job.
+    #[arg(long, default_value = "1")]
+    pub workers: String,
+    /// An argument of the script (repeatable; or everything after `--`).
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    pub arg: Vec<String>,
+    /// A variable of the script's own, `KEY=VALUE` (repeatable).
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    /// The executors' Python runtime to use (their `--python NAME=PATH`).
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Restarts after a failure (default 3).
+    #[arg(long)]
+    pub max_restarts: Option<u32>,
+    /// Memory per rank, MiB.
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// The job's name (default: the script's).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Follow the job until it ends, as `trainyard job` does.
+    #[arg(long)]
+    pub follow: bool,
+    /// The script's arguments after `--`.
+    #[arg(last = true)]
+    pub rest: Vec<String>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// `trainyard outputs`.
+#[derive(Debug, Args)]
+pub struct OutputsArgs {
+    /// The job id.
+    pub id: String,
+    /// Download this output (a path the listing shows) instead of listing.
+    pub path: Option<String>,
+    /// Where to write it (default: its file name in the current folder).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
 /// `trainyard artifacts`.
 #[derive(Debug, Args)]
 pub struct ArtifactsArgs {

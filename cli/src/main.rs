@@ -6,7 +6,8 @@
 //!   prints the OpenAPI document.
 //! * `submit`, `jobs`, `job`, `cancel`, `executors`, `logs`,
 //!   `checkpoints`, `model`, `provisioner`, `token` and `whoami` are the
-//!   command-line client: [`args`] (their flags, and where the API is),
+//!   command-line client ([`scripts`]: `run-script` and `outputs`, a
+//!   user's own training script as a job): [`args`] (their flags, and where the API is),
 //!   [`commands`] (one request and a printout each), [`follow`] (`job ID`
 //!   and `submit --follow`: a progress line until the job ends), [`table`]
 //!   (how values print) and [`error`] (the one-line errors and the exit
@@ -17,6 +18,7 @@ mod args;
 mod commands;
 mod error;
 mod follow;
+mod scripts;
 mod serve;
 mod table;
 
@@ -64,6 +66,11 @@ enum Command {
     Upload(args::UploadArgs),
     /// List your artifacts (an admin's: everybody's).
     Artifacts(args::ArtifactsArgs),
+    /// Run your own training script (torchrun's contract) as a job: uploads
+    /// it (packed with `--files`) and its inputs, submits, prints the id.
+    RunScript(args::RunScriptArgs),
+    /// List a script job's outputs, or download one.
+    Outputs(args::OutputsArgs),
     /// Make, list and revoke API tokens (admins).
     Token(args::TokenArgs),
     /// Print the user and role the server takes your token for.
@@ -101,6 +108,8 @@ async fn main() -> ExitCode {
         Command::Provisioner(a) => commands::provisioner(a).await,
         Command::Upload(a) => commands::upload(a).await,
         Command::Artifacts(a) => commands::artifacts(a).await,
+        Command::RunScript(a) => scripts::run_script(a).await,
+        Command::Outputs(a) => scripts::outputs(a).await,
         Command::Token(a) => commands::token(a).await,
         Command::Whoami(a) => commands::whoami(a).await,
         Command::Quota(a) => commands::quota(a).await,

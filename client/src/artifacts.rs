@@ -95,7 +95,7 @@ impl Client {
 /// `name` as one path segment: what is not a valid name's character is
 /// percent-encoded, so the API sees (and names) it rather than a
 /// different path.
-fn encode(name: &str) -> String {
+pub(crate) fn encode(name: &str) -> String {
     name.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' => (b as char).to_string(),

@@ -13,8 +13,8 @@ use reqwest::Method;
 use serde::Serialize;
 use trainyard_common::api::{
     CheckpointList, CreatedToken, EventPage, ExecutorInfo, ExecutorList, Job, JobAssignments,
-    JobPage, LogPage, MetricSeries, ModelTensors, NewToken, ProvisionerStatus, TokenInfo,
-    TokenList, WhoAmI,
+    JobPage, LogPage, MetricSeries, ModelTensors, NewToken, OutputList, ProvisionerStatus,
+    TokenInfo, TokenList, WhoAmI,
 };
 use uuid::Uuid;
 
@@ -198,6 +198,19 @@ impl Client {
         format: ModelFormat,
     ) -> Result<Vec<u8>, ClientError> {
         let call = Call::get(format!("/v1/jobs/{id}/model")).query("format", Some(format));
+        Ok(self.send(call).await?.body)
+    }
+
+    /// `GET /v1/jobs/{id}/outputs`: a script job's outputs (rank 0's
+    /// `TRAINYARD_OUTPUT_DIR`, stored when it succeeded).
+    pub async fn job_outputs(&self, id: Uuid) -> Result<OutputList, ClientError> {
+        self.call(Call::get(format!("/v1/jobs/{id}/outputs"))).await
+    }
+
+    /// `GET /v1/jobs/{id}/outputs/{path}`: one output's bytes.
+    pub async fn job_output(&self, id: Uuid, path: &str) -> Result<Vec<u8>, ClientError> {
+        let encoded: Vec<String> = path.split('/').map(crate::artifacts::encode).collect();
+        let call = Call::get(format!("/v1/jobs/{id}/outputs/{}", encoded.join("/")));
         Ok(self.send(call).await?.body)
     }
 

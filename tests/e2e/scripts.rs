@@ -8,7 +8,10 @@
 //! environment, another job's folders, a shell, a fork bomb, the API
 //! without a token) are each contained while the DDP job trains beside it;
 //! a memory bomb fails its job naming the limit; a cancelled script's
-//! processes are gone within seconds.
+//! processes are gone within seconds. An elastic job (2 to 3 ranks) grows
+//! when a third executor joins and shrinks when one is SIGKILLed, each
+//! time every rank restarting from the last committed checkpoint, and
+//! ends within 1.5 points of torchrun's uninterrupted run.
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -323,13 +326,13 @@ fn script_ranks(parents: &[u32]) -> Vec<u32> {
 }
 
 #[test]
-fn a_killed_executors_rank_restarts_every_rank_from_the_last_checkpoint() {
-    let p = Platform::builder("scripts-kill")
+fn a_joining_executor_grows_the_world_and_a_killed_one_shrinks_it_from_the_last_checkpoint() {
+    let p = Platform::builder("scripts-elastic")
         .admin_token(ADMIN)
         .no_provisioner()
         .executor_env("TRAINYARD_TORCH_THREADS", "1")
         .start();
-    let mut execs = vec![p.executor("a"), p.executor("b"), p.executor("c")];
+    let mut execs = vec![p.executor("a"), p.executor("b")];
     let alice = user(&p, "alice");
     let dir = p.file("digits");
     let out = Command::new(python())
@@ -345,8 +348,10 @@ fn a_killed_executors_rank_restarts_every_rank_from_the_last_checkpoint() {
     let (train, test) = (dir.join("train.npz"), dir.join("test.npz"));
     upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
     upload(&alice, "digits-train.npz", &train);
-    let epochs = 30;
-    let id = alice.submit(&ddp_job("killed", epochs));
+    let epochs = 60;
+    let mut spec = ddp_job("elastic", epochs);
+    spec["workers"] = json!({"min": 2, "max": 3});
+    let id = alice.submit(&spec);
 
     // torchrun's uninterrupted run of the same script, meanwhile.
     let reference = p.file("torchrun");
@@ -369,20 +374,37 @@ fn a_killed_executors_rank_restarts_every_rank_from_the_last_checkpoint() {
         .env("OMP_NUM_THREADS", "1")
         .spawn()
         .unwrap();
+    let logged = |what: &str, limit: u64| {
+        let found = eventually(Duration::from_secs(limit), || {
+            log_text(&alice, &id).contains(what).then_some(())
+        });
+        assert!(
+            found.is_some(),
+            "{what:?} never came:\n{}",
+            log_text(&alice, &id)
+        );
+    };
 
-    // Once a few epochs are committed, rank 1's executor is SIGKILLed.
-    let committed = eventually(Duration::from_secs(180), || {
-        let log = log_text(&alice, &id);
-        (log.contains("rank 0 epoch 3 loss") && log.contains("checkpoint 3 committed"))
-            .then_some(())
+    // A third executor joins once a few epochs are committed: every rank
+    // restarts at world 3 from the last commit.
+    logged("checkpoint 3 committed", 180);
+    execs.push(p.executor("c"));
+    logged("rank 2 of 3 runs train.py (generation 2, restart 1)", 120);
+    logged("[rank 2] rank 2: resumed after epoch", 120);
+
+    // Then rank 1's executor is SIGKILLed: the world shrinks back to 2,
+    // again from the last commit, without spending a restart on a crash.
+    let committed = log_text(&alice, &id).matches("committed").count();
+    let more = eventually(Duration::from_secs(120), || {
+        (log_text(&alice, &id).matches("committed").count() > committed).then_some(())
     });
     assert!(
-        committed.is_some(),
-        "three epochs committed:\n{}",
+        more.is_some(),
+        "world 3 commits:\n{}",
         log_text(&alice, &id)
     );
-    let a = alice.assignments(&id);
-    let holder = a
+    let holder = alice
+        .assignments(&id)
         .workers
         .iter()
         .find(|w| w.rank == 1)
@@ -396,14 +418,16 @@ fn a_killed_executors_rank_restarts_every_rank_from_the_last_checkpoint() {
     let job = alice.wait_end(&id, Duration::from_secs(600));
     let log = log_text(&alice, &id);
     assert_eq!(job.state, JobState::Succeeded, "{job:?}\n{log}");
-    // One restart: the loss, not a crash, changed the generation.
-    assert_eq!(job.generation, 2, "{log}");
-    assert!(log.contains("(generation 2, restart 1)"), "{log}");
+    assert_eq!(job.generation, 3, "a join and a loss, no crash:\n{log}");
+    assert!(
+        log.contains("rank 1 of 2 runs train.py (generation 3, restart 2)"),
+        "{log}"
+    );
     let resumed: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("resumed after epoch"))
         .collect();
-    assert_eq!(resumed.len(), 2, "both ranks resumed:\n{log}");
+    assert_eq!(resumed.len(), 5, "3 ranks, then 2, resumed:\n{log}");
     assert!(
         !resumed.iter().any(|l| l.ends_with("after epoch 0")),
         "resumed from a later epoch than the first: {resumed:?}"
@@ -416,9 +440,9 @@ fn a_killed_executors_rank_restarts_every_rank_from_the_last_checkpoint() {
         accuracy(&ours, &test),
         accuracy(&reference.join("outputs/model.pt"), &test),
     );
-    eprintln!("killed and resumed {a:.4}, torchrun uninterrupted {b:.4}");
+    eprintln!("grown, killed and resumed {a:.4}, torchrun uninterrupted {b:.4}");
     assert!(
         a > 0.9 && (a - b).abs() <= 0.015,
-        "killed {a:.4}, torchrun {b:.4}"
+        "elastic {a:.4}, torchrun {b:.4}"
     );
 }

@@ -20,10 +20,12 @@ use trainyard_common::checkpoint::{script_checkpoint_dir, script_checkpoints_pre
 use uuid::Uuid;
 
 /// How often rank 0's folder is looked at.
-pub const POLL: Duration = Duration::from_millis(500);
+pub const POLL: Duration = Duration::from_millis(250);
 /// How long no file of the folder may have been written before it is
-/// committed (a file being written keeps its time recent).
-pub const QUIET: Duration = Duration::from_millis(300);
+/// committed (a file being written keeps its time recent; one that
+/// changes while it is read is caught by the second look at the folder).
+/// Short, so that a script that saves every second is still committed.
+pub const QUIET: Duration = Duration::from_millis(50);
 /// Most files and bytes one checkpoint may hold.
 pub const MAX_FILES: usize = 1000;
 /// Most bytes of one checkpoint.

@@ -165,6 +165,15 @@ class Client:
         with ``path``, streamed into that file (its path is returned)."""
         return self._download(f"/v1/jobs/{_quote(id)}/model", {"format": format}, path)
 
+    def outputs(self, id: str) -> List[Dict[str, Any]]:
+        """A script job's outputs (rank 0's ``TRAINYARD_OUTPUT_DIR``): ``[{"path", "size"}]``."""
+        return self._json("GET", f"/v1/jobs/{_quote(id)}/outputs").get("outputs") or []
+
+    def output(self, id: str, path: str, to: Optional[Union[str, os.PathLike]] = None) -> Union[bytes, str]:
+        """One output's bytes, or, with ``to``, streamed into that file (its path is returned)."""
+        quoted = "/".join(_quote(p) for p in path.split("/"))
+        return self._download(f"/v1/jobs/{_quote(id)}/outputs/{quoted}", {}, to)
+
     def tensors(self, id: str) -> ModelTensors:
         """Every tensor of the job's model: names, shapes, kinds."""
         return self._json("GET", f"/v1/jobs/{_quote(id)}/tensors")
@@ -215,6 +224,12 @@ class Client:
         from .fit import fit
 
         return fit(self, module, data, **kwargs)
+
+    def run_script(self, script: Union[str, os.PathLike], **kwargs: Any) -> "Run":  # noqa: F821
+        """Runs your own training script on the platform; see :func:`trainyard.scripts.run_script`."""
+        from .scripts import run_script
+
+        return run_script(self, script, **kwargs)
 
     def run(self, id: str) -> "Run":  # noqa: F821
         """A :class:`~trainyard.fit.Run` handle of an existing job."""

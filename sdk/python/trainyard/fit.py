@@ -446,6 +446,17 @@ class Run:
         m.eval()
         return m
 
+    def outputs(self) -> List[Dict[str, Any]]:
+        """A script job's outputs: the files its rank 0 left in
+        ``TRAINYARD_OUTPUT_DIR`` (``[{"path", "size"}]``; empty before it
+        succeeds)."""
+        return self.client.outputs(self.id)
+
+    def output(self, path: str, to: Optional[Union[str, os.PathLike]] = None) -> Union[bytes, str]:
+        """One of a script job's outputs: its bytes, or, with ``to``, written
+        to that file (its path is returned)."""
+        return self.client.output(self.id, path, to)
+
     def safetensors(self) -> Dict[str, Any]:
         """Every tensor of the trained model's ``state_dict()`` as torch tensors."""
         from safetensors.torch import load as load_safetensors

@@ -238,6 +238,15 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
             "{log}"
         );
     }
+    // What rank 0 reported with trainyard.report(): one point per epoch.
+    let points = alice.metrics(&id, None).points;
+    let steps: Vec<i64> = points.iter().map(|p| p.step).collect();
+    assert_eq!(steps, [1, 2, 3, 4], "{points:?}");
+    assert!(points[3].loss < points[0].loss, "{points:?}");
+    assert!(
+        log.contains("reported metric \"batches\" is not stored"),
+        "{log}"
+    );
     let listed = alice.get(&format!("/v1/jobs/{id}/outputs"));
     assert_eq!(listed["outputs"][0]["path"], "model.pt", "{listed}");
     let ours = p.file("ours.pt");

@@ -196,18 +196,21 @@ impl Committer {
     /// log line, if one. A commit is abandoned (no manifest written) once
     /// `stopping` says so: the generation is over and the next one may be
     /// restoring.
+    /// With `now`, the quiet time is not waited for (the script said its
+    /// folder is complete: `trainyard.report(checkpoint=True)`).
     pub fn look(
         &mut self,
         store: &Storage,
         dir: &Path,
         stopping: &dyn Fn() -> bool,
+        now_please: bool,
     ) -> Result<Option<String>, String> {
         let now = scan(dir);
         if now.is_empty() || now == self.committed {
             return Ok(None);
         }
         let quiet_since = SystemTime::now() - QUIET;
-        if now.values().any(|(_, at)| *at > quiet_since) {
+        if !now_please && now.values().any(|(_, at)| *at > quiet_since) {
             return Ok(None);
         }
         let Some(line) = self.commit(store, dir, &now, stopping)? else {
@@ -331,19 +334,22 @@ mod tests {
         let mut c = Committer::new(job, 1, None, 2, scan(&r0));
         write(&r0, "last.pt", "epoch 0");
         // Just written: not yet (it may be mid-write).
-        assert_eq!(c.look(&store, &r0, &never).unwrap(), None);
+        assert_eq!(c.look(&store, &r0, &never, false).unwrap(), None);
         quiet();
-        let line = c.look(&store, &r0, &never).unwrap().expect("a commit");
+        let line = c
+            .look(&store, &r0, &never, false)
+            .unwrap()
+            .expect("a commit");
         assert!(
             line.starts_with("checkpoint 1 committed (1 files"),
             "{line}"
         );
         // Unchanged: nothing more.
-        assert_eq!(c.look(&store, &r0, &never).unwrap(), None);
+        assert_eq!(c.look(&store, &r0, &never, false).unwrap(), None);
         write(&r0, "sub/opt.pt", "moments");
         write(&r0, "last.pt", "epoch 1");
         quiet();
-        c.look(&store, &r0, &never)
+        c.look(&store, &r0, &never, false)
             .unwrap()
             .expect("a second commit");
         let m = latest(&store, job).unwrap().unwrap();
@@ -375,7 +381,7 @@ mod tests {
         // abandoned before its manifest.
         write(&r0, "last.pt", "epoch 3");
         quiet();
-        c.look(&store, &r0, &never)
+        c.look(&store, &r0, &never, false)
             .unwrap()
             .expect("a third commit");
         let seqs: Vec<String> = store
@@ -388,7 +394,7 @@ mod tests {
         assert_eq!(seqs.len(), 2, "{seqs:?}");
         write(&r0, "last.pt", "epoch 4");
         quiet();
-        let e = c.look(&store, &r0, &|| true).unwrap_err();
+        let e = c.look(&store, &r0, &|| true, false).unwrap_err();
         assert!(e.contains("generation ended"), "{e}");
         assert_eq!(latest(&store, job).unwrap().unwrap().seq, 3);
         // No checkpoint: the folder is emptied.

@@ -27,6 +27,8 @@ pub struct Folders<'a> {
     pub outputs: &'a Path,
     /// Its scratch (home and temporary folder).
     pub scratch: &'a Path,
+    /// The file `trainyard.report()` appends to.
+    pub reports: &'a Path,
 }
 
 /// One rank's place in its job's world.
@@ -155,6 +157,7 @@ pub fn environment(
         ("TRAINYARD_CHECKPOINT_DIR", dir(folders.checkpoints)),
         ("TRAINYARD_OUTPUT_DIR", dir(folders.outputs)),
         ("TRAINYARD_CODE_DIR", dir(folders.code)),
+        ("TRAINYARD_REPORT_FILE", dir(folders.reports)),
         ("HOME", dir(folders.scratch)),
         ("TMPDIR", dir(folders.scratch)),
         ("USER", "trainyard".to_owned()),
@@ -199,6 +202,7 @@ mod tests {
             checkpoints: p,
             outputs: p,
             scratch: p,
+            reports: p,
         };
         let place = Place {
             job: Uuid::from_u128(7),

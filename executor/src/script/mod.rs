@@ -25,6 +25,7 @@
 pub mod checkpoints;
 pub mod code;
 pub mod env;
+pub mod reports;
 
 use crate::role::Role;
 use crate::sandbox::{ScriptTask, RUNTIME_MB};
@@ -105,6 +106,11 @@ struct Started {
     child: trainyard_sandbox::spawn::Child,
     /// Rank 0's: commits its checkpoint folder to the job's store.
     committer: Option<checkpoints::Committer>,
+    /// What its script reports (`trainyard.report()`).
+    reports: reports::Reports,
+    /// Metrics it reported that are not stored, already named in the log.
+    unknown: std::collections::BTreeSet<String>,
+    rank: u32,
     checkpoints: PathBuf,
     /// Its workspace (removed when dropped, after the process ended).
     _ws: crate::sandbox::Workspace,
@@ -176,6 +182,7 @@ fn prepare(
     });
     let outputs = ws.scratch().join("outputs");
     let home = ws.scratch().join("home");
+    let report_file = ws.scratch().join("reports.jsonl");
     for d in [&outputs, &home] {
         std::fs::create_dir_all(d).map_err(|e| Failure::Crashed(e.to_string()))?;
         sandbox.give(d).map_err(Failure::Crashed)?;
@@ -196,6 +203,7 @@ fn prepare(
         checkpoints: &checkpoints,
         outputs: &outputs,
         scratch: &home,
+        reports: &report_file,
     };
     let library_path = std::env::var("LD_LIBRARY_PATH").ok();
     let task = ScriptTask {
@@ -233,6 +241,9 @@ fn prepare(
     Ok(Started {
         child,
         committer,
+        reports: reports::Reports::new(report_file),
+        unknown: Default::default(),
+        rank,
         checkpoints,
         _ws: ws,
         outputs,
@@ -380,32 +391,72 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
     Err(Failure::Crashed(reason))
 }
 
-/// Waits for the script to end (killing it when the role stops), looking
-/// at rank 0's checkpoint folder every [`checkpoints::POLL`].
+/// Waits for the script to end (killing it when the role stops), reading
+/// its reports and looking at rank 0's checkpoint folder every
+/// [`checkpoints::POLL`].
 fn run_to_end(role: &Role, s: &mut Started) -> Ending {
     let mut next_look = Instant::now() + checkpoints::POLL;
     loop {
         if let Some(e) = s.child.try_ending() {
+            read_reports(role, s);
             return e;
         }
         if role.stopping() {
             s.child.kill();
             return s.child.wait(None, &|| false);
         }
-        if Instant::now() >= next_look {
-            look(role, s);
+        let asked = read_reports(role, s);
+        if asked || Instant::now() >= next_look {
+            look(role, s, asked);
             next_look = Instant::now() + checkpoints::POLL;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// One look at rank 0's checkpoint folder (a commit when it is due).
-fn look(role: &Role, s: &mut Started) {
+/// Passes on what the script reported since the last call; whether it
+/// asked for a checkpoint commit.
+fn read_reports(role: &Role, s: &mut Started) -> bool {
+    let (got, bad) = s.reports.poll();
+    if let Some(why) = bad.first().filter(|_| !s.reports.complained) {
+        s.reports.complained = true;
+        role.log(
+            LogLevel::Warn,
+            format!(
+                "rank {}: trainyard.report: {why} (ignored; said once)",
+                s.rank
+            ),
+        );
+    }
+    let mut asked = false;
+    for r in got {
+        role.ctx.progress.step_done(r.step, 0.0);
+        asked |= r.checkpoint;
+        if s.rank != 0 {
+            continue;
+        }
+        for name in r.unknown {
+            if s.unknown.len() < 32 && s.unknown.insert(name.clone()) {
+                role.log(
+                    LogLevel::Info,
+                    format!("reported metric {name:?} is not stored (the job's metrics are loss, lr, eval_loss, eval_accuracy and samples_per_sec)"),
+                );
+            }
+        }
+        if let Some(p) = r.point {
+            let _ = role.tx.send(crate::reports::Item::Metric(p));
+        }
+    }
+    asked
+}
+
+/// One look at rank 0's checkpoint folder (a commit when it is due, or at
+/// once when `asked`).
+fn look(role: &Role, s: &mut Started, asked: bool) {
     let (Some(c), Ok(store)) = (s.committer.as_mut(), role.storage.as_ref()) else {
         return;
     };
-    match c.look(store, &s.checkpoints, &|| role.stopping()) {
+    match c.look(store, &s.checkpoints, &|| role.stopping(), asked) {
         Ok(Some(line)) => role.log(LogLevel::Info, line),
         Ok(None) => {}
         Err(e) => role.log(LogLevel::Warn, format!("checkpoint not committed: {e}")),
@@ -414,8 +465,7 @@ fn look(role: &Role, s: &mut Started) {
 
 /// Commits rank 0's folder as its script left it (it has ended).
 fn commit_now(role: &Role, s: &mut Started) {
-    std::thread::sleep(checkpoints::QUIET);
-    look(role, s);
+    look(role, s, true);
 }
 
 /// Passes `stream`'s lines to `emit` tagged with the rank, at most

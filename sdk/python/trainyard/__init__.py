@@ -13,6 +13,7 @@ logs, checkpoints, models, artifacts); :class:`ApiError` is any error answer;
 
 from .client import ApiError, Client
 from .fit import JobFailed, Run, split_permutation
+from .report import report
 
-__all__ = ["ApiError", "Client", "JobFailed", "Run", "split_permutation"]
+__all__ = ["ApiError", "Client", "JobFailed", "Run", "report", "split_permutation"]
 __version__ = "0.1.0"

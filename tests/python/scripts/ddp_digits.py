@@ -17,6 +17,13 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+try:  # Optional: Trainyard's SDK, if the runtime has it, reports progress.
+    from trainyard import report
+except ImportError:
+
+    def report(step, checkpoint=False, **metrics):
+        pass
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -88,6 +95,7 @@ def main():
             state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch}
             torch.save(state, tmp)
             os.replace(tmp, ckpt)
+        report(epoch + 1, checkpoint=True, loss=total / max(n, 1), lr=args.lr, batches=n)
 
     if rank == 0:
         os.makedirs(out_dir, exist_ok=True)

@@ -356,12 +356,12 @@ fn mentioned_paths(module: &ModPath, code: &str) -> Vec<ModPath> {
     let mut i = 0;
     while i < b.len() {
         let word_start = !ident_before(b, i);
-        let base = if word_start && code[i..].starts_with("crate::") {
+        let base = if word_start && b[i..].starts_with(b"crate::") {
             i += "crate::".len();
             Some(Vec::new())
-        } else if word_start && code[i..].starts_with("super::") {
+        } else if word_start && b[i..].starts_with(b"super::") {
             let mut base = module.clone();
-            while code[i..].starts_with("super::") {
+            while b[i..].starts_with(b"super::") {
                 base.pop();
                 i += "super::".len();
             }
@@ -419,7 +419,7 @@ fn use_tree(code: &str, mut i: usize) -> (Vec<ModPath>, usize) {
             return (vec![prefix], i);
         }
         prefix.push(code[start..i].to_owned());
-        if code[i..].starts_with("::") {
+        if code.as_bytes()[i..].starts_with(b"::") {
             i += 2;
         } else {
             return (vec![prefix], i);

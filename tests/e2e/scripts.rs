@@ -319,19 +319,7 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
 /// The script ranks (`… train.py …`, the interpreter the sandboxed child
 /// became) that the executors `parents` run now.
 fn script_ranks(parents: &[u32]) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let train = cmdline.split(|&b| b == 0).any(|a| a == b"train.py");
-            (parents.contains(&ppid) && train).then_some(pid)
-        })
-        .collect()
+    trainyard_e2e::children_where(parents, |args| args.contains(&&b"train.py"[..]))
 }
 
 #[test]
@@ -453,5 +441,73 @@ fn a_joining_executor_grows_the_world_and_a_killed_one_shrinks_it_from_the_last_
     assert!(
         a > 0.9 && (a - b).abs() <= 0.015,
         "elastic {a:.4}, torchrun {b:.4}"
+    );
+}
+
+#[test]
+fn a_ddp_script_trains_across_hosts_in_network_namespaces() {
+    let lab = trainyard_e2e::Lab::new(2)
+        .expect("the multi-host lab needs root and network namespaces (ip netns)");
+    let p = Platform::builder("scripts-lab")
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .listen_host(&lab.gateway().to_string())
+        .start();
+    let _execs: Vec<_> = (0..2)
+        .map(|i| {
+            lab.executor(
+                i,
+                &p.client.base,
+                p.join_token(),
+                &format!("host{i}"),
+                2048,
+                &[],
+            )
+            .unwrap()
+        })
+        .collect();
+    let alice = user(&p, "alice");
+    let ready = eventually(Duration::from_secs(60), || {
+        (p.with_token(ADMIN).live_executors().len() == 2).then_some(())
+    });
+    assert!(ready.is_some(), "both lab executors register");
+    upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
+    upload(
+        &alice,
+        "digits-train.npz",
+        &repo_root().join("data/digits.npz"),
+    );
+    let id = alice.submit(&ddp_job("across-hosts", 2));
+    let job = alice.wait_end(&id, Duration::from_secs(300));
+    let log = log_text(&alice, &id);
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}\n{log}");
+    // Each rank on its own host (an executor in its own namespace, at its
+    // host's address).
+    let ran_on: std::collections::BTreeSet<String> = alice
+        .logs(&id)
+        .iter()
+        .filter(|l| l.message.contains("runs train.py"))
+        .map(|l| l.executor_id.to_string())
+        .collect();
+    assert_eq!(ran_on.len(), 2, "{log}");
+    let addrs: Vec<String> = lab.hosts().iter().map(|h| format!("{}:", h.addr)).collect();
+    for e in p.with_token(ADMIN).executors(None).executors {
+        if ran_on.contains(&e.id.to_string()) {
+            assert!(
+                addrs.iter().any(|a| e.address.starts_with(a)),
+                "{} on {addrs:?}",
+                e.address
+            );
+        }
+    }
+    for rank in 0..2 {
+        assert!(
+            log.contains(&format!("[rank {rank}] rank {rank} epoch 1 loss")),
+            "{log}"
+        );
+    }
+    assert!(
+        !log.contains("Using the loopback address"),
+        "gloo fell back to loopback:\n{log}"
     );
 }

@@ -36,8 +36,8 @@ pub use lab::{Fault, Host, Lab};
 pub use platform::{Platform, PlatformBuilder, HEARTBEAT_MS};
 pub use postgres::{admin_url, drop_database, fresh_database, TestPostgres};
 pub use process::{
-    binary, eventually, free_port, kill9, python_script, repo_root, run_ok, sandboxed_children,
-    start_executor, tail, target_dir, wait_ready, Proc,
+    binary, children_where, eventually, free_port, kill9, python_script, repo_root, run_ok,
+    sandboxed_children, start_executor, tail, target_dir, wait_ready, Proc,
 };
 pub use s3::TestS3;
 pub use spec::{digits_url, example_digits, torchscript, write_torchscript, Consistency, MlpSpec};

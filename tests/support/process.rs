@@ -283,9 +283,18 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// The confined children (`--sandboxed KIND`: `model`, `inspect`) that the
-/// processes `parents` run now, found by walking `/proc`.
+/// The confined children (`--sandboxed KIND`: `model`, `inspection`) that
+/// the processes `parents` run now.
 pub fn sandboxed_children(parents: &[u32], kind: &str) -> Vec<u32> {
+    children_where(parents, |args| {
+        args.windows(2)
+            .any(|w| w[0] == b"--sandboxed" && w[1] == kind.as_bytes())
+    })
+}
+
+/// The children of the processes `parents` whose command line (its
+/// arguments) `keep` accepts, found by walking `/proc`.
+pub fn children_where(parents: &[u32], keep: impl Fn(&[&[u8]]) -> bool) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -297,10 +306,7 @@ pub fn sandboxed_children(parents: &[u32], kind: &str) -> Vec<u32> {
             let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            let confined = args
-                .windows(2)
-                .any(|w| w[0] == b"--sandboxed" && w[1] == kind.as_bytes());
-            (parents.contains(&ppid) && confined).then_some(pid)
+            (parents.contains(&ppid) && keep(&args)).then_some(pid)
         })
         .collect()
 }

@@ -163,10 +163,13 @@ mod tests {
         let mut r = Reports::new(path.clone());
         assert_eq!(r.poll(), (vec![], vec![]));
         let mut f = std::fs::File::create(&path).unwrap();
-        write!(
-            f,
-            "{}\n{}",
-            r#"{"step": 1, "metrics": {"loss": 2.5, "top5": 0.9}}"#, r#"{"step": 2, "chec"#
+        f.write_all(
+            concat!(
+                r#"{"step": 1, "metrics": {"loss": 2.5, "top5": 0.9}}"#,
+                "\n",
+                r#"{"step": 2, "chec"#
+            )
+            .as_bytes(),
         )
         .unwrap();
         let (got, bad) = r.poll();

@@ -67,14 +67,19 @@ class WorkerRange(TypedDict):
 
 
 class JobSpec(TypedDict):
-    """The fields of a job spec that ``fit`` fills in (``**spec`` may add any other)."""
+    """The fields of a job spec that ``fit`` and ``run_script`` fill in
+    (``**spec`` may add any other). A model job has ``model``, ``dataset``,
+    ``loss``, ``optimizer`` and ``batch_size``; a script job ``script`` and
+    ``inputs`` instead."""
 
     name: str
-    model: Dict[str, Any]
-    dataset: Dict[str, Any]
-    loss: str
-    optimizer: OptimizerSpec
-    batch_size: int
+    model: NotRequired[Optional[Dict[str, Any]]]
+    dataset: NotRequired[Optional[Dict[str, Any]]]
+    loss: NotRequired[Optional[str]]
+    optimizer: NotRequired[Optional[OptimizerSpec]]
+    batch_size: NotRequired[Optional[int]]
+    script: NotRequired[Optional[Dict[str, Any]]]
+    inputs: NotRequired[List[str]]
     epochs: NotRequired[Optional[int]]
     steps: NotRequired[Optional[int]]
     strategy: NotRequired[str]
@@ -245,6 +250,8 @@ OPERATIONS = [
     ("GET", "/v1/jobs/{id}/events"),
     ("GET", "/v1/jobs/{id}/metrics"),
     ("GET", "/v1/jobs/{id}/logs"),
+    ("GET", "/v1/jobs/{id}/outputs"),
+    ("GET", "/v1/jobs/{id}/outputs/{path}"),
     ("GET", "/v1/jobs/{id}/checkpoints"),
     ("GET", "/v1/jobs/{id}/model"),
     ("GET", "/v1/jobs/{id}/tensors"),

@@ -81,6 +81,17 @@ pub async fn download(State(st): State<AppState>, params: RawPathParams) -> ApiR
     if let Some(why) = relative_path_problem(&path) {
         return Err(ApiError::bad_field("path", why));
     }
+    // An output's path is a file's under a folder: bounded like one.
+    if path.len() > 1024
+        || path
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p.len() > 255)
+    {
+        return Err(ApiError::bad_field(
+            "path",
+            "must be at most 1024 bytes of non-empty segments of at most 255 bytes, none `.`",
+        ));
+    }
     let (size, stream) = match st.store.stream(&output_key(id, &path)).await {
         Ok(s) => s,
         Err(trainyard_store::StoreError::NotFound(_)) => {

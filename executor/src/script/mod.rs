@@ -587,6 +587,20 @@ pub fn output_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
                 else {
                     continue;
                 };
+                // Names the store keeps as they are: others would list
+                // under an escaped name.
+                let plain = rel.split('/').all(|seg| {
+                    !seg.is_empty()
+                        && seg.len() <= 255
+                        && seg
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "._-+=@,".contains(c))
+                });
+                if !plain {
+                    return Err(format!(
+                        "output {rel:?}: a name of letters, digits and . _ - + = @ , only"
+                    ));
+                }
                 if meta.len() > MAX_OUTPUT_FILE {
                     return Err(format!(
                         "output {rel} is larger than {} MiB",

@@ -18,9 +18,11 @@
 //! nothing (rank 0's is the job's). A non-zero exit, a signal or a limit is
 //! reported as a crash, which the API turns into a restart of every rank
 //! until the spec's `max_restarts` are used up; when a peer may be the
-//! cause (its executor died and the collective broke), the rank first asks
-//! for its peers to be checked and gives the scheduler a moment to change
-//! the generation, so that a lost executor does not spend a restart.
+//! cause (the script exited with an error: its collective may have broken
+//! because a peer's executor died), the rank first asks for its peers to
+//! be checked and gives the scheduler a moment to change the generation,
+//! so that a lost executor does not spend a restart. A rank killed by a
+//! signal or a limit is reported at once.
 
 pub mod checkpoints;
 pub mod code;
@@ -374,10 +376,16 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
     } else {
         format!("{what}; its last lines:\n{}", last.join("\n"))
     };
-    if world > 1 {
-        // A collective that broke because a peer's executor died fails
-        // every rank: the peers are checked, and a generation change in
-        // the meantime means the loss, not the script, ended it.
+    // A rank killed by a signal or a limit failed by itself: restart at
+    // once. One that exited with an error may have seen its collective
+    // break because a peer's executor died.
+    let own = matches!(
+        ending,
+        Ending::Signal(_) | Ending::Memory { .. } | Ending::FileSize { .. }
+    );
+    if world > 1 && !own {
+        // The peers are checked, and a generation change in the meantime
+        // means the loss, not the script, ended it.
         role.ctx
             .suspects
             .check(&role.assignment, format!("rank {rank}'s script failed"));

@@ -26,20 +26,11 @@ use trainyard_e2e::{
 const ADMIN: &str = "e2e-sandbox-admin";
 
 fn user(p: &Platform, name: &str) -> ApiClient {
-    let admin = p.with_token(ADMIN);
-    let (status, token) = admin.post("/v1/tokens", &json!({"owner": name, "role": "user"}));
-    assert_eq!(status, 201, "{token}");
-    p.with_token(token["token"].as_str().unwrap())
+    p.with_token(ADMIN).new_user(name)
 }
 
 fn upload(c: &ApiClient, name: &str, file: &Path) -> String {
-    let r = c
-        .request(reqwest::Method::PUT, &format!("/v1/artifacts/{name}"))
-        .body(std::fs::read(file).unwrap())
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "uploading {name}: {}", r.status());
-    format!("artifact:{name}")
+    c.upload(name, file)
 }
 
 /// Bob's job: a built-in MLP on his own copy of digits, slowed by the

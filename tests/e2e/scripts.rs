@@ -31,20 +31,60 @@ fn scripts() -> PathBuf {
 }
 
 fn user(p: &Platform, name: &str) -> ApiClient {
-    let admin = p.with_token(ADMIN);
-    let (status, token) = admin.post("/v1/tokens", &json!({"owner": name, "role": "user"}));
-    assert_eq!(status, 201, "{token}");
-    p.with_token(token["token"].as_str().unwrap())
+    p.with_token(ADMIN).new_user(name)
 }
 
 fn upload(c: &ApiClient, name: &str, file: &Path) -> String {
-    let r = c
-        .request(reqwest::Method::PUT, &format!("/v1/artifacts/{name}"))
-        .body(std::fs::read(file).unwrap())
-        .send()
+    c.upload(name, file)
+}
+
+/// Digits split into the training rows and 500 no job sees, in the
+/// platform's folder: (train, test).
+fn digits(p: &Platform) -> (PathBuf, PathBuf) {
+    let dir = p.file("digits");
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/python/user_models.py"))
+        .args(["write".as_ref(), dir.as_os_str()])
+        .output()
         .unwrap();
-    assert!(r.status().is_success(), "uploading {name}: {}", r.status());
-    format!("artifact:{name}")
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir.join("train.npz"), dir.join("test.npz"))
+}
+
+/// torchrun's run of the DDP script on `train` for `epochs`, two
+/// processes on this machine (its weights: [`torchrun_model`]).
+fn torchrun(p: &Platform, train: &Path, epochs: u32) -> std::process::Child {
+    let reference = p.file("torchrun");
+    let inputs = p.file("torchrun-inputs");
+    std::fs::create_dir_all(&inputs).unwrap();
+    std::fs::copy(train, inputs.join("digits-train.npz")).unwrap();
+    Command::new(python())
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+        ])
+        .arg(scripts().join("ddp_digits.py"))
+        .args(["--epochs", &epochs.to_string()])
+        .env("TRAINYARD_INPUT_DIR", &inputs)
+        .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
+        .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
+        .env("OMP_NUM_THREADS", "1")
+        .spawn()
+        .unwrap()
+}
+
+/// The weights torchrun's run left, once it has ended successfully.
+fn torchrun_model(p: &Platform, run: std::process::Child) -> PathBuf {
+    let status = run.wait_with_output().unwrap().status;
+    assert!(status.success(), "torchrun failed: {status}");
+    p.file("torchrun").join("outputs/model.pt")
 }
 
 fn download(c: &ApiClient, path: &str, to: &Path) {
@@ -103,43 +143,13 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
     let mallory = user(&p, "mallory");
 
     // The data: digits split into the training rows and 500 no job sees.
-    let dir = p.file("digits");
-    let out = Command::new(python())
-        .arg(repo_root().join("tests/python/user_models.py"))
-        .args(["write".as_ref(), dir.as_os_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (train, test) = (dir.join("train.npz"), dir.join("test.npz"));
+    let (train, test) = digits(&p);
     upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
     upload(&alice, "digits-train.npz", &train);
 
     // The script job, and torchrun's run of the same script beside it.
     let id = alice.submit(&ddp_job("ddp", 4));
-    let reference = p.file("torchrun");
-    let inputs = p.file("torchrun-inputs");
-    std::fs::create_dir_all(&inputs).unwrap();
-    std::fs::copy(&train, inputs.join("digits-train.npz")).unwrap();
-    let torchrun = Command::new(python())
-        .args([
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-        ])
-        .arg(scripts().join("ddp_digits.py"))
-        .args(["--epochs", "4"])
-        .env("TRAINYARD_INPUT_DIR", &inputs)
-        .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
-        .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
-        .env("OMP_NUM_THREADS", "1")
-        .spawn()
-        .unwrap();
+    let reference = torchrun(&p, &train, 4);
 
     // Mallory's hostile script runs on the same executors meanwhile.
     upload(&mallory, "hostile.py", &scripts().join("hostile.py"));
@@ -251,11 +261,9 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
     assert_eq!(listed["outputs"][0]["path"], "model.pt", "{listed}");
     let ours = p.file("ours.pt");
     download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
-    let status = torchrun.wait_with_output().unwrap().status;
-    assert!(status.success(), "torchrun failed: {status}");
     let (a, b) = (
         accuracy(&ours, &test),
-        accuracy(&reference.join("outputs/model.pt"), &test),
+        accuracy(&torchrun_model(&p, reference), &test),
     );
     eprintln!(
         "script job {a:.4}, torchrun {b:.4}, on {} held-out rows",
@@ -331,18 +339,7 @@ fn a_joining_executor_grows_the_world_and_a_killed_one_shrinks_it_from_the_last_
         .start();
     let mut execs = vec![p.executor("a"), p.executor("b")];
     let alice = user(&p, "alice");
-    let dir = p.file("digits");
-    let out = Command::new(python())
-        .arg(repo_root().join("tests/python/user_models.py"))
-        .args(["write".as_ref(), dir.as_os_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (train, test) = (dir.join("train.npz"), dir.join("test.npz"));
+    let (train, test) = digits(&p);
     upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
     upload(&alice, "digits-train.npz", &train);
     let epochs = 60;
@@ -351,26 +348,7 @@ fn a_joining_executor_grows_the_world_and_a_killed_one_shrinks_it_from_the_last_
     let id = alice.submit(&spec);
 
     // torchrun's uninterrupted run of the same script, meanwhile.
-    let reference = p.file("torchrun");
-    let inputs = p.file("torchrun-inputs");
-    std::fs::create_dir_all(&inputs).unwrap();
-    std::fs::copy(&train, inputs.join("digits-train.npz")).unwrap();
-    let torchrun = Command::new(python())
-        .args([
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-        ])
-        .arg(scripts().join("ddp_digits.py"))
-        .args(["--epochs", &epochs.to_string()])
-        .env("TRAINYARD_INPUT_DIR", &inputs)
-        .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
-        .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
-        .env("OMP_NUM_THREADS", "1")
-        .spawn()
-        .unwrap();
+    let reference = torchrun(&p, &train, epochs);
     let logged = |what: &str, limit: u64| {
         let found = eventually(Duration::from_secs(limit), || {
             log_text(&alice, &id).contains(what).then_some(())
@@ -432,10 +410,9 @@ fn a_joining_executor_grows_the_world_and_a_killed_one_shrinks_it_from_the_last_
     eprintln!("{resumed:?}, {:?} after the kill", killed.elapsed());
     let ours = p.file("ours.pt");
     download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
-    assert!(torchrun.wait_with_output().unwrap().status.success());
     let (a, b) = (
         accuracy(&ours, &test),
-        accuracy(&reference.join("outputs/model.pt"), &test),
+        accuracy(&torchrun_model(&p, reference), &test),
     );
     eprintln!("grown, killed and resumed {a:.4}, torchrun uninterrupted {b:.4}");
     assert!(

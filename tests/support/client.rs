@@ -97,6 +97,28 @@ impl ApiClient {
         }
     }
 
+    /// A client of a new plain user `name`, whose token this client (an
+    /// admin's) makes.
+    pub fn new_user(&self, name: &str) -> ApiClient {
+        let (status, token) = self.post(
+            "/v1/tokens",
+            &serde_json::json!({"owner": name, "role": "user"}),
+        );
+        assert_eq!(status, 201, "{token}");
+        self.with_token(token["token"].as_str().expect("a token"))
+    }
+
+    /// Uploads `file` as this user's artifact `name`; its `artifact:` URL.
+    pub fn upload(&self, name: &str, file: &std::path::Path) -> String {
+        let r = self
+            .request(Method::PUT, &format!("/v1/artifacts/{name}"))
+            .body(std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display())))
+            .send()
+            .unwrap();
+        assert!(r.status().is_success(), "uploading {name}: {}", r.status());
+        format!("artifact:{name}")
+    }
+
     /// The same client sending `token` as its bearer token.
     pub fn with_token(&self, token: &str) -> ApiClient {
         ApiClient::with(

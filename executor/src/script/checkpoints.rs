@@ -294,20 +294,6 @@ impl Committer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use trainyard_store::cache::Cache;
-
-    fn storage(dir: &Path) -> (Storage, tokio::runtime::Runtime) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let cache = Arc::new(Cache::open(&dir.join("cache"), 1 << 20).unwrap());
-        let url = format!("file://{}", dir.join("store").display());
-        let s = Storage::open(&url, &[], cache, rt.handle().clone()).unwrap();
-        (s, rt)
-    }
 
     fn write(dir: &Path, rel: &str, body: &str) {
         let p = dir.join(rel);
@@ -323,7 +309,7 @@ mod tests {
     fn a_stable_folder_is_committed_once_and_every_rank_restores_exactly_it() {
         let root = std::env::temp_dir().join(format!("ty-script-ckpt-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let (store, _rt) = storage(&root);
+        let (store, _rt) = Storage::for_tests(&root);
         let job = Uuid::now_v7();
         let never = || false;
         let (r0, r1) = (root.join("rank0"), root.join("rank1"));

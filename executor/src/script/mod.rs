@@ -573,55 +573,36 @@ fn finish(role: &Role, outputs: &Path) {
 }
 
 /// The regular files under `dir` with their paths relative to it, in
-/// order; links and special files are left out. Bounded in count and size.
+/// order; links and special files are left out. Bounded in count and size,
+/// and named as the store keeps names.
 pub fn output_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| format!("listing outputs: {e}"))?;
-        for e in entries.flatten() {
-            let path = e.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-            } else if meta.is_file() {
-                let Some(rel) = path
-                    .strip_prefix(dir)
-                    .ok()
-                    .and_then(|r| r.to_str())
-                    .map(str::to_owned)
-                else {
-                    continue;
-                };
-                // Names the store keeps as they are: others would list
-                // under an escaped name.
-                let plain = rel.split('/').all(|seg| {
-                    !seg.is_empty()
-                        && seg.len() <= 255
-                        && seg
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || "._-+=@,".contains(c))
-                });
-                if !plain {
-                    return Err(format!(
-                        "output {rel:?}: a name of letters, digits and . _ - + = @ , only"
-                    ));
-                }
-                if meta.len() > MAX_OUTPUT_FILE {
-                    return Err(format!(
-                        "output {rel} is larger than {} MiB",
-                        MAX_OUTPUT_FILE >> 20
-                    ));
-                }
-                out.push((path, rel));
-                if out.len() > MAX_OUTPUT_FILES {
-                    return Err(format!("more than {MAX_OUTPUT_FILES} output files"));
-                }
-            }
-        }
+    let files = checkpoints::scan(dir);
+    if files.len() > MAX_OUTPUT_FILES {
+        return Err(format!("more than {MAX_OUTPUT_FILES} output files"));
     }
-    out.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut out = Vec::new();
+    for (rel, (size, _)) in files {
+        // Names the store keeps as they are: others would list under an
+        // escaped name.
+        let plain = rel.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg.len() <= 255
+                && seg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-+=@,".contains(c))
+        });
+        if !plain {
+            return Err(format!(
+                "output {rel:?}: a name of letters, digits and . _ - + = @ , only"
+            ));
+        }
+        if size > MAX_OUTPUT_FILE {
+            return Err(format!(
+                "output {rel} is larger than {} MiB",
+                MAX_OUTPUT_FILE >> 20
+            ));
+        }
+        out.push((dir.join(&rel), rel));
+    }
     Ok(out)
 }

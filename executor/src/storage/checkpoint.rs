@@ -357,24 +357,11 @@ pub struct Checkpointing {
 mod tests {
     use super::*;
     use trainyard_common::checkpoint::{flat_to_ranges, manifest_key, ring_slice};
-    use trainyard_store::cache::Cache;
 
     fn storage(name: &str) -> (Arc<Storage>, tokio::runtime::Runtime) {
         let dir = std::env::temp_dir().join(format!("ty-ckpt-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let cache = Arc::new(Cache::open(&dir.join("cache"), 1 << 20).unwrap());
-        let s = Storage::open(
-            &format!("file://{}", dir.join("store").display()),
-            &[],
-            cache,
-            rt.handle().clone(),
-        )
-        .unwrap();
+        let (s, rt) = Storage::for_tests(&dir);
         (Arc::new(s), rt)
     }
 

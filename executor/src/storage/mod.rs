@@ -148,6 +148,21 @@ impl Storage {
         Ok(self.rt.block_on(self.store.list(prefix))?)
     }
 
+    /// A store in folder `dir` (`store/`, with its cache in `cache/`) for
+    /// unit tests, with the runtime its I/O runs on (keep it alive).
+    #[cfg(test)]
+    pub(crate) fn for_tests(dir: &std::path::Path) -> (Storage, tokio::runtime::Runtime) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let cache = Arc::new(Cache::open(&dir.join("cache"), 1 << 20).expect("a cache"));
+        let url = format!("file://{}", dir.join("store").display());
+        let s = Storage::open(&url, &[], cache, rt.handle().clone()).expect("a file store");
+        (s, rt)
+    }
+
     /// Deletes every object under `prefix`; how many.
     pub fn delete_prefix(&self, prefix: &str) -> Result<usize, StorageError> {
         Ok(self.rt.block_on(self.store.delete_prefix(prefix))?)

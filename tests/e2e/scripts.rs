@@ -419,6 +419,25 @@ fn a_joining_executor_grows_the_world_and_a_killed_one_shrinks_it_from_the_last_
         a > 0.9 && (a - b).abs() <= 0.015,
         "elastic {a:.4}, torchrun {b:.4}"
     );
+
+    // A new job of one rank starts from that job's last checkpoint (its
+    // world was 2) and trains the two epochs more it asks for.
+    let mut spec = ddp_job("resumed-at-world-1", epochs + 2);
+    spec["workers"] = json!({"min": 1, "max": 1});
+    spec["resume_from"] = json!({"job_id": id});
+    let next = alice.submit(&spec);
+    let job = alice.wait_end(&next, Duration::from_secs(300));
+    let log = log_text(&alice, &next);
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}\n{log}");
+    assert!(log.contains(&format!("of job {id}")), "{log}");
+    assert!(
+        log.contains(&format!("resumed after epoch {}", epochs - 1)),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("rank 0 epoch {} loss", epochs + 1)),
+        "{log}"
+    );
 }
 
 #[test]

@@ -165,12 +165,40 @@ pub async fn submit(
         let visible = crate::auth::owner_of(&st.db, from.job_id)
             .await?
             .is_some_and(|o| who.sees(&o));
-        let found = if visible {
-            checkpointing::find(&st.db, from.job_id, from.step).await?
+        // A script job starts from a script job's committed checkpoint
+        // folder (numbered n: `step`), a model job from a model job's.
+        let source_is_script: Option<bool> = if visible {
+            sqlx::query_scalar("SELECT spec ? 'script' FROM jobs WHERE id = $1")
+                .bind(from.job_id)
+                .fetch_optional(&st.db)
+                .await?
         } else {
             None
         };
-        if found.is_none() {
+        if source_is_script.is_some_and(|s| s != spec.is_script()) {
+            return Err(ApiError::invalid_field(
+                "resume_from.job_id",
+                if spec.is_script() {
+                    format!(
+                        "job {} is a model job: a script job starts from a script job's checkpoint",
+                        from.job_id
+                    )
+                } else {
+                    format!(
+                        "job {} is a script job: a model job starts from a model job's checkpoint",
+                        from.job_id
+                    )
+                },
+            ));
+        }
+        let found = match (visible, spec.is_script()) {
+            (false, _) => false,
+            (true, true) => script_checkpoint_exists(&st, from.job_id, from.step).await?,
+            (true, false) => checkpointing::find(&st.db, from.job_id, from.step)
+                .await?
+                .is_some(),
+        };
+        if !found {
             let (field, what) = match from.step {
                 Some(step) => (
                     "resume_from.step",
@@ -508,6 +536,22 @@ pub async fn events(
         None
     };
     Ok(Json(EventPage { events, next_after }))
+}
+
+/// Whether script job `job` has a committed checkpoint (number `n`, or
+/// any): its manifest is in the store.
+async fn script_checkpoint_exists(st: &AppState, job: Uuid, n: Option<u64>) -> ApiResult<bool> {
+    use trainyard_common::checkpoint::{script_checkpoint_dir, script_checkpoints_prefix};
+    let prefix = match n {
+        Some(n) => script_checkpoint_dir(job, n),
+        None => script_checkpoints_prefix(job),
+    };
+    let listed = st
+        .store
+        .list(&prefix)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("object store: {e}")))?;
+    Ok(listed.iter().any(|(k, _)| k.ends_with("/manifest.json")))
 }
 
 #[cfg(test)]

@@ -145,4 +145,18 @@ async fn a_script_job_is_placed_restarted_on_failure_and_succeeds_with_its_outpu
         .await
         .unwrap();
     assert_problem(r, 404, None).await;
+
+    // It committed no checkpoint, and a model job's are not a script's.
+    let mut spec = script_spec(0);
+    spec["resume_from"] = json!({"job_id": id});
+    let r = app.post_json("/v1/jobs", &spec).await;
+    let p = assert_problem(r, 422, Some("resume_from.job_id")).await;
+    assert!(p.to_string().contains("no committed checkpoint"), "{p}");
+    let model_job = app
+        .submit(&crate::helpers::digits_spec("a-model-job"))
+        .await;
+    spec["resume_from"] = json!({"job_id": model_job["id"]});
+    let r = app.post_json("/v1/jobs", &spec).await;
+    let p = assert_problem(r, 422, Some("resume_from.job_id")).await;
+    assert!(p.to_string().contains("is a model job"), "{p}");
 }

@@ -106,6 +106,23 @@ pub fn latest(store: &Storage, job: Uuid) -> Result<Option<Manifest>, String> {
         .map_err(|e| format!("{key} does not read as a manifest: {e}"))
 }
 
+/// Checkpoint `n` of `job` (`None`: its latest), if committed.
+pub fn numbered(store: &Storage, job: Uuid, n: Option<u64>) -> Result<Option<Manifest>, String> {
+    let Some(n) = n else {
+        return latest(store, job);
+    };
+    let key = format!("{}manifest.json", script_checkpoint_dir(job, n));
+    match store.read_remote(&key) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{key} does not read as a manifest: {e}")),
+        Err(crate::storage::StorageError::Store(trainyard_store::StoreError::NotFound(_))) => {
+            Ok(None)
+        }
+        Err(e) => Err(format!("reading {key}: {e}")),
+    }
+}
+
 /// Makes `dir` hold exactly checkpoint `m` of `job` (`None`: nothing).
 /// Files already there with the same content are kept. What it did.
 pub fn restore(

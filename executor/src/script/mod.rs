@@ -170,9 +170,29 @@ fn prepare(
         .as_ref()
         .map_err(|e| Failure::Crashed(format!("cannot open the object store: {e}")))?;
     let latest = checkpoints::latest(store, job).map_err(Failure::Crashed)?;
-    let restored = checkpoints::restore(store, job, latest.as_ref(), &checkpoints)
+    // Before its own first commit, a job with `resume_from` starts from
+    // that script job's checkpoint (at whatever world size it had).
+    let (source, from) = match (&latest, a.spec.resume_from) {
+        (None, Some(r)) => {
+            let m = checkpoints::numbered(store, r.job_id, r.step).map_err(Failure::Crashed)?;
+            if m.is_none() {
+                return Err(Failure::Refused(format!(
+                    "resume_from: job {} has no such committed checkpoint",
+                    r.job_id
+                )));
+            }
+            (r.job_id, m)
+        }
+        _ => (job, latest.clone()),
+    };
+    let restored = checkpoints::restore(store, source, from.as_ref(), &checkpoints)
         .map_err(Failure::Crashed)?;
-    role.log(LogLevel::Info, format!("rank {rank}: {restored}"));
+    let whose = if source == job {
+        String::new()
+    } else {
+        format!(" of job {source}")
+    };
+    role.log(LogLevel::Info, format!("rank {rank}: {restored}{whose}"));
     let committer = (rank == 0).then(|| {
         checkpoints::Committer::new(
             job,

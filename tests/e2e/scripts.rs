@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use trainyard_common::JobState;
-use trainyard_e2e::{eventually, repo_root, ApiClient, Platform};
+use trainyard_e2e::{eventually, repo_root, run_ok, ApiClient, Platform};
 
 const ADMIN: &str = "e2e-scripts-admin";
 
@@ -42,16 +42,11 @@ fn upload(c: &ApiClient, name: &str, file: &Path) -> String {
 /// platform's folder: (train, test).
 fn digits(p: &Platform) -> (PathBuf, PathBuf) {
     let dir = p.file("digits");
-    let out = Command::new(python())
+    let mut write = Command::new(python());
+    write
         .arg(repo_root().join("tests/python/user_models.py"))
-        .args(["write".as_ref(), dir.as_os_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .args(["write".as_ref(), dir.as_os_str()]);
+    run_ok(&mut write, "user_models.py write");
     (dir.join("train.npz"), dir.join("test.npz"))
 }
 
@@ -102,16 +97,11 @@ fn download(c: &ApiClient, path: &str, to: &Path) {
 
 /// PyTorch's eval-mode accuracy of `model` on `test`.
 fn accuracy(model: &Path, test: &Path) -> f64 {
-    let out = Command::new(python())
+    let mut evaluate = Command::new(python());
+    evaluate
         .arg(scripts().join("evaluate_ddp.py"))
-        .args([model, test])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .args([model, test]);
+    let out = run_ok(&mut evaluate, "evaluate_ddp.py");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["accuracy"].as_f64().unwrap()
 }

@@ -10,16 +10,13 @@
 //! [`crate::checkpointing`](crate::checkpointing), which the
 //! telemetry and executor routes use too.
 
-use super::job_rows::{ensure_job, fetch_job, stored_spec};
+use super::job_rows::{ensure_job, fetch_job, stored_spec, stream_object};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{JobId, QueryParams};
 use crate::AppState;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Json;
-use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 pub use trainyard_common::api::{CheckpointInfo, CheckpointList};
@@ -164,29 +161,13 @@ pub async fn model(
             )
         }
     };
-    let (size, stream) = match st.store.stream(&key).await {
-        Ok(s) => s,
-        Err(trainyard_store::StoreError::NotFound(_)) => {
-            return Err(ApiError::NotFound(format!(
-                "job {id} has no {what} (it is {}); it is written when the job succeeds",
-                job.state.as_str()
-            )))
-        }
-        Err(e) => return Err(ApiError::Unavailable(format!("object store: {e}"))),
-    };
-    let body = Body::from_stream(stream.map_err(std::io::Error::other));
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
-            (header::CONTENT_LENGTH, size.to_string()),
-            (
-                header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{filename}\""),
-            ),
-        ],
-        body,
-    )
-        .into_response())
+    stream_object(&st, &key, &filename, || {
+        format!(
+            "job {id} has no {what} (it is {}); it is written when the job succeeds",
+            job.state.as_str()
+        )
+    })
+    .await
 }
 
 /// Longest tensor list the tensors endpoint returns (inspection accepts up

@@ -1,5 +1,6 @@
 //! A job's row as the API shows it ([`Job`]): the columns read, the
-//! decoding, and the lookups by id with their 404.
+//! decoding, and the lookups by id with their 404; and [`stream_object`],
+//! a stored object (a job's model, an output) streamed as an attachment.
 
 use crate::error::{ApiError, ApiResult};
 use sqlx::postgres::PgRow;
@@ -80,4 +81,35 @@ pub async fn ensure_job(db: &sqlx::PgPool, id: Uuid) -> ApiResult<()> {
 /// The 404 of a job that does not exist.
 pub fn job_not_found(id: Uuid) -> ApiError {
     ApiError::NotFound(format!("no job with id {id}"))
+}
+
+/// Streams the store's object `key` as an attachment named `filename`; a
+/// missing object is a 404 saying `missing`, an unreachable store a 503.
+pub async fn stream_object(
+    st: &crate::AppState,
+    key: &str,
+    filename: &str,
+    missing: impl FnOnce() -> String,
+) -> ApiResult<axum::response::Response> {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    use futures::TryStreamExt;
+    let (size, stream) = match st.store.stream(key).await {
+        Ok(s) => s,
+        Err(trainyard_store::StoreError::NotFound(_)) => return Err(ApiError::NotFound(missing())),
+        Err(e) => return Err(ApiError::Unavailable(format!("object store: {e}"))),
+    };
+    let name = filename.replace('"', "");
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, size.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}\""),
+            ),
+        ],
+        axum::body::Body::from_stream(stream.map_err(std::io::Error::other)),
+    )
+        .into_response())
 }

@@ -3,16 +3,13 @@
 //! script finished) and `GET /v1/jobs/{id}/outputs/{path}` streams one.
 //! The path is checked like an archive entry's: relative, no `..`.
 
-use super::job_rows::fetch_job;
+use super::job_rows::{fetch_job, stream_object};
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::JobId;
 use crate::AppState;
-use axum::body::Body;
 use axum::extract::{RawPathParams, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Json;
-use futures::TryStreamExt;
 use trainyard_common::api::{OutputFile, OutputList};
 use trainyard_common::checkpoint::{output_key, outputs_prefix};
 use trainyard_common::spec::script::relative_path_problem;
@@ -92,27 +89,12 @@ pub async fn download(State(st): State<AppState>, params: RawPathParams) -> ApiR
             "must be at most 1024 bytes of non-empty segments of at most 255 bytes, none `.`",
         ));
     }
-    let (size, stream) = match st.store.stream(&output_key(id, &path)).await {
-        Ok(s) => s,
-        Err(trainyard_store::StoreError::NotFound(_)) => {
-            return Err(ApiError::NotFound(format!(
-                "job {id} has no output {path:?} (it is {}); outputs are stored when a script job succeeds",
-                job.state.as_str()
-            )))
-        }
-        Err(e) => return Err(ApiError::Unavailable(format!("object store: {e}"))),
-    };
-    let name = path.rsplit('/').next().unwrap_or(&path).replace('"', "");
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
-            (header::CONTENT_LENGTH, size.to_string()),
-            (
-                header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{name}\""),
-            ),
-        ],
-        Body::from_stream(stream.map_err(std::io::Error::other)),
-    )
-        .into_response())
+    let name = path.rsplit('/').next().unwrap_or(&path).to_owned();
+    stream_object(&st, &output_key(id, &path), &name, || {
+        format!(
+            "job {id} has no output {path:?} (it is {}); outputs are stored when a script job succeeds",
+            job.state.as_str()
+        )
+    })
+    .await
 }

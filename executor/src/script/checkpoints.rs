@@ -30,6 +30,9 @@ pub const QUIET: Duration = Duration::from_millis(50);
 pub const MAX_FILES: usize = 1000;
 /// Most bytes of one checkpoint.
 pub const MAX_BYTES: u64 = 8 << 30;
+/// Largest file of a checkpoint: the executor holds one file in memory at
+/// a time while it commits or restores it.
+pub const MAX_FILE: u64 = 1 << 30;
 
 /// One committed checkpoint's manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -256,32 +259,36 @@ impl Committer {
                 MAX_BYTES >> 30
             ));
         }
-        let mut read = Vec::new();
-        for rel in snapshot.keys() {
-            let path = safe_join(dir, rel)?;
-            match std::fs::read(&path) {
-                Ok(bytes) => read.push((rel.clone(), bytes)),
-                // Replaced meanwhile (a save renamed over it): next look.
-                Err(_) => return Ok(None),
-            }
+        if let Some((rel, (size, _))) = snapshot.iter().find(|(_, (s, _))| *s > MAX_FILE) {
+            return Err(format!(
+                "checkpoint file {rel} holds {size} bytes, more than {} MiB",
+                MAX_FILE >> 20
+            ));
         }
-        if scan(dir) != *snapshot {
-            return Ok(None);
-        }
+        // One file in memory at a time; a folder that changed meanwhile
+        // (a save during the upload) is not committed: no manifest.
         let seq = self.next;
         let at = script_checkpoint_dir(self.job, seq);
         let mut files = Vec::new();
-        for (rel, bytes) in read {
+        for rel in snapshot.keys() {
+            let path = safe_join(dir, rel)?;
+            let Ok(bytes) = std::fs::read(&path) else {
+                // Replaced meanwhile (a save renamed over it): next look.
+                return Ok(None);
+            };
             let sha256 = hex::encode(Sha256::digest(&bytes));
             let size = bytes.len() as u64;
             store
                 .put(&format!("{at}files/{rel}"), bytes.into())
                 .map_err(|e| format!("storing checkpoint file {rel}: {e}"))?;
             files.push(ManifestFile {
-                path: rel,
+                path: rel.clone(),
                 size,
                 sha256,
             });
+        }
+        if scan(dir) != *snapshot {
+            return Ok(None);
         }
         let m = Manifest {
             seq,

@@ -316,11 +316,12 @@ pub struct LogPage {
 /// One committed checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CheckpointInfo {
-    /// Global step.
+    /// Global step. A script job's: the commit's number, as its log
+    /// (`checkpoint n committed`) and `resume_from.step` name it.
     pub step: u64,
     /// Generation whose cluster wrote it.
     pub generation: i64,
-    /// Shards.
+    /// Shards (a script job's checkpoint: its files).
     pub shards: u32,
     /// Bytes of all shards.
     pub bytes: u64,

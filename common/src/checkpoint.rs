@@ -73,6 +73,36 @@ pub fn script_checkpoint_dir(job: Uuid, seq: u64) -> String {
     format!("{}{seq:010}/", script_checkpoints_prefix(job))
 }
 
+/// One committed script checkpoint's manifest (`manifest.json`, written
+/// last into its folder): what the executor stored and the API lists.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScriptManifest {
+    /// Its number (the job's commits, in order).
+    pub seq: u64,
+    /// The generation whose rank 0 wrote it.
+    pub generation: u64,
+    /// The step the script last reported (`trainyard.report()`) before
+    /// the commit, if it reports.
+    #[serde(default)]
+    pub step: Option<u64>,
+    /// When it was committed.
+    #[serde(default)]
+    pub committed_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Its files.
+    pub files: Vec<ScriptManifestFile>,
+}
+
+/// One file of a script checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScriptManifestFile {
+    /// Path in the folder.
+    pub path: String,
+    /// Bytes.
+    pub size: u64,
+    /// SHA-256, hex.
+    pub sha256: String,
+}
+
 /// The folder of a script job's outputs (rank 0's
 /// `TRAINYARD_OUTPUT_DIR`), relative to the store's prefix.
 pub fn outputs_prefix(job: Uuid) -> String {

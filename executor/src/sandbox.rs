@@ -50,6 +50,8 @@ pub struct Sandbox {
     torch_threads: Option<i32>,
     /// The Python runtimes script jobs may name (`default` always).
     pythons: std::collections::BTreeMap<String, PathBuf>,
+    /// Warm interpreters for script ranks' next generations.
+    spares: crate::script::warm::Spares,
 }
 
 /// The task line a sandboxed child reads on stdin.
@@ -88,6 +90,7 @@ impl Sandbox {
             program,
             torch_threads,
             pythons: [("default".to_owned(), default_python())].into(),
+            spares: crate::script::warm::Spares::new(),
         })
     }
 
@@ -225,7 +228,7 @@ impl Sandbox {
             Ok::<_, std::io::Error>(())
         })();
         made.map_err(|e| format!("sandbox workspace {}: {e}", dir.display()))?;
-        Ok(Workspace { dir })
+        Ok(Workspace { dir, keep: false })
     }
 
     /// Folder `name` of job `job`'s own, kept across its generations on
@@ -240,7 +243,31 @@ impl Sandbox {
 
     /// Removes job `job`'s folders (it left this executor).
     pub fn forget_job(&self, job: uuid::Uuid) {
+        self.spares.forget(job);
         let _ = std::fs::remove_dir_all(self.root.join("jobs").join(job.to_string()));
+    }
+
+    /// The script ranks' spare interpreters.
+    pub fn spares(&self) -> &crate::script::warm::Spares {
+        &self.spares
+    }
+
+    /// Job `job`'s workspace `name`, kept across its generations on this
+    /// executor (a script rank slot's code, inputs and scratch, which a
+    /// spare interpreter is confined to before its rank exists); removed
+    /// by [`Sandbox::forget_job`].
+    pub fn job_workspace(&self, job: uuid::Uuid, name: &str) -> Result<Workspace, String> {
+        let dir = self.root.join("jobs").join(job.to_string()).join(name);
+        let made = (|| {
+            std::fs::create_dir_all(dir.join("inputs"))?;
+            std::fs::create_dir_all(dir.join("scratch"))?;
+            if let Some(id) = self.identity {
+                std::os::unix::fs::chown(dir.join("scratch"), Some(id.uid), Some(id.gid))?;
+            }
+            Ok::<_, std::io::Error>(())
+        })();
+        made.map_err(|e| format!("sandbox workspace {}: {e}", dir.display()))?;
+        Ok(Workspace { dir, keep: true })
     }
 
     /// Makes `dir` the sandbox user's (when children run as one).
@@ -345,6 +372,23 @@ impl Sandbox {
         read_write: Vec<PathBuf>,
         device: tch::Device,
     ) -> Result<trainyard_sandbox::spawn::Child, String> {
+        let (line, spec) = self.script_launch(ws, task, limits, read_only, read_write, device)?;
+        let child = trainyard_sandbox::spawn::Child::spawn(&spec, line.as_bytes())
+            .map_err(|e| format!("cannot start the sandboxed script: {e}"))?;
+        Ok(child)
+    }
+
+    /// What [`Sandbox::start_script`] starts: the envelope line and the
+    /// child's spec (a spare interpreter is started from the same).
+    pub fn script_launch(
+        &self,
+        ws: &Workspace,
+        task: &ScriptTask,
+        limits: Limits,
+        read_only: Vec<PathBuf>,
+        read_write: Vec<PathBuf>,
+        device: tch::Device,
+    ) -> Result<(String, Spec), String> {
         if let Some(why) = self.refusal() {
             return Err(why);
         }
@@ -363,9 +407,7 @@ impl Sandbox {
                 serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n"
             }
         };
-        let child = trainyard_sandbox::spawn::Child::spawn(&spec, line.as_bytes())
-            .map_err(|e| format!("cannot start the sandboxed script: {e}"))?;
-        Ok(child)
+        Ok((line, spec))
     }
 }
 
@@ -539,6 +581,8 @@ fn child_env() -> Vec<(String, String)> {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        // Spare interpreters (and their cgroups) go with it.
+        self.spares.clear();
         // Its workspaces are gone by now; an empty folder is not left
         // behind (one still in use by another sandbox stays).
         let _ = std::fs::remove_dir(&self.root);
@@ -548,6 +592,8 @@ impl Drop for Sandbox {
 /// One child's folders: `inputs/` (read-only to it) and `scratch/`.
 pub struct Workspace {
     dir: PathBuf,
+    /// A job's (removed with the job, not when dropped).
+    keep: bool,
 }
 
 impl Workspace {
@@ -575,6 +621,9 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

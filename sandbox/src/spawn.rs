@@ -260,6 +260,11 @@ impl Child {
         self.child.stdout.take()
     }
 
+    /// Its stdout, borrowed (a handshake before [`Child::stdout`] takes it).
+    pub fn stdout_mut(&mut self) -> Option<&mut std::process::ChildStdout> {
+        self.child.stdout.as_mut()
+    }
+
     /// Its stderr, once.
     pub fn stderr(&mut self) -> Option<std::process::ChildStderr> {
         self.child.stderr.take()

@@ -1,4 +1,5 @@
-//! `GET /v1/jobs/{id}/checkpoints` lists a job's committed checkpoints;
+//! `GET /v1/jobs/{id}/checkpoints` lists a job's committed checkpoints
+//! (a script job's from the manifests in its store folder);
 //! `GET /v1/jobs/{id}/model` streams its final model: the weights and
 //! buffers as safetensors (`?format=safetensors`, the default), or, for a
 //! TorchScript job, the user's module with the trained state
@@ -21,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 pub use trainyard_common::api::{CheckpointInfo, CheckpointList};
 use trainyard_common::api::{ModelTensors, TensorSource};
-use trainyard_common::checkpoint::{model_key, torchscript_key, Manifest};
+use trainyard_common::checkpoint::{
+    model_key, script_checkpoints_prefix, torchscript_key, Manifest, ScriptManifest,
+};
 use trainyard_common::model::{parameters, ParamInfo, TensorKind};
 use trainyard_common::spec::ModelSpec;
 use utoipa::{IntoParams, ToSchema};
@@ -43,7 +46,15 @@ pub async fn list(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Jso
         .bind(id)
         .fetch_one(&st.db)
         .await?;
-    let keep = stored_spec(id, spec)?.checkpoint.keep;
+    let spec = stored_spec(id, spec)?;
+    let keep = spec.checkpoint.keep;
+    if spec.is_script() {
+        return Ok(Json(CheckpointList {
+            job_id: id,
+            keep,
+            checkpoints: script_checkpoints(&st, id).await?,
+        }));
+    }
     let rows = sqlx::query(
         "SELECT step, generation, shards, bytes, manifest_key, manifest, committed_at
          FROM checkpoints WHERE job_id = $1 ORDER BY step DESC",
@@ -70,6 +81,46 @@ pub async fn list(State(st): State<AppState>, JobId(id): JobId) -> ApiResult<Jso
         keep,
         checkpoints,
     }))
+}
+
+/// A script job's committed checkpoints, newest first: the manifests its
+/// rank 0's executor wrote to the store (a folder without one is a commit
+/// that did not finish, and is not listed).
+async fn script_checkpoints(st: &AppState, id: uuid::Uuid) -> ApiResult<Vec<CheckpointInfo>> {
+    let unavailable =
+        |e: trainyard_store::StoreError| ApiError::Unavailable(format!("object store: {e}"));
+    let listed = st
+        .store
+        .list(&script_checkpoints_prefix(id))
+        .await
+        .map_err(unavailable)?;
+    let mut out = Vec::new();
+    for (key, size) in listed {
+        // A manifest is a few KiB; anything else there is not one.
+        if !key.ends_with("/manifest.json") || size > 4 << 20 {
+            continue;
+        }
+        let body = match st.store.get(&key).await {
+            Ok(b) => b,
+            // Removed by retention between the listing and the read.
+            Err(trainyard_store::StoreError::NotFound(_)) => continue,
+            Err(e) => return Err(unavailable(e)),
+        };
+        let Ok(m) = serde_json::from_slice::<ScriptManifest>(&body) else {
+            continue;
+        };
+        out.push(CheckpointInfo {
+            step: m.seq,
+            generation: i64::try_from(m.generation).unwrap_or(i64::MAX),
+            shards: u32::try_from(m.files.len()).unwrap_or(u32::MAX),
+            bytes: m.files.iter().map(|f| f.size).sum(),
+            cursor: Default::default(),
+            manifest_url: st.store.url_of(&key),
+            committed_at: m.committed_at.unwrap_or_default(),
+        });
+    }
+    out.sort_by_key(|c| std::cmp::Reverse(c.step));
+    Ok(out)
 }
 
 /// Query of `GET /v1/jobs/{id}/model`.

@@ -476,7 +476,7 @@ async fn assigned_keys(st: &AppState, id: Uuid) -> ApiResult<Vec<RoleKey>> {
 async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> {
     let rows = sqlx::query(
         "SELECT a.job_id, a.generation, a.role, a.index, a.executor_id, a.device, a.ranges, e.address,
-                j.spec, j.strategy, j.secret, j.owner, j.data_policy,
+                j.spec, j.strategy, j.secret, j.owner, j.data_policy, j.worlds,
                 EXISTS (SELECT 1 FROM preemptions p WHERE p.victim = j.id) AS preempting
          FROM assignments a
          JOIN executors e ON e.id = a.executor_id
@@ -499,6 +499,8 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         mine: Vec<(RoleKey, Option<u32>)>,
         // A preemption waits for this job's checkpoint.
         preempting: bool,
+        // Generations that started roles, this one included.
+        worlds: i32,
     }
     let mut jobs: BTreeMap<Uuid, JobPeers> = BTreeMap::new();
     for r in &rows {
@@ -524,6 +526,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 ps: Vec::new(),
                 mine: Vec::new(),
                 preempting: r.try_get("preempting")?,
+                worlds: r.try_get("worlds")?,
             }),
         };
         let index = r.try_get::<i32, _>("index")? as u32;
@@ -601,6 +604,7 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
                 resume: resume.get(&id).cloned(),
                 data_policy: data_policy.clone(),
                 checkpoint_wanted: j.preempting,
+                restarts: Some(u32::try_from(j.worlds - 1).unwrap_or(0)),
             });
         }
     }

@@ -382,7 +382,8 @@ async fn crashed(
         .bind(next)
         .execute(&mut *tx)
         .await?;
-    sqlx::query("UPDATE jobs SET generation = $2, updated_at = clock_timestamp() WHERE id = $1")
+    // The same world starts again: one restart more.
+    sqlx::query("UPDATE jobs SET generation = $2, worlds = worlds + 1, updated_at = clock_timestamp() WHERE id = $1")
         .bind(job)
         .bind(next)
         .execute(&mut *tx)

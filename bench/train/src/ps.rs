@@ -98,6 +98,7 @@ fn start_tier(shards: u32, workers: u32) -> Tier {
                 resume: None,
                 data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
                 checkpoint_wanted: false,
+                restarts: None,
             };
             let (stop, plane) = (stop.clone(), planes[s as usize].clone());
             std::thread::spawn(move || {

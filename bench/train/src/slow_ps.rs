@@ -103,6 +103,7 @@ fn assignment(
         resume: None,
         data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
         checkpoint_wanted: false,
+        restarts: None,
     })
 }
 

@@ -109,6 +109,12 @@ pub struct Assignment {
     /// for one checkpoint as they do for a drain.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub checkpoint_wanted: bool,
+    /// How many times the job's world was started before this generation
+    /// (torchrun's `TORCHELASTIC_RESTART_COUNT`): a generation that only
+    /// released roles while the job waited for executors is not counted.
+    /// Absent from an API that does not count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<u32>,
 }
 
 impl Assignment {

@@ -94,6 +94,7 @@ fn assignment_with(
         resume: None,
         data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
         checkpoint_wanted: false,
+        restarts: None,
     }
 }
 

@@ -11,7 +11,6 @@
 //! starts from the same state, wherever it ran before.
 
 use crate::storage::Storage;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,27 +33,9 @@ pub const MAX_BYTES: u64 = 8 << 30;
 /// a time while it commits or restores it.
 pub const MAX_FILE: u64 = 1 << 30;
 
-/// One committed checkpoint's manifest.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// Its number (the job's commits, in order).
-    pub seq: u64,
-    /// The generation whose rank 0 wrote it.
-    pub generation: u64,
-    /// Its files.
-    pub files: Vec<ManifestFile>,
-}
-
-/// One file of a checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ManifestFile {
-    /// Path in the folder.
-    pub path: String,
-    /// Bytes.
-    pub size: u64,
-    /// SHA-256, hex.
-    pub sha256: String,
-}
+pub use trainyard_common::checkpoint::{
+    ScriptManifest as Manifest, ScriptManifestFile as ManifestFile,
+};
 
 /// What a folder holds: each regular file's size and modification time.
 pub type Snapshot = BTreeMap<String, (u64, SystemTime)>;
@@ -188,6 +169,8 @@ pub struct Committer {
     next: u64,
     keep: u32,
     committed: Snapshot,
+    /// The step the script last reported (recorded in the manifest).
+    pub step: Option<u64>,
 }
 
 impl Committer {
@@ -207,6 +190,7 @@ impl Committer {
             next: latest.map_or(1, |m| m.seq + 1),
             keep: keep.max(1),
             committed: restored,
+            step: None,
         }
     }
 
@@ -293,6 +277,8 @@ impl Committer {
         let m = Manifest {
             seq,
             generation: self.generation,
+            step: self.step,
+            committed_at: Some(chrono::Utc::now()),
             files,
         };
         if stopping() {

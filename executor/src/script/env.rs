@@ -44,10 +44,12 @@ pub struct Place<'a> {
     pub rank: u32,
     /// Restarts the spec allows.
     pub max_restarts: u32,
+    /// Restarts of the job's world before this generation.
+    pub restarts: u32,
     /// Threads the rank may use.
     pub threads: Option<i32>,
     /// The network interface that carries this executor's data-plane
-    /// address, for gloo (`None`: loopback or not found; gloo picks).
+    /// address, for gloo (`None`: not found; gloo picks).
     pub interface: Option<String>,
 }
 
@@ -75,17 +77,21 @@ pub fn host_of(address: &str) -> &str {
 }
 
 /// The network interface that carries address `host` on this machine, for
-/// gloo to bind (`None` for loopback, a name, or an address not found).
+/// gloo to bind (`None` for a name or an address not found). A loopback
+/// address is the loopback interface's: named, gloo does not look its
+/// host's name up, which in the sandbox (no `/etc/hosts`) waits for a
+/// resolver that is not there.
 pub fn interface_of(host: &str) -> Option<String> {
     let ip: std::net::IpAddr = host.parse().ok()?;
-    if ip.is_loopback() {
-        return None;
-    }
     nix::ifaddrs::getifaddrs().ok()?.find_map(|i| {
         let addr = i.address?;
         let found = match ip {
-            std::net::IpAddr::V4(v4) => addr.as_sockaddr_in().map(|a| a.ip() == v4),
-            std::net::IpAddr::V6(v6) => addr.as_sockaddr_in6().map(|a| a.ip() == v6),
+            std::net::IpAddr::V4(v4) => addr
+                .as_sockaddr_in()
+                .map(|a| a.ip() == v4 || (v4.is_loopback() && a.ip().is_loopback())),
+            std::net::IpAddr::V6(v6) => addr
+                .as_sockaddr_in6()
+                .map(|a| a.ip() == v6 || (v6.is_loopback() && a.ip().is_loopback())),
         };
         found.unwrap_or(false).then_some(i.interface_name)
     })
@@ -143,10 +149,7 @@ pub fn environment(
             "MASTER_PORT",
             rendezvous_port(place.job, place.generation).to_string(),
         ),
-        (
-            "TORCHELASTIC_RESTART_COUNT",
-            place.generation.saturating_sub(1).to_string(),
-        ),
+        ("TORCHELASTIC_RESTART_COUNT", place.restarts.to_string()),
         ("TORCHELASTIC_MAX_RESTARTS", place.max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", place.job.to_string()),
         ("TORCHELASTIC_USE_AGENT_STORE", "False".to_owned()),
@@ -210,6 +213,7 @@ mod tests {
             peers: &refs,
             rank,
             max_restarts: 3,
+            restarts: generation.saturating_sub(1) as u32,
             threads: Some(2),
             interface: None,
         };

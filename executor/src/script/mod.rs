@@ -11,7 +11,12 @@
 //! stderr become the job's log, bounded and tagged by rank. A new
 //! generation (a join, a loss, a restart) stops the role, which kills the
 //! process; the next generation's role starts it again with the new world
-//! and `TORCHELASTIC_RESTART_COUNT` + 1.
+//! and `TORCHELASTIC_RESTART_COUNT` + 1 (a generation that only released
+//! the job's roles, while it waited for executors, is not a restart), in
+//! the slot's spare interpreter
+//! when one is ready ([`warm`]: PyTorch already imported). A slot's
+//! folders (code, inputs, scratch, checkpoints) live as long as the job
+//! has a role on this executor.
 //!
 //! How it ends: rank 0's exit 0 uploads its output folder to the object
 //! store and reports the job's result; another rank's exit 0 reports
@@ -28,6 +33,7 @@ pub mod checkpoints;
 pub mod code;
 pub mod env;
 pub mod reports;
+pub mod warm;
 
 use crate::role::Role;
 use crate::sandbox::{ScriptTask, RUNTIME_MB};
@@ -133,8 +139,11 @@ fn prepare(
     let python = sandbox.python(script.python.as_deref()).map_err(refused)?;
     let mut runtime = runtime_folders(python).map_err(Failure::Refused)?;
     runtime.extend(network_folders());
+    // The slot's folders outlive the generation (a spare interpreter for
+    // the next one is confined to them before its rank exists).
+    let slot = a.device.unwrap_or(0);
     let ws = sandbox
-        .workspace(&format!("script-{job}-{rank}"))
+        .job_workspace(job, &format!("slot-{slot}"))
         .map_err(Failure::Crashed)?;
     let code_dir = ws.inputs().join("code");
     let input_dir = ws.inputs().join("data");
@@ -150,19 +159,28 @@ fn prepare(
         .packaging()
         .ok_or_else(|| Failure::Refused("script.code: not a .py file or an archive".into()))?;
     let name = input_name(&script.code).to_owned();
-    code::materialize(&code, &name, packaging, &code_dir, &entrypoint)
-        .map_err(|e| Failure::Refused(e.to_string()))?;
+    if !code_dir.exists() {
+        // Whole or not at all: a half-made folder is never reused.
+        let part = ws.inputs().join("code.part");
+        let _ = std::fs::remove_dir_all(&part);
+        code::materialize(&code, &name, packaging, &part, &entrypoint)
+            .map_err(|e| Failure::Refused(e.to_string()))?;
+        std::fs::rename(&part, &code_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
+    }
     std::fs::create_dir_all(&input_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
     for (i, url) in a.spec.inputs.iter().enumerate() {
         let file = fetch(url, &format!("inputs[{i}]"))?;
         let to = input_dir.join(input_name(url));
+        if to.exists() {
+            continue;
+        }
         if std::fs::hard_link(&file.path, &to).is_err() {
             std::fs::copy(&file.path, &to)
                 .map_err(|e| Failure::Crashed(format!("inputs[{i}]: {e}")))?;
         }
     }
     let checkpoints = sandbox
-        .job_folder(job, &format!("checkpoints-{rank}"))
+        .job_folder(job, &format!("checkpoints-{slot}"))
         .map_err(Failure::Crashed)?;
     // Every rank starts from the job's latest committed checkpoint.
     let store = role
@@ -204,18 +222,26 @@ fn prepare(
     });
     let outputs = ws.scratch().join("outputs");
     let home = ws.scratch().join("home");
-    let report_file = ws.scratch().join("reports.jsonl");
+    // One file per generation: a new one's reports start from nothing.
+    let report_file = ws
+        .scratch()
+        .join(format!("reports-{}.jsonl", a.key.generation));
     for d in [&outputs, &home] {
         std::fs::create_dir_all(d).map_err(|e| Failure::Crashed(e.to_string()))?;
         sandbox.give(d).map_err(Failure::Crashed)?;
     }
     let interface = env::interface_of(env::host_of(&peers[rank as usize].address));
+    // An API that does not count them: every generation was a restart.
+    let restarts = a
+        .restarts
+        .unwrap_or(u32::try_from(a.key.generation.saturating_sub(1)).unwrap_or(u32::MAX));
     let place = env::Place {
         job,
         generation: a.key.generation as u64,
         peers,
         rank,
         max_restarts: script.max_restarts(),
+        restarts,
         threads: sandbox.torch_threads(),
         interface,
     };
@@ -241,25 +267,56 @@ fn prepare(
         ..Limits::default()
     };
     let device = role.device().map_err(|e| Failure::Refused(e.to_string()))?;
-    let child = sandbox
-        .start_script(
-            &ws,
-            &task,
-            limits,
-            runtime,
-            vec![checkpoints.clone()],
-            device,
-        )
-        .map_err(Failure::Crashed)?;
+    let read_write = vec![checkpoints.clone()];
+    let fingerprint = warm::fingerprint(
+        &[
+            format!("{:?} {:?} {:?}", task.program, task.args, task.cwd),
+            format!("{limits:?} {runtime:?} {read_write:?} {device:?}"),
+        ],
+        &task.env,
+    );
+    let spares = sandbox.spares();
+    let go = warm::go_line(&task.env, &task.args, &task.cwd);
+    let (child, warm_start) = match spares.take((job, slot), fingerprint, &go) {
+        Some(child) => (child, true),
+        None => (
+            sandbox
+                .start_script(
+                    &ws,
+                    &task,
+                    limits,
+                    runtime.clone(),
+                    read_write.clone(),
+                    device,
+                )
+                .map_err(Failure::Crashed)?,
+            false,
+        ),
+    };
     role.log(
         LogLevel::Info,
         format!(
             "rank {rank} of {} runs {entrypoint} (generation {}, restart {})",
             peers.len(),
             a.key.generation,
-            a.key.generation.saturating_sub(1)
+            restarts
         ),
     );
+    if warm_start {
+        role.log(
+            LogLevel::Info,
+            format!("rank {rank}: started in a warm interpreter (PyTorch already imported)"),
+        );
+    }
+    // The next generation's interpreter, started while this one runs.
+    let spare = ScriptTask {
+        args: warm::spare_args(&task.args),
+        ..task.clone()
+    };
+    match sandbox.script_launch(&ws, &spare, limits, runtime, read_write, device) {
+        Ok((line, spec)) => spares.want((job, slot), fingerprint, spec, line),
+        Err(e) => tracing::debug!(error = %e, "no spare interpreter"),
+    }
     Ok(Started {
         child,
         committer,
@@ -459,6 +516,9 @@ fn read_reports(role: &Role, s: &mut Started) -> bool {
     let mut asked = false;
     for r in got {
         role.ctx.progress.step_done(r.step, 0.0);
+        if let Some(c) = s.committer.as_mut() {
+            c.step = Some(r.step);
+        }
         asked |= r.checkpoint;
         if s.rank != 0 {
             continue;

@@ -112,13 +112,16 @@ pub(super) async fn apply(
     let strategy = new.map(|p| strategy_name(p.strategy));
     sqlx::query(
         "UPDATE jobs SET generation = $2, updated_at = clock_timestamp(),
-                strategy = coalesce($3, strategy), secret = coalesce(secret, $4)
+                strategy = coalesce($3, strategy), secret = coalesce(secret, $4),
+                worlds = worlds + CASE WHEN $5 THEN 1 ELSE 0 END
          WHERE id = $1",
     )
     .bind(job.id)
     .bind(next)
     .bind(strategy)
     .bind(new_secret())
+    // A generation that starts roles (not one that only releases them).
+    .bind(new.is_some_and(|p| !p.workers.is_empty()))
     .execute(&mut *tx)
     .await?;
     if let Some(why) = plan.decisions.get(&job.id) {

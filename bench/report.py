@@ -404,6 +404,14 @@ if e:
 else:
     table("e2e")
 
+w("## Script jobs (`script-bench`)\n")
+w("Restart latency of a script job: `bench/restart_script.py` (plain PyTorch DDP over gloo, two ranks, a checkpoint "
+  "every 20 steps) trains; once both ranks made 30 steps, rank 1's process is SIGKILLed, and the figure is the time "
+  "from the kill to the first step the restarted generation makes (the script prints each step's wall-clock time; "
+  "log delivery does not count). Baseline: `torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 3 --rdzv-backend c10d` "
+  "with the same script, killed the same way, in the same run. Medians of 3 (short) or 5 (full) kills.\n")
+table("script")
+
 # Scaling model.
 w("## Scaling beyond one machine (a model, not a measurement)\n")
 ring = data["ring"]

@@ -1,0 +1,365 @@
+//! `script-bench`: how long a script job loses when one of its ranks is
+//! SIGKILLed, beside torchrun doing the same with the same script in the
+//! same run.
+//!
+//! The script is `bench/restart_script.py`: plain PyTorch DDP over gloo,
+//! two ranks, a checkpoint every 20 steps, one line per step with the
+//! wall-clock time, the process id and `TORCHELASTIC_RESTART_COUNT`.
+//! Each run waits until both ranks have made 30 steps, SIGKILLs rank 1's
+//! process and measures the time from the kill to the first step line of
+//! restart 1 (the clock is this machine's, for the benchmark and the
+//! script alike, so log delivery does not count).
+//!
+//! * **Baseline:** `torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 3
+//!   --rdzv-backend c10d` (its monitor notices the dead rank, stops the
+//!   other, meets at the next rendezvous round and starts both again).
+//! * **Trainyard:** the release `trainyard serve` (production heartbeats)
+//!   and two `trainyard-executor`s; the job is `{"script": {"code":
+//!   "file://…/restart_script.py", "max_restarts": 3}, "workers": {"min":
+//!   2, "max": 2}}`. The killed rank's executor reports the crash, the
+//!   API starts the next generation and each executor starts its rank
+//!   again in its sandbox, with the last checkpoint put back in place, in
+//!   the spare interpreter it started beforehand (PyTorch imported; see
+//!   `trainyard_executor::script::warm`).
+//!
+//! Each side runs 3 times (short) or 5 (full); the figure is the median,
+//! held to ≤ 0.5× torchrun's.
+//!
+//! `script-bench [--short]`; the executor needs libtorch on its library
+//! path (`source scripts/common.sh && torch_env`) and `TRAINYARD_PYTHON`
+//! names the torch venv's Python (torchrun is the one beside it).
+//! `SCRIPT_BENCH_TRACE=1` prints each Trainyard run's timeline (the kill,
+//! the crash report, each rank's start and its first steps).
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+use trainyard_bench::figure::{Better, Figure, Target};
+use trainyard_bench::server::Server;
+use trainyard_client::Client;
+use trainyard_e2e::{free_port, kill9, repo_root, start_executor, Proc};
+use uuid::Uuid;
+
+const JOIN: &str = "script-bench-join";
+/// Steps both ranks make before the kill (a checkpoint was written at 20).
+const BEFORE_KILL: u64 = 30;
+/// The target: Trainyard's restart ≤ half of torchrun's.
+const TARGET: f64 = 0.5;
+
+/// One step line of the script.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    step: u64,
+    rank: u32,
+    restart: u32,
+    pid: u32,
+    t: f64,
+}
+
+fn parse(line: &str) -> Option<Step> {
+    // `step N rank R restart C pid P t T`, possibly behind a `[rank R] `.
+    let at = line.find("step ")?;
+    let f: Vec<&str> = line[at..].split_whitespace().collect();
+    if f.len() < 10 || f[2] != "rank" || f[4] != "restart" || f[6] != "pid" || f[8] != "t" {
+        return None;
+    }
+    Some(Step {
+        step: f[1].parse().ok()?,
+        rank: f[3].parse().ok()?,
+        restart: f[5].parse().ok()?,
+        pid: f[7].parse().ok()?,
+        t: f[9].parse().ok()?,
+    })
+}
+
+/// Whether to print each run's timeline (`SCRIPT_BENCH_TRACE=1`).
+fn trace() -> bool {
+    std::env::var_os("SCRIPT_BENCH_TRACE").is_some()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn script() -> PathBuf {
+    repo_root().join("bench/restart_script.py")
+}
+
+fn python() -> String {
+    std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Kills rank 1 once both ranks made [`BEFORE_KILL`] steps at restart 0
+/// and returns kill → the first step of restart 1, reading steps with
+/// `steps` (all seen so far) until `limit`.
+fn kill_and_time(
+    mut steps: impl FnMut() -> anyhow::Result<Vec<Step>>,
+    limit: Duration,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let victim = loop {
+        let s = steps()?;
+        let at = |r: u32| {
+            s.iter()
+                .filter(|x| x.rank == r && x.restart == 0)
+                .map(|x| x.step)
+                .max()
+                .unwrap_or(0)
+        };
+        if at(0) >= BEFORE_KILL && at(1) >= BEFORE_KILL {
+            break s.iter().rev().find(|x| x.rank == 1).map(|x| x.pid);
+        }
+        if start.elapsed() > limit {
+            bail!(
+                "the ranks did not reach step {BEFORE_KILL}: {} lines",
+                s.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    .context("no rank 1")?;
+    let killed = now();
+    kill9(victim);
+    if trace() {
+        eprintln!("killed rank 1 (pid {victim}) at {killed:.3}");
+    }
+    let start = Instant::now();
+    loop {
+        if let Some(first) = steps()?
+            .iter()
+            .filter(|x| x.restart >= 1)
+            .map(|x| x.t)
+            .min_by(f64::total_cmp)
+        {
+            return Ok(first - killed);
+        }
+        if start.elapsed() > limit {
+            bail!("no step of a restarted generation {limit:?} after the kill");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// torchrun's time, one run.
+fn torchrun(work: &Path) -> anyhow::Result<f64> {
+    let dir = work.join(format!("torchrun-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir)?;
+    let torchrun = Path::new(&python())
+        .parent()
+        .context("no venv folder")?
+        .join("torchrun");
+    let mut cmd = Command::new(torchrun);
+    cmd.args([
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        &format!("127.0.0.1:{}", free_port()?),
+    ])
+    .arg(script())
+    .current_dir(&dir)
+    .env("OMP_NUM_THREADS", "1")
+    .stdin(Stdio::null());
+    // Its output (the ranks' and its own) is collected by `Proc`.
+    let mut run = Proc::spawn(cmd)?;
+    let took = kill_and_time(
+        || Ok(run.output().lines().filter_map(parse).collect()),
+        Duration::from_secs(120),
+    );
+    if took.is_err() {
+        eprintln!("torchrun's output:\n{}", run.output());
+    }
+    let _ = run.terminate();
+    let _ = run.wait_exit(Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    took
+}
+
+struct Cluster {
+    server: Server,
+    client: Client,
+    rt: tokio::runtime::Runtime,
+    _executors: Vec<Proc>,
+}
+
+impl Cluster {
+    fn start() -> anyhow::Result<Cluster> {
+        let server = Server::start(
+            "script-bench",
+            JOIN,
+            &[
+                ("RUST_LOG", "warn"),
+                ("TRAINYARD_HEARTBEAT_INTERVAL_MS", "1000"),
+                ("TRAINYARD_HEARTBEAT_MISSES", "3"),
+            ],
+        )?;
+        let client = Client::new(&server.url)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let mut executors = Vec::new();
+        for i in 0..2 {
+            let name = format!("script-bench-{i}");
+            let cache = server.work.join(format!("cache-{name}"));
+            executors.push(start_executor(
+                &server.url,
+                JOIN,
+                &name,
+                4096,
+                &[
+                    ("TRAINYARD_CACHE_DIR", cache.to_str().unwrap_or_default()),
+                    ("TRAINYARD_TORCH_THREADS", "1"),
+                    ("RUST_LOG", "warn"),
+                ],
+            )?);
+        }
+        let c = Cluster {
+            server,
+            client,
+            rt,
+            _executors: executors,
+        };
+        let start = Instant::now();
+        while c
+            .rt
+            .block_on(c.client.executors(Some("live")))?
+            .executors
+            .len()
+            < 2
+        {
+            if start.elapsed() > Duration::from_secs(120) {
+                bail!("the executors did not register");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(c)
+    }
+
+    /// Trainyard's time, one run.
+    fn restart(&self, n: usize) -> anyhow::Result<f64> {
+        let spec = json!({
+            "name": format!("script-bench-{n}"),
+            "script": {
+                "code": format!("file://{}", script().display()),
+                "max_restarts": 3,
+            },
+            "workers": {"min": 2, "max": 2},
+            "resources": {"memory_mb": 1024},
+        });
+        let job = self.rt.block_on(self.client.submit_job(&spec, None))?;
+        let id = job.id;
+        let mut lines = Vec::new();
+        let mut after = None;
+        let mut warm = 0;
+        let took = kill_and_time(
+            || {
+                loop {
+                    let page = self
+                        .rt
+                        .block_on(self.client.job_logs(id, after, Some(1000)))?;
+                    let more = page.lines.len() == 1000;
+                    if let Some(last) = page.lines.last() {
+                        after = Some(last.id);
+                    }
+                    lines.extend(page.lines.iter().filter_map(|l| parse(&l.message)));
+                    warm += page
+                        .lines
+                        .iter()
+                        .filter(|l| l.message.contains("warm interpreter"))
+                        .count();
+                    if !more {
+                        break;
+                    }
+                }
+                let job = self.rt.block_on(self.client.job(id))?;
+                if job.state.is_terminal() {
+                    bail!("job {id} ended: {:?} {:?}", job.state, job.state_reason);
+                }
+                Ok(lines.clone())
+            },
+            Duration::from_secs(180),
+        );
+        eprintln!("job {id}: {warm} rank(s) restarted in a warm interpreter");
+        if trace() {
+            // The job's own lines (not the steps before the restart), as
+            // the API has them.
+            let page = self
+                .rt
+                .block_on(self.client.job_logs(id, None, Some(1000)))?;
+            for l in page
+                .lines
+                .iter()
+                .filter(|l| !l.message.contains("] step ") || l.generation > 1)
+                .take(60)
+            {
+                let text: String = l.message.chars().take(160).collect();
+                eprintln!("  {} g{} {text}", l.at.format("%H:%M:%S%.3f"), l.generation);
+            }
+        }
+        let _ = self.rt.block_on(self.client.cancel_job(id));
+        let start = Instant::now();
+        while !self.rt.block_on(self.client.job(id))?.state.is_terminal() {
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("job {id} did not end after its cancel");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        took
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let short = std::env::args().any(|a| a == "--short");
+    let runs = if short { 3 } else { 5 };
+    let exe_dir = std::env::current_exe()?
+        .parent()
+        .context("no binary folder")?
+        .to_path_buf();
+    std::env::set_var("TRAINYARD_BIN_DIR", &exe_dir);
+
+    let c = Cluster::start()?;
+    let mut ours = Vec::new();
+    for n in 0..runs {
+        let t = c.restart(n)?;
+        eprintln!("trainyard restart {n}: {t:.2} s");
+        ours.push(t);
+    }
+    let work = c.server.work.clone();
+    let mut theirs = Vec::new();
+    for n in 0..runs {
+        let t = torchrun(&work)?;
+        eprintln!("torchrun restart {n}: {t:.2} s");
+        theirs.push(t);
+    }
+    Figure::new(
+        "script",
+        format!("restart after SIGKILL of a script rank (2 ranks, DDP gloo), median of {runs}"),
+        median(ours),
+        "s",
+        "torchrun --max-restarts 3 --rdzv-backend c10d",
+        median(theirs),
+        Better::Lower,
+    )
+    .target(Target::AtMost(TARGET))
+    .emit();
+    c.server.stop();
+    Ok(())
+}

@@ -2,7 +2,9 @@
 //! resolved like a model's, the job is placed without an inspection, a
 //! model job's fields are refused by name, a failing script restarts until
 //! its `max_restarts` are used up, and rank 0's `ran` outcome succeeds the
-//! job, whose outputs are listed (none here: the store has none).
+//! job, whose outputs are listed (none here: the store has none). A
+//! script job's checkpoints are listed from the manifests in the store and
+//! are its owner's alone to resume from.
 
 use crate::executors::{place_ring_job, register, wait_for_generation};
 use crate::helpers::{assert_problem, spawn_app_with, TestApp};
@@ -159,4 +161,127 @@ async fn a_script_job_is_placed_restarted_on_failure_and_succeeds_with_its_outpu
     let r = app.post_json("/v1/jobs", &spec).await;
     let p = assert_problem(r, 422, Some("resume_from.job_id")).await;
     assert!(p.to_string().contains("is a model job"), "{p}");
+}
+
+/// A script job's checkpoints are listed from the manifests its rank 0's
+/// executor wrote to the store, newest first (a folder without a manifest,
+/// a commit that never finished, and an unreadable manifest are not); its
+/// owner may start another script job from one of them, another user may
+/// not even learn that they exist.
+#[tokio::test]
+async fn a_script_jobs_checkpoints_are_listed_from_its_manifests_and_are_its_owners_alone() {
+    const ADMIN: &str = "scripts-admin-token";
+    let app = spawn_app_with(|c| c.admin_token = Some(ADMIN.into())).await;
+    let token_of = |owner: &'static str| {
+        let app = &app;
+        async move {
+            let r = app
+                .send_as(
+                    reqwest::Method::POST,
+                    "/v1/tokens",
+                    Some(ADMIN),
+                    Some(&json!({"owner": owner, "role": "user"})),
+                )
+                .await;
+            assert_eq!(r.status(), 201);
+            let v: Value = r.json().await.unwrap();
+            v["token"].as_str().unwrap().to_owned()
+        }
+    };
+    let (alice, bob) = (token_of("alice").await, token_of("bob").await);
+    for token in [&alice, &bob] {
+        for (name, body) in [("train.py", &b"import torch\n"[..]), ("data.npz", b"PK")] {
+            let r = app
+                .client
+                .put(app.url(&format!("/v1/artifacts/{name}")))
+                .bearer_auth(token)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        }
+    }
+    async fn submit(app: &TestApp, token: &str, spec: &Value) -> reqwest::Response {
+        app.send_as(reqwest::Method::POST, "/v1/jobs", Some(token), Some(spec))
+            .await
+    }
+    let r = submit(&app, &alice, &script_spec(0)).await;
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // What the executor writes: `{job}/script-checkpoints/{seq:010}/`.
+    let folder = std::env::temp_dir()
+        .join(format!("{}-objects", app.db_name))
+        .join(&id)
+        .join("script-checkpoints");
+    let put = |seq: u32, name: &str, body: String| {
+        let dir = folder.join(format!("{seq:010}"));
+        std::fs::create_dir_all(dir.join("files")).unwrap();
+        std::fs::write(dir.join(name), body).unwrap();
+    };
+    let manifest = |seq: u64, generation: u64, sizes: &[u64]| {
+        json!({
+            "seq": seq, "generation": generation, "step": seq * 10,
+            "committed_at": "2026-12-04T12:00:00Z",
+            "files": sizes.iter().enumerate().map(|(i, s)| json!({
+                "path": format!("f{i}.pt"), "size": s, "sha256": "00"
+            })).collect::<Vec<_>>(),
+        })
+        .to_string()
+    };
+    put(1, "manifest.json", manifest(1, 1, &[100]));
+    put(2, "manifest.json", manifest(2, 2, &[5, 7]));
+    put(3, "files/f0.pt", "half a commit".into());
+    put(4, "manifest.json", "{not a manifest".into());
+
+    let listed = app
+        .get_json_as(&format!("/v1/jobs/{id}/checkpoints"), &alice)
+        .await;
+    let rows = listed["checkpoints"].as_array().unwrap();
+    let got: Vec<(u64, i64, u64, u64)> = rows
+        .iter()
+        .map(|c| {
+            (
+                c["step"].as_u64().unwrap(),
+                c["generation"].as_i64().unwrap(),
+                c["shards"].as_u64().unwrap(),
+                c["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [(2, 2, 2, 12), (1, 1, 1, 100)], "{listed}");
+    assert!(
+        rows[0]["manifest_url"]
+            .as_str()
+            .unwrap()
+            .ends_with("/script-checkpoints/0000000002/manifest.json"),
+        "{listed}"
+    );
+
+    // Its owner starts from checkpoint 2, not from the unfinished 3.
+    let mut spec = script_spec(0);
+    spec["resume_from"] = json!({"job_id": id, "step": 2});
+    assert_eq!(submit(&app, &alice, &spec).await.status(), 201);
+    spec["resume_from"] = json!({"job_id": id, "step": 3});
+    assert_problem(
+        submit(&app, &alice, &spec).await,
+        422,
+        Some("resume_from.step"),
+    )
+    .await;
+
+    // Another user is told there is nothing to start from.
+    spec["resume_from"] = json!({"job_id": id});
+    let p = assert_problem(
+        submit(&app, &bob, &spec).await,
+        422,
+        Some("resume_from.job_id"),
+    )
+    .await;
+    assert!(p.to_string().contains("no committed checkpoint"), "{p}");
+    let _ = std::fs::remove_dir_all(folder.parent().unwrap());
 }

@@ -23,7 +23,10 @@
 //!   `trainyard_executor::script::warm`).
 //!
 //! Each side runs 3 times (short) or 5 (full); the figure is the median,
-//! held to ≤ 0.5× torchrun's.
+//! held to ≤ 0.5× torchrun's. A torchrun run none of whose restarts makes
+//! a step (torchrun 2.11 with c10d sometimes has every new worker's gloo
+//! dial a peer address of the attempt before) is retried, up to 3× the
+//! runs, and counted in the baseline's name.
 //!
 //! `script-bench [--short]`; the executor needs libtorch on its library
 //! path (`source scripts/common.sh && torch_env`) and `TRAINYARD_PYTHON`
@@ -58,10 +61,18 @@ struct Step {
     t: f64,
 }
 
+/// Every step line in `line` (two ranks writing to one pipe may share a
+/// line).
+fn parse_all(line: &str) -> Vec<Step> {
+    line.match_indices("step ")
+        .filter_map(|(at, _)| parse(&line[at..]))
+        .collect()
+}
+
 fn parse(line: &str) -> Option<Step> {
     // `step N rank R restart C pid P t T`, possibly behind a `[rank R] `.
     let at = line.find("step ")?;
-    let f: Vec<&str> = line[at..].split_whitespace().collect();
+    let f: Vec<&str> = line[at..].split_whitespace().take(10).collect();
     if f.len() < 10 || f[2] != "rank" || f[4] != "restart" || f[6] != "pid" || f[8] != "t" {
         return None;
     }
@@ -172,11 +183,23 @@ fn torchrun(work: &Path) -> anyhow::Result<f64> {
     // Its output (the ranks' and its own) is collected by `Proc`.
     let mut run = Proc::spawn(cmd)?;
     let took = kill_and_time(
-        || Ok(run.output().lines().filter_map(parse).collect()),
-        Duration::from_secs(120),
+        || {
+            let steps: Vec<Step> = run.output().lines().flat_map(parse_all).collect();
+            if !steps.iter().any(|s| s.restart >= 1) && !run.running() {
+                bail!("torchrun exited: none of its restarts made a step");
+            }
+            Ok(steps)
+        },
+        Duration::from_secs(90),
     );
-    if took.is_err() {
-        eprintln!("torchrun's output:\n{}", run.output());
+    if let Err(e) = &took {
+        let out = run.output();
+        let tail: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("Error") || l.contains("failed"))
+            .take(6)
+            .collect();
+        eprintln!("torchrun did not recover ({e}):\n{}", tail.join("\n"));
     }
     let _ = run.terminate();
     let _ = run.wait_exit(Duration::from_secs(30));
@@ -270,7 +293,7 @@ impl Cluster {
                     if let Some(last) = page.lines.last() {
                         after = Some(last.id);
                     }
-                    lines.extend(page.lines.iter().filter_map(|l| parse(&l.message)));
+                    lines.extend(page.lines.iter().flat_map(|l| parse_all(&l.message)));
                     warm += page
                         .lines
                         .iter()
@@ -343,18 +366,42 @@ fn main() -> anyhow::Result<()> {
         ours.push(t);
     }
     let work = c.server.work.clone();
-    let mut theirs = Vec::new();
-    for n in 0..runs {
-        let t = torchrun(&work)?;
-        eprintln!("torchrun restart {n}: {t:.2} s");
-        theirs.push(t);
+    // torchrun 2.11's restarts with the c10d backend sometimes never make
+    // a step (each new worker's gloo connectFullMesh dials a peer address
+    // from the attempt before); such a run is counted, not timed.
+    let (mut theirs, mut lost) = (Vec::new(), 0);
+    for n in 0..runs * 3 {
+        if theirs.len() == runs {
+            break;
+        }
+        match torchrun(&work) {
+            Ok(t) => {
+                eprintln!("torchrun restart {n}: {t:.2} s");
+                theirs.push(t);
+            }
+            Err(e) => {
+                eprintln!("torchrun restart {n}: not recovered: {e}");
+                lost += 1;
+            }
+        }
     }
+    if theirs.is_empty() {
+        bail!("torchrun never recovered from the kill in {lost} runs");
+    }
+    let baseline = if lost == 0 {
+        "torchrun --max-restarts 3 --rdzv-backend c10d".to_owned()
+    } else {
+        format!(
+            "torchrun --max-restarts 3 --rdzv-backend c10d ({lost} of {} runs never recovered, not timed)",
+            lost + theirs.len()
+        )
+    };
     Figure::new(
         "script",
         format!("restart after SIGKILL of a script rank (2 ranks, DDP gloo), median of {runs}"),
         median(ours),
         "s",
-        "torchrun --max-restarts 3 --rdzv-backend c10d",
+        baseline,
         median(theirs),
         Better::Lower,
     )

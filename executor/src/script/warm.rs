@@ -200,13 +200,16 @@ impl Spares {
                         stdin,
                         fingerprint: r.fingerprint,
                     };
-                    // Still wanted (not forgotten while it started)?
-                    let keep = wanted.lock().is_ok_and(|w| current(&w));
-                    if keep {
+                    // Still wanted (not forgotten or replaced while it
+                    // started)? Checked and stored under the `wanted` lock,
+                    // which `forget` and `want` take first too.
+                    let Ok(w) = wanted.lock() else { continue };
+                    if current(&w) {
                         if let Ok(mut h) = held.lock() {
                             h.insert(r.slot, spare);
                         }
                     }
+                    drop(w);
                 }
             });
         if let Err(e) = started {

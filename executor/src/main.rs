@@ -266,6 +266,8 @@ fn main() -> anyhow::Result<()> {
         .await
         .context("the agent stopped")
     });
+    // Spare script interpreters (and their cgroups) go with the executor.
+    trainyard_executor::script::warm::spares().clear();
     // Whatever still runs on the runtime (a role thread stuck in libtorch,
     // a report the grace period gave up on) must not hold the exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));

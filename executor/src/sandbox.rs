@@ -50,8 +50,6 @@ pub struct Sandbox {
     torch_threads: Option<i32>,
     /// The Python runtimes script jobs may name (`default` always).
     pythons: std::collections::BTreeMap<String, PathBuf>,
-    /// Warm interpreters for script ranks' next generations.
-    spares: crate::script::warm::Spares,
 }
 
 /// The task line a sandboxed child reads on stdin.
@@ -90,7 +88,6 @@ impl Sandbox {
             program,
             torch_threads,
             pythons: [("default".to_owned(), default_python())].into(),
-            spares: crate::script::warm::Spares::new(),
         })
     }
 
@@ -243,13 +240,7 @@ impl Sandbox {
 
     /// Removes job `job`'s folders (it left this executor).
     pub fn forget_job(&self, job: uuid::Uuid) {
-        self.spares.forget(job);
         let _ = std::fs::remove_dir_all(self.root.join("jobs").join(job.to_string()));
-    }
-
-    /// The script ranks' spare interpreters.
-    pub fn spares(&self) -> &crate::script::warm::Spares {
-        &self.spares
     }
 
     /// Job `job`'s workspace `name`, kept across its generations on this
@@ -581,8 +572,6 @@ fn child_env() -> Vec<(String, String)> {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        // Spare interpreters (and their cgroups) go with it.
-        self.spares.clear();
         // Its workspaces are gone by now; an empty folder is not left
         // behind (one still in use by another sandbox stays).
         let _ = std::fs::remove_dir(&self.root);

@@ -293,6 +293,7 @@ impl Roles {
                 if left.contains(&job) {
                     self.jobs_here.insert(job);
                 } else {
+                    crate::script::warm::spares().forget(job);
                     self.ctx.sandbox.forget_job(job);
                 }
             }

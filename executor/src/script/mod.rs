@@ -275,7 +275,7 @@ fn prepare(
         ],
         &task.env,
     );
-    let spares = sandbox.spares();
+    let spares = warm::spares();
     let go = warm::go_line(&task.env, &task.args, &task.cwd);
     let (child, warm_start) = match spares.take((job, slot), fingerprint, &go) {
         Some(child) => (child, true),

@@ -23,7 +23,8 @@
 //! one thread that lives as long as the executor (a sandboxed child dies
 //! with the thread that started it), a moment after the rank they follow
 //! started, so that they do not slow its start; a job that leaves the
-//! executor takes its spares with it ([`Spares::forget`]).
+//! executor takes its spares with it ([`Spares::forget`]), and the
+//! executor drops them all when it stops ([`Spares::clear`]).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -145,6 +146,13 @@ pub struct Spares {
     wanted: Arc<Mutex<HashMap<Slot, u64>>>,
     tx: Arc<Mutex<mpsc::Sender<Request>>>,
     serial: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The executor's spares (one set per process: the thread that starts them
+/// lives as long as the process).
+pub fn spares() -> &'static Spares {
+    static SPARES: std::sync::OnceLock<Spares> = std::sync::OnceLock::new();
+    SPARES.get_or_init(Spares::new)
 }
 
 impl std::fmt::Debug for Spares {
@@ -383,6 +391,7 @@ mod tests {
     fn a_spare_becomes_the_rank_with_its_environment_arguments_and_folder() {
         use crate::sandbox::{Sandbox, ScriptTask};
         let sandbox = Sandbox::for_tests();
+        let spares = Spares::new();
         let job = Uuid::new_v4();
         let ws = sandbox.job_workspace(job, "slot-0").unwrap();
         let code = ws.inputs().join("code");
@@ -426,12 +435,12 @@ mod tests {
                     tch::Device::Cpu,
                 )
                 .unwrap();
-            sandbox.spares().want((job, 0), fp, spec, line);
+            spares.want((job, 0), fp, spec, line);
             let until = Instant::now() + Duration::from_secs(30);
-            while sandbox.spares().held() == 0 && Instant::now() < until {
+            while spares.held() == 0 && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            assert_eq!(sandbox.spares().held(), 1, "no spare started");
+            assert_eq!(spares.held(), 1, "no spare started");
         };
         let go = go_line(
             &env(&[("RANK", "3"), ("PATH", "/usr/bin:/bin")]),
@@ -440,15 +449,11 @@ mod tests {
         );
 
         start(7);
-        assert!(sandbox.spares().take((job, 0), 8, &go).is_none());
-        assert_eq!(
-            sandbox.spares().held(),
-            0,
-            "a spare that did not match is dropped"
-        );
+        assert!(spares.take((job, 0), 8, &go).is_none());
+        assert_eq!(spares.held(), 0, "a spare that did not match is dropped");
 
         start(7);
-        let mut child = sandbox.spares().take((job, 0), 7, &go).expect("the spare");
+        let mut child = spares.take((job, 0), 7, &go).expect("the spare");
         let mut out = String::new();
         child.stdout().unwrap().read_to_string(&mut out).unwrap();
         let ending = child.wait(Some(Duration::from_secs(60)), &|| false);
@@ -456,8 +461,8 @@ mod tests {
         assert_eq!(out, "3 - ['--x'] __main__ True True\ndenied\n");
 
         start(7);
-        sandbox.spares().forget(job);
-        assert_eq!(sandbox.spares().held(), 0);
+        spares.forget(job);
+        assert_eq!(spares.held(), 0);
         sandbox.forget_job(job);
     }
 

@@ -215,6 +215,12 @@ impl Sandbox {
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = self.root.join(format!("{name}-{n}"));
         let _ = std::fs::remove_dir_all(&dir);
+        self.make_workspace(dir, false)
+    }
+
+    /// `dir` made a workspace: `inputs/` (the executor's) and `scratch/`
+    /// (the sandbox user's); removed when dropped unless `keep`.
+    fn make_workspace(&self, dir: PathBuf, keep: bool) -> Result<Workspace, String> {
         let made = (|| {
             std::fs::create_dir_all(dir.join("inputs"))?;
             std::fs::create_dir_all(dir.join("scratch"))?;
@@ -225,7 +231,7 @@ impl Sandbox {
             Ok::<_, std::io::Error>(())
         })();
         made.map_err(|e| format!("sandbox workspace {}: {e}", dir.display()))?;
-        Ok(Workspace { dir, keep: false })
+        Ok(Workspace { dir, keep })
     }
 
     /// Folder `name` of job `job`'s own, kept across its generations on
@@ -248,17 +254,10 @@ impl Sandbox {
     /// spare interpreter is confined to before its rank exists); removed
     /// by [`Sandbox::forget_job`].
     pub fn job_workspace(&self, job: uuid::Uuid, name: &str) -> Result<Workspace, String> {
-        let dir = self.root.join("jobs").join(job.to_string()).join(name);
-        let made = (|| {
-            std::fs::create_dir_all(dir.join("inputs"))?;
-            std::fs::create_dir_all(dir.join("scratch"))?;
-            if let Some(id) = self.identity {
-                std::os::unix::fs::chown(dir.join("scratch"), Some(id.uid), Some(id.gid))?;
-            }
-            Ok::<_, std::io::Error>(())
-        })();
-        made.map_err(|e| format!("sandbox workspace {}: {e}", dir.display()))?;
-        Ok(Workspace { dir, keep: true })
+        self.make_workspace(
+            self.root.join("jobs").join(job.to_string()).join(name),
+            true,
+        )
     }
 
     /// Makes `dir` the sandbox user's (when children run as one).

@@ -21,22 +21,9 @@ async fn app_with(tweak: impl FnOnce(&mut trainyard_api::Config)) -> (TestApp, S
         tweak(c)
     })
     .await;
-    let mut tokens = Vec::new();
-    for owner in ["alice", "bob"] {
-        let r = app
-            .send_as(
-                Method::POST,
-                "/v1/tokens",
-                Some(ADMIN),
-                Some(&json!({"owner": owner, "role": "user"})),
-            )
-            .await;
-        assert_eq!(r.status(), 201);
-        let v: Value = r.json().await.unwrap();
-        tokens.push(v["token"].as_str().unwrap().to_owned());
-    }
-    let bob = tokens.pop().unwrap();
-    (app, tokens.pop().unwrap(), bob)
+    let alice = app.user_token(ADMIN, "alice").await;
+    let bob = app.user_token(ADMIN, "bob").await;
+    (app, alice, bob)
 }
 
 async fn put(app: &TestApp, token: &str, name: &str, body: impl Into<Body>) -> reqwest::Response {

@@ -52,6 +52,21 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
 }
 
 impl TestApp {
+    /// A user token for `owner`, made with the admin token `admin`.
+    pub async fn user_token(&self, admin: &str, owner: &str) -> String {
+        let r = self
+            .send_as(
+                reqwest::Method::POST,
+                "/v1/tokens",
+                Some(admin),
+                Some(&json!({"owner": owner, "role": "user"})),
+            )
+            .await;
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let v: Value = r.json().await.unwrap();
+        v["token"].as_str().unwrap().to_owned()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

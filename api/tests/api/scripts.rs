@@ -172,23 +172,10 @@ async fn a_script_job_is_placed_restarted_on_failure_and_succeeds_with_its_outpu
 async fn a_script_jobs_checkpoints_are_listed_from_its_manifests_and_are_its_owners_alone() {
     const ADMIN: &str = "scripts-admin-token";
     let app = spawn_app_with(|c| c.admin_token = Some(ADMIN.into())).await;
-    let token_of = |owner: &'static str| {
-        let app = &app;
-        async move {
-            let r = app
-                .send_as(
-                    reqwest::Method::POST,
-                    "/v1/tokens",
-                    Some(ADMIN),
-                    Some(&json!({"owner": owner, "role": "user"})),
-                )
-                .await;
-            assert_eq!(r.status(), 201);
-            let v: Value = r.json().await.unwrap();
-            v["token"].as_str().unwrap().to_owned()
-        }
-    };
-    let (alice, bob) = (token_of("alice").await, token_of("bob").await);
+    let (alice, bob) = (
+        app.user_token(ADMIN, "alice").await,
+        app.user_token(ADMIN, "bob").await,
+    );
     for token in [&alice, &bob] {
         for (name, body) in [("train.py", &b"import torch\n"[..]), ("data.npz", b"PK")] {
             let r = app

@@ -12,17 +12,7 @@ use std::time::Duration;
 const ADMIN: &str = "sharing-admin-token";
 
 async fn user(app: &TestApp, owner: &str) -> String {
-    let r = app
-        .send_as(
-            Method::POST,
-            "/v1/tokens",
-            Some(ADMIN),
-            Some(&json!({"owner": owner, "role": "user"})),
-        )
-        .await;
-    assert_eq!(r.status(), 201);
-    let v: Value = r.json().await.unwrap();
-    v["token"].as_str().unwrap().to_owned()
+    app.user_token(ADMIN, owner).await
 }
 
 async fn put_quota(app: &TestApp, owner: &str, body: Value) -> reqwest::Response {

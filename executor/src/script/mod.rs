@@ -277,7 +277,8 @@ fn prepare(
     );
     let spares = warm::spares();
     let go = warm::go_line(&task.env, &task.args, &task.cwd);
-    let (child, warm_start) = match spares.take((job, slot), fingerprint, &go) {
+    let (child, warm_start) = match spares.take((job, slot), fingerprint, &go, &|| role.stopping())
+    {
         Some(child) => (child, true),
         None => (
             sandbox

@@ -32,6 +32,7 @@ use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use trainyard_common::spec::script::TORCHRUN_ENV;
 use trainyard_sandbox::spawn::{Child, Spec};
 use uuid::Uuid;
 
@@ -67,24 +68,14 @@ runpy.run_path(_entry, run_name="__main__")
 /// The line a ready spare writes.
 const READY: &[u8] = b"trainyard-warm-ready\n";
 
-/// Environment variables whose values change from one generation to the
-/// next (and are read only once the script runs): a spare started with
-/// the last generation's values is still a match.
-pub const PER_GENERATION: [&str; 13] = [
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TRAINYARD_REPORT_FILE",
-    "GLOO_SOCKET_IFNAME",
-];
+/// Whether environment variable `name` may change from one generation to
+/// the next (and is read only once the script runs), so that a spare
+/// started with the last generation's value is still a match: torchrun's
+/// variables (the rest of them are the same at every generation anyway),
+/// the report file and gloo's interface.
+pub fn per_generation(name: &str) -> bool {
+    TORCHRUN_ENV.contains(&name) || name == "TRAINYARD_REPORT_FILE" || name == "GLOO_SOCKET_IFNAME"
+}
 
 /// How long a rank waits for a spare that is still importing before it
 /// starts cold instead.
@@ -104,7 +95,7 @@ pub fn fingerprint(parts: &[String], env: &[(String, String)]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     parts.hash(&mut h);
     for (k, v) in env {
-        if !PER_GENERATION.contains(&k.as_str()) {
+        if !per_generation(k) {
             (k, v).hash(&mut h);
         }
     }
@@ -252,13 +243,20 @@ impl Spares {
 
     /// The spare of `slot` if it matches `fingerprint` and becomes ready
     /// within [`READY_WAIT`], told to run as `go` (its go line): the
-    /// rank's process. `None`: start cold.
-    pub fn take(&self, slot: Slot, fingerprint: u64, go: &str) -> Option<Child> {
+    /// rank's process. `None`: start cold. A wait that `stop` ends (the
+    /// generation is over) gives `None` too.
+    pub fn take(
+        &self,
+        slot: Slot,
+        fingerprint: u64,
+        go: &str,
+        stop: &dyn Fn() -> bool,
+    ) -> Option<Child> {
         let mut spare = self.held.lock().ok()?.remove(&slot)?;
         if spare.fingerprint != fingerprint {
             return None;
         }
-        if !ready(&mut spare.child, READY_WAIT) {
+        if !ready(&mut spare.child, READY_WAIT, stop) {
             return None;
         }
         spare.stdin.write_all(go.as_bytes()).ok()?;
@@ -304,7 +302,7 @@ impl Spares {
 
 /// Waits up to `limit` for `child` to write the ready line on its stdout
 /// (read byte by byte: what follows is the script's own output).
-fn ready(child: &mut Child, limit: Duration) -> bool {
+fn ready(child: &mut Child, limit: Duration, stop: &dyn Fn() -> bool) -> bool {
     let until = Instant::now() + limit;
     let Some(out) = child.stdout_mut() else {
         return false;
@@ -312,10 +310,11 @@ fn ready(child: &mut Child, limit: Duration) -> bool {
     let mut got = Vec::new();
     while got.len() < READY.len() {
         let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        if left.is_zero() || stop() {
             return false;
         }
-        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        // A tenth of a second at most, so that `stop` is heard.
+        let ms = u16::try_from(left.as_millis().min(100)).unwrap_or(100);
         let mut fds = [nix::poll::PollFd::new(
             out.as_fd(),
             nix::poll::PollFlags::POLLIN,
@@ -449,11 +448,11 @@ mod tests {
         );
 
         start(7);
-        assert!(spares.take((job, 0), 8, &go).is_none());
+        assert!(spares.take((job, 0), 8, &go, &|| false).is_none());
         assert_eq!(spares.held(), 0, "a spare that did not match is dropped");
 
         start(7);
-        let mut child = spares.take((job, 0), 7, &go).expect("the spare");
+        let mut child = spares.take((job, 0), 7, &go, &|| false).expect("the spare");
         let mut out = String::new();
         child.stdout().unwrap().read_to_string(&mut out).unwrap();
         let ending = child.wait(Some(Duration::from_secs(60)), &|| false);

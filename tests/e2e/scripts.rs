@@ -12,7 +12,8 @@
 //! restarts (restart count 1) when one of its executors is SIGKILLed and a
 //! replacement registers, grows to world 3 when a third executor joins,
 //! each time every rank restarting from the last committed checkpoint, and
-//! ends within 1.5 points of torchrun's uninterrupted run.
+//! ends within 1.5 points of torchrun's uninterrupted run; its
+//! checkpoints and outputs go through the test S3 server.
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -324,9 +325,12 @@ fn script_ranks(parents: &[u32]) -> Vec<u32> {
 #[test]
 fn a_killed_executor_restarts_every_rank_from_the_last_checkpoint_and_a_joining_one_grows_the_world(
 ) {
+    // Its checkpoints and outputs go to the test S3 server (Garage).
+    let s3 = trainyard_e2e::TestS3::from_env();
     let p = Platform::builder("scripts-elastic")
         .admin_token(ADMIN)
         .no_provisioner()
+        .s3(&s3)
         .executor_env("TRAINYARD_TORCH_THREADS", "1")
         .start();
     let mut execs = vec![p.executor("a"), p.executor("b")];
@@ -451,6 +455,24 @@ fn a_killed_executor_restarts_every_rank_from_the_last_checkpoint_and_a_joining_
         .max()
         .expect("a committed checkpoint in the log");
     assert_eq!(newest.step, last_commit, "{listed:?}");
+    // As the S3 server holds them: the newest kept commit's manifest (the
+    // ones that fell out of `keep` are gone) and rank 0's output.
+    let keys = s3.list(&format!("{id}/"));
+    let manifests: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.contains("/script-checkpoints/") && k.ends_with("/manifest.json"))
+        .collect();
+    assert!(
+        manifests
+            .iter()
+            .any(|k| k.ends_with(&format!("/{last_commit:010}/manifest.json"))),
+        "{keys:?}"
+    );
+    assert_eq!(manifests.len(), listed.checkpoints.len(), "{keys:?}");
+    assert!(
+        keys.iter().any(|k| k.ends_with("/outputs/model.pt")),
+        "{keys:?}"
+    );
     assert_eq!(newest.generation, job.generation, "{listed:?}");
     assert!(newest.shards >= 1 && newest.bytes > 0, "{listed:?}");
     assert!(

@@ -33,13 +33,20 @@ pub(super) struct World {
 impl World {
     /// Reads the round's view from the database.
     pub(super) async fn load(db: &PgPool) -> Result<World, sqlx::Error> {
+        // One snapshot for every read: otherwise a job submitted after an
+        // executor's heartbeat could be read together with that executor's
+        // state from before it (a device it still holds seen as free).
+        let mut tx = db.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
         let mut executors = HashMap::new();
         let mut live = Vec::new();
         // Executors that cannot confine users' code: never a TorchScript
         // job's (its replicas' model processes would be refused there).
         let mut unconfining = BTreeSet::new();
         for r in sqlx::query("SELECT id, name, state, resources, labels, held, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
-            .fetch_all(db)
+            .fetch_all(&mut *tx)
             .await?
         {
             let id: Uuid = r.get("id");
@@ -66,7 +73,7 @@ impl World {
         let mut assigned: HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)> = HashMap::new();
         let mut standbys: Vec<(Uuid, u32, Uuid)> = Vec::new();
         for r in sqlx::query("SELECT job_id, role, index, executor_id, device, ranges FROM assignments ORDER BY job_id, role, index")
-            .fetch_all(db)
+            .fetch_all(&mut *tx)
             .await?
         {
             let entry = assigned.entry(r.get("job_id")).or_default();
@@ -96,7 +103,7 @@ impl World {
             "SELECT x.job_id, x.executor_id FROM job_exclusions x JOIN jobs j ON j.id = x.job_id
              WHERE j.state IN ('queued', 'scheduling', 'running', 'recovering')",
         )
-        .fetch_all(db)
+        .fetch_all(&mut *tx)
         .await?
         {
             excluded.entry(job).or_default().insert(executor);
@@ -109,7 +116,7 @@ impl World {
                     CASE WHEN state = 'queued' THEN extract(epoch FROM clock_timestamp() - coalesce((SELECT max(at) FROM job_events e WHERE e.job_id = jobs.id AND e.to_state = 'queued'), created_at))::float8 END AS waited
              FROM jobs WHERE state IN ('queued', 'scheduling', 'running', 'recovering')",
         )
-        .fetch_all(db)
+        .fetch_all(&mut *tx)
         .await?
         {
             let Some(mut job) = job_view(&r, &mut assigned, &unconfining) else {
@@ -127,6 +134,7 @@ impl World {
             );
             jobs.push(job);
         }
+        tx.commit().await?;
         Ok(World {
             jobs,
             live,

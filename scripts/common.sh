@@ -87,11 +87,13 @@ torch_env() {
 # when a package is missing.
 ensure_pytest() {
   local py="$VENV/bin/python"
-  if ! "$py" -c 'import pytest, requests, safetensors, tqdm, httpx, attrs, dateutil, hatchling, pyarrow' 2>/dev/null; then
+  if ! "$py" -c 'import pytest, requests, safetensors, tqdm, httpx, attrs, dateutil, hatchling, pyarrow, polars, pandas, duckdb, PIL' 2>/dev/null; then
     log "installing pytest and the Python SDK's dependencies into $VENV"
-    # pyarrow: the sharded-dataset e2e test writes its held-out Parquet file.
+    # pyarrow, polars, pandas, DuckDB and Pillow: the data tests read files
+    # as other tools write them (Parquet from each writer, JPEG and PNG).
     "$VENV/bin/pip" install -q --disable-pip-version-check \
-      pytest requests safetensors tqdm httpx attrs python-dateutil hatchling pyarrow
+      pytest requests safetensors tqdm httpx attrs python-dateutil hatchling pyarrow \
+      polars pandas duckdb pillow
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
     --force-reinstall "$ROOT/sdk/python"

@@ -10,11 +10,13 @@
 //! * [`sandbox`] — the confined child processes that load users' models
 //!   (their inspection, and each TorchScript replica's module through
 //!   [`replica::process`]), over the `trainyard-sandbox` crate;
-//! * [`replica`] — one data-parallel replica on libtorch: model, data,
-//!   flat weights, optimizer, evaluation, and [`replica::progress`], what
-//!   every training loop shares; nothing about rings or shards;
 //! * [`storage`] — object storage: the job's store, files at object-store
 //!   URLs, final weights, checkpoints ([`storage::checkpoint`]);
+//! * [`data`] — training data: generated sets, whole files, and sharded
+//!   datasets streamed from the store in every format a user brings;
+//! * [`replica`] — one data-parallel replica on libtorch: model, flat
+//!   weights, optimizer, evaluation, and [`replica::progress`], what every
+//!   training loop shares; nothing about rings or shards;
 //! * [`context`] — what an executor's roles share (drain flag, pending
 //!   uploads, the fetcher, test hooks), passed explicitly;
 //! * [`error`] — why a role stopped ([`error::RoleError`]);
@@ -34,6 +36,7 @@
 
 pub mod context;
 pub mod control;
+pub mod data;
 pub mod error;
 pub mod probe;
 pub mod ps;

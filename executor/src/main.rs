@@ -131,7 +131,7 @@ struct Cli {
     /// Most memory, in MiB, a sharded dataset's loaded data may take in
     /// each role (shuffle windows, decoded shards, prefetched batches),
     /// where the job's `dataset.memory_mb` does not say.
-    #[arg(long, env = "TRAINYARD_DATA_MEMORY_MB", default_value_t = trainyard_executor::replica::shards::DEFAULT_MEMORY_MB)]
+    #[arg(long, env = "TRAINYARD_DATA_MEMORY_MB", default_value_t = trainyard_executor::data::DEFAULT_MEMORY_MB)]
     data_memory_mb: u64,
 }
 

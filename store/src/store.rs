@@ -325,6 +325,37 @@ impl Store {
         Ok(out)
     }
 
+    /// Every key under the store's prefix (nested ones too) that `keep`
+    /// accepts, sorted, reading the listing page by page and giving up
+    /// after `max_seen` objects: `None` when the store holds more.
+    pub async fn list_within(
+        &self,
+        keep: impl Fn(&str) -> bool,
+        max_seen: usize,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let p = self.path("");
+        let strip = self.prefix.as_ref().len();
+        let mut listing = self.inner.list(Some(&p));
+        let (mut seen, mut out) = (0usize, Vec::new());
+        while let Some(m) = listing.try_next().await.map_err(self.io(""))? {
+            seen += 1;
+            if seen > max_seen {
+                return Ok(None);
+            }
+            let full = m.location.as_ref();
+            let key = if strip == 0 {
+                full
+            } else {
+                full.get(strip + 1..).unwrap_or(full)
+            };
+            if keep(key) {
+                out.push(key.to_owned());
+            }
+        }
+        out.sort();
+        Ok(Some(out))
+    }
+
     /// The keys of the store's top level (no `/` in them) that `keep`
     /// accepts, sorted, reading the listing page by page and giving up
     /// after `max_seen` objects (nested ones count): `None` when the store

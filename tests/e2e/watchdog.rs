@@ -120,7 +120,7 @@ fn rings_without(c: &ApiClient, id: &str, without: Uuid) -> Option<usize> {
 fn a_rank_stalled_on_its_data_is_declared_stuck_and_its_job_leaves_the_executor() {
     // Ten shards of 150 samples (a lane of the ring of three holds three or
     // four) and a data budget that the shuffle window nearly fills: by the
-    // loader's arithmetic (`replica::shards`: 528 bytes a decoded row, two
+    // loader's arithmetic (`executor::data`: 528 bytes a decoded row, two
     // windows, two of the largest unit, four batches ahead) the 16 MiB
     // leave room to cache two decoded shards, so every epoch opens its
     // lane's shards again. The held-out file is smaller than a shard.

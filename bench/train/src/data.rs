@@ -20,7 +20,7 @@ use std::time::Instant;
 use tch::{Device, Tensor};
 use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::spec::UncheckedJobSpec;
-use trainyard_executor::replica::data::{Cursor, Dataset};
+use trainyard_executor::data::{Cursor, Dataset};
 use trainyard_executor::replica::process::Host;
 use trainyard_executor::ring;
 use trainyard_executor::storage::Fetcher;

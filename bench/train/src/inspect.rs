@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tch::Tensor;
 use trainyard_bench::figure::{record_data, Better, Figure};
 use trainyard_common::cluster::InspectionResult;
-use trainyard_executor::replica::data::Dataset;
+use trainyard_executor::data::Dataset;
 use trainyard_executor::replica::model::Script;
 use trainyard_executor::replica::process::{Host, STOP_GRACE};
 use trainyard_executor::replica::script::Module;

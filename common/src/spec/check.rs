@@ -642,13 +642,16 @@ fn check_file_data(f: &FileData, v: &mut Checker) {
                 continue;
             }
             v.url(field, &url.replace('*', "x"));
+        } else if url.ends_with('/') {
+            // An image folder: checked as an object inside it would be.
+            v.url(field, &format!("{url}x"));
         } else {
             v.url(field, url);
         }
     }
     let fmt = f.format_or_guess();
     if fmt.is_none() && !is_manifest(&f.url) {
-        v.fail("dataset.format", "cannot tell the format from the URL's extension (.npz, .safetensors, .parquet, .txt); give format");
+        v.fail("dataset.format", "cannot tell the format from the URL's extension (.npz, .safetensors, .parquet, .txt, .tar, or a folder ending in /); give format");
     }
     let sharded = f.is_sharded()
         || f.eval_url
@@ -687,5 +690,83 @@ fn check_file_data(f: &FileData, v: &mut Checker) {
     }
     if let Some(m) = f.memory_mb {
         v.range("dataset.memory_mb", m, MIN_MEMORY_MB, MAX_MEMORY_MB);
+    }
+    check_pixels(f, fmt, v);
+}
+
+/// Largest image side a transform may name.
+pub const MAX_IMAGE_SIDE: u32 = 4096;
+
+/// Most normalization channels.
+const MAX_CHANNELS: usize = 4;
+
+/// A file dataset's image settings and normalization.
+fn check_pixels(f: &FileData, fmt: Option<FileFormat>, v: &mut Checker) {
+    let images = fmt.is_some_and(FileFormat::is_image);
+    if let Some(n) = &f.normalize {
+        if n.mean.is_empty() || n.mean.len() > MAX_CHANNELS || n.mean.len() != n.std.len() {
+            v.fail(
+                "dataset.normalize",
+                format!("needs as many means as standard deviations, 1 to {MAX_CHANNELS} of each"),
+            );
+        }
+        if n.mean.iter().any(|m| !m.is_finite()) {
+            v.fail("dataset.normalize.mean", "must be finite numbers");
+        }
+        if n.std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+            v.fail("dataset.normalize.std", "must be finite numbers above 0");
+        }
+        if images && n.mean.len() > 1 && n.mean.len() != f.image_channels() as usize {
+            v.fail(
+                "dataset.normalize",
+                format!(
+                    "gives {} channels; the images have {} (dataset.channels)",
+                    n.mean.len(),
+                    f.image_channels()
+                ),
+            );
+        }
+    }
+    if let Some(c) = f.channels {
+        if !images {
+            v.fail(
+                "dataset.channels",
+                "applies to images (format image_folder or webdataset)",
+            );
+        } else if c != 1 && c != 3 {
+            v.fail("dataset.channels", "must be 1 (grayscale) or 3 (RGB)");
+        }
+    }
+    let Some(ts) = &f.transforms else { return };
+    if !images {
+        v.fail(
+            "dataset.transforms",
+            "apply to images (format image_folder or webdataset)",
+        );
+        return;
+    }
+    if ts.len() > 16 {
+        v.fail("dataset.transforms", "at most 16 transforms");
+    }
+    let mut random_seen = false;
+    for (i, t) in ts.iter().enumerate() {
+        let field = format!("dataset.transforms[{i}]");
+        match *t {
+            Transform::Resize(n) | Transform::CenterCrop(n) | Transform::RandomCrop(n) => {
+                v.range(&field, n, 1, MAX_IMAGE_SIDE);
+            }
+            Transform::HorizontalFlip(p) => {
+                if !(0.0..=1.0).contains(&p) {
+                    v.fail(&field, "horizontal_flip takes a probability from 0 to 1");
+                }
+            }
+        }
+        if random_seen && matches!(t, Transform::Resize(_)) {
+            v.fail(
+                &field,
+                "resize must come before random_crop and horizontal_flip (they are drawn anew each epoch, after the images are decoded and resized once)",
+            );
+        }
+        random_seen |= t.is_random();
     }
 }

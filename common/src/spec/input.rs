@@ -258,8 +258,11 @@ pub struct TorchscriptSpec {
 }
 
 /// A built-in generator or a file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+// A spec is parsed once per job and cloned rarely; boxing the file variant
+// would only make every match on it noisier.
+#[allow(clippy::large_enum_variant)]
 pub enum DatasetSpec {
     /// Gaussian clusters, one per class.
     #[schema(title = "ClassificationDataset")]
@@ -315,7 +318,7 @@ pub struct TextData {
 /// A dataset file, or a sharded dataset: a glob over many objects or a
 /// manifest listing them, streamed shard by shard within a memory budget
 /// (see docs/users/datasets.md).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileData {
     /// Object-store URL of one file, a glob whose last segment may hold
@@ -352,6 +355,59 @@ pub struct FileData {
     /// 1 TiB; default the executor's `--data-memory-mb`, 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
+    /// Makes the features floats: uint8 values (pixels) are divided by
+    /// 255, then each channel (dimension 1) has `mean` subtracted and is
+    /// divided by `std`, as torchvision's `ToTensor` and `Normalize` do.
+    /// Without it, integer features stay integers (int64) for a TorchScript
+    /// model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<Normalize>,
+    /// Images: the transforms, in order (resize and center crops first,
+    /// then the seeded random ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transforms: Option<Vec<Transform>>,
+    /// Images: 3 (RGB, the default) or 1 (grayscale) channels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<u32>,
+}
+
+/// Per-channel normalization: `(x - mean) / std`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Normalize {
+    /// One mean per channel (or one for all).
+    #[schema(example = json!([0.485, 0.456, 0.406]))]
+    pub mean: Vec<f64>,
+    /// One standard deviation per channel (or one for all), each > 0.
+    #[schema(example = json!([0.229, 0.224, 0.225]))]
+    pub std: Vec<f64>,
+}
+
+/// An image transform, as torchvision names it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Transform {
+    /// The shorter side to this many pixels, keeping the aspect
+    /// (bilinear, with antialiasing when shrinking).
+    Resize(u32),
+    /// The central square of this side.
+    CenterCrop(u32),
+    /// A square of this side at a seeded random place, per sample and
+    /// epoch.
+    RandomCrop(u32),
+    /// A left-right flip with this probability, seeded per sample and
+    /// epoch.
+    HorizontalFlip(f64),
+}
+
+impl Transform {
+    /// Whether it draws from the seed (applied at every epoch anew).
+    pub fn is_random(&self) -> bool {
+        matches!(
+            self,
+            Transform::RandomCrop(_) | Transform::HorizontalFlip(_)
+        )
+    }
 }
 
 impl FileData {
@@ -366,20 +422,28 @@ impl FileData {
             id_column: None,
             shuffle_buffer: None,
             memory_mb: None,
+            normalize: None,
+            transforms: None,
+            channels: None,
         }
     }
 
-    /// Whether the data is read shard by shard (a glob, a manifest, or
-    /// Parquet) rather than loaded whole.
+    /// Whether the data is read shard by shard (a glob, a manifest,
+    /// Parquet or images) rather than loaded whole.
     pub fn is_sharded(&self) -> bool {
         is_glob(&self.url)
             || is_manifest(&self.url)
-            || self.format_or_guess() == Some(FileFormat::Parquet)
+            || self.format_or_guess().is_some_and(FileFormat::is_streamed)
     }
 
     /// The format given, else the one the URL's extension names.
     pub fn format_or_guess(&self) -> Option<FileFormat> {
         self.format.or_else(|| file_format_from_url(&self.url))
+    }
+
+    /// Image channels (3 unless given).
+    pub fn image_channels(&self) -> u32 {
+        self.channels.unwrap_or(3)
     }
 }
 
@@ -423,9 +487,30 @@ pub enum FileFormat {
     Safetensors,
     /// Plain text, for the language model.
     Text,
-    /// Apache Parquet (uncompressed or snappy pages) with the columns
-    /// `x_columns` and `y_column` name.
+    /// Apache Parquet (any codec) with the columns `x_columns` and
+    /// `y_column` name.
     Parquet,
+    /// A folder of images (JPEG, PNG) with one subfolder per class, as
+    /// torchvision's `ImageFolder` lays them out; the URL ends in `/`.
+    ImageFolder,
+    /// WebDataset tar shards: `key.jpg` (or `.jpeg`, `.png`) beside
+    /// `key.cls`, the class id in ASCII.
+    Webdataset,
+}
+
+impl FileFormat {
+    /// Whether it is always read shard by shard.
+    pub fn is_streamed(self) -> bool {
+        matches!(
+            self,
+            FileFormat::Parquet | FileFormat::ImageFolder | FileFormat::Webdataset
+        )
+    }
+
+    /// Whether its samples are images.
+    pub fn is_image(self) -> bool {
+        matches!(self, FileFormat::ImageFolder | FileFormat::Webdataset)
+    }
 }
 
 /// Training loss.
@@ -753,8 +838,12 @@ impl UncheckedJobSpec {
     }
 }
 
-/// The format a dataset URL's extension names, if any.
+/// The format a dataset URL's extension names, if any (a URL that ends in
+/// `/` names an image folder).
 pub fn file_format_from_url(url: &str) -> Option<FileFormat> {
+    if url.ends_with('/') {
+        return Some(FileFormat::ImageFolder);
+    }
     let ext = url
         .rsplit('/')
         .next()?
@@ -766,6 +855,7 @@ pub fn file_format_from_url(url: &str) -> Option<FileFormat> {
         "safetensors" => Some(FileFormat::Safetensors),
         "txt" | "text" => Some(FileFormat::Text),
         "parquet" | "pq" => Some(FileFormat::Parquet),
+        "tar" => Some(FileFormat::Webdataset),
         _ => None,
     }
 }

@@ -4,8 +4,8 @@
 //! thread of its own ([`pull_all`], [`exchange_push`]).
 
 use super::{from_wire, to_wire, PS_TIMEOUT};
+use crate::data::Cursor;
 use crate::error::RoleError;
-use crate::replica::data::Cursor;
 use crate::replica::Replica;
 use std::net::TcpStream;
 use std::num::NonZeroU64;

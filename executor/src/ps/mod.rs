@@ -55,7 +55,7 @@ pub use shard::{shard_len, Shard};
 pub use standby::{serve_standby, STANDBY_GIVE_UP, STANDBY_RETRY, STANDBY_TIMEOUT};
 pub use worker::{run_worker, work, KeptWorker, LastStep};
 
-use crate::replica::data::Cursor;
+use crate::data::Cursor;
 use std::time::Duration;
 use trainyard_common::cluster::{wire_index, RoleKind};
 use trainyard_dataplane::ps::{self, DataCursor};

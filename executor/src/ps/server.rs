@@ -396,7 +396,7 @@ struct Push {
     computed_at: u64,
     samples: u64,
     lr: f64,
-    next: crate::replica::data::Cursor,
+    next: crate::data::Cursor,
     checkpoint: Option<u64>,
 }
 

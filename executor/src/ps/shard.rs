@@ -23,7 +23,7 @@
 //! format ("each tensor over the pieces") unchanged.
 
 use super::consistency::{self, Round, Verdict, STALENESS_BUCKETS};
-use crate::replica::data::Cursor;
+use crate::data::Cursor;
 use crate::replica::optim::{slice_norm, SliceOptimizer};
 use crate::storage::checkpoint::{Loaded, Snapshot};
 use std::collections::{BTreeSet, VecDeque};

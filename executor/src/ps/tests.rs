@@ -690,7 +690,7 @@ fn a_sync_round_takes_rank_0s_buffers_as_they_are_and_optimizes_only_the_paramet
                         step,
                         4,
                         0.05,
-                        crate::replica::data::Cursor::default(),
+                        crate::data::Cursor::default(),
                         &g[r as usize],
                     );
                     assert!(t.accepted);

@@ -1,7 +1,7 @@
 //! One data-parallel replica on libtorch, and nothing about how replicas
 //! talk to each other.
 //!
-//! A [`Replica`] holds what a worker trains: the data ([`data`]), the model
+//! A [`Replica`] holds what a worker trains: the data ([`crate::data`]), the model
 //! ([`model`]; a user's TorchScript module through [`script`]) on its
 //! device, a flat vector of its trainable parameters (the model's
 //! parameters are views of it) followed by its buffers ([`tensors`]), the
@@ -19,23 +19,19 @@
 
 #[cfg(test)]
 mod confined;
-pub mod data;
 pub mod model;
 pub mod optim;
 pub mod process;
 pub mod progress;
-pub mod rng;
-pub mod samples;
 pub mod script;
-pub mod shards;
 pub mod shm;
 pub mod tensors;
 #[cfg(test)]
 pub(crate) mod tests;
 
+use crate::data::{Batch, Cursor, DataError, Dataset};
 use crate::storage::checkpoint::Loaded;
 use crate::storage::{Fetcher, StorageError};
-use data::{Batch, Cursor, DataError, Dataset};
 use optim::FlatOptimizer;
 use sha2::{Digest, Sha256};
 use tch::nn;
@@ -452,8 +448,9 @@ impl Replica {
                     return self.step;
                 }
                 self.step
-                    + data::steps_left_in_epoch(len, b, world, self.cursor.offset)
-                    + (e - self.cursor.epoch - 1) * data::steps_left_in_epoch(len, b, world, 0)
+                    + crate::data::steps_left_in_epoch(len, b, world, self.cursor.offset)
+                    + (e - self.cursor.epoch - 1)
+                        * crate::data::steps_left_in_epoch(len, b, world, 0)
             }
             (None, None) => 1,
         }
@@ -756,7 +753,7 @@ impl Replica {
     }
 
     /// A sharded dataset's loader figures (`None` for data in memory).
-    pub fn data_stats(&self) -> Option<std::sync::Arc<shards::DataStats>> {
+    pub fn data_stats(&self) -> Option<std::sync::Arc<crate::data::DataStats>> {
         self.dataset.stats()
     }
 

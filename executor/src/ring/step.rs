@@ -10,8 +10,8 @@
 //! and the buffers its forward moved are put back when the all-reduce
 //! fails, so a broken ring leaves it at its last completed step.
 
+use crate::data::Batch;
 use crate::error::RoleError;
-use crate::replica::data::Batch;
 use crate::replica::Replica;
 use std::sync::atomic::Ordering;
 use std::time::Instant;

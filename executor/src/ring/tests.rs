@@ -64,8 +64,8 @@ fn transformer_beats_the_unigram_entropy_of_its_text() {
         "batch_size": 32, "steps": 300, "seed": 1
     }));
     // Unigram entropy (nats) of the same generated text.
-    let mut rng = crate::replica::rng::Rng::new(s.seed, 0xDA7A);
-    let bytes = crate::replica::data::generated_text(40000, &mut rng);
+    let mut rng = crate::data::rng::Rng::new(s.seed, 0xDA7A);
+    let bytes = crate::data::generated_text(40000, &mut rng);
     let mut counts = [0f64; 256];
     for b in &bytes {
         counts[*b as usize] += 1.0;

@@ -114,7 +114,7 @@ pub struct DataSeen {
 
 impl DataSeen {
     /// Puts the loader's figures since the previous call into `stats`.
-    pub fn fill(&mut self, d: &crate::replica::shards::DataStats, stats: &mut StepStats) {
+    pub fn fill(&mut self, d: &crate::data::DataStats, stats: &mut StepStats) {
         let (bytes, hits, misses) = (
             d.bytes_read.load(Ordering::Relaxed),
             d.hits.load(Ordering::Relaxed),

@@ -21,7 +21,7 @@
 //! forward ends the child alone, and the job is refused with the signal or
 //! limit that ended it.
 
-use crate::replica::data::{Cursor, Dataset};
+use crate::data::{Cursor, Dataset};
 use crate::replica::script::Module;
 use crate::replica::tensors::{first_line, ModelTensors};
 use crate::sandbox::Sandbox;

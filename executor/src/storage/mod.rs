@@ -27,7 +27,7 @@ pub const MAX_LISTED: usize = 250_000;
 
 /// Data memory budget of an executor (MiB) unless its flag or the spec
 /// says: the default of the budget each [`Fetcher`] carries to the sharded
-/// loader. It is defined here, and re-exported by `replica::shards`, so
+/// loader. It is defined here, and re-exported by `data`, so
 /// that storage needs nothing of the replica.
 pub const DEFAULT_MEMORY_MB: u64 = 256;
 
@@ -356,6 +356,67 @@ impl Fetcher {
             let store = Store::open(folder, &r.options)?;
             let keys =
                 r.rt.block_on(store.list_top(|k| glob_matches(name, k), limit))?
+                    .ok_or_else(too_many)?;
+            out.extend(keys.into_iter().map(|k| format!("{folder}/{k}")));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Every object under the folder `url` (ending in `/`), nested ones
+    /// too, that `keep` accepts (given the path relative to the folder),
+    /// sorted, looking through at most [`MAX_LISTED`] entries. Local
+    /// folders are walked without following symbolic links, so a link
+    /// cannot lead the listing out of the folder the policy allowed.
+    pub fn list_tree(
+        &self,
+        url: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, StorageError> {
+        let folder = url.trim_end_matches('/');
+        let too_many = || StorageError::TooManyToList {
+            url: url.to_owned(),
+            limit: MAX_LISTED,
+        };
+        self.refused(&format!("{folder}/x"))?;
+        let mut out = Vec::new();
+        if let Some(dir) = folder.strip_prefix("file://") {
+            let mut stack = vec![(PathBuf::from(dir), String::new(), 0usize)];
+            let mut seen = 0usize;
+            while let Some((path, rel, depth)) = stack.pop() {
+                let entries = std::fs::read_dir(&path).map_err(|source| StorageError::File {
+                    path: path.clone(),
+                    source,
+                })?;
+                for e in entries.flatten() {
+                    seen += 1;
+                    if seen > MAX_LISTED {
+                        return Err(too_many());
+                    }
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let r = if rel.is_empty() {
+                        name
+                    } else {
+                        format!("{rel}/{name}")
+                    };
+                    let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                        continue;
+                    };
+                    if meta.is_dir() && depth < 16 {
+                        stack.push((e.path(), r, depth + 1));
+                    } else if meta.is_file() && keep(&r) {
+                        out.push(format!("{folder}/{r}"));
+                    }
+                }
+            }
+        } else {
+            let r = self.remote.as_ref().ok_or(StorageError::Url {
+                url: url.to_owned(),
+                reason: "this process has no object-store access",
+            })?;
+            let store = Store::open(folder, &r.options)?;
+            let keys =
+                r.rt.block_on(store.list_within(&keep, MAX_LISTED))?
                     .ok_or_else(too_many)?;
             out.extend(keys.into_iter().map(|k| format!("{folder}/{k}")));
         }

@@ -9,7 +9,7 @@
 use super::frames::{meta, read_frame, size_of, tensor_bytes, write_frame, Load, Reply, Request};
 use super::mirror::mirror;
 use super::timed::Timed;
-use crate::replica::data::Batch;
+use crate::data::Batch;
 use crate::replica::model::Net;
 use crate::replica::shm::{self, Shared};
 use crate::replica::tensors::ModelTensors;

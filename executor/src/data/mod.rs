@@ -1,4 +1,15 @@
-//! Sharded datasets: many objects (a `*` glob or a `.json` manifest; npz,
+//! Training data: generated sets, whole files in memory, and sharded
+//! datasets (many objects — a `*` glob or a `.json` manifest; npz,
+//! safetensors or Parquet) streamed through the executor's cache tier
+//! within a memory budget, each worker reading only the shards its share of
+//! the epoch needs. The replica ([`crate::replica`]) takes its batches from
+//! here; nothing here knows about models beyond the check that data fits
+//! one.
+//!
+//! **In memory.** [`Dataset`] loads a generated set or a whole file,
+//! splits it by the seed and streams seeded, sharded batches from a
+//! background thread ([`dataset`]).
+//! many objects (a `*` glob or a `.json` manifest; npz,
 //! safetensors or Parquet), streamed through the executor's cache tier
 //! within a memory budget, each worker reading only the shards its share of
 //! the epoch needs.
@@ -19,7 +30,7 @@
 //! the blocks taken round-robin over the lanes ([`Plan`]). The global data
 //! cursor `(epoch, offset)` counts positions of that order, and a step
 //! takes the next `world × batch` of them, rank `r` the `r`-th run, exactly
-//! as for a dataset in memory ([`super::data::slice`]): every sample of an
+//! as for a dataset in memory ([`slice`]): every sample of an
 //! epoch is used once whatever the membership does, and the cursor in every
 //! checkpoint and state hand-over is the same two numbers. With the job at
 //! its largest size, rank `r` reads lane `r` alone: its own contiguous
@@ -41,19 +52,26 @@
 //! [`id_mix`] over its ids, which the ring sums exactly per epoch: an
 //! order-independent hash of what was consumed.
 //!
-//! **Files.** `meta` reads a shard's metadata (zip directories, `.npy`,
-//! safetensors and Parquet headers) and `set` lists the shards with it;
-//! `order` is the epoch's arithmetic; `parquet_rows` decodes Parquet row
-//! groups; `sharded` is the dataset (split, budget, accounting), `decode`
-//! one of its units in memory and the held-out evaluation, `loader` the
-//! stream of batches. Each uses only files before it in this list.
+//! **Files.** `rng` is the seeded generator; `pixels` what a batch's
+//! features go through as it is assembled (random image transforms,
+//! conversion to floats); `samples` is what both kinds serve (data,
+//! cursor, batch, the split of a step, the check against the model); `formats` reads each file format's metadata and units (one
+//! file per format); `listing` lists the shards with them; `order` is the
+//! epoch's arithmetic; `sharded` is the sharded dataset (split, memory
+//! budget, accounting), `decode` one of its units in memory and the
+//! held-out evaluation, `loader` the stream of batches; `dataset` is what
+//! the replica holds, whole or sharded. Each uses only files before it in
+//! this list.
 
+pub mod dataset;
 mod decode;
+pub mod formats;
+mod listing;
 mod loader;
-mod meta;
 mod order;
-mod parquet_rows;
-mod set;
+pub mod pixels;
+pub mod rng;
+pub mod samples;
 mod sharded;
 
 #[cfg(test)]
@@ -61,11 +79,13 @@ mod loader_tests;
 #[cfg(test)]
 mod tests;
 
+pub use dataset::{epoch_order, generated_text, steps_left_in_epoch, Dataset, PREFETCH};
 pub use decode::EvalFn;
+pub use formats::Columns;
+pub use listing::{Shard, ShardSet, MAX_SHARDS};
 pub use loader::PREFETCH_WINDOWS;
-pub use meta::Columns;
 pub use order::{id_mix, shard_order, stream_position, window_perm, Plan};
-pub use set::{Shard, ShardSet, MAX_SHARDS};
+pub use samples::{slice, Batch, Cursor, Data, DataError};
 pub use sharded::{
     DataStats, Sharded, DEFAULT_MEMORY_MB, DEFAULT_SHUFFLE_BUFFER, PREFETCH_BATCHES,
 };

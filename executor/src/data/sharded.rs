@@ -5,10 +5,11 @@
 //! [`super::decode`], streaming batches in [`super::loader`]; both are
 //! further `impl Sharded` blocks over the fields kept here.
 
-use super::meta::Columns;
-use super::set::ShardSet;
-use crate::replica::rng::Rng;
-use crate::replica::samples::DataError;
+use super::formats::images::ImageRecipe;
+use super::formats::Columns;
+use super::listing::ShardSet;
+use crate::data::rng::Rng;
+use crate::data::samples::DataError;
 use crate::storage::{Fetcher, Source};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -53,6 +54,8 @@ pub struct Sharded {
     /// ids when it is a set of its own (`eval_url`: no sample of it is
     /// trained on, so none needs an id).
     pub(super) eval_columns: Columns,
+    /// How images are decoded (image datasets).
+    pub(super) images: ImageRecipe,
     pub(super) set: ShardSet,
     pub(super) eval_set: ShardSet,
     pub(super) train: Vec<Entry>,
@@ -186,6 +189,7 @@ impl Sharded {
             fetcher: fetcher.clone(),
             columns,
             eval_columns,
+            images: ImageRecipe::of(f),
             set,
             eval_set,
             train,

@@ -1,7 +1,7 @@
 //! The loader on real shards: npz written by libtorch, Parquet by the
 //! Arrow writer, read back through a glob and a manifest.
 use super::order::id_mix;
-use crate::replica::data::{Cursor, Dataset};
+use crate::data::{Cursor, Dataset};
 use crate::storage::Fetcher;
 use serde_json::json;
 use std::path::PathBuf;
@@ -227,4 +227,139 @@ fn a_budget_too_small_says_what_to_change() {
         "{e}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A spec over `dataset` for a model of `model`.
+fn spec_for(dataset: serde_json::Value, model: serde_json::Value, eval: f64) -> UncheckedJobSpec {
+    let s: trainyard_common::JobSpec = serde_json::from_value(json!({
+        "name": "images", "model": model, "dataset": dataset, "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.1}, "batch_size": 5, "epochs": 2, "seed": 3,
+        "eval_fraction": eval, "workers": {"min": 1, "max": 1}, "strategy": "allreduce"
+    }))
+    .unwrap();
+    s.into()
+}
+
+#[test]
+fn an_image_folder_streams_seeded_augmented_normalized_batches() {
+    let (src, v) = crate::data::formats::tests::foreign("images");
+    let dir = scratch("image-folder");
+    // Classes a, b, c (0, 1, 2 by their sorted names), a stray text file,
+    // and a link to a host file that the listing must not follow.
+    let layout = [("b", 0), ("a", 1), ("a", 2), ("c", 3)];
+    let images = v["images"].as_array().unwrap();
+    for (class, i) in layout {
+        let file = PathBuf::from(images[i]["file"].as_str().unwrap());
+        std::fs::create_dir_all(dir.join(class)).unwrap();
+        std::fs::copy(&file, dir.join(class).join(file.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.join("a/notes.txt"), "not an image").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", dir.join("c/passwd.png")).unwrap();
+    let ds = json!({"kind": "file", "url": format!("file://{}/", dir.display()),
+        "transforms": [{"resize": 16}, {"center_crop": 16}, {"random_crop": 12}, {"horizontal_flip": 0.5}],
+        "normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}});
+    let model = json!({"kind": "mlp", "inputs": 432, "hidden": [8], "outputs": 3});
+    let spec = spec_for(ds, model, 0.0);
+    let d = Dataset::load(&spec, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 4, "four images; no text file, no link");
+    let first = d
+        .stream(&spec, 0, 1, Cursor::default())
+        .recv()
+        .unwrap_or_else(|_| panic!("{}", d.loader_failure()));
+    assert_eq!(first.x.size(), vec![4, 3, 12, 12]);
+    assert_eq!(first.x.kind(), tch::Kind::Float);
+    let (lo, hi) = (
+        first.x.min().double_value(&[]),
+        first.x.max().double_value(&[]),
+    );
+    assert!(
+        (-2.0..=2.0).contains(&lo) && (-2.0..=2.0).contains(&hi) && lo < hi,
+        "{lo} {hi}"
+    );
+    let mut labels = Vec::<i64>::try_from(&first.y).unwrap();
+    labels.sort_unstable();
+    assert_eq!(labels, vec![0, 0, 1, 2]);
+    // Seeded: the same epoch twice is the same batch; the next epoch draws
+    // other crops and flips.
+    let again = d.stream(&spec, 0, 1, Cursor::default()).recv().unwrap();
+    assert!(again.x.equal(&first.x));
+    let next = Cursor {
+        epoch: 1,
+        offset: 0,
+    };
+    let later = d
+        .stream(&spec, 0, 1, next)
+        .recv()
+        .unwrap_or_else(|_| panic!("{}", d.loader_failure()));
+    assert_eq!(later.x.size(), first.x.size());
+    assert!(!later.x.equal(&first.x) || !later.y.equal(&first.y));
+    // Without the center crop the images keep their aspects, and the
+    // loader says what to add instead of failing in libtorch.
+    let ds = json!({"kind": "file", "url": format!("file://{}/", dir.display()),
+        "transforms": [{"resize": 16}, {"random_crop": 12}]});
+    let model = json!({"kind": "mlp", "inputs": 432, "hidden": [8], "outputs": 3});
+    let spec = spec_for(ds, model, 0.0);
+    let d = Dataset::load(&spec, &Fetcher::local_only()).unwrap();
+    assert!(d.stream(&spec, 0, 1, Cursor::default()).recv().is_err());
+    assert!(
+        d.loader_failure().contains("center_crop"),
+        "{}",
+        d.loader_failure()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&src);
+}
+
+#[test]
+fn webdataset_shards_and_integer_features_keep_their_meaning() {
+    let (src, v) = crate::data::formats::tests::foreign("images");
+    let tar = v["tar"].as_str().unwrap();
+    let glob = format!(
+        "file://{}/shard-*.tar",
+        std::path::Path::new(tar).parent().unwrap().display()
+    );
+    let ds = json!({"kind": "file", "url": glob, "channels": 1,
+        "transforms": [{"resize": 16}, {"center_crop": 16}]});
+    let model = json!({"kind": "mlp", "inputs": 256, "hidden": [8], "outputs": 5});
+    let spec = spec_for(ds, model, 0.0);
+    let d = Dataset::load(&spec, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 4);
+    let b = d.stream(&spec, 0, 1, Cursor::default()).recv().unwrap();
+    assert_eq!(b.x.size(), vec![4, 1, 16, 16]);
+    // Without normalize, pixels are only scaled to [0, 1] (ToTensor).
+    assert!(b.x.max().double_value(&[]) <= 1.0 && b.x.min().double_value(&[]) >= 0.0);
+    let mut labels = Vec::<i64>::try_from(&b.y).unwrap();
+    labels.sort_unstable();
+    assert_eq!(labels, vec![1, 1, 3, 4]);
+
+    // Token ids in an npz stay int64 for a TorchScript model, and become
+    // floats for a built-in one; uint8 pixels with normalize become floats.
+    let dir = scratch("kinds");
+    let ids = Tensor::arange(40, (tch::Kind::Int, tch::Device::Cpu)).reshape([10, 4]);
+    let pixels = ids.to_kind(tch::Kind::Uint8) * 5;
+    let y = Tensor::arange(10, (tch::Kind::Int64, tch::Device::Cpu)).remainder(3);
+    Tensor::write_npz(&[("x", &ids), ("y", &y)], dir.join("tokens.npz")).unwrap();
+    Tensor::write_npz(&[("x", &pixels), ("y", &y)], dir.join("pixels.npz")).unwrap();
+    let module = crate::replica::tests::module_file();
+    let url = |n: &str| format!("file://{}/{n}", dir.display());
+    let script = json!({"kind": "torchscript", "url": format!("file://{}", module.display())});
+    let mlp = json!({"kind": "mlp", "inputs": 4, "hidden": [8], "outputs": 3});
+    let kind_of = |ds: serde_json::Value, model: &serde_json::Value| {
+        let spec = spec_for(ds, model.clone(), 0.2);
+        let d = Dataset::load(&spec, &Fetcher::local_only()).unwrap();
+        let b = d.stream(&spec, 0, 1, Cursor::default()).recv().unwrap();
+        let (x, _) = d.eval_batch(&spec).unwrap();
+        assert_eq!(x.kind(), b.x.kind(), "evaluation sees what training sees");
+        b.x
+    };
+    let tokens = json!({"kind": "file", "url": url("tokens.npz")});
+    assert_eq!(kind_of(tokens.clone(), &script).kind(), tch::Kind::Int64);
+    assert_eq!(kind_of(tokens, &mlp).kind(), tch::Kind::Float);
+    let scaled = json!({"kind": "file", "url": url("pixels.npz"),
+        "normalize": {"mean": [0.5], "std": [0.5]}});
+    let x = kind_of(scaled, &script);
+    assert_eq!(x.kind(), tch::Kind::Float);
+    assert!(x.max().double_value(&[]) <= 1.0 && x.min().double_value(&[]) >= -1.0);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&src);
 }

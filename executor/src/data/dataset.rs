@@ -11,13 +11,14 @@
 //! than the model.
 //!
 //! A glob, a manifest or a Parquet file is a sharded dataset instead,
-//! streamed by [`super::shards`] with the same cursor and the same split of
+//! streamed by [`super::sharded`] with the same cursor and the same split of
 //! each step among the ranks.
 
+use super::pixels::Pixels;
 use super::rng::Rng;
 use super::samples::check;
-pub use super::samples::{slice, Batch, Cursor, Data, DataError};
-use super::shards::{DataStats, Sharded};
+use super::samples::{slice, Batch, Cursor, Data, DataError};
+use super::sharded::{DataStats, Sharded};
 use crate::storage::Fetcher;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -144,8 +145,10 @@ fn load_file(url: &str, format: FileFormat, fetcher: &Fetcher) -> Result<Data, D
         FileFormat::Safetensors => {
             Tensor::read_safetensors(&path).map_err(|e| unreadable(url, e))?
         }
-        // Parquet is always streamed (see `Dataset::load`).
-        FileFormat::Parquet => return Err(unreadable(url, "Parquet is read shard by shard")),
+        // These are always streamed (see `Dataset::load`).
+        FileFormat::Parquet | FileFormat::ImageFolder | FileFormat::Webdataset => {
+            return Err(unreadable(url, "this format is read shard by shard"))
+        }
     };
     let get = |name: &str| {
         named
@@ -216,7 +219,7 @@ impl Dataset {
     /// (`None` without them).
     pub fn evaluate_shards(
         &self,
-        eval: &mut super::shards::EvalFn<'_>,
+        eval: &mut super::decode::EvalFn<'_>,
     ) -> Option<Result<(f64, Option<f64>), DataError>> {
         let s = self.eval_shards.as_ref()?;
         s.evaluate(eval).transpose()
@@ -286,7 +289,9 @@ impl Dataset {
         }
         // Bounded so evaluation of a large set stays cheap.
         let idx: Vec<i64> = self.eval.iter().copied().take(4096).collect();
-        Some(gather(&self.data, &idx, spec))
+        let (x, y) = gather(&self.data, &idx, spec);
+        let ids: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
+        Some((Pixels::of(spec).finish(x, &ids, 0, false), y))
     }
 
     /// Starts the background batcher of worker `rank` of `world` from
@@ -314,6 +319,7 @@ impl Dataset {
             Data::Text(t) => Data::Text(t.shallow_clone()),
         };
         let train = self.train.clone();
+        let pixels = Pixels::of(&spec);
         std::thread::spawn(move || {
             let mut cursor = cursor;
             let len = train.len();
@@ -324,16 +330,22 @@ impl Dataset {
                 let (x, y) = if mine.is_empty() {
                     (Tensor::new(), Tensor::new())
                 } else {
-                    gather(&data, mine, &spec)
+                    let (x, y) = gather(&data, mine, &spec);
+                    if pixels.active() {
+                        let ids: Vec<u64> = mine.iter().map(|&i| i as u64).collect();
+                        (pixels.finish(x, &ids, cursor.epoch, true), y)
+                    } else {
+                        (x, y)
+                    }
                 };
                 let b = Batch {
                     x,
                     y,
                     samples: mine.len(),
                     next,
-                    id_hash: mine.iter().fold(0u64, |h, &i| {
-                        h.wrapping_add(super::shards::id_mix(i as u64))
-                    }),
+                    id_hash: mine
+                        .iter()
+                        .fold(0u64, |h, &i| h.wrapping_add(super::order::id_mix(i as u64))),
                 };
                 if tx.send(b).is_err() {
                     return;

@@ -4,7 +4,7 @@
 //! order-independent id hash. Pure functions of the seed, shared by the
 //! loader and the property tests that check every sample is used once.
 
-use crate::replica::rng::Rng;
+use crate::data::rng::Rng;
 
 /// An epoch's order: lanes of the stream, and blocks of `batch` taken
 /// round-robin over them (see the module documentation).

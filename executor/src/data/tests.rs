@@ -2,9 +2,9 @@
 //! at full size each rank in its own lane), the `.npy` header reader and
 //! the order-independent id hash.
 
-use super::meta::npy_shape;
+use super::formats::npz::npy_shape;
 use super::order::{id_mix, shard_order, stream_position, Plan};
-use crate::replica::samples::{slice, Cursor};
+use crate::data::samples::{slice, Cursor};
 use proptest::prelude::*;
 
 /// What happens between two steps of the simulated job.

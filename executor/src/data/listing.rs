@@ -1,11 +1,16 @@
 //! The shard set: the objects one URL names (a `*` glob, a `.json`
 //! manifest or one file), sorted by URL so every worker sees the same
 //! list, each with its format, units and sample count from its metadata
-//! ([`super::meta`]) or from the manifest. The ids of samples without an
+//! ([`super::formats`]) or from the manifest; or the images of an image
+//! folder, one shard each. The ids of samples without an
 //! id column are positions in this list.
 
-use super::meta::{npz_meta, parquet_meta, safetensors_meta, unreadable, Columns};
-use crate::replica::samples::DataError;
+use super::formats::images::{is_image_name, ImageRecipe};
+use super::formats::npz::{npz_meta, safetensors_meta};
+use super::formats::parquet::parquet_meta;
+use super::formats::webdataset;
+use super::formats::{unreadable, Columns};
+use crate::data::samples::DataError;
 use crate::storage::Fetcher;
 use trainyard_common::spec::{file_format_from_url, is_glob, is_manifest, FileData, FileFormat};
 
@@ -33,6 +38,9 @@ pub struct Shard {
     pub base: u64,
     /// Bytes of the object, when known.
     pub bytes: u64,
+    /// The class of an image folder's image (its subfolder's place among
+    /// the sorted subfolders).
+    pub label: Option<i64>,
 }
 
 /// The shards one URL (glob, manifest or file) names, in URL order.
@@ -66,6 +74,10 @@ impl ShardSet {
         fetcher: &Fetcher,
         columns: &Columns,
     ) -> Result<ShardSet, DataError> {
+        let format = f.format.or_else(|| file_format_from_url(url));
+        if format == Some(FileFormat::ImageFolder) {
+            return ShardSet::image_folder(url, f, fetcher);
+        }
         let mut listed: Vec<(String, Option<u64>, Option<String>)> = Vec::new();
         if is_manifest(url) {
             let path = fetcher.materialize(url).map_err(|e| unreadable(url, e))?;
@@ -120,18 +132,35 @@ impl ShardSet {
                         "cannot tell the shard's format from its extension; give dataset.format",
                     )
                 })?;
-            let (units, features, bytes) = match (format, samples) {
-                (FileFormat::Text, _) => {
-                    return Err(unreadable(
+            let (units, features, bytes) =
+                match (format, samples) {
+                    (FileFormat::Text, _) => {
+                        return Err(unreadable(
+                            &u,
+                            "text cannot be sharded: use npz, safetensors or parquet",
+                        ))
+                    }
+                    (FileFormat::Parquet, _) => parquet_meta(&u, fetcher, columns)?,
+                    (FileFormat::ImageFolder, _) => return Err(unreadable(
                         &u,
-                        "text cannot be sharded: use npz, safetensors or parquet",
-                    ))
-                }
-                (FileFormat::Parquet, _) => parquet_meta(&u, fetcher, columns)?,
-                (_, Some(n)) => (vec![n], None, 0),
-                (FileFormat::Npz, None) => npz_meta(&u, fetcher, columns)?,
-                (FileFormat::Safetensors, None) => safetensors_meta(&u, fetcher, columns)?,
-            };
+                        "an image folder is one URL ending in /, not a shard of a glob or manifest",
+                    )),
+                    (FileFormat::Webdataset, n) => {
+                        let n = match n {
+                            Some(n) => n,
+                            None => {
+                                let local = fetcher.fetch(&u).map_err(|e| unreadable(&u, e))?;
+                                webdataset::count(&local.path, &u)?
+                            }
+                        };
+                        let features =
+                            ImageRecipe::of(f).features(f.transforms.as_deref().unwrap_or(&[]));
+                        (webdataset::units_of(n), features, 0)
+                    }
+                    (_, Some(n)) => (vec![n], None, 0),
+                    (FileFormat::Npz, None) => npz_meta(&u, fetcher, columns)?,
+                    (FileFormat::Safetensors, None) => safetensors_meta(&u, fetcher, columns)?,
+                };
             let n: u64 = units.iter().sum();
             shards.push(Shard {
                 url: u,
@@ -142,9 +171,72 @@ impl ShardSet {
                 features,
                 base,
                 bytes,
+                label: None,
             });
             base += n;
         }
+        Ok(ShardSet { shards })
+    }
+
+    /// An image folder: every JPEG and PNG file in a subfolder of `url`
+    /// (nested ones too), a shard of one sample each, its class the
+    /// subfolder's place among the sorted subfolder names (as torchvision's
+    /// `ImageFolder` numbers them).
+    fn image_folder(url: &str, f: &FileData, fetcher: &Fetcher) -> Result<ShardSet, DataError> {
+        if !url.ends_with('/') {
+            return Err(unreadable(
+                url,
+                "an image folder's URL ends in / (one subfolder per class inside)",
+            ));
+        }
+        let files = fetcher
+            .list_tree(url, |rel| rel.contains('/') && is_image_name(rel))
+            .map_err(|e| unreadable(url, e))?;
+        if files.is_empty() {
+            return Err(unreadable(
+                url,
+                "no .jpg, .jpeg or .png file in a class subfolder (the layout is <url>/<class>/<image>)",
+            ));
+        }
+        if files.len() > MAX_SHARDS {
+            return Err(unreadable(
+                url,
+                format!(
+                    "{} images: an image folder holds at most {MAX_SHARDS}; pack larger sets into WebDataset tar shards",
+                    files.len()
+                ),
+            ));
+        }
+        let class_of = |u: &str| -> String {
+            u[url.len()..]
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let classes: std::collections::BTreeSet<String> =
+            files.iter().map(|u| class_of(u)).collect();
+        let index: std::collections::HashMap<&String, i64> = classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c, i as i64))
+            .collect();
+        let features = ImageRecipe::of(f).features(f.transforms.as_deref().unwrap_or(&[]));
+        let shards = files
+            .iter()
+            .enumerate()
+            .map(|(i, u)| Shard {
+                label: Some(index[&class_of(u)]),
+                url: u.clone(),
+                format: FileFormat::ImageFolder,
+                units: vec![1],
+                samples: 1,
+                sha256: None,
+                features,
+                base: i as u64,
+                bytes: 0,
+            })
+            .collect();
         Ok(ShardSet { shards })
     }
 

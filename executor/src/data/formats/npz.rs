@@ -1,67 +1,15 @@
-//! What a shard's metadata says, read with range requests alone: the rows,
-//! values per sample and bytes of an npz (its zip directory and the `.npy`
-//! headers of `x` and `y`), of a safetensors file (its JSON header) and of
-//! a Parquet file (its footer, with the row groups as units). The dataset's
-//! column names ([`Columns`]) say which arrays to look at; a Parquet
-//! schema is checked against them here, for the listing and for the
-//! reader of rows alike, so both refuse a column the same way.
+//! NumPy `.npz` and safetensors files: their metadata read from the zip
+//! directory and `.npy` headers, or from the safetensors JSON header, with
+//! range requests alone. A whole file is one unit, decoded by libtorch.
 
-use crate::replica::samples::DataError;
+use super::{le_u16, le_u32, le_u64, unreadable, Columns, MAX_HEADER_BYTES};
+use crate::data::samples::DataError;
 use crate::storage::Fetcher;
 use std::collections::HashMap;
-use trainyard_common::spec::FileData;
-
-/// Largest file header (safetensors JSON, Parquet footer) read.
-const MAX_HEADER_BYTES: u64 = 64 << 20;
-
-/// The column names of a dataset.
-#[derive(Debug, Clone)]
-pub struct Columns {
-    /// Features.
-    pub x: Vec<String>,
-    /// Label.
-    pub y: String,
-    /// Sample ids, if the shards carry them.
-    pub id: Option<String>,
-}
-
-impl Columns {
-    pub(super) fn of(f: &FileData) -> Columns {
-        Columns {
-            x: f.x_columns.clone().unwrap_or_else(|| vec!["x".into()]),
-            y: f.y_column.clone().unwrap_or_else(|| "y".into()),
-            id: f.id_column.clone(),
-        }
-    }
-}
-
-/// A shard that cannot be read, and why.
-pub(super) fn unreadable(url: &str, reason: impl ToString) -> DataError {
-    DataError::Unreadable {
-        url: url.to_owned(),
-        reason: reason.to_string(),
-    }
-}
-
-fn le_u16(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from(u16::from_le_bytes(
-        b.get(at..at + 2)?.try_into().ok()?,
-    )))
-}
-
-fn le_u32(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from(u32::from_le_bytes(
-        b.get(at..at + 4)?.try_into().ok()?,
-    )))
-}
-
-fn le_u64(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
 
 /// Rows per unit, values per sample, bytes: of an npz, from its zip
 /// directory and the `.npy` headers of `x` and `y`.
-pub(super) fn npz_meta(
+pub(crate) fn npz_meta(
     url: &str,
     fetcher: &Fetcher,
     columns: &Columns,
@@ -191,7 +139,7 @@ pub(super) fn npz_meta(
 }
 
 /// The shape in a `.npy` header.
-pub(super) fn npy_shape(head: &[u8]) -> Option<Vec<u64>> {
+pub(crate) fn npy_shape(head: &[u8]) -> Option<Vec<u64>> {
     if head.len() < 10 || head[..6] != *b"\x93NUMPY" {
         return None;
     }
@@ -212,7 +160,7 @@ pub(super) fn npy_shape(head: &[u8]) -> Option<Vec<u64>> {
 }
 
 /// Rows, values per sample, bytes of a safetensors file, from its header.
-pub(super) fn safetensors_meta(
+pub(crate) fn safetensors_meta(
     url: &str,
     fetcher: &Fetcher,
     columns: &Columns,
@@ -247,116 +195,4 @@ pub(super) fn safetensors_meta(
         )));
     }
     Ok((vec![rows], Some(x[1..].iter().product()), 8 + n))
-}
-
-/// Rows per row group, values per sample, bytes of a Parquet file, from
-/// its footer; the columns are checked against its schema.
-pub(super) fn parquet_meta(
-    url: &str,
-    fetcher: &Fetcher,
-    columns: &Columns,
-) -> Result<(Vec<u64>, Option<u64>, u64), DataError> {
-    let bad = |why: String| unreadable(url, format!("not a readable Parquet file: {why}"));
-    let (mut tail, size) = fetcher
-        .read_tail(url, 64 << 10)
-        .map_err(|e| unreadable(url, e))?;
-    if tail.len() < 12 || tail[tail.len() - 4..] != *b"PAR1" {
-        return Err(bad("no PAR1 footer".into()));
-    }
-    let footer = le_u32(&tail, tail.len() - 8).unwrap_or(0);
-    if footer > MAX_HEADER_BYTES || footer + 8 > size {
-        return Err(bad("footer out of bounds".into()));
-    }
-    if footer + 8 > tail.len() as u64 {
-        tail = fetcher
-            .read_tail(url, footer + 8)
-            .map_err(|e| unreadable(url, e))?
-            .0;
-    }
-    let end = tail.len() - 8;
-    let meta = parquet::file::metadata::ParquetMetaDataReader::decode_metadata(
-        &tail[end - footer as usize..end],
-    )
-    .map_err(|e| bad(e.to_string()))?;
-    let schema = parquet::arrow::parquet_to_arrow_schema(
-        meta.file_metadata().schema_descr(),
-        meta.file_metadata().key_value_metadata(),
-    )
-    .map_err(|e| bad(e.to_string()))?;
-    let features = parquet_columns(url, &schema, columns)?.features;
-    let units = meta
-        .row_groups()
-        .iter()
-        .map(|g| g.num_rows().max(0) as u64)
-        .collect();
-    Ok((units, Some(features), size))
-}
-
-/// Where the columns are in a Parquet schema.
-pub(super) struct ParquetColumns {
-    pub(super) x: Vec<usize>,
-    pub(super) y: usize,
-    pub(super) id: Option<usize>,
-    pub(super) features: u64,
-}
-
-fn numeric(t: &arrow_schema::DataType) -> bool {
-    t.is_integer() || t.is_floating()
-}
-
-pub(super) fn parquet_columns(
-    url: &str,
-    schema: &arrow_schema::Schema,
-    c: &Columns,
-) -> Result<ParquetColumns, DataError> {
-    use arrow_schema::DataType;
-    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    let find = |name: &str, what: &str| {
-        schema.index_of(name).map_err(|_| {
-            DataError::Shape(format!(
-                "{url} has no {what} column {name:?} (its columns: {})",
-                names.join(", ")
-            ))
-        })
-    };
-    let mut x = Vec::new();
-    let mut features = 0u64;
-    for name in &c.x {
-        let i = find(name, "feature")?;
-        let t = schema.field(i).data_type();
-        match t {
-            t if numeric(t) => features += 1,
-            DataType::FixedSizeList(inner, n) if numeric(inner.data_type()) && c.x.len() == 1 => {
-                features += *n as u64
-            }
-            other => {
-                return Err(DataError::Shape(format!(
-                    "{url}: feature column {name:?} is {other}; it must be numeric, or the only feature column and a fixed-size list of numbers"
-                )))
-            }
-        }
-        x.push(i);
-    }
-    let y = find(&c.y, "label")?;
-    if !numeric(schema.field(y).data_type()) {
-        return Err(DataError::Shape(format!(
-            "{url}: label column {:?} is {}; it must be numeric",
-            c.y,
-            schema.field(y).data_type()
-        )));
-    }
-    let id = match &c.id {
-        Some(name) => {
-            let i = find(name, "id")?;
-            if !schema.field(i).data_type().is_integer() {
-                return Err(DataError::Shape(format!(
-                    "{url}: id column {name:?} is {}; it must be integers",
-                    schema.field(i).data_type()
-                )));
-            }
-            Some(i)
-        }
-        None => None,
-    };
-    Ok(ParquetColumns { x, y, id, features })
 }

@@ -5,10 +5,11 @@
 //! uses the same epoch order to name the (shard, row) of a cursor.
 
 use super::decode::Unit;
+use super::listing::Shard;
 use super::order::{id_mix, shard_order, stream_position, window_perm, Plan};
-use super::set::Shard;
+use super::pixels::Pixels;
 use super::sharded::{Sharded, PREFETCH_BATCHES};
-use crate::replica::samples::{slice, Batch, Cursor, DataError};
+use crate::data::samples::{slice, Batch, Cursor, DataError};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -146,6 +147,9 @@ struct Loader<'a> {
     unit_bytes: u64,
     prefetch: Sender<String>,
     prefetched: HashSet<String>,
+    pixels: Pixels,
+    /// The shape of a sample, and the shard it was first seen in.
+    sample_shape: Option<(Vec<i64>, String)>,
 }
 
 impl<'a> Loader<'a> {
@@ -160,6 +164,8 @@ impl<'a> Loader<'a> {
             unit_bytes: 0,
             prefetch,
             prefetched: HashSet::new(),
+            pixels: Pixels::of(&s.spec),
+            sample_shape: None,
         }
     }
 
@@ -188,6 +194,7 @@ impl<'a> Loader<'a> {
         }
         let mut xs = Vec::new();
         let mut ys = Vec::new();
+        let mut ids = Vec::with_capacity(range.len());
         let mut hash = 0u64;
         let mut i = 0;
         while i < picks.len() {
@@ -203,6 +210,7 @@ impl<'a> Loader<'a> {
                 .collect();
             for &r in &local {
                 hash = hash.wrapping_add(id_mix(w.ids[r as usize]));
+                ids.push(w.ids[r as usize]);
             }
             let idx = Tensor::from_slice(&local);
             xs.push(w.x.index_select(0, &idx));
@@ -213,6 +221,11 @@ impl<'a> Loader<'a> {
             (xs.pop().expect("one"), ys.pop().expect("one"))
         } else {
             (Tensor::cat(&xs, 0), Tensor::cat(&ys, 0))
+        };
+        let x = if self.pixels.active() {
+            self.pixels.finish(x, &ids, epoch, true)
+        } else {
+            x
         };
         Ok((x, y, hash, range.len()))
     }
@@ -254,6 +267,7 @@ impl<'a> Loader<'a> {
             let (u, r) = unit_of(shard, &ent.units, row);
             let take = (shard.units[u] - r).min(from + wlen - p);
             let unit = self.unit(ent.shard, u)?;
+            self.same_shape(&unit.x, &shard.url)?;
             xs.push(unit.x.narrow(0, r as i64, take as i64));
             ys.push(unit.y.narrow(0, r as i64, take as i64));
             ids.extend_from_slice(&unit.ids[r as usize..(r + take) as usize]);
@@ -273,6 +287,22 @@ impl<'a> Loader<'a> {
         self.windows.insert(key, w.clone());
         self.window_lru.push_back(key);
         Ok(w)
+    }
+
+    /// Refuses a unit whose samples have another shape than the ones
+    /// before it (images of other sizes after the transforms), naming it.
+    fn same_shape(&mut self, x: &Tensor, url: &str) -> Result<(), DataError> {
+        let shape = x.size()[1..].to_vec();
+        match &self.sample_shape {
+            None => self.sample_shape = Some((shape, url.to_owned())),
+            Some((want, first)) if *want != shape => {
+                return Err(DataError::Shape(format!(
+                    "{url} has samples of shape {shape:?}, {first} of {want:?}; every sample needs one shape (images: end the resize with a center_crop, e.g. [{{\"resize\": 36}}, {{\"center_crop\": 36}}, {{\"random_crop\": 32}}])"
+                )))
+            }
+            Some(_) => {}
+        }
+        Ok(())
     }
 
     /// The shard URLs stream positions `[from, to)` read.

@@ -1,10 +1,9 @@
-//! What whole datasets ([`super::data`]) and sharded ones
-//! ([`super::shards`]) both serve: the data, the cursor, one worker's
+//! What whole datasets ([`super::dataset`]) and sharded ones
+//! ([`super::sharded`]) both serve: the data, the cursor, one worker's
 //! batch, the split of a step among the ranks, the check that data fits the
 //! model, and the error.
 //!
-//! It imports neither of them, so that both can build on it one way;
-//! [`super::data`] re-exports each item under its old path.
+//! It imports neither of them, so that both can build on it one way.
 
 use tch::{Kind, Tensor};
 use trainyard_common::spec::{Loss, ModelSpec, UncheckedJobSpec};
@@ -27,7 +26,8 @@ pub enum DataError {
 
 /// Inputs and targets, all on the CPU.
 pub enum Data {
-    /// `x` `[n, features…]` float, `y` `[n]` int64 (classes) or `[n, targets]` float.
+    /// `x` `[n, features…]` (float32, or integers: see `input_kind`), `y`
+    /// `[n]` int64 (classes) or `[n, targets]` float.
     Tensors {
         /// Inputs.
         x: Tensor,
@@ -58,7 +58,7 @@ pub struct Batch {
     pub samples: usize,
     /// The cursor after this step.
     pub next: Cursor,
-    /// The wrapping sum of [`super::shards::id_mix`] over the batch's
+    /// The wrapping sum of [`super::order::id_mix`] over the batch's
     /// sample ids: the epoch's accounting.
     pub id_hash: u64,
 }
@@ -95,6 +95,25 @@ pub fn slice(
     (start..end, next)
 }
 
+/// The dtype features are kept in: floats as float32 (the parameters'
+/// dtype); integers and booleans as they are when the batch converts them
+/// ([`super::pixels`]: images, `normalize`), else as int64 (token ids)
+/// and booleans (masks) for a TorchScript model, which takes what the
+/// file holds, and as float32 for a built-in model, which takes floats.
+fn input_kind(spec: &UncheckedJobSpec, x: Tensor) -> Tensor {
+    if x.is_floating_point() {
+        return x.to_kind(Kind::Float);
+    }
+    if super::pixels::Pixels::of(spec).to_float {
+        return x;
+    }
+    match (spec.model(), x.kind()) {
+        (ModelSpec::Torchscript(_), Kind::Bool) => x,
+        (ModelSpec::Torchscript(_), _) => x.to_kind(Kind::Int64),
+        _ => x.to_kind(Kind::Float),
+    }
+}
+
 /// Checks that the data fits the model and the loss; converts kinds.
 pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataError> {
     match data {
@@ -117,7 +136,10 @@ pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataErr
                     "x has shape {xs:?} and y {ys:?}: they need the same number of samples"
                 )));
             }
-            let features: i64 = xs[1..].iter().product();
+            // The features the model gets: after the batch's crops.
+            let features: i64 = super::pixels::Pixels::of(spec).shape_after(&xs)[1..]
+                .iter()
+                .product();
             let want = match &spec.model() {
                 ModelSpec::Mlp(m) => Some(i64::from(m.inputs)),
                 ModelSpec::Cnn(c) => Some(i64::from(c.channels * c.height * c.width)),
@@ -133,7 +155,7 @@ pub(super) fn check(spec: &UncheckedJobSpec, data: Data) -> Result<Data, DataErr
                     "x has {features} features per sample (shape {xs:?}) but the model takes {w}"
                 )));
             }
-            let x = x.to_kind(Kind::Float);
+            let x = input_kind(spec, x);
             let y = match spec.loss() {
                 Loss::CrossEntropy => {
                     let y = y.to_kind(Kind::Int64).flatten(0, -1);

@@ -1,15 +1,17 @@
 //! One unit of a shard in memory: fetched through the cache tier (and
 //! checked against a manifest's SHA-256 when it came from the store),
-//! decoded (npz and safetensors by libtorch, Parquet row groups by
-//! [`super::parquet_rows`]), checked against the model and given its
+//! decoded (npz and safetensors by libtorch, Parquet row groups, images
+//! and WebDataset tars by [`super::formats`]), checked against the model and given its
 //! sample ids. The held-out evaluation goes unit by unit, so it holds one
 //! at a time.
 
-use super::meta::{unreadable, Columns};
-use super::parquet_rows::read_parquet_unit;
-use super::set::Shard;
+use super::formats::parquet::read_parquet_unit;
+use super::formats::{images, webdataset};
+use super::formats::{unreadable, Columns};
+use super::listing::Shard;
+use super::pixels::Pixels;
 use super::sharded::Sharded;
-use crate::replica::samples::{check, Data, DataError};
+use crate::data::samples::{check, Data, DataError};
 use crate::storage::Source;
 use tch::{Kind, Tensor};
 use trainyard_common::spec::FileFormat;
@@ -33,6 +35,7 @@ impl Sharded {
             return Ok(None);
         }
         let (mut loss, mut correct, mut rows, mut classify) = (0.0, 0.0, 0u64, true);
+        let pixels = Pixels::of(&self.spec);
         for e in &self.eval {
             let shard = &self.eval_set.shards[e.shard];
             for &u in &e.units {
@@ -41,7 +44,8 @@ impl Sharded {
                 if n == 0 {
                     continue;
                 }
-                let (l, a) = eval(&(unit.x.shallow_clone(), unit.y.shallow_clone()));
+                let x = pixels.finish(unit.x.shallow_clone(), &unit.ids, 0, false);
+                let (l, a) = eval(&(x, unit.y.shallow_clone()));
                 loss += l * n as f64;
                 match a {
                     Some(a) => correct += a * n as f64,
@@ -79,6 +83,22 @@ impl Sharded {
         }
         let (x, y, ids) = match shard.format {
             FileFormat::Parquet => read_parquet_unit(&f.path, &shard.url, u, columns)?,
+            FileFormat::Webdataset => {
+                let (x, y) = webdataset::read_unit(&f.path, &shard.url, u, &self.images)?;
+                (x, y, None)
+            }
+            FileFormat::ImageFolder => {
+                let bytes = std::fs::read(&f.path).map_err(|e| unreadable(&shard.url, e))?;
+                let name = shard.url.rsplit('/').next().unwrap_or_default();
+                let d = images::decode(&shard.url, name, &bytes, &self.images)?;
+                let x = Tensor::from_slice(&d.values).reshape([
+                    1,
+                    i64::from(self.images.channels),
+                    i64::from(d.height),
+                    i64::from(d.width),
+                ]);
+                (x, Tensor::from_slice(&[shard.label.unwrap_or(0)]), None)
+            }
             fmt => {
                 let named = match fmt {
                     FileFormat::Npz => Tensor::read_npz(&f.path),
@@ -127,8 +147,11 @@ impl Sharded {
                 shard.url, shard.units[u]
             )));
         }
-        let Data::Tensors { x, y } = check(&self.spec, Data::Tensors { x, y })
-            .map_err(|e| DataError::Shape(format!("{}: {e}", shard.url)))?
+        let Data::Tensors { x, y } =
+            check(&self.spec, Data::Tensors { x, y }).map_err(|e| match e {
+                DataError::Shape(m) => DataError::Shape(format!("{}: {m}", shard.url)),
+                e => e,
+            })?
         else {
             return Err(DataError::Shape("text cannot be sharded".into()));
         };

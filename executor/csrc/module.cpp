@@ -76,14 +76,20 @@ char *ty_train(void *m, int on) {
   return guarded([&] { as_module(m)->train(on != 0); });
 }
 
-char *ty_forward_schema(void *m, char **schema, int *tensor_args,
-                        int *args, int *returns_tensor) {
+char *ty_forward_schema(void *m, char **schema, char **names,
+                        int *tensor_args, int *args, int *returns_tensor) {
   return guarded([&] {
     auto method = as_module(m)->get_method("forward");
     const auto &s = method.function().getSchema();
     std::ostringstream text;
     text << s;
     *schema = message(text.str());
+    // The argument names after `self`, one per line.
+    std::ostringstream arg_names;
+    for (size_t i = 1; i < s.arguments().size(); ++i) {
+      arg_names << s.arguments()[i].name() << "\n";
+    }
+    *names = message(arg_names.str());
     // The first argument is the module itself.
     int n = static_cast<int>(s.arguments().size()) - 1;
     int t = 0;
@@ -103,6 +109,22 @@ char *ty_forward_schema(void *m, char **schema, int *tensor_args,
 char *ty_forward(void *m, torch::Tensor *x, torch::Tensor **out) {
   return guarded([&] {
     c10::IValue v = as_module(m)->forward({*x});
+    if (!v.isTensor()) {
+      throw std::runtime_error("the forward returned " + v.tagKind() +
+                               ", not a tensor");
+    }
+    *out = new torch::Tensor(v.toTensor());
+  });
+}
+
+char *ty_forward_many(void *m, torch::Tensor **xs, int n, torch::Tensor **out) {
+  return guarded([&] {
+    std::vector<c10::IValue> inputs;
+    inputs.reserve(n);
+    for (int i = 0; i < n; ++i) {
+      inputs.emplace_back(*xs[i]);
+    }
+    c10::IValue v = as_module(m)->forward(inputs);
     if (!v.isTensor()) {
       throw std::runtime_error("the forward returned " + v.tagKind() +
                                ", not a tensor");

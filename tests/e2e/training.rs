@@ -201,7 +201,10 @@ fn a_model_that_cannot_train_on_its_data_fails_in_inspecting_naming_the_mismatch
     std::fs::create_dir_all(&dir).unwrap();
     trainyard_e2e::python_script("misfits.py", &dir);
     let cases = [
-        ("two", vec!["forward must take one tensor", "Tensor mask"]),
+        (
+            "two",
+            vec!["takes 2 tensors (x, mask)", "dataset.inputs", "Tensor mask"],
+        ),
         ("few", vec!["labels go up to 9", "at least 10"]),
         ("wide", vec!["cannot take a batch of the dataset", "64"]),
     ];

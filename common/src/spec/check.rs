@@ -531,6 +531,12 @@ fn check_model_fits_data(s: &ModelJob<'_>, v: &mut Checker) {
             if fmt != Some(FileFormat::Text) && matches!(*s.model, ModelSpec::Transformer(_)) {
                 v.fail("dataset", "a transformer language model trains on text (kind text, or a file of format text)");
             }
+            if f.inputs.is_some() && !matches!(*s.model, ModelSpec::Torchscript(_)) {
+                v.fail(
+                    "dataset.inputs",
+                    "several inputs go to a TorchScript model whose forward takes them; a built-in model takes one",
+                );
+            }
             return;
         }
     };
@@ -692,7 +698,43 @@ fn check_file_data(f: &FileData, v: &mut Checker) {
         v.range("dataset.memory_mb", m, MIN_MEMORY_MB, MAX_MEMORY_MB);
     }
     check_pixels(f, fmt, v);
+    if let Some(inputs) = &f.inputs {
+        if inputs.len() < 2 || inputs.len() > MAX_INPUTS {
+            v.fail(
+                "dataset.inputs",
+                format!("names 2 to {MAX_INPUTS} inputs (one input is dataset.x_columns, or the array x)"),
+            );
+        }
+        if inputs
+            .iter()
+            .any(|n| n.is_empty() || n.chars().count() > MAX_NAME_CHARS)
+        {
+            v.fail(
+                "dataset.inputs",
+                format!("each name is 1 to {MAX_NAME_CHARS} characters"),
+            );
+        }
+        let unique: std::collections::HashSet<&String> = inputs.iter().collect();
+        if unique.len() != inputs.len() {
+            v.fail("dataset.inputs", "names an input twice");
+        }
+        if f.x_columns.is_some() {
+            v.fail(
+                "dataset.x_columns",
+                "give either x_columns (one input) or inputs (several)",
+            );
+        }
+        if fmt.is_some_and(|f| f.is_image() || f == FileFormat::Text) {
+            v.fail(
+                "dataset.inputs",
+                "applies to npz, safetensors and Parquet data",
+            );
+        }
+    }
 }
+
+/// Most tensors a multi-input model's forward may take.
+const MAX_INPUTS: usize = 8;
 
 /// Largest image side a transform may name.
 pub const MAX_IMAGE_SIDE: u32 = 4096;

@@ -366,6 +366,14 @@ pub struct FileData {
     /// then the seeded random ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transforms: Option<Vec<Transform>>,
+    /// A TorchScript model whose `forward` takes several tensors
+    /// (`forward(self, ids, mask)`): the arrays (npz, safetensors) or
+    /// columns (Parquet) to pass, in the order of its arguments, named as
+    /// the arguments are (inspection checks them against the signature).
+    /// Each input has the same shape per sample; integer and boolean inputs
+    /// are passed as int64, and all as float32 when one is floating-point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<String>>,
     /// Images: 3 (RGB, the default) or 1 (grayscale) channels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<u32>,
@@ -424,6 +432,7 @@ impl FileData {
             memory_mb: None,
             normalize: None,
             transforms: None,
+            inputs: None,
             channels: None,
         }
     }

@@ -605,3 +605,92 @@ fn a_scripts_paths_environment_and_inputs_are_bounded_and_safe() {
     let e = parse(&with(ddp_script(), "script.unknown", json!(1))).unwrap_err();
     assert!(e.to_string().contains("unknown field"), "{e}");
 }
+
+#[test]
+fn image_and_input_settings_are_checked_with_their_fields() {
+    let images = |dataset: Value| {
+        let v = with(digits(), "dataset", dataset);
+        with(
+            v,
+            "model",
+            json!({"kind": "torchscript", "url": "file:///m.pt"}),
+        )
+    };
+    // An image folder (a URL ending in /) and WebDataset shards parse.
+    let folder = images(json!({"kind": "file", "url": "s3://b/train/",
+        "transforms": [{"resize": 36}, {"center_crop": 36}, {"random_crop": 32}, {"horizontal_flip": 0.5}],
+        "normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}}));
+    let s = parse(&folder).unwrap();
+    let DatasetSpec::File(f) = s.dataset() else {
+        panic!()
+    };
+    assert_eq!(f.format_or_guess(), Some(FileFormat::ImageFolder));
+    assert!(f.is_sharded());
+    let tars = images(json!({"kind": "file", "url": "s3://b/shard-*.tar", "channels": 1}));
+    assert!(parse(&tars).is_ok());
+    let cases = [
+        (
+            json!({"kind": "file", "url": "s3://b/t/", "transforms": [{"random_crop": 8}, {"resize": 9}]}),
+            "dataset.transforms[1]",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/t/", "transforms": [{"horizontal_flip": 1.5}]}),
+            "dataset.transforms[0]",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/t/", "transforms": [{"center_crop": 0}]}),
+            "dataset.transforms[0]",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/t/", "channels": 2}),
+            "dataset.channels",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/t/", "normalize": {"mean": [0.5, 0.5], "std": [1, 1]}}),
+            "dataset.normalize",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/d.npz", "normalize": {"mean": [0.5], "std": [0]}}),
+            "dataset.normalize.std",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/d.npz", "transforms": [{"resize": 8}]}),
+            "dataset.transforms",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/d.npz", "channels": 3}),
+            "dataset.channels",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/d.npz", "inputs": ["ids"]}),
+            "dataset.inputs",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/d.npz", "inputs": ["ids", "ids"]}),
+            "dataset.inputs",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/d.parquet", "inputs": ["a", "b"], "x_columns": ["a"]}),
+            "dataset.x_columns",
+        ),
+        (
+            json!({"kind": "file", "url": "s3://b/t/", "inputs": ["a", "b"]}),
+            "dataset.inputs",
+        ),
+    ];
+    for (dataset, field) in cases {
+        let e = parse(&images(dataset.clone())).unwrap_err();
+        assert!(fields(&e).iter().any(|f| f == field), "{dataset}: {e:?}");
+    }
+    // Several inputs go to a TorchScript model only.
+    let mlp = with(
+        digits(),
+        "dataset",
+        json!({"kind": "file", "url": "s3://b/d.npz", "inputs": ["a", "b"]}),
+    );
+    assert!(fields(&parse(&mlp).unwrap_err()).contains(&"dataset.inputs".to_owned()));
+    assert!(parse(&images(
+        json!({"kind": "file", "url": "s3://b/d.npz", "inputs": ["ids", "mask"]})
+    ))
+    .is_ok());
+}

@@ -23,7 +23,7 @@ use crate::storage::Fetcher;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use tch::{Kind, Tensor};
-use trainyard_common::spec::{DatasetSpec, FileFormat, ModelSpec, UncheckedJobSpec};
+use trainyard_common::spec::{DatasetSpec, FileData, FileFormat, ModelSpec, UncheckedJobSpec};
 
 /// Batches buffered ahead of the training loop.
 pub const PREFETCH: usize = 4;
@@ -131,7 +131,8 @@ pub fn generated_text(chars: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-fn load_file(url: &str, format: FileFormat, fetcher: &Fetcher) -> Result<Data, DataError> {
+fn load_file(f: &FileData, format: FileFormat, fetcher: &Fetcher) -> Result<Data, DataError> {
+    let url = f.url.as_str();
     let path = fetcher.materialize(url).map_err(|e| unreadable(url, e))?;
     if !path.is_file() {
         return Err(unreadable(url, "no such file"));
@@ -162,10 +163,17 @@ fn load_file(url: &str, format: FileFormat, fetcher: &Fetcher) -> Result<Data, D
                 ))
             })
     };
-    Ok(Data::Tensors {
-        x: get("x")?,
-        y: get("y")?,
-    })
+    let x = match &f.inputs {
+        Some(names) => {
+            let parts = names
+                .iter()
+                .map(|n| get(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            super::formats::stack_inputs(url, names, parts)?
+        }
+        None => get("x")?,
+    };
+    Ok(Data::Tensors { x, y: get("y")? })
 }
 
 impl Dataset {
@@ -236,7 +244,7 @@ impl Dataset {
                     .format
                     .or_else(|| trainyard_common::spec::file_format_from_url(&f.url))
                     .unwrap_or(FileFormat::Npz);
-                load_file(&f.url, fmt, fetcher)?
+                load_file(f, fmt, fetcher)?
             }
             _ => generated(spec)?,
         };

@@ -118,8 +118,16 @@ impl Sharded {
                         named.iter().map(|(n, _)| n).collect::<Vec<_>>()
                     ))
                 };
-                let xname = columns.x.first().map_or("x", String::as_str);
-                let x = get(xname).ok_or_else(|| missing(xname))?;
+                let x = if columns.stacked {
+                    let mut parts = Vec::with_capacity(columns.x.len());
+                    for name in &columns.x {
+                        parts.push(get(name).ok_or_else(|| missing(name))?);
+                    }
+                    super::formats::stack_inputs(&shard.url, &columns.x, parts)?
+                } else {
+                    let xname = columns.x.first().map_or("x", String::as_str);
+                    get(xname).ok_or_else(|| missing(xname))?
+                };
                 let y = get(&columns.y).ok_or_else(|| missing(&columns.y))?;
                 let ids = match &columns.id {
                     Some(n) => {

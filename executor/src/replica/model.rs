@@ -35,15 +35,20 @@ pub trait Net: Send {
 pub struct Script {
     module: super::script::Module,
     train: std::sync::atomic::AtomicBool,
+    /// Tensor arguments of its forward (see
+    /// [`super::script::Module::forward_packed`]).
+    inputs: usize,
 }
 
 impl Script {
     /// The loaded module, put in training mode.
     pub fn new(module: super::script::Module) -> Result<Script, tch::TchError> {
         module.set_train(true)?;
+        let inputs = module.schema()?.tensor_args;
         Ok(Script {
             module,
             train: std::sync::atomic::AtomicBool::new(true),
+            inputs,
         })
     }
 
@@ -65,7 +70,7 @@ impl Net for Script {
         if self.train.swap(train, Ordering::Relaxed) != train {
             self.module.set_train(train)?;
         }
-        self.module.forward(xs)
+        self.module.forward_packed(xs, self.inputs)
     }
 
     fn script(&self) -> Option<&super::script::Module> {

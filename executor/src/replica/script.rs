@@ -30,11 +30,18 @@ extern "C" {
     fn ty_forward_schema(
         m: *mut c_void,
         schema: *mut *mut c_char,
+        names: *mut *mut c_char,
         tensor_args: *mut c_int,
         args: *mut c_int,
         returns_tensor: *mut c_int,
     ) -> *mut c_char;
     fn ty_forward(m: *mut c_void, x: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+    fn ty_forward_many(
+        m: *mut c_void,
+        xs: *const *const C_tensor,
+        n: c_int,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
     fn ty_save(m: *mut c_void, path: *const c_char) -> *mut c_char;
 }
 
@@ -76,6 +83,8 @@ pub struct Schema {
     pub text: String,
     /// Arguments besides `self`.
     pub args: usize,
+    /// Their names, in order.
+    pub names: Vec<String>,
     /// Of which tensors.
     pub tensor_args: usize,
     /// Whether it returns one tensor.
@@ -147,30 +156,37 @@ impl Module {
 
     /// The forward's signature.
     pub fn schema(&self) -> Result<Schema, TchError> {
-        let (mut text, mut tensor_args, mut args, mut returns) = (std::ptr::null_mut(), 0, 0, 0);
-        // SAFETY: out-pointers to locals; `text` is a malloc'd string.
+        let (mut text, mut names, mut tensor_args, mut args, mut returns) =
+            (std::ptr::null_mut(), std::ptr::null_mut(), 0, 0, 0);
+        // SAFETY: out-pointers to locals; `text` and `names` are malloc'd
+        // strings.
         checked(unsafe {
             ty_forward_schema(
                 self.ptr,
                 &mut text,
+                &mut names,
                 &mut tensor_args,
                 &mut args,
                 &mut returns,
             )
         })?;
-        let text = if text.is_null() {
-            String::new()
-        } else {
-            // SAFETY: as in `checked`.
-            unsafe {
-                let s = CStr::from_ptr(text).to_string_lossy().into_owned();
-                ty_free_message(text);
-                s
+        let owned = |p: *mut c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: as in `checked`.
+                unsafe {
+                    let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+                    ty_free_message(p);
+                    s
+                }
             }
         };
+        let (text, names) = (owned(text), owned(names));
         Ok(Schema {
             text,
             args: args.max(0) as usize,
+            names: names.lines().map(str::to_owned).collect(),
             tensor_args: tensor_args.max(0) as usize,
             returns_tensor: returns != 0,
         })
@@ -183,6 +199,38 @@ impl Module {
         checked(unsafe { ty_forward(self.ptr, x.as_ptr(), &mut out) })?;
         // SAFETY: ownership of the new handle passes to the `Tensor`.
         Ok(unsafe { Tensor::from_ptr(out) })
+    }
+
+    /// The forward on several tensors, one per argument.
+    pub fn forward_many(&self, xs: &[Tensor]) -> Result<Tensor, TchError> {
+        let ptrs: Vec<*const C_tensor> = xs.iter().map(|x| x.as_ptr()).collect();
+        let mut out = std::ptr::null_mut();
+        // SAFETY: `xs` (and so each handle) outlives the call; `out` is a
+        // new handle on success.
+        checked(unsafe {
+            ty_forward_many(self.ptr, ptrs.as_ptr(), ptrs.len() as c_int, &mut out)
+        })?;
+        // SAFETY: ownership of the new handle passes to the `Tensor`.
+        Ok(unsafe { Tensor::from_ptr(out) })
+    }
+
+    /// The forward on a batch as the data layer packs it: one tensor for
+    /// a forward of one tensor argument; for `inputs` > 1 arguments, the
+    /// inputs stacked along dimension 1 (`[n, inputs, …]`, from
+    /// `dataset.inputs`), handed over one per argument.
+    pub fn forward_packed(&self, x: &Tensor, inputs: usize) -> Result<Tensor, TchError> {
+        if inputs <= 1 {
+            return self.forward(x);
+        }
+        if x.dim() < 2 || x.size()[1] != inputs as i64 {
+            return Err(TchError::Shape(format!(
+                "the forward takes {inputs} tensors but the batch (shape {:?}) holds {} inputs: name them in dataset.inputs",
+                x.size(),
+                if x.dim() < 2 { 1 } else { x.size()[1] }
+            )));
+        }
+        let parts: Vec<Tensor> = (0..inputs as i64).map(|i| x.select(1, i)).collect();
+        self.forward_many(&parts)
     }
 
     /// Writes the module, with its current tensors, to `path`.

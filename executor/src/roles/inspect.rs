@@ -22,7 +22,7 @@
 //! limit that ended it.
 
 use crate::data::{Cursor, Dataset};
-use crate::replica::script::Module;
+use crate::replica::script::{Module, Schema};
 use crate::replica::tensors::{first_line, ModelTensors};
 use crate::sandbox::Sandbox;
 use crate::storage::Fetcher;
@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use tch::{Kind, Tensor};
 use trainyard_common::cluster::{Inspection, InspectionResult};
-use trainyard_common::spec::{Loss, UncheckedJobSpec};
+use trainyard_common::spec::{DatasetSpec, Loss, UncheckedJobSpec};
 use trainyard_sandbox::Limits;
 use trainyard_shutdown::Shutdown;
 
@@ -147,9 +147,9 @@ fn trial_batch(
     let batch = data
         .stream(&small, 0, 1, Cursor::default())
         .recv()
-        .map_err(|_| "dataset: no batch could be read".to_owned())?;
+        .map_err(|_| format!("dataset: no batch could be read: {}", data.loader_failure()))?;
     if batch.samples == 0 {
-        return Err("dataset: no batch could be read".into());
+        return Err("dataset: the training set holds no sample".into());
     }
     Ok((batch.x, batch.y, data.label_max()))
 }
@@ -181,12 +181,11 @@ fn examine(task: &Task) -> Result<ModelTensors, String> {
             first_line(&e.to_string())
         )
     })?;
-    if schema.args != 1 || schema.tensor_args != 1 {
-        return Err(format!(
-            "the module's forward must take one tensor (a batch); it is `{}`",
-            schema.text
-        ));
-    }
+    let named = task.trial.as_ref().and_then(|t| match t.spec.dataset() {
+        DatasetSpec::File(f) => f.inputs.clone(),
+        _ => None,
+    });
+    let inputs = forward_inputs(&schema, named.as_deref(), task.trial.is_some())?;
     if !schema.returns_tensor {
         return Err(format!(
             "the module's forward must return one tensor; it is `{}`",
@@ -203,9 +202,44 @@ fn examine(task: &Task) -> Result<ModelTensors, String> {
                 .map(|(_, v)| v.shallow_clone())
                 .ok_or_else(|| format!("the trial batch has no {name}"))
         };
-        trial(&module, &t.spec, &get("x")?, &get("y")?, t.label_max)?;
+        trial(
+            &module,
+            &t.spec,
+            &get("x")?,
+            &get("y")?,
+            t.label_max,
+            inputs,
+        )?;
     }
     Ok(found)
+}
+
+/// The tensors the forward takes, checked against `dataset.inputs` (the
+/// names, in order) when the job names several, or against one batch
+/// tensor when it names none; without a job (`known` false) any number of
+/// tensor arguments is accepted.
+fn forward_inputs(schema: &Schema, named: Option<&[String]>, known: bool) -> Result<usize, String> {
+    if schema.args != schema.tensor_args || schema.args == 0 {
+        return Err(format!(
+            "the module's forward must take tensors only (a batch, or the inputs dataset.inputs names); it is `{}`",
+            schema.text
+        ));
+    }
+    match named {
+        Some(names) if names != schema.names.as_slice() => Err(format!(
+            "dataset.inputs names [{}] but the module's forward takes ({}): give the forward's arguments, in order (`{}`)",
+            names.join(", "),
+            schema.names.join(", "),
+            schema.text
+        )),
+        None if known && schema.args != 1 => Err(format!(
+            "the module's forward takes {} tensors ({}); name the array or column for each in dataset.inputs, in that order (`{}`)",
+            schema.args,
+            schema.names.join(", "),
+            schema.text
+        )),
+        _ => Ok(schema.args),
+    }
 }
 
 /// A forward on the first rows of the job's data, checked against the
@@ -216,11 +250,12 @@ fn trial(
     x: &Tensor,
     y: &Tensor,
     label_max: Option<i64>,
+    inputs: usize,
 ) -> Result<(), String> {
     module
         .set_train(false)
         .map_err(|e| first_line(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward(x)).map_err(|e| {
+    let out = tch::no_grad(|| module.forward_packed(x, inputs)).map_err(|e| {
         format!(
             "the model cannot take a batch of the dataset (shape {:?}, {:?}): {}",
             x.size(),
@@ -342,7 +377,9 @@ mod tests {
         assert!(refusal("junk.pt").contains("not a loadable TorchScript module"));
         let two = refusal("two.pt");
         assert!(
-            two.contains("must take one tensor") && two.contains("Tensor mask"),
+            two.contains("takes 2 tensors (x, mask)")
+                && two.contains("dataset.inputs")
+                && two.contains("Tensor mask"),
             "{two}"
         );
         let few = refusal("few.pt");
@@ -354,6 +391,66 @@ mod tests {
         assert!(
             wide.contains("cannot take a batch of the dataset") && wide.contains("64"),
             "{wide}"
+        );
+    }
+
+    /// `two.pt` (`forward(self, x, mask)`) over an npz holding `x` and
+    /// `mask`, with `dataset.inputs` as given.
+    fn inspect_two(inputs: Option<&[&str]>) -> InspectionResult {
+        let dir = modules();
+        let data = dir.join("two-inputs.npz");
+        let x = Tensor::rand([40, 64], (Kind::Float, tch::Device::Cpu));
+        let mask = Tensor::ones([40, 64], (Kind::Int64, tch::Device::Cpu));
+        let y = Tensor::arange(40, (Kind::Int64, tch::Device::Cpu)).remainder(10);
+        Tensor::write_npz(&[("x", &x), ("mask", &mask), ("y", &y)], &data).unwrap();
+        let model = dir.join("two.pt");
+        let url = format!("file://{}", model.display());
+        let mut spec = crate::replica::tests::spec();
+        if let Some(trainyard_common::spec::ModelSpec::Torchscript(t)) = &mut spec.model {
+            t.url = url.clone();
+        }
+        let mut f = trainyard_common::spec::FileData::at(format!("file://{}", data.display()));
+        f.inputs = inputs.map(|i| i.iter().map(|s| s.to_string()).collect());
+        spec.dataset = Some(DatasetSpec::File(f));
+        let ins = Inspection {
+            job_id: uuid::Uuid::nil(),
+            url,
+            spec: Some(Box::new(
+                trainyard_common::JobSpec::parse(spec).expect("a valid spec"),
+            )),
+            data_policy: trainyard_common::artifact::DataPolicy::unrestricted(),
+        };
+        prepare_and_run(
+            &ins,
+            &Fetcher::local_only(),
+            &crate::sandbox::Sandbox::for_tests(),
+            LIMIT,
+            &Shutdown::new(),
+            true,
+        )
+        .unwrap_or_else(InspectionResult::Error)
+    }
+
+    #[test]
+    fn a_forward_of_two_tensors_takes_the_inputs_named_for_its_arguments() {
+        assert!(
+            matches!(
+                inspect_two(Some(&["x", "mask"])),
+                InspectionResult::Parameters(_)
+            ),
+            "{:?}",
+            inspect_two(Some(&["x", "mask"]))
+        );
+        let swapped = refused(inspect_two(Some(&["mask", "x"])));
+        assert!(
+            swapped.contains("dataset.inputs names [mask, x]")
+                && swapped.contains("takes (x, mask)"),
+            "{swapped}"
+        );
+        let none = refused(inspect_two(None));
+        assert!(
+            none.contains("name the array or column for each in dataset.inputs"),
+            "{none}"
         );
     }
 

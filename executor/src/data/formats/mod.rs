@@ -29,16 +29,55 @@ pub struct Columns {
     pub y: String,
     /// Sample ids, if the shards carry them.
     pub id: Option<String>,
+    /// `x` names several inputs (`dataset.inputs`), stacked along
+    /// dimension 1 ([`stack_inputs`]), rather than one input's columns.
+    pub stacked: bool,
 }
 
 impl Columns {
     pub(crate) fn of(f: &FileData) -> Columns {
         Columns {
-            x: f.x_columns.clone().unwrap_or_else(|| vec!["x".into()]),
+            x: f.inputs
+                .clone()
+                .or_else(|| f.x_columns.clone())
+                .unwrap_or_else(|| vec!["x".into()]),
             y: f.y_column.clone().unwrap_or_else(|| "y".into()),
             id: f.id_column.clone(),
+            stacked: f.inputs.is_some(),
         }
     }
+}
+
+/// A multi-input model's inputs of one unit, `[n, inputs, …]`: each of
+/// the same shape, all as float32 when one is floating-point, else as
+/// booleans when all are, else as int64 (see
+/// [`crate::replica::script::Module::forward_packed`], which hands them
+/// to the forward one by one).
+pub(crate) fn stack_inputs(
+    url: &str,
+    names: &[String],
+    parts: Vec<tch::Tensor>,
+) -> Result<tch::Tensor, DataError> {
+    use tch::Kind;
+    let shape = parts.first().map(tch::Tensor::size).unwrap_or_default();
+    for (p, name) in parts.iter().zip(names).skip(1) {
+        if p.size() != shape {
+            return Err(DataError::Shape(format!(
+                "{url}: input {name:?} has shape {:?}, input {:?} {shape:?}; the inputs of a sample need one shape",
+                p.size(),
+                names[0]
+            )));
+        }
+    }
+    let kind = if parts.iter().any(tch::Tensor::is_floating_point) {
+        Kind::Float
+    } else if parts.iter().all(|p| p.kind() == Kind::Bool) {
+        Kind::Bool
+    } else {
+        Kind::Int64
+    };
+    let parts: Vec<tch::Tensor> = parts.iter().map(|p| p.to_kind(kind)).collect();
+    Ok(tch::Tensor::stack(&parts, 1))
 }
 
 /// A shard that cannot be read, and why.

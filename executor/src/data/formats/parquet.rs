@@ -140,7 +140,7 @@ pub(crate) fn parquet_columns(
         let t = schema.field(i).data_type();
         match (t, list_item(t)) {
             (t, _) if numeric(t) => features += 1,
-            (_, Some((inner, n))) if numeric(inner) && c.x.len() == 1 => {
+            (_, Some((inner, n))) if numeric(inner) && (c.x.len() == 1 || c.stacked) => {
                 features += n.map_or(0, |n| n.max(0) as u64)
             }
             (other, _) => {
@@ -375,7 +375,9 @@ pub(crate) fn read_parquet_unit(
         for (i, &root) in cols.x.iter().enumerate() {
             parts.push(feature(&col(root), kind, url, &columns.x[i], u)?);
         }
-        xs.push(if parts.len() == 1 {
+        xs.push(if columns.stacked {
+            super::stack_inputs(url, &columns.x, parts)?
+        } else if parts.len() == 1 {
             parts.pop().expect("one")
         } else {
             Tensor::cat(&parts, 1)

@@ -52,6 +52,7 @@ fn columns(x: &[&str], y: &str) -> Columns {
         x: x.iter().map(|s| s.to_string()).collect(),
         y: y.into(),
         id: None,
+        stacked: false,
     }
 }
 

@@ -65,6 +65,7 @@ def parquet(out):
         "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 8),
         "xl": pa.array([list(r.astype(np.float64)) for r in x], type=pa.list_(pa.float64())),
         "ids": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 1000, n * 4).astype(np.int64)), 4),
+        "mask": pa.array([list(r) for r in rng.integers(0, 2, (n, 4)).astype(bool)], type=pa.list_(pa.bool_())),
         "f16": pa.array(rng.normal(size=n).astype(np.float16)),
         "f64": pa.array(rng.normal(size=n)),
         "i8": pa.array(rng.integers(-100, 100, n).astype(np.int8)),
@@ -100,6 +101,7 @@ def parquet(out):
     expect("dtypes-ints", f, ["i8", "u8", "u16", "i32", "u32", "dict", "opt"], "y", "int64", np.int64)
     expect("dtypes-tokens", f, ["ids"], "y", "int64", np.int64)
     expect("dtypes-bool", f, ["b"], "y", "bool", bool)
+    expect("dtypes-mask", f, ["mask"], "y", "bool", bool)
     expect("dtypes-u8", f, ["u8"], "y", "uint8", np.uint8)
     expect("dtypes-varlist", f, ["xl"], "y", "float", np.float32)
 

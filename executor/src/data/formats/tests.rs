@@ -110,6 +110,42 @@ fn parquet_from_every_writer_and_codec_reads_as_pyarrow_reads_it() {
 }
 
 #[test]
+fn parquet_columns_named_as_inputs_stack_along_dimension_one() {
+    let (_dir, cases) = foreign("parquet");
+    let case = |name: &str| {
+        cases
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["expect"].as_str().unwrap().contains(name))
+            .unwrap()
+            .clone()
+    };
+    let (tokens, mask) = (case("dtypes-tokens"), case("dtypes-mask"));
+    let file = tokens["file"].as_str().unwrap();
+    let groups = tokens["groups"].as_u64().unwrap() as usize;
+    let mut c = columns(&["ids", "mask"], "y");
+    c.stacked = true;
+    let (x, _) = read_all(file, &c, groups).unwrap();
+    let ids = get(&npz(tokens["expect"].as_str().unwrap()), "x");
+    let m = get(&npz(mask["expect"].as_str().unwrap()), "x");
+    assert_eq!(x.size(), vec![ids.size()[0], 2, 4]);
+    assert_eq!(x.kind(), Kind::Int64, "ids with a boolean mask are int64");
+    assert!(x.select(1, 0).equal(&ids));
+    assert!(x.select(1, 1).equal(&m.to_kind(Kind::Int64)));
+    // Inputs of other widths are refused by name.
+    let mut c = columns(&["ids", "x"], "y");
+    c.stacked = true;
+    let e = read_all(file, &c, groups)
+        .expect_err("widths 4 and 8")
+        .to_string();
+    assert!(
+        e.contains("input \"x\" has shape") && e.contains("one shape"),
+        "{e}"
+    );
+}
+
+#[test]
 fn parquet_refusals_name_the_column_the_row_group_and_the_row() {
     let (dir, _) = foreign("parquet");
     let file = |n: &str| dir.join(n).to_string_lossy().into_owned();

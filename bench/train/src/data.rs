@@ -11,6 +11,14 @@
 //! plain parallel reader of the same objects (8 concurrent whole-object
 //! reads).
 //!
+//!
+//! **JPEG.** A compute-bound job (a CNN 3×32×32 → 32, 64 channels → 256
+//! → 10, batches of 128) trains on the same images in memory (float
+//! tensors in one npz) and as JPEGs in WebDataset tar shards, decoded by
+//! the executor's loader (one decode thread per rank: the loader's own)
+//! with a seeded horizontal flip and a normalization per batch; target ≤
+//! 1.05 on the step time.
+//!
 //! `cargo run --release -p trainyard-train-bench --bin data-bench
 //! [-- --quick]` after `source scripts/common.sh && torch_env`.
 
@@ -29,6 +37,120 @@ use trainyard_shutdown::Shutdown;
 const SHARDS: usize = 24;
 const PER_SHARD: i64 = 4096;
 const FEATURES: i64 = 256;
+
+/// JPEG shards and images per shard of the JPEG section.
+const JPEG_SHARDS: usize = 8;
+const JPEG_PER_SHARD: usize = 2048;
+
+/// The CNN job of the JPEG section over `dataset`.
+fn image_job(dataset: serde_json::Value, steps: u64) -> UncheckedJobSpec {
+    serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
+        "name": "data-bench-jpeg",
+        "model": {"kind": "cnn", "channels": 3, "height": 32, "width": 32,
+                  "conv_channels": [32, 64], "hidden": 256, "classes": 10},
+        "dataset": dataset,
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "sgd", "lr": 0.01},
+        "batch_size": 128,
+        "steps": steps,
+        "eval_fraction": 0.0,
+        "checkpoint": {"at_end": false}
+    }))
+    .expect("a valid spec")
+    .into()
+}
+
+/// Writes the JPEG section's images: WebDataset shards under `dir/wds`
+/// and the same pixels as floats in `dir/images.npz`.
+fn write_images(dir: &Path) {
+    use image::codecs::jpeg::JpegEncoder;
+    let wds = dir.join("wds");
+    std::fs::create_dir_all(&wds).expect("a folder");
+    let (mut floats, mut labels) = (Vec::new(), Vec::new());
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for s in 0..JPEG_SHARDS {
+        let file = std::fs::File::create(wds.join(format!("shard-{s:06}.tar"))).expect("a shard");
+        let mut tar = tar::Builder::new(file);
+        for i in 0..JPEG_PER_SHARD {
+            // Smooth images with some texture: JPEGs of a realistic size.
+            let (a, b, c) = (next() % 256, next() % 256, next() % 7 + 1);
+            let mut rgb = Vec::with_capacity(32 * 32 * 3);
+            for y in 0..32u64 {
+                for x in 0..32u64 {
+                    let noise = next() % 24;
+                    rgb.push(((a + x * c + noise) % 256) as u8);
+                    rgb.push(((b + y * c + noise) % 256) as u8);
+                    rgb.push((((x + y) * 4 + noise) % 256) as u8);
+                }
+            }
+            let class = (next() % 10) as i64;
+            let mut jpeg = Vec::new();
+            JpegEncoder::new_with_quality(&mut jpeg, 90)
+                .encode(&rgb, 32, 32, image::ExtendedColorType::Rgb8)
+                .expect("a JPEG");
+            for (name, bytes) in [
+                (format!("s{i:06}.jpg"), jpeg),
+                (format!("s{i:06}.cls"), class.to_string().into_bytes()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(bytes.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                tar.append_data(&mut h, name, bytes.as_slice())
+                    .expect("a member");
+            }
+            // Planar, as the loader lays images out.
+            floats.extend(
+                (0..3)
+                    .flat_map(|ch| (0..1024).map(move |p| (ch, p)))
+                    .map(|(ch, p)| f32::from(rgb[p * 3 + ch]) / 255.0),
+            );
+            labels.push(class);
+        }
+        tar.finish().expect("a tar");
+    }
+    let n = (JPEG_SHARDS * JPEG_PER_SHARD) as i64;
+    Tensor::write_npz(
+        &[
+            ("x", Tensor::from_slice(&floats).reshape([n, 3, 32, 32])),
+            ("y", Tensor::from_slice(&labels)),
+        ],
+        dir.join("images.npz"),
+    )
+    .expect("the images in memory");
+}
+
+/// Trains the CNN `steps` steps on `dataset`: ms per step, stall share.
+fn train_images(dataset: serde_json::Value, steps: u64) -> (f64, f64) {
+    let spec = image_job(dataset, steps);
+    let stop = Shutdown::new();
+    let (mut total, mut data, mut n) = (0.0, 0.0, 0);
+    let mut from = None;
+    ring::run(
+        &spec,
+        Device::Cpu,
+        &Fetcher::local_only(),
+        &Host::for_tests(),
+        &stop,
+        &mut |s| {
+            if s.step > 5 {
+                from.get_or_insert_with(Instant::now);
+                total += s.data_seconds + s.compute_seconds + s.comm_seconds;
+                data += s.data_seconds;
+                n += 1;
+            }
+        },
+    )
+    .expect("training");
+    let wall = from.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    (wall * 1000.0 / f64::from(n.max(1)), data / total.max(1e-9))
+}
 
 fn job(url: &str, steps: u64) -> UncheckedJobSpec {
     serde_json::from_value::<trainyard_common::JobSpec>(serde_json::json!({
@@ -270,6 +392,48 @@ fn main() {
         record["s3_plain_mbps"] = serde_json::json!(plain);
         let _ = rt.block_on(store.delete_prefix(""));
     }
+
+    // JPEG: decoding in the loader against tensors in memory.
+    write_images(&dir);
+    let jpeg_steps = if quick { 60 } else { 200 };
+    let in_memory = serde_json::json!({"kind": "file",
+        "url": format!("file://{}", dir.join("images.npz").display())});
+    let jpegs = serde_json::json!({"kind": "file",
+        "url": format!("file://{}/wds/shard-*.tar", dir.display()),
+        "shuffle_buffer": 2048, "memory_mb": 256,
+        "transforms": [{"horizontal_flip": 0.5}],
+        "normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}});
+    train_images(jpegs.clone(), 10);
+    let (img_mem_ms, img_mem_stall) = train_images(in_memory, jpeg_steps);
+    let (jpeg_ms, jpeg_stall) = train_images(jpegs, jpeg_steps);
+    println!(
+        "# data, JPEG: CNN 3x32x32 -> conv 32, 64 -> 256 -> 10, batch 128, {jpeg_steps} steps; {JPEG_SHARDS} WebDataset shards of {JPEG_PER_SHARD} 32x32 JPEGs (quality 90), flip + normalize per batch; decode threads: 1 per rank (the loader's)"
+    );
+    Figure::new(
+        "data",
+        "step time, JPEG WebDataset shards (1 decode thread)",
+        jpeg_ms,
+        "ms",
+        "in memory",
+        img_mem_ms,
+        Better::Lower,
+    )
+    .target(Target::AtMost(1.05))
+    .emit();
+    Figure::new(
+        "data",
+        "data-stall share, JPEG WebDataset shards",
+        jpeg_stall * 100.0,
+        "%",
+        "in memory",
+        img_mem_stall * 100.0,
+        Better::Lower,
+    )
+    .emit();
+    record["jpeg_ms"] = serde_json::json!(jpeg_ms);
+    record["jpeg_in_memory_ms"] = serde_json::json!(img_mem_ms);
+    record["jpeg_stall"] = serde_json::json!(jpeg_stall);
+    record["jpeg_decode_threads"] = serde_json::json!(1);
     record_data("data", &record);
     let _ = std::fs::remove_dir_all(&dir);
 }

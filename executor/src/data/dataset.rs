@@ -298,8 +298,7 @@ impl Dataset {
         // Bounded so evaluation of a large set stays cheap.
         let idx: Vec<i64> = self.eval.iter().copied().take(4096).collect();
         let (x, y) = gather(&self.data, &idx, spec);
-        let ids: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
-        Some((Pixels::of(spec).finish(x, &ids, 0, false), y))
+        Some((Pixels::of(spec).finish(x), y))
     }
 
     /// Starts the background batcher of worker `rank` of `world` from
@@ -339,12 +338,7 @@ impl Dataset {
                     (Tensor::new(), Tensor::new())
                 } else {
                     let (x, y) = gather(&data, mine, &spec);
-                    if pixels.active() {
-                        let ids: Vec<u64> = mine.iter().map(|&i| i as u64).collect();
-                        (pixels.finish(x, &ids, cursor.epoch, true), y)
-                    } else {
-                        (x, y)
-                    }
+                    (pixels.finish(x), y)
                 };
                 let b = Batch {
                     x,

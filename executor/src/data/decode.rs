@@ -21,7 +21,12 @@ pub type EvalFn<'a> = dyn FnMut(&(Tensor, Tensor)) -> (f64, Option<f64>) + 'a;
 
 /// Decoded rows of one unit.
 pub(super) struct Unit {
+    /// Features `[n, …]`; for images, a view of the first image per row
+    /// (the images themselves are in `images`).
     pub(super) x: Tensor,
+    /// Images (`[c, h, w]` uint8, sizes may differ until the batch's
+    /// crops), or none.
+    pub(super) images: Vec<Tensor>,
     pub(super) y: Tensor,
     pub(super) ids: Vec<u64>,
 }
@@ -44,7 +49,13 @@ impl Sharded {
                 if n == 0 {
                     continue;
                 }
-                let x = pixels.finish(unit.x.shallow_clone(), &unit.ids, 0, false);
+                let x = if unit.images.is_empty() {
+                    pixels.finish(unit.x.shallow_clone())
+                } else {
+                    pixels
+                        .finish_images(&unit.images, &unit.ids, 0, false)
+                        .map_err(|e| DataError::Shape(format!("{}: {e}", shard.url)))?
+                };
                 let (l, a) = eval(&(x, unit.y.shallow_clone()));
                 loss += l * n as f64;
                 match a {
@@ -81,23 +92,31 @@ impl Sharded {
                 ));
             }
         }
+        let mut pictures = Vec::new();
         let (x, y, ids) = match shard.format {
             FileFormat::Parquet => read_parquet_unit(&f.path, &shard.url, u, columns)?,
-            FileFormat::Webdataset => {
-                let (x, y) = webdataset::read_unit(&f.path, &shard.url, u, &self.images)?;
+            FileFormat::Webdataset | FileFormat::ImageFolder => {
+                let y = if shard.format == FileFormat::Webdataset {
+                    let (images, y) = webdataset::read_unit(&f.path, &shard.url, u, &self.images)?;
+                    pictures = images;
+                    y
+                } else {
+                    let bytes = std::fs::read(&f.path).map_err(|e| unreadable(&shard.url, e))?;
+                    let name = shard.url.rsplit('/').next().unwrap_or_default();
+                    let d = images::decode(&shard.url, name, &bytes, &self.images)?;
+                    pictures.push(d.tensor(self.images.channels));
+                    Tensor::from_slice(&[shard.label.unwrap_or(0)])
+                };
+                // The model check sees the first image's shape for every
+                // row (a view: no copy).
+                let x = match pictures.first() {
+                    Some(p) => p.unsqueeze(0).expand(
+                        [pictures.len() as i64, p.size()[0], p.size()[1], p.size()[2]],
+                        false,
+                    ),
+                    None => Tensor::zeros([0, 1, 1, 1], (Kind::Uint8, tch::Device::Cpu)),
+                };
                 (x, y, None)
-            }
-            FileFormat::ImageFolder => {
-                let bytes = std::fs::read(&f.path).map_err(|e| unreadable(&shard.url, e))?;
-                let name = shard.url.rsplit('/').next().unwrap_or_default();
-                let d = images::decode(&shard.url, name, &bytes, &self.images)?;
-                let x = Tensor::from_slice(&d.values).reshape([
-                    1,
-                    i64::from(self.images.channels),
-                    i64::from(d.height),
-                    i64::from(d.width),
-                ]);
-                (x, Tensor::from_slice(&[shard.label.unwrap_or(0)]), None)
             }
             fmt => {
                 let named = match fmt {
@@ -174,6 +193,11 @@ impl Sharded {
             }
             None => (first..first + rows).collect(),
         };
-        Ok(Unit { x, y, ids })
+        Ok(Unit {
+            x,
+            images: pictures,
+            y,
+            ids,
+        })
     }
 }

@@ -98,6 +98,8 @@ fn unit_of(shard: &Shard, units: &[usize], mut row: u64) -> (usize, u64) {
 /// permutation.
 struct Window {
     x: Tensor,
+    /// The window's images, when the dataset's samples are images.
+    images: Vec<Tensor>,
     y: Tensor,
     ids: Vec<u64>,
     perm: Vec<i64>,
@@ -195,6 +197,7 @@ impl<'a> Loader<'a> {
         let mut xs = Vec::new();
         let mut ys = Vec::new();
         let mut ids = Vec::with_capacity(range.len());
+        let mut pictures: Vec<Tensor> = Vec::new();
         let mut hash = 0u64;
         let mut i = 0;
         while i < picks.len() {
@@ -213,19 +216,27 @@ impl<'a> Loader<'a> {
                 ids.push(w.ids[r as usize]);
             }
             let idx = Tensor::from_slice(&local);
-            xs.push(w.x.index_select(0, &idx));
+            if w.images.is_empty() {
+                xs.push(w.x.index_select(0, &idx));
+            } else {
+                pictures.extend(local.iter().map(|&r| w.images[r as usize].shallow_clone()));
+            }
             ys.push(w.y.index_select(0, &idx));
             i = j;
         }
-        let (x, y) = if xs.len() == 1 {
-            (xs.pop().expect("one"), ys.pop().expect("one"))
+        let y = if ys.len() == 1 {
+            ys.pop().expect("one")
         } else {
-            (Tensor::cat(&xs, 0), Tensor::cat(&ys, 0))
+            Tensor::cat(&ys, 0)
         };
-        let x = if self.pixels.active() {
-            self.pixels.finish(x, &ids, epoch, true)
+        let x = if !pictures.is_empty() {
+            self.pixels
+                .finish_images(&pictures, &ids, epoch, true)
+                .map_err(DataError::Shape)?
+        } else if xs.len() == 1 {
+            self.pixels.finish(xs.pop().expect("one"))
         } else {
-            x
+            self.pixels.finish(Tensor::cat(&xs, 0))
         };
         Ok((x, y, hash, range.len()))
     }
@@ -258,6 +269,7 @@ impl<'a> Loader<'a> {
         }
         let mut xs = Vec::new();
         let mut ys = Vec::new();
+        let mut images = Vec::new();
         let mut ids = Vec::with_capacity(wlen as usize);
         let mut p = from;
         while p < from + wlen {
@@ -267,14 +279,27 @@ impl<'a> Loader<'a> {
             let (u, r) = unit_of(shard, &ent.units, row);
             let take = (shard.units[u] - r).min(from + wlen - p);
             let unit = self.unit(ent.shard, u)?;
-            self.same_shape(&unit.x, &shard.url)?;
-            xs.push(unit.x.narrow(0, r as i64, take as i64));
+            if unit.images.is_empty() {
+                self.same_shape(&unit.x, &shard.url)?;
+                xs.push(unit.x.narrow(0, r as i64, take as i64));
+            } else {
+                images.extend(
+                    unit.images[r as usize..(r + take) as usize]
+                        .iter()
+                        .map(Tensor::shallow_clone),
+                );
+            }
             ys.push(unit.y.narrow(0, r as i64, take as i64));
             ids.extend_from_slice(&unit.ids[r as usize..(r + take) as usize]);
             p += take;
         }
         let w = Rc::new(Window {
-            x: Tensor::cat(&xs, 0),
+            x: if xs.is_empty() {
+                Tensor::new()
+            } else {
+                Tensor::cat(&xs, 0)
+            },
+            images,
             y: Tensor::cat(&ys, 0),
             ids,
             perm: window_perm(self.s.spec.seed, epoch, lane, k, wlen),
@@ -350,5 +375,11 @@ impl<'a> Loader<'a> {
 }
 
 fn unit_bytes(u: &Unit) -> u64 {
-    (u.x.numel() * 4 + u.y.numel() * 8 + u.ids.len() * 8) as u64
+    let images: usize = u.images.iter().map(Tensor::numel).sum();
+    let x = if u.images.is_empty() {
+        u.x.numel() * 4
+    } else {
+        images
+    };
+    (x + u.y.numel() * 8 + u.ids.len() * 8) as u64
 }

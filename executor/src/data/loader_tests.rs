@@ -293,11 +293,33 @@ fn an_image_folder_streams_seeded_augmented_normalized_batches() {
         .unwrap_or_else(|_| panic!("{}", d.loader_failure()));
     assert_eq!(later.x.size(), first.x.size());
     assert!(!later.x.equal(&first.x) || !later.y.equal(&first.y));
-    // Without the center crop the images keep their aspects, and the
-    // loader says what to add instead of failing in libtorch.
+    // Without the center crop the images keep their aspects until the
+    // batch's random crop, as torchvision's Resize + RandomCrop do; held
+    // out, they are center-cropped.
     let ds = json!({"kind": "file", "url": format!("file://{}/", dir.display()),
         "transforms": [{"resize": 16}, {"random_crop": 12}]});
     let model = json!({"kind": "mlp", "inputs": 432, "hidden": [8], "outputs": 3});
+    let spec = spec_for(ds, model, 0.25);
+    let d = Dataset::load(&spec, &Fetcher::local_only()).unwrap();
+    let b = d
+        .stream(&spec, 0, 1, Cursor::default())
+        .recv()
+        .unwrap_or_else(|_| panic!("{}", d.loader_failure()));
+    assert_eq!(b.x.size(), vec![3, 3, 12, 12]);
+    let mut held = 0;
+    d.evaluate_shards(&mut |(x, _)| {
+        assert_eq!(x.size()[1..], [3, 12, 12]);
+        held += x.size()[0];
+        (0.0, None)
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(held, 1);
+    // Without any crop they cannot form one batch, and the error says
+    // what to add.
+    let ds = json!({"kind": "file", "url": format!("file://{}/", dir.display()),
+        "transforms": [{"resize": 16}, {"horizontal_flip": 0.5}]});
+    let model = json!({"kind": "torchscript", "url": "file:///unused.pt"});
     let spec = spec_for(ds, model, 0.0);
     let d = Dataset::load(&spec, &Fetcher::local_only()).unwrap();
     assert!(d.stream(&spec, 0, 1, Cursor::default()).recv().is_err());

@@ -76,6 +76,17 @@ pub struct Decoded {
     pub width: u32,
 }
 
+impl Decoded {
+    /// As a uint8 tensor `[channels, height, width]`.
+    pub fn tensor(&self, channels: u32) -> tch::Tensor {
+        tch::Tensor::from_slice(&self.values).reshape([
+            i64::from(channels),
+            i64::from(self.height),
+            i64::from(self.width),
+        ])
+    }
+}
+
 /// Decodes `bytes` (the image `name` of `url`) and applies the recipe.
 pub fn decode(url: &str, name: &str, bytes: &[u8], r: &ImageRecipe) -> Result<Decoded, DataError> {
     let what = |why: String| unreadable(url, format!("image {name}: {why}"));

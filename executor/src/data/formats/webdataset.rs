@@ -145,19 +145,18 @@ pub fn units_of(samples: u64) -> Vec<u64> {
     units
 }
 
-/// Unit `u` of the tar at `path`: uint8 images `[n, c, h, w]` and int64
-/// classes `[n]`.
+/// Unit `u` of the tar at `path`: each image uint8 `[c, h, w]` (sizes may
+/// differ until the batch's crops), and the int64 classes `[n]`.
 pub fn read_unit(
     path: &Path,
     url: &str,
     u: usize,
     recipe: &ImageRecipe,
-) -> Result<(Tensor, Tensor), DataError> {
+) -> Result<(Vec<Tensor>, Tensor), DataError> {
     let from = u as u64 * UNIT_SAMPLES;
     let to = from + UNIT_SAMPLES;
-    let mut images: Vec<u8> = Vec::new();
+    let mut images: Vec<Tensor> = Vec::new();
     let mut classes: Vec<i64> = Vec::new();
-    let mut size: Option<(u32, u32)> = None;
     walk(
         path,
         url,
@@ -172,31 +171,12 @@ pub fn read_unit(
             let class = s.class.ok_or_else(|| {
                 DataError::Shape(format!("{url}: sample {} has no .cls (its class)", s.key))
             })?;
-            let d = decode(url, &name, &bytes, recipe)?;
-            match size {
-                None => size = Some((d.height, d.width)),
-                Some(hw) if hw != (d.height, d.width) => {
-                    return Err(DataError::Shape(format!(
-                        "{url}: image {name} is {}×{} after the transforms, others {}×{}; add a center_crop or random_crop to dataset.transforms",
-                        d.width, d.height, hw.1, hw.0
-                    )))
-                }
-                Some(_) => {}
-            }
-            images.extend_from_slice(&d.values);
+            images.push(decode(url, &name, &bytes, recipe)?.tensor(recipe.channels));
             classes.push(class);
             Ok(i + 1 < to)
         },
     )?;
-    let (h, w) = size.unwrap_or((0, 0));
-    let n = classes.len() as i64;
-    let x = Tensor::from_slice(&images).reshape([
-        n,
-        i64::from(recipe.channels),
-        i64::from(h),
-        i64::from(w),
-    ]);
-    Ok((x, Tensor::from_slice(&classes)))
+    Ok((images, Tensor::from_slice(&classes)))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod chaos;
 mod checkpoints;
 mod cli;
 mod cluster;
+mod data_formats;
 mod data_policy;
 mod examples;
 mod executor_probe;

@@ -11,7 +11,7 @@
 //! than the model.
 //!
 //! A glob, a manifest or a Parquet file is a sharded dataset instead,
-//! streamed by [`super::sharded`] with the same cursor and the same split of
+//! streamed by [`super::Sharded`] with the same cursor and the same split of
 //! each step among the ranks.
 
 use super::pixels::Pixels;

@@ -1,26 +1,23 @@
 //! Training data: generated sets, whole files in memory, and sharded
-//! datasets (many objects — a `*` glob or a `.json` manifest; npz,
-//! safetensors or Parquet) streamed through the executor's cache tier
-//! within a memory budget, each worker reading only the shards its share of
-//! the epoch needs. The replica ([`crate::replica`]) takes its batches from
-//! here; nothing here knows about models beyond the check that data fits
-//! one.
+//! datasets (many objects — a `*` glob or a `.json` manifest of npz,
+//! safetensors, Parquet or WebDataset shards, or an image folder) streamed
+//! through the executor's cache tier within a memory budget, each worker
+//! reading only the shards its share of the epoch needs. The replica
+//! ([`crate::replica`]) takes its batches from here; nothing here knows
+//! about models beyond the check that data fits one.
 //!
 //! **In memory.** [`Dataset`] loads a generated set or a whole file,
 //! splits it by the seed and streams seeded, sharded batches from a
 //! background thread ([`dataset`]).
-//! many objects (a `*` glob or a `.json` manifest; npz,
-//! safetensors or Parquet), streamed through the executor's cache tier
-//! within a memory budget, each worker reading only the shards its share of
-//! the epoch needs.
 //!
 //! **Listing.** [`ShardSet::open`] lists the shards (sorted by URL, so
 //! every worker sees the same list) and learns each one's sample count and
-//! units — Parquet row groups, or the whole file for npz and safetensors —
-//! from its metadata alone: a Parquet footer, the zip directory and `.npy`
-//! headers of an npz, the JSON header of a safetensors file, each read with
-//! range requests. A manifest may give the counts of npz and safetensors
-//! shards itself. Every shard URL goes through the job's data policy.
+//! units — Parquet row groups, runs of 256 samples of a WebDataset tar, or
+//! the whole file for npz and safetensors — from its metadata alone: a
+//! Parquet footer, the zip directory and `.npy` headers of an npz, the JSON
+//! header of a safetensors file, each read with range requests, or a tar's
+//! headers. A manifest may give the counts itself. An image folder is a
+//! shard of one sample per image. Every shard URL goes through the job's data policy.
 //!
 //! **Order.** An epoch's *stream* is the training shards in a seeded order
 //! of that epoch, each shard's samples in file order. The stream is cut

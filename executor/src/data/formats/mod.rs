@@ -30,7 +30,7 @@ pub struct Columns {
     /// Sample ids, if the shards carry them.
     pub id: Option<String>,
     /// `x` names several inputs (`dataset.inputs`), stacked along
-    /// dimension 1 ([`stack_inputs`]), rather than one input's columns.
+    /// dimension 1 (`stack_inputs`), rather than one input's columns.
     pub stacked: bool,
 }
 

@@ -27,7 +27,7 @@
 //! the blocks taken round-robin over the lanes ([`Plan`]). The global data
 //! cursor `(epoch, offset)` counts positions of that order, and a step
 //! takes the next `world × batch` of them, rank `r` the `r`-th run, exactly
-//! as for a dataset in memory ([`slice`]): every sample of an
+//! as for a dataset in memory ([`slice()`]): every sample of an
 //! epoch is used once whatever the membership does, and the cursor in every
 //! checkpoint and state hand-over is the same two numbers. With the job at
 //! its largest size, rank `r` reads lane `r` alone: its own contiguous

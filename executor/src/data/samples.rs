@@ -1,5 +1,5 @@
 //! What whole datasets ([`super::dataset`]) and sharded ones
-//! ([`super::sharded`]) both serve: the data, the cursor, one worker's
+//! ([`super::Sharded`]) both serve: the data, the cursor, one worker's
 //! batch, the split of a step among the ranks, the check that data fits the
 //! model, and the error.
 //!

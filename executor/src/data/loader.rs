@@ -10,7 +10,7 @@ use super::order::{id_mix, shard_order, stream_position, window_perm, Plan};
 use super::pixels::Pixels;
 use super::sharded::{Sharded, PREFETCH_BATCHES};
 use crate::data::samples::{slice, Batch, Cursor, DataError};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
@@ -144,8 +144,11 @@ struct Loader<'a> {
     epoch: Option<(u64, EpochOrder)>,
     windows: HashMap<(u32, u64), Rc<Window>>,
     window_lru: VecDeque<(u32, u64)>,
-    units: HashMap<(usize, usize), Rc<Unit>>,
-    unit_lru: VecDeque<(usize, usize)>,
+    /// Decoded units and when each was last used.
+    units: HashMap<(usize, usize), (Rc<Unit>, u64)>,
+    /// The units by when they were last used.
+    unit_lru: BTreeMap<u64, (usize, usize)>,
+    tick: u64,
     unit_bytes: u64,
     prefetch: Sender<String>,
     prefetched: HashSet<String>,
@@ -162,7 +165,8 @@ impl<'a> Loader<'a> {
             windows: HashMap::new(),
             window_lru: VecDeque::new(),
             units: HashMap::new(),
-            unit_lru: VecDeque::new(),
+            unit_lru: BTreeMap::new(),
+            tick: 0,
             unit_bytes: 0,
             prefetch,
             prefetched: HashSet::new(),
@@ -344,13 +348,17 @@ impl<'a> Loader<'a> {
         out
     }
 
-    /// Unit `u` of shard `shard`, decoded (cached within the budget).
+    /// Unit `u` of shard `shard`, decoded (cached within the budget,
+    /// least recently used out first; an image folder has a unit per
+    /// image, so each use costs a logarithm of the cache, not its length).
     fn unit(&mut self, shard: usize, u: usize) -> Result<Rc<Unit>, DataError> {
         let key = (shard, u);
-        if let Some(x) = self.units.get(&key) {
+        self.tick += 1;
+        if let Some((x, used)) = self.units.get_mut(&key) {
             let x = x.clone();
-            self.unit_lru.retain(|k| *k != key);
-            self.unit_lru.push_back(key);
+            self.unit_lru.remove(used);
+            *used = self.tick;
+            self.unit_lru.insert(self.tick, key);
             return Ok(x);
         }
         let s = &self.s.set.shards[shard];
@@ -360,16 +368,16 @@ impl<'a> Loader<'a> {
         let unit = Rc::new(self.s.decode(s, u, true, &self.s.columns)?);
         let bytes = unit_bytes(&unit);
         while self.unit_bytes + bytes > self.s.unit_budget {
-            let Some(old) = self.unit_lru.pop_front() else {
+            let Some((_, old)) = self.unit_lru.pop_first() else {
                 break;
             };
-            if let Some(o) = self.units.remove(&old) {
+            if let Some((o, _)) = self.units.remove(&old) {
                 self.unit_bytes -= unit_bytes(&o);
             }
         }
         self.unit_bytes += bytes;
-        self.units.insert(key, unit.clone());
-        self.unit_lru.push_back(key);
+        self.units.insert(key, (unit.clone(), self.tick));
+        self.unit_lru.insert(self.tick, key);
         Ok(unit)
     }
 }

@@ -397,14 +397,18 @@ pub struct Normalize {
 pub enum Transform {
     /// The shorter side to this many pixels, keeping the aspect
     /// (bilinear, with antialiasing when shrinking).
+    #[schema(title = "ResizeTransform")]
     Resize(u32),
     /// The central square of this side.
+    #[schema(title = "CenterCropTransform")]
     CenterCrop(u32),
     /// A square of this side at a seeded random place, per sample and
     /// epoch.
+    #[schema(title = "RandomCropTransform")]
     RandomCrop(u32),
     /// A left-right flip with this probability, seeded per sample and
     /// epoch.
+    #[schema(title = "HorizontalFlipTransform")]
     HorizontalFlip(f64),
 }
 

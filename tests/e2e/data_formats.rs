@@ -1,24 +1,27 @@
 //! Data as strangers have it trains as well as PyTorch trains on the same
 //! files. `tests/python/data_formats.py write` splits digits into 1297
 //! training and 500 test rows and writes the training rows as other tools
-//! do: ten Parquet shards under one glob, each from another writer
-//! (pyarrow with every codec, dictionary on and off, data pages v1 and
-//! v2, small row groups; polars; pandas; DuckDB), fixed-size and
-//! variable-length lists of float32 and float64, int32 and int64 labels;
-//! token ids (int64) in an npz and in a Parquet file, for an embedding
-//! model that needs them as integers; a torchvision ImageFolder tree of
-//! RGB digits (half JPEG, half PNG, three sizes) with resize, crops, flips
-//! and normalization; and WebDataset tar shards of JPEGs and `.cls`
-//! labels. Each case trains a TorchScript model on a ring of two and on
-//! two PS shards with two sync workers; both downloaded files of each job
-//! (`model.pt`, `model.safetensors`) are evaluated *by PyTorch, in eval
-//! mode*, on the 500 test rows no job was given, against the mean of
-//! three runs of plain PyTorch's own training of the same model on the
-//! same recipe from the same files (Parquet read by pyarrow, images
-//! decoded by PIL), trained in the same test run. A job that trained on
-//! fewer rows than the files hold (a shard skipped) shows in its step
-//! count. Also: a Parquet file whose label column holds a null is refused,
-//! naming the column, rather than trained on a made-up label.
+//! do: ten Parquet shards under one glob, each from another writer (pyarrow
+//! with every codec, dictionary on and off, data pages v1 and v2, small row
+//! groups; polars; pandas; DuckDB), fixed-size and variable-length lists of
+//! float32 and float64, int32 and int64 labels; token ids (int64) in an npz
+//! and in a Parquet file, for an embedding model that needs them as
+//! integers; the same ids with a fifth of each row hidden and a boolean
+//! mask of the real ones, as two arrays of an npz and two fixed-size list
+//! columns (int64, bool) of a Parquet file that `dataset.inputs` names, for
+//! a model whose `forward(ids, mask)` takes two tensors; a torchvision
+//! ImageFolder tree of RGB digits (half JPEG, half PNG, three sizes) with
+//! resize, crops, flips and normalization; and WebDataset tar shards of
+//! JPEGs and `.cls` labels. Each case trains a TorchScript model on a ring
+//! of two and on two PS shards with two sync workers; both downloaded files
+//! of each job (`model.pt`, `model.safetensors`) are evaluated *by PyTorch,
+//! in eval mode*, on the 500 test rows no job was given, against the mean
+//! of three runs of plain PyTorch's own training of the same model on the
+//! same recipe from the same files (Parquet read by pyarrow, images decoded
+//! by PIL), trained in the same test run. A job that trained on fewer rows
+//! than the files hold (a shard skipped) shows in its step count. Also: a
+//! Parquet file whose label column holds a null is refused, naming the
+//! column, rather than trained on a made-up label.
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -67,7 +70,7 @@ struct Case {
     lr: f64,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 7] = [
     Case {
         name: "parquet_mixed",
         model: "mlp",
@@ -83,6 +86,20 @@ const CASES: [Case; 5] = [
     Case {
         name: "tokens_parquet",
         model: "embed",
+        epochs: 10,
+        lr: 0.003,
+    },
+    // Two inputs, `forward(ids, mask)`: the arrays or columns `ids` and
+    // `mask`, handed over one per argument (the mask as int64 0/1).
+    Case {
+        name: "two_inputs_npz",
+        model: "masked",
+        epochs: 10,
+        lr: 0.003,
+    },
+    Case {
+        name: "two_inputs_parquet",
+        model: "masked",
         epochs: 10,
         lr: 0.003,
     },
@@ -130,6 +147,11 @@ impl Case {
             "parquet_mixed" => json!({"url": url("parquet/*.parquet")}),
             "tokens_npz" => json!({"url": url("tokens.npz")}),
             "tokens_parquet" => json!({"url": url("tokens.parquet")}),
+            // Two inputs, named as the forward's arguments, in their order.
+            "two_inputs_npz" => json!({"url": url("two_inputs.npz"), "inputs": ["ids", "mask"]}),
+            "two_inputs_parquet" => {
+                json!({"url": url("two_inputs.parquet"), "inputs": ["ids", "mask"]})
+            }
             // A folder: the format must be said.
             "image_folder" => json!({"url": url("images/train/"), "format": "image_folder"}),
             // `.tar`: WebDataset, from the extension.
@@ -424,7 +446,7 @@ fn data_as_other_tools_write_it_trains_like_pytorch_in_ring_and_ps() {
 
     // The table: PyTorch's accuracy, then each pattern's through both files.
     let mut table = format!(
-        "{:<15} {:>24} | {}\n",
+        "{:<18} {:>24} | {}\n",
         "case",
         "PyTorch (mean; runs)",
         Pattern::ALL
@@ -453,8 +475,8 @@ fn data_as_other_tools_write_it_trains_like_pytorch_in_ring_and_ps() {
             .map(|a| format!("{a:.1}"))
             .collect::<Vec<_>>()
             .join(" ");
-        let mut row = format!("{:<15} {pytorch:>6.1} ({runs_text})", case.name);
-        row = format!("{row:<40} |");
+        let mut row = format!("{:<18} {pytorch:>6.1} ({runs_text})", case.name);
+        row = format!("{row:<43} |");
         for pattern in Pattern::ALL {
             let cell = &evaluated[format!("{}-{}", case.name, pattern.slug())];
             if cell.is_null() {

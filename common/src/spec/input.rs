@@ -370,8 +370,9 @@ pub struct FileData {
     /// (`forward(self, ids, mask)`): the arrays (npz, safetensors) or
     /// columns (Parquet) to pass, in the order of its arguments, named as
     /// the arguments are (inspection checks them against the signature).
-    /// Each input has the same shape per sample; integer and boolean inputs
-    /// are passed as int64, and all as float32 when one is floating-point.
+    /// Each input has the same shape per sample; they are passed as
+    /// float32 when one is floating-point, as booleans when all are, else
+    /// as int64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Vec<String>>,
     /// Images: 3 (RGB, the default) or 1 (grayscale) channels.

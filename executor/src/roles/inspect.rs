@@ -147,7 +147,7 @@ fn trial_batch(
     let batch = data
         .stream(&small, 0, 1, Cursor::default())
         .recv()
-        .map_err(|_| format!("dataset: no batch could be read: {}", data.loader_failure()))?;
+        .map_err(|_| data.loader_failure())?;
     if batch.samples == 0 {
         return Err("dataset: the training set holds no sample".into());
     }

@@ -201,7 +201,7 @@ fn feature_kind(types: &[&DataType]) -> Kind {
 
 /// A unit's column refused: its name, the row group and why.
 fn refuse(url: &str, name: &str, group: usize, why: impl std::fmt::Display) -> DataError {
-    DataError::Shape(format!("{url}: column {name:?}, row group {group}: {why}"))
+    unreadable(url, format!("column {name:?}, row group {group}: {why}"))
 }
 
 /// The values of a numeric (or boolean, or dictionary) array as `kind`,

@@ -366,27 +366,8 @@ impl Store {
         keep: impl Fn(&str) -> bool,
         max_seen: usize,
     ) -> Result<Option<Vec<String>>, StoreError> {
-        let p = self.path("");
-        let strip = self.prefix.as_ref().len();
-        let mut listing = self.inner.list(Some(&p));
-        let (mut seen, mut out) = (0usize, Vec::new());
-        while let Some(m) = listing.try_next().await.map_err(self.io(""))? {
-            seen += 1;
-            if seen > max_seen {
-                return Ok(None);
-            }
-            let full = m.location.as_ref();
-            let key = if strip == 0 {
-                full
-            } else {
-                full.get(strip + 1..).unwrap_or(full)
-            };
-            if !key.contains('/') && keep(key) {
-                out.push(key.to_owned());
-            }
-        }
-        out.sort();
-        Ok(Some(out))
+        self.list_within(|k| !k.contains('/') && keep(k), max_seen)
+            .await
     }
 
     /// Deletes every object under `prefix`.

@@ -128,28 +128,7 @@ fn write_images(dir: &Path) {
 
 /// Trains the CNN `steps` steps on `dataset`: ms per step, stall share.
 fn train_images(dataset: serde_json::Value, steps: u64) -> (f64, f64) {
-    let spec = image_job(dataset, steps);
-    let stop = Shutdown::new();
-    let (mut total, mut data, mut n) = (0.0, 0.0, 0);
-    let mut from = None;
-    ring::run(
-        &spec,
-        Device::Cpu,
-        &Fetcher::local_only(),
-        &Host::for_tests(),
-        &stop,
-        &mut |s| {
-            if s.step > 5 {
-                from.get_or_insert_with(Instant::now);
-                total += s.data_seconds + s.compute_seconds + s.comm_seconds;
-                data += s.data_seconds;
-                n += 1;
-            }
-        },
-    )
-    .expect("training");
-    let wall = from.map_or(0.0, |f| f.elapsed().as_secs_f64());
-    (wall * 1000.0 / f64::from(n.max(1)), data / total.max(1e-9))
+    train_spec(&image_job(dataset, steps), &Fetcher::local_only())
 }
 
 fn job(url: &str, steps: u64) -> UncheckedJobSpec {
@@ -171,12 +150,18 @@ fn job(url: &str, steps: u64) -> UncheckedJobSpec {
 /// Trains `steps` steps; returns ms per step (after the first few) and
 /// the share of step time spent waiting for data.
 fn train(url: &str, steps: u64, fetcher: &Fetcher) -> (f64, f64) {
-    let spec = job(url, steps);
+    train_spec(&job(url, steps), fetcher)
+}
+
+/// Trains `spec` by the executor's loop (a ring of one); ms per step
+/// (after the first few, which include the first fetch and decode) and
+/// the share of step time spent waiting for data.
+fn train_spec(spec: &UncheckedJobSpec, fetcher: &Fetcher) -> (f64, f64) {
     let stop = Shutdown::new();
     let (mut total, mut data, mut n) = (0.0, 0.0, 0);
     let mut from = None;
     ring::run(
-        &spec,
+        spec,
         Device::Cpu,
         fetcher,
         &Host::for_tests(),

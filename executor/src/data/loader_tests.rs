@@ -385,3 +385,54 @@ fn webdataset_shards_and_integer_features_keep_their_meaning() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&src);
 }
+
+/// An image folder and WebDataset shards on the test S3 server (Garage,
+/// started by `scripts/test`): listed through the store (nested keys for
+/// the folder, a glob for the tars), fetched through a cold cache tier,
+/// decoded and batched as from local files.
+#[test]
+fn images_stream_from_s3_as_from_local_files() {
+    use crate::storage::tests::test_s3;
+    let (src, v) = crate::data::formats::tests::foreign("images");
+    let (options, prefix) = test_s3("images");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = trainyard_store::Store::open(&prefix, &options).unwrap();
+    let images = v["images"].as_array().unwrap();
+    for (key, i) in [
+        ("train/b/0.png", 0),
+        ("train/a/1.png", 1),
+        ("train/a/2.jpg", 2),
+        ("train/c/3.jpg", 3),
+    ] {
+        let bytes = std::fs::read(images[i]["file"].as_str().unwrap()).unwrap();
+        rt.block_on(store.put(key, bytes.into())).unwrap();
+    }
+    let tar = std::fs::read(v["tar"].as_str().unwrap()).unwrap();
+    rt.block_on(store.put("wds/shard-000000.tar", tar.into()))
+        .unwrap();
+    let dir = scratch("s3-images");
+    let cache =
+        Arc::new(trainyard_store::cache::Cache::open(&dir.join("cache"), 64 << 20).unwrap());
+    let fetcher = Fetcher::new(options, cache, rt.handle().clone());
+    let batch = |ds: serde_json::Value, inputs: i64| {
+        let model = json!({"kind": "mlp", "inputs": inputs, "hidden": [8], "outputs": 5});
+        let spec = spec_for(ds, model, 0.0);
+        let d = Dataset::load(&spec, &fetcher).unwrap();
+        let b = d
+            .stream(&spec, 0, 1, Cursor::default())
+            .recv()
+            .unwrap_or_else(|_| panic!("{}", d.loader_failure()));
+        let mut labels = Vec::<i64>::try_from(&b.y).unwrap();
+        labels.sort_unstable();
+        (b.x.size(), labels)
+    };
+    let folder = json!({"kind": "file", "url": format!("{prefix}/train/"),
+        "transforms": [{"resize": 16}, {"center_crop": 16}]});
+    assert_eq!(batch(folder, 768), (vec![4, 3, 16, 16], vec![0, 0, 1, 2]));
+    let tars = json!({"kind": "file", "url": format!("{prefix}/wds/shard-*.tar"),
+        "transforms": [{"resize": 16}, {"random_crop": 12}]});
+    assert_eq!(batch(tars, 432), (vec![4, 3, 12, 12], vec![1, 1, 3, 4]));
+    let _ = rt.block_on(store.delete_prefix(""));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&src);
+}

@@ -698,7 +698,7 @@ pub fn write_weights(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use trainyard_common::artifact::ResolvedArtifact;
 
@@ -821,29 +821,7 @@ mod tests {
     /// the test S3 server `scripts/test` starts.
     #[test]
     fn an_object_larger_than_the_cache_is_a_private_file_removed_after_use() {
-        let var = |k: &str| {
-            std::env::var(k).unwrap_or_else(|_| {
-                panic!("{k} is not set: run ./scripts/test, which starts a Garage S3 server")
-            })
-        };
-        let options: Vec<(String, String)> = [
-            ("aws_endpoint", "TRAINYARD_TEST_S3_ENDPOINT"),
-            ("aws_region", "TRAINYARD_TEST_S3_REGION"),
-            ("aws_access_key_id", "TRAINYARD_TEST_S3_ACCESS_KEY_ID"),
-            (
-                "aws_secret_access_key",
-                "TRAINYARD_TEST_S3_SECRET_ACCESS_KEY",
-            ),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), var(v)))
-        .chain([("aws_allow_http".to_owned(), "true".to_owned())])
-        .collect();
-        let prefix = format!(
-            "{}/unit-{}",
-            var("TRAINYARD_TEST_S3_URL"),
-            Uuid::new_v4().simple()
-        );
+        let (options, prefix) = test_s3("unit");
         let rt = tokio::runtime::Runtime::new().unwrap();
         let store = Store::open(&prefix, &options).unwrap();
         let body = Bytes::from(vec![7u8; 64 << 10]);
@@ -878,5 +856,35 @@ mod tests {
         assert!(Fetcher::local_only()
             .materialize("file:///etc/hostname")
             .is_ok());
+    }
+
+    /// The test S3 server's options (`scripts/test` starts Garage and sets
+    /// `TRAINYARD_TEST_S3_*`) and a fresh prefix in its bucket named after
+    /// `what`.
+    pub(crate) fn test_s3(what: &str) -> (Vec<(String, String)>, String) {
+        let var = |k: &str| {
+            std::env::var(k).unwrap_or_else(|_| {
+                panic!("{k} is not set: run ./scripts/test, which starts a Garage S3 server")
+            })
+        };
+        let options: Vec<(String, String)> = [
+            ("aws_endpoint", "TRAINYARD_TEST_S3_ENDPOINT"),
+            ("aws_region", "TRAINYARD_TEST_S3_REGION"),
+            ("aws_access_key_id", "TRAINYARD_TEST_S3_ACCESS_KEY_ID"),
+            (
+                "aws_secret_access_key",
+                "TRAINYARD_TEST_S3_SECRET_ACCESS_KEY",
+            ),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), var(v)))
+        .chain([("aws_allow_http".to_owned(), "true".to_owned())])
+        .collect();
+        let prefix = format!(
+            "{}/{what}-{}",
+            var("TRAINYARD_TEST_S3_URL"),
+            Uuid::new_v4().simple()
+        );
+        (options, prefix)
     }
 }

@@ -294,28 +294,24 @@ fn feature(
         let inner = l.values().slice(l.offset() * w, l.len() * w);
         list(l.null_count(), &mut std::iter::repeat_n(w, l.len()), inner)
     } else if let Some(l) = a.as_list_opt::<i32>() {
-        let o = l.value_offsets();
-        let inner = l
-            .values()
-            .slice(o[0] as usize, (o[o.len() - 1] - o[0]) as usize);
-        list(
-            l.null_count(),
-            &mut o.windows(2).map(|w| (w[1] - w[0]) as usize),
-            inner,
-        )
+        let (lens, inner) = lengths(l);
+        list(l.null_count(), &mut lens.into_iter(), inner)
     } else if let Some(l) = a.as_list_opt::<i64>() {
-        let o = l.value_offsets();
-        let inner = l
-            .values()
-            .slice(o[0] as usize, (o[o.len() - 1] - o[0]) as usize);
-        list(
-            l.null_count(),
-            &mut o.windows(2).map(|w| (w[1] - w[0]) as usize),
-            inner,
-        )
+        let (lens, inner) = lengths(l);
+        list(l.null_count(), &mut lens.into_iter(), inner)
     } else {
         Ok(values(a, kind, url, name, group)?.reshape([rows, 1]))
     }
+}
+
+/// Each row's length of a variable list, and the values its rows span.
+fn lengths<O: arrow_array::OffsetSizeTrait>(
+    l: &arrow_array::GenericListArray<O>,
+) -> (Vec<usize>, ArrayRef) {
+    let o = l.value_offsets();
+    let at = |i: usize| o[i].as_usize();
+    let lens = (0..l.len()).map(|i| at(i + 1) - at(i)).collect();
+    (lens, l.values().slice(at(0), at(l.len()) - at(0)))
 }
 
 /// Reads row group `u` of a local Parquet file: features `[rows,

@@ -83,15 +83,7 @@ fn split(set: &ShardSet, fraction: f64, seed: u64) -> (Vec<Entry>, Vec<Entry>) {
             })
             .collect()
     } else {
-        set.shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Entry {
-                shard: i,
-                units: (0..s.units.len()).collect(),
-                samples: s.samples,
-            })
-            .collect()
+        all_entries(set)
     };
     if fraction <= 0.0 || entries.len() < 2 {
         return (entries, Vec::new());

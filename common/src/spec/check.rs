@@ -131,7 +131,24 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
                 "applies only to strategies parameter_server and auto",
             );
         }
+        if s.stale_updates.is_some() {
+            v.fail(
+                "stale_updates",
+                "applies only to strategies parameter_server and auto",
+            );
+        }
     }
+    if let Some(u) = &s.stale_updates {
+        v.finite_range(
+            "stale_updates.delay_compensation",
+            u.delay_compensation,
+            0.0,
+            10.0,
+        );
+    }
+    let d = &s.divergence;
+    v.finite_range("divergence.factor", d.factor, 1.5, 1e6);
+    v.range("divergence.window_steps", d.window_steps, 1, 100_000);
     if let Some(n) = s.replicas {
         v.range("replicas", n, 0, MAX_PS_REPLICAS);
     }

@@ -101,6 +101,122 @@ pub struct UncheckedJobSpec {
     /// When a live role counts as stuck, and a rank as a straggler.
     #[serde(default)]
     pub watchdog: Watchdog,
+    /// When the loss counts as diverged, and what then happens.
+    #[serde(default)]
+    pub divergence: Divergence,
+    /// How an `async` or `bounded` PS shard applies a gradient computed on
+    /// older values than its own (default: the staleness-aware rules
+    /// below); only for `parameter_server` and `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_updates: Option<StaleUpdates>,
+}
+
+/// When a job's loss counts as diverged: a step whose loss is not finite,
+/// or `window_steps` steps in a row (rank 0's) whose loss is above
+/// `factor` × the loss's early value (the smallest of the job's first five
+/// steps). A diverged job gets a `diverged` event; with `action: fail` (the
+/// default) it fails with that reason, with `warn` it goes on. A loss that
+/// is not finite always fails the job: the weights it produced are not
+/// finite either.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Divergence {
+    /// What a divergence does (default `fail`).
+    #[serde(default)]
+    pub action: DivergenceAction,
+    /// How many times its early value the loss must stay above (1.5–1e6,
+    /// default 3).
+    #[serde(default = "default_divergence_factor")]
+    pub factor: f64,
+    /// Steps in a row the loss must stay above it (1–100000, default 50).
+    #[serde(default = "default_divergence_window")]
+    pub window_steps: u32,
+}
+
+fn default_divergence_factor() -> f64 {
+    3.0
+}
+
+fn default_divergence_window() -> u32 {
+    50
+}
+
+impl Default for Divergence {
+    fn default() -> Self {
+        Divergence {
+            action: DivergenceAction::Fail,
+            factor: default_divergence_factor(),
+            window_steps: default_divergence_window(),
+        }
+    }
+}
+
+/// What a diverged loss does to its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DivergenceAction {
+    /// The job fails with the `diverged` reason.
+    #[default]
+    Fail,
+    /// A `diverged` event and a warning in the log; training goes on.
+    Warn,
+}
+
+/// How an `async` or `bounded` PS shard applies a gradient that is `s`
+/// versions stale (the shard applied `s` updates since the values it was
+/// computed on). See docs/users/parameter-server.md for what each rule
+/// does and costs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StaleUpdates {
+    /// The learning rate of a stale update (default `scale`).
+    #[serde(default)]
+    pub lr: StaleLr,
+    /// The momentum (optimizer `momentum`) under asynchrony (default
+    /// `compensate`).
+    #[serde(default)]
+    pub momentum: AsyncMomentum,
+    /// Delay compensation's λ (DC-ASGD, Zheng et al. 2017; 0–10, default
+    /// 0: off): the gradient `g` becomes `g + λ·g⊙g⊙(w − w')`, `w'` the
+    /// values it was computed on.
+    #[serde(default)]
+    pub delay_compensation: f64,
+}
+
+impl Default for StaleUpdates {
+    fn default() -> Self {
+        StaleUpdates {
+            lr: StaleLr::Scale,
+            momentum: AsyncMomentum::Compensate,
+            delay_compensation: 0.0,
+        }
+    }
+}
+
+/// The learning rate of an update `s` versions stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleLr {
+    /// `lr · (1 + s̄) / (1 + s)`, `s̄` the shard's mean staleness so far
+    /// (staleness-aware async SGD, Zhang et al. 2016): a staler gradient
+    /// takes a smaller step, the typical one the schedule's.
+    #[default]
+    Scale,
+    /// The schedule's `lr`, whatever the staleness.
+    Plain,
+}
+
+/// The momentum of a `momentum` optimizer under asynchrony.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AsyncMomentum {
+    /// The spec's momentum less what asynchrony adds by itself
+    /// (Mitliagkas et al. 2016, "Asynchrony begets momentum": `1 − 1/(1 + s̄)`
+    /// for a mean staleness `s̄`), at least 0.
+    #[default]
+    Compensate,
+    /// The spec's momentum as it is.
+    AsGiven,
 }
 
 /// How the platform judges a role that is alive but not progressing.

@@ -33,9 +33,11 @@
 //! tensor, `version`, the data cursor and the optimizer's step count in
 //! `samples` — and `Update` one applied update — the gradient sum the shard
 //! applied, computed at `version` over `samples` samples with `lr`, the
-//! cursor after it, and in `checkpoint` whether it carried state (1: the
-//! shard took the sum's tail over its buffer ranges as it is; 0: they
-//! stayed as they were). The standby answers `Ack` with its version, or
+//! cursor after it, and in `checkpoint` whether it carried state (bit 0
+//! set: the shard took the sum's tail over its buffer ranges as it is;
+//! clear: they stayed as they were) and, with bit 1 set, the momentum the
+//! update used in the high 32 bits (a stale async update's compensated
+//! momentum, as `f32` bits). The standby answers `Ack` with its version, or
 //! `Reject` when an update does not follow from its version (the shard
 //! then sends its whole state).
 
@@ -171,6 +173,24 @@ pub struct DataCursor {
     pub offset: u64,
 }
 
+/// What a pushed gradient says besides its values: the one header type
+/// both the worker that sends it and the shard that takes it use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PushHeader {
+    /// The version the gradient was computed at (the values it was
+    /// computed on).
+    pub computed_at: u64,
+    /// Samples the gradient is summed over (one worker's batch).
+    pub samples: u64,
+    /// Learning rate of the update it asks for (the schedule's, at the
+    /// pushing worker's step).
+    pub lr: f64,
+    /// The data cursor after the batch it was computed on.
+    pub next_cursor: DataCursor,
+    /// Checkpoint the values this push produces under this step.
+    pub checkpoint: Option<NonZeroU64>,
+}
+
 /// A PS message, typed: what each [`Kind`] carries, by name. Variants marked
 /// "values" are followed by a payload of exactly the shard's length (read
 /// it with [`read_values`]); the others carry none, and a header that says
@@ -191,20 +211,8 @@ pub enum Message {
         /// The least version wanted.
         at_least: u64,
     },
-    /// Worker → shard, values: a gradient summed over `samples` samples,
-    /// computed at version `computed_at`.
-    Push {
-        /// The version the gradient was computed at.
-        computed_at: u64,
-        /// Samples the gradient is summed over.
-        samples: u64,
-        /// Learning rate of the update it asks for.
-        lr: f64,
-        /// The data cursor after the batch it was computed on.
-        next_cursor: DataCursor,
-        /// Checkpoint the values this push produces under this step.
-        checkpoint: Option<NonZeroU64>,
-    },
+    /// Worker → shard, values: a gradient and what it asks for.
+    Push(PushHeader),
     /// Shard → standby, values: part `part` of `parts` of the shard's whole
     /// state (part 0 the values, then each optimizer state tensor).
     State {
@@ -234,6 +242,9 @@ pub enum Message {
         /// took the sum's values there (a sync round, or an async push
         /// of worker rank 0); otherwise they were left as they were.
         carries_state: bool,
+        /// The momentum the update used where it was not the spec's (a
+        /// stale async update's compensated momentum).
+        momentum: Option<f32>,
     },
     /// Shard → worker, values: the shard's values at `version`.
     Weights {
@@ -270,7 +281,7 @@ impl Message {
         match self {
             Message::Init { .. } => Kind::Init,
             Message::Pull { .. } => Kind::Pull,
-            Message::Push { .. } => Kind::Push,
+            Message::Push(_) => Kind::Push,
             Message::State { .. } => Kind::State,
             Message::Update { .. } => Kind::Update,
             Message::Weights { .. } => Kind::Weights,
@@ -298,18 +309,12 @@ impl Message {
                 cursor(&mut h, &c);
             }
             Message::Pull { at_least } => h.version = at_least,
-            Message::Push {
-                computed_at,
-                samples,
-                lr,
-                next_cursor,
-                checkpoint,
-            } => {
-                h.version = computed_at;
-                h.samples = samples;
-                h.lr = lr;
-                cursor(&mut h, &next_cursor);
-                h.checkpoint = checkpoint.map_or(0, NonZeroU64::get);
+            Message::Push(p) => {
+                h.version = p.computed_at;
+                h.samples = p.samples;
+                h.lr = p.lr;
+                cursor(&mut h, &p.next_cursor);
+                h.checkpoint = p.checkpoint.map_or(0, NonZeroU64::get);
             }
             Message::State {
                 version,
@@ -329,12 +334,16 @@ impl Message {
                 lr,
                 cursor: c,
                 carries_state,
+                momentum,
             } => {
                 h.version = before;
                 h.samples = samples;
                 h.lr = lr;
                 cursor(&mut h, &c);
-                h.checkpoint = u64::from(carries_state);
+                // Bit 0: carried state; bit 1: a momentum follows in the
+                // high half (its f32 bits).
+                h.checkpoint = u64::from(carries_state)
+                    | momentum.map_or(0, |m| 2 | (u64::from(m.to_bits()) << 32));
             }
             Message::Ack {
                 version,
@@ -372,13 +381,13 @@ impl Message {
             Kind::Pull => Message::Pull {
                 at_least: h.version,
             },
-            Kind::Push => Message::Push {
+            Kind::Push => Message::Push(PushHeader {
                 computed_at: h.version,
                 samples: h.samples,
                 lr: h.lr,
                 next_cursor: cursor,
                 checkpoint: NonZeroU64::new(h.checkpoint),
-            },
+            }),
             Kind::State => {
                 let (parts, part) = ((h.checkpoint >> 32) as u32, h.checkpoint as u32);
                 if part >= parts {
@@ -397,7 +406,9 @@ impl Message {
                 samples: h.samples,
                 lr: h.lr,
                 cursor,
-                carries_state: h.checkpoint != 0,
+                carries_state: h.checkpoint & 1 != 0,
+                momentum: (h.checkpoint & 2 != 0)
+                    .then(|| f32::from_bits((h.checkpoint >> 32) as u32)),
             },
             Kind::Weights => Message::Weights {
                 version: h.version,
@@ -586,12 +597,14 @@ mod tests {
                 cursor(),
                 any::<u64>()
             )
-                .prop_map(|(computed_at, samples, lr, next_cursor, c)| Message::Push {
-                    computed_at,
-                    samples,
-                    lr,
-                    next_cursor,
-                    checkpoint: NonZeroU64::new(c),
+                .prop_map(|(computed_at, samples, lr, next_cursor, c)| {
+                    Message::Push(PushHeader {
+                        computed_at,
+                        samples,
+                        lr,
+                        next_cursor,
+                        checkpoint: NonZeroU64::new(c),
+                    })
                 }),
             (any::<u64>(), cursor(), any::<u64>(), 1u32..u32::MAX)
                 .prop_flat_map(|(v, c, t, parts)| (Just((v, c, t, parts)), 0..parts))
@@ -604,15 +617,24 @@ mod tests {
                         parts,
                     }
                 ),
-            (any::<u64>(), any::<u64>(), lr, cursor(), any::<bool>()).prop_map(
-                |(before, samples, lr, cursor, carries_state)| Message::Update {
-                    before,
-                    samples,
-                    lr,
-                    cursor,
-                    carries_state,
-                }
-            ),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                lr,
+                cursor(),
+                any::<bool>(),
+                proptest::option::of(0f32..1.0)
+            )
+                .prop_map(|(before, samples, lr, cursor, carries_state, momentum)| {
+                    Message::Update {
+                        before,
+                        samples,
+                        lr,
+                        cursor,
+                        carries_state,
+                        momentum,
+                    }
+                }),
             (any::<u64>(), cursor())
                 .prop_map(|(version, cursor)| Message::Weights { version, cursor }),
             (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(
@@ -677,13 +699,13 @@ mod tests {
             epoch: 2,
             offset: 40,
         };
-        let push = Message::Push {
+        let push = Message::Push(PushHeader {
             computed_at: 7,
             samples: 32,
             lr: 0.01,
             next_cursor: c,
             checkpoint: NonZeroU64::new(8),
-        };
+        });
         let mut h = Header::new(Kind::Push, 5);
         (h.version, h.samples, h.lr, h.epoch, h.offset, h.checkpoint) = (7, 32, 0.01, 2, 40, 8);
         h.len = 12;
@@ -712,6 +734,7 @@ mod tests {
             lr: 0.5,
             cursor: c,
             carries_state: false,
+            momentum: None,
         };
         let mut h = Header::new(Kind::Update, 5);
         (h.version, h.samples, h.lr, h.epoch, h.offset) = (3, 8, 0.5, 2, 40);
@@ -723,10 +746,23 @@ mod tests {
             lr: 0.5,
             cursor: c,
             carries_state: true,
+            momentum: None,
         };
         h.checkpoint = 1;
         assert_eq!(carrying.header(5, 0).encode(), h.encode());
         assert_eq!(Message::decode(&h).unwrap(), carrying);
+        // A compensated momentum rides in its high half.
+        let compensated = Message::Update {
+            before: 3,
+            samples: 8,
+            lr: 0.5,
+            cursor: c,
+            carries_state: true,
+            momentum: Some(0.25),
+        };
+        h.checkpoint = 1 | 2 | (u64::from(0.25f32.to_bits()) << 32);
+        assert_eq!(compensated.header(5, 0).encode(), h.encode());
+        assert_eq!(Message::decode(&h).unwrap(), compensated);
         let mut h = Header::new(Kind::Pull, 5);
         h.version = 6;
         assert_eq!(

@@ -20,7 +20,7 @@ use trainyard_bench::figure::{record_data, Better, Figure, Target};
 use trainyard_common::cluster::{Assignment, PsPeer, Range, RoleKey, RoleKind, WorkerPeer};
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
-use trainyard_dataplane::ps::{self, DataCursor, Message};
+use trainyard_dataplane::ps::{self, DataCursor, Message, PushHeader};
 use trainyard_dataplane::{plane, DataPlane};
 use trainyard_shutdown::Shutdown;
 
@@ -197,13 +197,13 @@ fn run(tier: &Tier, workers: u32, warmup: u32, steps: u32) -> (f64, f64, f64) {
                                         panic!("a pull answered without values");
                                     };
                                     let t1 = Instant::now();
-                                    let push = Message::Push {
+                                    let push = Message::Push(PushHeader {
                                         computed_at: at,
                                         samples: 1,
                                         lr: 0.01,
                                         next_cursor: DataCursor::default(),
                                         checkpoint: None,
-                                    };
+                                    });
                                     call(s, push, grad, buf, 0);
                                     (t1 - t0, t1.elapsed())
                                 })

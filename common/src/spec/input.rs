@@ -181,6 +181,26 @@ pub struct StaleUpdates {
     /// values it was computed on.
     #[serde(default)]
     pub delay_compensation: f64,
+    /// The final model's buffers (BatchNorm's running statistics; default
+    /// `recompute`).
+    #[serde(default)]
+    pub buffers: AsyncBuffers,
+}
+
+/// The buffers (BatchNorm's running statistics) an `async` or `bounded`
+/// job's final model holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AsyncBuffers {
+    /// Recomputed on the final weights by worker rank 0 (forwards in
+    /// training mode over up to 50 of its training batches, as PyTorch's
+    /// `update_bn` does), so that they go with the weights they are
+    /// saved with.
+    #[default]
+    Recompute,
+    /// Worker rank 0's last pushed values, gathered by its forwards on
+    /// the (staler) weights it had pulled.
+    AsPushed,
 }
 
 impl Default for StaleUpdates {
@@ -189,6 +209,7 @@ impl Default for StaleUpdates {
             lr: StaleLr::Scale,
             momentum: AsyncMomentum::Compensate,
             delay_compensation: 0.0,
+            buffers: AsyncBuffers::Recompute,
         }
     }
 }
@@ -197,12 +218,15 @@ impl Default for StaleUpdates {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StaleLr {
-    /// `lr · (1 + s̄) / (1 + s)`, `s̄` the shard's mean staleness so far
-    /// (staleness-aware async SGD, Zhang et al. 2016): a staler gradient
-    /// takes a smaller step, the typical one the schedule's.
+    /// `lr / (1 + s)` (staleness-aware async SGD, Zhang et al. 2016). With
+    /// `M` workers a push is typically about `M` versions stale, so a job
+    /// moves about as far per sample as the same spec in `sync` mode,
+    /// where one step averages `M` workers' batches.
     #[default]
     Scale,
-    /// The schedule's `lr`, whatever the staleness.
+    /// The schedule's `lr`, whatever the staleness: each push is a full
+    /// step, so `M` workers move about `M` times as far per sample as
+    /// `sync`.
     Plain,
 }
 

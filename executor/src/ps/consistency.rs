@@ -1,7 +1,10 @@
 //! The job's consistency as pure rules: what a shard does with a pushed
-//! gradient ([`judge`]), and what a worker may overlap ([`prefetches`]).
-//! No locks, no I/O: [`super::shard`] asks [`judge`] and does what it says,
-//! and the property tests below check the rules on their own.
+//! gradient ([`judge`]); and what a worker does next — with the values it
+//! pulled ([`after_pull`]), once its push is answered ([`after_push`]),
+//! which step it reports ([`step_done`]) and what it may overlap
+//! ([`prefetches`]). No locks, no I/O: [`super::shard`] and
+//! [`super::step`] ask and do what the rules say, and the property tests
+//! below check the rules on their own.
 //!
 //! * `sync`: a shard sums one gradient per current-generation worker for
 //!   its current version, then applies their mean and publishes the next
@@ -80,6 +83,73 @@ pub fn judge(consistency: Consistency, current: u64, computed_at: u64, round: Ro
             staleness,
             with_sum: false,
         },
+    }
+}
+
+/// What a worker does with the values it pulled from every shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPull {
+    /// Compute its gradient on them.
+    Train,
+    /// Sync: the shards at `behind` are one version behind the others (a
+    /// lost primary's promoted standby): they get that version's gradient
+    /// again, then every shard is pulled at `ahead`.
+    CatchUp {
+        /// The lagging shards' version.
+        behind: u64,
+        /// The others'.
+        ahead: u64,
+    },
+    /// Sync: the shards are more than one version apart (only a shard
+    /// restored from a checkpoint does that); nothing can reconcile them,
+    /// training goes on from shard 0's version.
+    Mixed,
+}
+
+/// What a worker under `consistency` does with values pulled at
+/// `versions` (one per shard). Out of sync, shards drift apart freely.
+pub fn after_pull(consistency: Consistency, versions: &[u64]) -> AfterPull {
+    let lo = versions.iter().copied().min().unwrap_or(0);
+    let hi = versions.iter().copied().max().unwrap_or(0);
+    match consistency {
+        Consistency::Sync if hi == lo + 1 => AfterPull::CatchUp {
+            behind: lo,
+            ahead: hi,
+        },
+        Consistency::Sync if hi > lo + 1 => AfterPull::Mixed,
+        _ => AfterPull::Train,
+    }
+}
+
+/// What a worker does once every shard answered its push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPush {
+    /// The step is done: the next batch.
+    Next,
+    /// Some shards refused the gradient as too stale: re-pull and
+    /// recompute the same batch for them (the others keep theirs: no
+    /// gradient is applied twice).
+    Retry,
+}
+
+/// What a worker under `consistency` does when the shards took
+/// (`accepted[s]`) or refused its push. A sync shard never applies a push
+/// twice (one per worker and version), so a sync worker always moves on.
+pub fn after_push(consistency: Consistency, accepted: &[bool]) -> AfterPush {
+    match consistency {
+        Consistency::Sync => AfterPush::Next,
+        _ if accepted.iter().all(|a| *a) => AfterPush::Next,
+        _ => AfterPush::Retry,
+    }
+}
+
+/// The step a worker reports for a step done: in sync mode the version
+/// its push completes (`version + 1`, one global step per version), out
+/// of sync its own steps (`local`, after this one).
+pub fn step_done(consistency: Consistency, version: u64, local: u64) -> u64 {
+    match consistency {
+        Consistency::Sync => version + 1,
+        _ => local,
     }
 }
 
@@ -179,6 +249,46 @@ mod tests {
                 }
             }
             prop_assert_eq!(applied, version);
+        }
+
+        /// Only a sync worker ever stops to reconcile shards: it catches
+        /// up exactly when they are one version apart, gives up exactly
+        /// when further apart, and trains on shards at one version.
+        #[test]
+        fn only_sync_workers_reconcile_shards(c in consistency(), versions in proptest::collection::vec(0u64..6, 1..6)) {
+            let lo = *versions.iter().min().unwrap();
+            let hi = *versions.iter().max().unwrap();
+            let next = after_pull(c, &versions);
+            match (c, hi - lo) {
+                (Consistency::Sync, 0) => prop_assert_eq!(next, AfterPull::Train),
+                (Consistency::Sync, 1) => prop_assert_eq!(next, AfterPull::CatchUp { behind: lo, ahead: hi }),
+                (Consistency::Sync, _) => prop_assert_eq!(next, AfterPull::Mixed),
+                _ => prop_assert_eq!(next, AfterPull::Train),
+            }
+        }
+
+        /// A sync worker always moves on; out of sync a worker retries
+        /// exactly when some shard refused, and a retried batch is the
+        /// same batch (the step it reports does not move).
+        #[test]
+        fn a_worker_retries_exactly_what_was_refused(c in consistency(), accepted in proptest::collection::vec(any::<bool>(), 1..6), version in 0u64..100, local in 0u64..100) {
+            let next = after_push(c, &accepted);
+            if c == Consistency::Sync {
+                prop_assert_eq!(next, AfterPush::Next);
+                prop_assert_eq!(step_done(c, version, local), version + 1);
+            } else {
+                prop_assert_eq!(next == AfterPush::Retry, accepted.iter().any(|a| !a));
+                prop_assert_eq!(step_done(c, version, local), local);
+            }
+        }
+
+        /// A bounded worker that retries converges: re-pulled values are
+        /// the shard's newest, whose gradient is 0 versions stale and
+        /// taken under every τ.
+        #[test]
+        fn a_retried_push_on_fresh_values_is_taken(tau in 0u32..20, current in 0u64..1000) {
+            let round = Round { summed: 0, pushed_already: false, expected: 1 };
+            prop_assert_ne!(judge(Consistency::Bounded { staleness: tau }, current, current, round), Verdict::Rejected);
         }
 
         #[test]

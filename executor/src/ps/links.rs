@@ -3,17 +3,16 @@
 //! the pulls and pushes a step makes to every shard at once, each on a
 //! thread of its own ([`pull_all`], [`exchange_push`]).
 
-use super::{from_wire, to_wire, PS_TIMEOUT};
+use super::{from_wire, PS_TIMEOUT};
 use crate::data::Cursor;
 use crate::error::RoleError;
 use crate::replica::Replica;
 use std::net::TcpStream;
-use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::{Assignment, PsPeer};
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::handshake::Hello;
-use trainyard_dataplane::ps::{self, Message, WireError};
+use trainyard_dataplane::ps::{self, Message, PushHeader, WireError};
 use trainyard_dataplane::{plane, EndpointRole};
 use trainyard_shutdown::Shutdown;
 
@@ -314,37 +313,12 @@ impl PushReply {
     }
 }
 
-/// What a push carries besides the gradient.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PushOf {
-    /// Samples the gradient is summed over.
-    pub(super) samples: u64,
-    /// The learning rate of the update it asks for.
-    pub(super) lr: f64,
-    /// The data cursor after its batch.
-    pub(super) next: Cursor,
-    /// The step the shards checkpoint the values it produces under.
-    pub(super) checkpoint: Option<NonZeroU64>,
-}
-
-impl PushOf {
-    /// The push of a gradient computed at `version`.
-    pub(super) fn message(&self, version: u64) -> Message {
-        Message::Push {
-            computed_at: version,
-            samples: self.samples,
-            lr: self.lr,
-            next_cursor: to_wire(self.next),
-            checkpoint: self.checkpoint,
-        }
-    }
-}
-
 /// Pushes `payloads[s]`, computed at `versions[s]`, to every shard that has
-/// a version (the others took this batch already: `None` in the answer).
+/// a version (the others took this batch already: `None` in the answer);
+/// each shard's header is `push` with its version.
 pub(super) fn exchange_push(
     links: &mut [Link],
-    push: &PushOf,
+    push: &PushHeader,
     versions: &[Option<u64>],
     payloads: &[Vec<f32>],
     stop: &Shutdown,
@@ -356,7 +330,12 @@ pub(super) fn exchange_push(
             .zip(payloads)
             .enumerate()
             .map(|(s, ((link, v), payload))| {
-                let m = v.map(|v| push.message(v));
+                let m = v.map(|computed_at| {
+                    Message::Push(PushHeader {
+                        computed_at,
+                        ..*push
+                    })
+                });
                 scope.spawn(move || {
                     // Took this batch already: nothing to send, and no
                     // staleness to count again.

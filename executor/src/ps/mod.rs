@@ -43,7 +43,9 @@ mod consistency;
 mod links;
 mod server;
 mod shard;
+mod stale;
 mod standby;
+mod step;
 mod worker;
 
 #[cfg(test)]
@@ -53,7 +55,8 @@ pub use consistency::STALENESS_BUCKETS;
 pub use server::serve_shard;
 pub use shard::{shard_len, Shard};
 pub use standby::{serve_standby, STANDBY_GIVE_UP, STANDBY_RETRY, STANDBY_TIMEOUT};
-pub use worker::{run_worker, work, KeptWorker, LastStep};
+pub use step::LastStep;
+pub use worker::{run_worker, work, KeptWorker};
 
 use crate::data::Cursor;
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //! With a standby, a replicator thread ([`super::standby::replicate`])
 //! runs beside the connections.
 
-use super::shard::{shard_len, Locked, Shard};
+use super::shard::{shard_len, Locked, Rules, Shard};
 use super::standby::{self, Reporting, StandbyLink};
 use super::{from_wire, read_current, PS_TIMEOUT};
 use crate::context::{Context, Drain};
@@ -25,17 +25,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::cluster::{Assignment, LogLevel, RoleOutcome};
-use trainyard_common::spec::Consistency;
 use trainyard_dataplane::frame::Patient;
-use trainyard_dataplane::ps::{self, Message, WireError};
+use trainyard_dataplane::ps::{self, Message, PushHeader, WireError};
 use trainyard_dataplane::{DataPlane, EndpointKey, EndpointRole};
 use trainyard_shutdown::Shutdown;
 
 /// What a shard server's connection threads share.
 struct Served {
     shard: Locked,
-    consistency: Consistency,
-    clip: Option<f64>,
+    rules: Rules,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     index: u32,
@@ -161,8 +159,7 @@ pub fn serve_shard(
     );
     let served = Served {
         shard: Locked::new(shard),
-        consistency: a.spec.consistency_mode(),
-        clip: a.spec.optimizer().grad_clip,
+        rules: Rules::of(&a.spec),
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),
         index: a.key.index,
@@ -352,24 +349,10 @@ fn connection(
                     .bytes_out
                     .fetch_add(len as u64 * 4, Ordering::Relaxed);
             }
-            Message::Push {
-                computed_at,
-                samples,
-                lr,
-                next_cursor,
-                checkpoint,
-            } => {
+            Message::Push(push) => {
                 ps::read_values(&mut r, &m, len, &mut buf)?;
                 served.bytes_in.fetch_add(len as u64 * 4, Ordering::Relaxed);
-                let push = Push {
-                    from,
-                    computed_at,
-                    samples,
-                    lr,
-                    next: from_wire(next_cursor),
-                    checkpoint: checkpoint.map(|c| c.get()),
-                };
-                let Some(answer) = push.take(served, &buf, stop) else {
+                let Some(answer) = take(served, from, &push, &buf, stop) else {
                     return Err(WireError::Protocol(
                         "stopped before the standby acknowledged the update".into(),
                     ));
@@ -390,78 +373,63 @@ fn connection(
     }
 }
 
-/// A pushed gradient's header, typed.
-struct Push {
-    from: u32,
-    computed_at: u64,
-    samples: u64,
-    lr: f64,
-    next: crate::data::Cursor,
-    checkpoint: Option<u64>,
-}
-
 /// The answer to a push, and the checkpoint it completed.
 struct Answer {
     message: Message,
     snapshot: Option<crate::storage::checkpoint::Snapshot>,
 }
 
-impl Push {
-    /// Takes the gradient and waits until what it produced is published;
-    /// `None` when stopped before the standby acknowledged it.
-    fn take(&self, served: &Served, grad: &[f32], stop: &Shutdown) -> Option<Answer> {
-        let mut s = served.shard.lock();
-        let taken = s.take(
-            served.consistency,
-            served.clip,
-            self.from,
-            self.computed_at,
-            self.samples,
-            self.lr,
-            self.next,
-            grad,
-        );
-        if taken.accepted {
-            if let Some(step) = self.checkpoint {
-                s.checkpoint_at = Some(step);
-            }
+/// Takes worker `from`'s pushed gradient and waits until what it produced
+/// is published; `None` when stopped before the standby acknowledged it.
+fn take(
+    served: &Served,
+    from: u32,
+    push: &PushHeader,
+    grad: &[f32],
+    stop: &Shutdown,
+) -> Option<Answer> {
+    let mut s = served.shard.lock();
+    let taken = s.take(&served.rules, from, push, grad);
+    if taken.accepted {
+        if let Some(step) = push.checkpoint {
+            s.checkpoint_at = Some(step.get());
         }
-        // The update the flagged push was part of is applied: checkpoint
-        // it (the values it produced, copied now).
-        let snapshot = taken.produced.and_then(|_| {
-            let step = s.checkpoint_at.take()?;
-            s.snapshot(step, served.index, served.shards, served.numel)
-        });
-        if taken.produced.is_some() {
-            served.shard.changed();
-        }
-        // An update is acknowledged (and checkpointed) only once its
-        // standby has it — or the standby was given up
-        // ([`super::standby::STANDBY_GIVE_UP`]), which bounds this wait.
-        if let Some(v) = taken.produced {
-            while s.published_version().is_none_or(|p| p < v) {
-                if stop.is_triggered() {
-                    // Stopping with an update its standby does not have: no answer.
-                    return None;
-                }
-                s = served.shard.wait(s);
-            }
-        }
-        // A draining shard server asks rank 0 for a checkpoint, once.
-        let ask = served.drain.is_draining() && !s.drain_asked && self.from == 0;
-        if ask {
-            s.drain_asked = true;
-        }
-        let version = taken.produced.unwrap_or(s.version);
-        let message = if taken.accepted {
-            Message::Ack {
-                version,
-                values_taken: false,
-                checkpoint_wanted: ask,
-            }
-        } else {
-            Message::Rejected { version }
-        };
-        Some(Answer { message, snapshot })
     }
+    // The update the flagged push was part of is applied: checkpoint
+    // it (the values it produced, copied now).
+    let snapshot = taken.produced.and_then(|_| {
+        let step = s.checkpoint_at.take()?;
+        s.snapshot(step, served.index, served.shards, served.numel)
+    });
+    if taken.produced.is_some() {
+        served.shard.changed();
+    }
+    // An update is acknowledged (and checkpointed) only once its
+    // standby has it — or the standby was given up
+    // ([`super::standby::STANDBY_GIVE_UP`]), which bounds this wait.
+    if let Some(v) = taken.produced {
+        while s.published_version().is_none_or(|p| p < v) {
+            if stop.is_triggered() {
+                // Stopping with an update its standby does not have: no answer.
+                return None;
+            }
+            s = served.shard.wait(s);
+        }
+    }
+    // A draining shard server asks rank 0 for a checkpoint, once.
+    let ask = served.drain.is_draining() && !s.drain_asked && from == 0;
+    if ask {
+        s.drain_asked = true;
+    }
+    let version = taken.produced.unwrap_or(s.version);
+    let message = if taken.accepted {
+        Message::Ack {
+            version,
+            values_taken: false,
+            checkpoint_wanted: ask,
+        }
+    } else {
+        Message::Rejected { version }
+    };
+    Some(Answer { message, snapshot })
 }

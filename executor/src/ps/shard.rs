@@ -23,6 +23,7 @@
 //! format ("each tensor over the pieces") unchanged.
 
 use super::consistency::{self, Round, Verdict, STALENESS_BUCKETS};
+use super::stale::{self, MeanStaleness, DC_HISTORY};
 use crate::data::Cursor;
 use crate::replica::optim::{slice_norm, SliceOptimizer};
 use crate::storage::checkpoint::{Loaded, Snapshot};
@@ -31,7 +32,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use trainyard_common::checkpoint::CursorState;
 use trainyard_common::cluster::{Assignment, Range};
-use trainyard_common::spec::Consistency;
+use trainyard_common::spec::{Consistency, OptimizerKind, StaleUpdates, UncheckedJobSpec};
+use trainyard_dataplane::ps::PushHeader;
 
 /// Elements of a shard's ranges.
 pub fn shard_len(ranges: &[Range]) -> usize {
@@ -58,6 +60,33 @@ pub fn buffer_offset(ranges: &[Range]) -> Result<usize, String> {
         ));
     }
     Ok(shard_len(&ranges[..head]))
+}
+
+/// The rules a job's shards take pushes by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Rules {
+    /// When a push is applied.
+    pub(super) consistency: Consistency,
+    /// The gradient norm's clip.
+    pub(super) clip: Option<f64>,
+    /// How a stale update is applied (async and bounded).
+    pub(super) stale: StaleUpdates,
+    /// The spec's momentum, for a `momentum` optimizer (what an out-of-sync
+    /// update compensates).
+    pub(super) momentum: Option<f64>,
+}
+
+impl Rules {
+    /// The rules of a job of `spec`.
+    pub(super) fn of(spec: &UncheckedJobSpec) -> Rules {
+        let o = spec.optimizer();
+        Rules {
+            consistency: spec.consistency_mode(),
+            clip: o.grad_clip,
+            stale: spec.stale_updates.unwrap_or_default(),
+            momentum: (o.kind == OptimizerKind::Momentum).then(|| o.momentum.unwrap_or(0.9)),
+        }
+    }
 }
 
 /// One shard's state; it outlives generations on its executor.
@@ -87,6 +116,16 @@ pub struct Shard {
     pub rejected: u64,
     /// Applied gradients by staleness.
     pub staleness: [u64; STALENESS_BUCKETS],
+    /// The mean staleness of the updates applied out of sync.
+    pub(super) mean_staleness: MeanStaleness,
+    /// The optimizer's momentum as the spec gives it (an update that
+    /// carries none is applied with it).
+    base_momentum: f64,
+    /// Delay compensation: the values of the latest versions (newest
+    /// last, at most [`DC_HISTORY`]), each shared with its version's pulls.
+    history: VecDeque<(u64, Arc<Vec<f32>>)>,
+    /// A compensated gradient (kept allocated).
+    compensated: Vec<f32>,
     /// Restored from a checkpoint and not yet aligned with rank 0's version.
     pub(super) restored: bool,
     /// The step a pushed gradient asked to be checkpointed once applied.
@@ -127,14 +166,15 @@ pub(super) enum Visible {
 }
 
 /// One applied update: the gradient sum it applied at version `before`,
-/// over `samples` samples with `lr`, whether its tail replaced the
-/// buffers, and the state after it.
+/// over `samples` samples with `lr` (and `momentum`, where not the
+/// spec's), whether its tail replaced the buffers, and the state after it.
 pub(super) struct Update {
     pub(super) grad: Vec<f32>,
     pub(super) before: u64,
     pub(super) samples: u64,
     pub(super) lr: f64,
     pub(super) carries_state: bool,
+    pub(super) momentum: Option<f32>,
     pub(super) after: Published,
 }
 
@@ -178,6 +218,10 @@ impl Shard {
             applied: 0,
             rejected: 0,
             staleness: [0; STALENESS_BUCKETS],
+            mean_staleness: MeanStaleness::default(),
+            base_momentum: a.spec.optimizer().momentum.unwrap_or(0.9),
+            history: VecDeque::new(),
+            compensated: Vec::new(),
             restored: false,
             checkpoint_at: None,
             checkpointed: None,
@@ -199,6 +243,7 @@ impl Shard {
         self.acc_samples = 0;
         self.contributors.clear();
         self.outbox.clear();
+        self.history.clear();
         self.replicated = standby;
         self.visible = Visible::Current;
         if standby && self.weights.is_some() {
@@ -275,6 +320,7 @@ impl Shard {
             epoch: l.cursor.epoch,
             offset: l.cursor.offset,
         };
+        self.history.clear();
         self.restored = true;
         self.checkpointed = Some(l.step);
     }
@@ -312,8 +358,10 @@ impl Shard {
     }
 
     /// Applies the mean gradient `(g + extra) / samples` (clipped to norm
-    /// `clip`) to the parameters in one fused pass; where the update
-    /// `carries_state`, the buffers become `g + extra`'s tail as it is.
+    /// `clip`) to the parameters in one fused pass, with `momentum` where
+    /// given (else the spec's); where the update `carries_state`, the
+    /// buffers become `g + extra`'s tail as it is.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn apply(
         &mut self,
         g: &[f32],
@@ -322,6 +370,7 @@ impl Shard {
         lr: f64,
         clip: Option<f64>,
         carries_state: bool,
+        momentum: Option<f32>,
     ) {
         let Some(w) = self.weights.as_mut() else {
             return;
@@ -347,6 +396,8 @@ impl Shard {
         // step is empty) is no gradient: PyTorch would take no step, and an
         // Adam or momentum step on zeros would still move the weights.
         if samples > 0 {
+            self.opt
+                .set_momentum(momentum.map_or(self.base_momentum, f64::from));
             self.opt.step(w, g, extra, scale as f32, lr);
         }
         if carries_state {
@@ -369,19 +420,13 @@ impl Shard {
         self.applied += 1;
     }
 
-    /// Takes a gradient pushed by worker `from`, computed at `computed_at`
-    /// over `samples` samples, asking for `lr`, with the data at `next`
-    /// after its batch.
-    #[allow(clippy::too_many_arguments)]
+    /// Takes a gradient `grad` pushed by worker `from` with header `push`
+    /// under the job's `rules`.
     pub(super) fn take(
         &mut self,
-        mode: Consistency,
-        clip: Option<f64>,
+        rules: &Rules,
         from: u32,
-        computed_at: u64,
-        samples: u64,
-        lr: f64,
-        next: Cursor,
+        push: &PushHeader,
         grad: &[f32],
     ) -> Taken {
         let refused = Taken {
@@ -397,14 +442,15 @@ impl Shard {
             expected: self.expected,
         };
         let before = self.version;
-        match consistency::judge(mode, self.version, computed_at, round) {
+        let (samples, next) = (push.samples, super::from_wire(push.next_cursor));
+        match consistency::judge(rules.consistency, self.version, push.computed_at, round) {
             Verdict::Rejected => {
                 self.rejected += 1;
                 return refused;
             }
             Verdict::AlreadySummed => {}
             Verdict::Summed { first } => {
-                self.sum_in(from, samples, lr, next);
+                self.sum_in(from, samples, push.lr, next);
                 if first {
                     self.acc.clear();
                     self.acc.extend_from_slice(grad);
@@ -417,8 +463,8 @@ impl Shard {
             Verdict::Applied {
                 staleness,
                 with_sum,
-            } if mode == Consistency::Sync => {
-                self.sum_in(from, samples, lr, next);
+            } if rules.consistency == Consistency::Sync => {
+                self.sum_in(from, samples, push.lr, next);
                 // The last gradient is summed into the others inside the
                 // update's pass (a lone worker's is used as it is).
                 let (samples, lr) = (self.acc_samples, self.lr);
@@ -427,7 +473,7 @@ impl Shard {
                 // Every worker of the round is in the sum, rank 0 with its
                 // buffers and the others with zeros there: the round
                 // carries rank 0's buffers.
-                self.apply(grad, extra, samples, lr, clip, true);
+                self.apply(grad, extra, samples, lr, rules.clip, true, None);
                 self.staleness[consistency::bucket(staleness)] += 1;
                 self.cursor = self.next_cursor;
                 self.acc_samples = 0;
@@ -435,7 +481,7 @@ impl Shard {
                 // The standby applies the sum the update's pass formed
                 // (`(g + extra) · scale` there and `sum · scale` here
                 // round alike), so both hold the same bits.
-                self.queue_update(grad, extra, before, samples, lr, true);
+                self.queue_update(grad, extra, before, samples, lr, true, None);
                 self.acc = acc;
             }
             Verdict::Applied { staleness, .. } => {
@@ -446,15 +492,65 @@ impl Shard {
                 // Only rank 0's buffers are the job's; the others push
                 // zeros in their place.
                 let carries_state = from == 0;
-                self.apply(grad, None, samples, lr, clip, carries_state);
+                let mean = self.mean_staleness.record(staleness);
+                let lr = push.lr * stale::lr_factor(rules.stale.lr, staleness);
+                // As f32, the optimizer's and the wire's precision: the
+                // standby applies the same bits.
+                let momentum = rules
+                    .momentum
+                    .map(|mu| stale::momentum(rules.stale.momentum, mu, mean) as f32);
+                let mut g = std::mem::take(&mut self.compensated);
+                let compensated = self.delay_compensate(rules, push, grad, &mut g);
+                let grad = if compensated { &g[..] } else { grad };
+                self.apply(grad, None, samples, lr, rules.clip, carries_state, momentum);
                 self.staleness[consistency::bucket(staleness)] += 1;
-                self.queue_update(grad, None, before, samples, lr, carries_state);
+                self.queue_update(grad, None, before, samples, lr, carries_state, momentum);
+                self.compensated = g;
             }
         }
         Taken {
             accepted: true,
             produced: (self.version > before).then_some(self.version),
         }
+    }
+
+    /// Delay compensation of an out-of-sync gradient into `out` (whether it
+    /// applies: λ > 0 and the values of its version are still kept), and
+    /// the current values kept for the gradients to come.
+    fn delay_compensate(
+        &mut self,
+        rules: &Rules,
+        push: &PushHeader,
+        grad: &[f32],
+        out: &mut Vec<f32>,
+    ) -> bool {
+        let lambda = rules.stale.delay_compensation;
+        let Some(now) = self.weights.clone().filter(|_| lambda > 0.0) else {
+            return false;
+        };
+        let then = self
+            .history
+            .iter()
+            .find(|(v, _)| *v == push.computed_at)
+            .map(|(_, w)| w.clone());
+        if self.history.len() == DC_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back((self.version, now.clone()));
+        let Some(then) = then else {
+            return false;
+        };
+        out.clear();
+        out.extend_from_slice(grad);
+        let head = self.head.min(out.len()).min(now.len()).min(then.len());
+        stale::compensate(
+            &mut out[..head],
+            &now[..head],
+            &then[..head],
+            lambda,
+            push.samples,
+        );
+        true
     }
 
     /// Counts worker `from`'s gradient into this sync version's round.
@@ -482,6 +578,7 @@ impl Shard {
 
     /// Queues the update just applied for the standby (nothing without
     /// one: it is published at once).
+    #[allow(clippy::too_many_arguments)]
     fn queue_update(
         &mut self,
         grad: &[f32],
@@ -490,6 +587,7 @@ impl Shard {
         samples: u64,
         lr: f64,
         carries_state: bool,
+        momentum: Option<f32>,
     ) {
         if !self.replicated {
             return;
@@ -514,6 +612,7 @@ impl Shard {
             samples,
             lr,
             carries_state,
+            momentum,
             after,
         }));
         if matches!(self.visible, Visible::Current) {

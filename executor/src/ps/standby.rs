@@ -201,6 +201,7 @@ impl StandbyLink {
                 samples,
                 lr,
                 carries_state,
+                momentum,
                 after,
             }) => {
                 let m = Message::Update {
@@ -209,6 +210,7 @@ impl StandbyLink {
                     lr: *lr,
                     cursor: to_wire(after.cursor),
                     carries_state: *carries_state,
+                    momentum: *momentum,
                 };
                 match self.call(&m, grad, after.version, stop) {
                     Ok(()) => Ok(after.clone()),
@@ -568,6 +570,7 @@ impl Standby<'_> {
                     lr,
                     cursor,
                     carries_state,
+                    momentum,
                 } => {
                     ps::read_values(&mut r, &m, self.len, &mut buf)?;
                     let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -576,7 +579,7 @@ impl Standby<'_> {
                     } else {
                         // The shard's very update: its buffers replaced
                         // where the shard's were.
-                        s.apply(&buf, None, samples, lr, self.clip, carries_state);
+                        s.apply(&buf, None, samples, lr, self.clip, carries_state, momentum);
                         s.cursor = from_wire(cursor);
                         ack(s.version)
                     }

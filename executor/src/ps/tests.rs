@@ -4,6 +4,7 @@
 //! shard's buffer tail (rank 0's values taken as they are, never
 //! optimized; replicated and checkpointed with the weights).
 
+use super::shard::Rules;
 use super::*;
 use crate::context::Context;
 use crate::reports::Item;
@@ -15,7 +16,7 @@ use trainyard_common::cluster::{wire_index, Assignment, LogLevel, PsPeer, Range,
 use trainyard_common::cluster::{RoleKey, WorkerPeer};
 use trainyard_common::spec::Strategy;
 use trainyard_dataplane::handshake::Hello;
-use trainyard_dataplane::ps::{self, DataCursor, Message};
+use trainyard_dataplane::ps::{self, DataCursor, Message, PushHeader};
 use trainyard_dataplane::{plane, DataPlane, EndpointRole};
 use trainyard_shutdown::Shutdown;
 
@@ -150,10 +151,22 @@ fn pull(at_least: u64) -> Message {
     Message::Pull { at_least }
 }
 
+/// The header of a push computed at `version` over `samples` samples at
+/// `lr`.
+fn header(version: u64, samples: u64, lr: f64) -> PushHeader {
+    PushHeader {
+        computed_at: version,
+        samples,
+        lr,
+        next_cursor: DataCursor::default(),
+        checkpoint: None,
+    }
+}
+
 /// Worker `r`'s push of a gradient computed at `version` (4 samples);
 /// rank 0's carries its buffers after `version`'s step.
 fn push_at(version: u64, r: u32) -> (Message, Vec<f32>) {
-    let push = Message::Push {
+    let push = Message::Push(PushHeader {
         computed_at: version,
         samples: 4,
         lr: 0.01,
@@ -162,7 +175,7 @@ fn push_at(version: u64, r: u32) -> (Message, Vec<f32>) {
             offset: (version + 1) * 8,
         },
         checkpoint: None,
-    };
+    });
     (push, pushed(version as u32 * 2 + r, r, version))
 }
 
@@ -272,7 +285,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                     };
                     let got = call(link, pull(at_least), &[], &mut buf);
                     assert!(matches!(got, Message::Weights { .. }), "{got:?}");
-                    let push = Message::Push {
+                    let push = Message::Push(PushHeader {
                         computed_at: version(got),
                         samples: 4,
                         lr: 0.01,
@@ -281,7 +294,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                             offset: u64::from(step + 1) * 8,
                         },
                         checkpoint: None,
-                    };
+                    });
                     let g = pushed(step * 2 + r as u32, r as u32, u64::from(step));
                     assert!(acked(call(link, push, &g, &mut buf)));
                 }
@@ -298,6 +311,7 @@ fn a_standby_ends_with_the_shards_very_bits_and_refuses_an_update_it_cannot_foll
                 lr: 0.0,
                 cursor: DataCursor::default(),
                 carries_state: true,
+                momentum: None,
             };
             let reply = call(&mut odd, update, &grad(9), &mut buf);
             assert_eq!(
@@ -618,8 +632,8 @@ fn a_flagged_version_is_checkpointed_once_replicated_and_a_drain_asks_rank_0_onc
             for (r, link) in w.iter_mut().enumerate() {
                 assert_eq!(version(call(link, pull(step), &[], &mut buf)), step);
                 let (mut m, g) = push_at(step, r as u32);
-                if let Message::Push { checkpoint, .. } = &mut m {
-                    *checkpoint = std::num::NonZeroU64::new(1);
+                if let Message::Push(p) = &mut m {
+                    p.checkpoint = std::num::NonZeroU64::new(1);
                 }
                 match call(link, m, &g, &mut buf) {
                     Message::Ack {
@@ -684,13 +698,9 @@ fn a_sync_round_takes_rank_0s_buffers_as_they_are_and_optimizes_only_the_paramet
                     .collect();
                 for (i, &r) in order.iter().enumerate() {
                     let t = shard.take(
-                        trainyard_common::spec::Consistency::Sync,
-                        Some(clip),
+                        &Rules::of(&a.spec),
                         r,
-                        step,
-                        4,
-                        0.05,
-                        crate::data::Cursor::default(),
+                        &header(step, 4, 0.05),
                         &g[r as usize],
                     );
                     assert!(t.accepted);
@@ -743,7 +753,11 @@ fn in_async_modes_only_rank_0s_push_replaces_the_buffers() {
         let mut shard = seeded(&a, &init);
         let take = |shard: &mut Shard, from: u32, g: &[f32]| {
             let version = shard.version;
-            let t = shard.take(c, Some(0.5), from, version, 4, 0.01, Default::default(), g);
+            let rules = Rules {
+                clip: Some(0.5),
+                ..Rules::of(&a.spec)
+            };
+            let t = shard.take(&rules, from, &header(version, 4, 0.01), g);
             assert_eq!(t.produced, Some(version + 1), "{c:?}");
         };
         // Even a rank 1 that sent values there changes no buffer.
@@ -776,12 +790,13 @@ fn an_empty_async_push_takes_no_optimizer_step() {
     let plane = DataPlane::bind("127.0.0.1:0").unwrap();
     let a = assignment(&plane, RoleKind::Ps, json!("async"));
     let mut shard = seeded(&a, &initial());
-    let c = Consistency::Async;
-    let t = shard.take(c, None, 1, 0, 4, 0.01, Default::default(), &grad(1));
+    let rules = Rules::of(&a.spec);
+    assert_eq!(rules.consistency, Consistency::Async);
+    let t = shard.take(&rules, 1, &header(0, 4, 0.01), &grad(1));
     assert_eq!(t.produced, Some(1));
     let (w, steps) = (shard.weights.clone().unwrap(), shard.opt.t);
     let zeros = vec![0f32; w.len()];
-    let t = shard.take(c, None, 1, 1, 0, 0.01, Default::default(), &zeros);
+    let t = shard.take(&rules, 1, &header(1, 0, 0.01), &zeros);
     assert_eq!(t.produced, Some(2), "the version still moves");
     assert_eq!(bits(&shard.weights.as_ref().unwrap()[..]), bits(&w[..]));
     assert_eq!(shard.opt.t, steps);
@@ -818,16 +833,7 @@ fn a_checkpoint_of_a_shards_buffers_restores_them_exactly() {
     for step in 0..2u64 {
         for r in 0..2 {
             let g = pushed(step as u32 * 2 + r, r, step);
-            shard.take(
-                trainyard_common::spec::Consistency::Sync,
-                Some(0.5),
-                r,
-                step,
-                4,
-                0.01,
-                Default::default(),
-                &g,
-            );
+            shard.take(&Rules::of(&a.spec), r, &header(step, 4, 0.01), &g);
         }
     }
     let snap = shard.snapshot(2, 0, 1, LEN).expect("a snapshot of step 2");

@@ -22,11 +22,11 @@
 //! gradient over no samples), so it never trains on shards at different
 //! versions.
 
-use super::consistency;
+use super::consistency::{self, AfterPull, AfterPush};
 use super::links::{
-    self, apply_pull, exchange_pull, exchange_push, pull_all, Exchange, Link, Pulled, PushOf,
-    PushReply, ShardMap,
+    self, apply_pull, exchange_pull, exchange_push, pull_all, Pulled, PushReply, ShardMap,
 };
+use super::step::{catch_up, LastStep};
 use super::to_wire;
 use crate::context::Context;
 use crate::error::{guarded, RoleError};
@@ -39,22 +39,14 @@ use std::num::NonZeroU64;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::cluster::{Assignment, LogLevel, StepPhase};
-use trainyard_common::spec::Consistency;
-use trainyard_dataplane::ps::Message;
+use trainyard_common::spec::{AsyncBuffers, Consistency};
+use trainyard_dataplane::ps::{Message, PushHeader};
 use trainyard_shutdown::Shutdown;
 
-/// A sync PS worker's last step, kept across generations on its device:
-/// the gradient slice it pushed to each shard, computed at `version`, and
-/// what the pushes carried. When a lost primary left its (promoted) shard
-/// at `version` while the other shards moved on to `version + 1`, the
-/// worker pushes the slice again to the shards that are behind (a sync
-/// shard takes one push per worker and version, so nothing is applied
-/// twice) before it pulls: the shards never end at different versions.
-pub struct LastStep {
-    version: u64,
-    slices: Vec<Vec<f32>>,
-    push: PushOf,
-}
+/// Training batches an async or bounded job's final buffers are
+/// recomputed over (BatchNorm's default momentum of 0.1 leaves the old
+/// statistics a weight of 0.9⁵⁰ ≈ 0.5 %).
+const RECALIBRATION_BATCHES: usize = 50;
 
 /// Runs a PS worker for one generation. `replica` carries the model (and
 /// the newest pulled weights) to the next generation.
@@ -161,27 +153,28 @@ pub fn work(
         let mut comm = pulled.elapsed().as_secs_f64();
         let mut comm_bytes = ex.bytes;
         let version = ex.versions[0];
-        let lo = ex.versions.iter().copied().min().unwrap_or(0);
-        let hi = ex.versions.iter().copied().max().unwrap_or(0);
-        if consistency == Consistency::Sync && hi == lo + 1 {
-            // A lost primary left its shard a version behind the others:
-            // it gets this version's gradients again, then all are pulled
-            // at the same version.
-            let hi = catch_up(&mut links, &ex, last_step, &map, a, rank, rep, stop, &log)?;
-            expect.fill(hi);
-            continue;
-        }
-        if consistency == Consistency::Sync && hi > lo + 1 && !mixed_warned {
-            // Only a shard restored from a checkpoint gets here; nothing
-            // can reconcile it with the others' versions.
-            mixed_warned = true;
-            log(
-                LogLevel::Warn,
-                format!(
-                    "worker {rank}: the PS shards are at versions {:?}, more than one apart (a shard restored from a checkpoint): training goes on from shard 0's version",
-                    ex.versions
-                ),
-            );
+        match consistency::after_pull(consistency, &ex.versions) {
+            AfterPull::Train => {}
+            AfterPull::CatchUp { .. } => {
+                // A lost primary left its shard a version behind the
+                // others: it gets this version's gradients again, then all
+                // are pulled at the same version.
+                let hi = catch_up(&mut links, &ex, last_step, &map, a, rank, rep, stop, &log)?;
+                expect.fill(hi);
+                continue;
+            }
+            AfterPull::Mixed => {
+                if !mixed_warned {
+                    mixed_warned = true;
+                    log(
+                        LogLevel::Warn,
+                        format!(
+                            "worker {rank}: the PS shards are at versions {:?}, more than one apart (a shard restored from a checkpoint): training goes on from shard 0's version",
+                            ex.versions
+                        ),
+                    );
+                }
+            }
         }
         if consistency == Consistency::Sync {
             rep.step = version;
@@ -227,11 +220,7 @@ pub fn work(
         progress::check_finite(loss, rep.step + 1)?;
         let lr = progress::learning_rate(&a.spec, rep.step + 1, total);
         if rank == 0 && flag.is_none() {
-            let step = if consistency == Consistency::Sync {
-                version + 1
-            } else {
-                rep.step + 1
-            };
+            let step = consistency::step_done(consistency, version, rep.step + 1);
             if policy.due(step, policy.vote() || asked, step >= total) {
                 flag = NonZeroU64::new(step);
                 policy.written(step);
@@ -252,10 +241,12 @@ pub fn work(
                     }
                 })
                 .collect(),
-            push: PushOf {
+            push: PushHeader {
+                // Each shard's copy carries the version pulled from it.
+                computed_at: version,
                 samples: b.samples as u64,
                 lr,
-                next: b.next,
+                next_cursor: to_wire(b.next),
                 checkpoint: flag,
             },
         };
@@ -303,7 +294,6 @@ pub fn work(
         for (a, r) in accepted.iter_mut().zip(&acks) {
             *a |= r.accepted();
         }
-        let all_ok = accepted.iter().all(|a| *a);
         rejected += u64::from(rejects);
         rejected_since += rejects;
         // How many versions the shard had moved on since the pull (an
@@ -317,34 +307,25 @@ pub fn work(
                 .max()
                 .unwrap_or(0)
         };
-        match consistency {
-            Consistency::Sync => {
-                // A sync shard never applies a push twice (it counts one per
-                // worker and version): every step pushes to all of them.
-                accepted.fill(false);
-                flag = None;
-                for (e, v) in expect.iter_mut().zip(&ex.versions) {
-                    *e = v + 1;
-                }
+        if consistency::after_push(consistency, &accepted) == AfterPush::Retry {
+            // Too stale somewhere: re-pull and recompute this share for
+            // the shards that refused it.
+            continue;
+        }
+        accepted.fill(false);
+        flag = None;
+        if consistency == Consistency::Sync {
+            // Every step pushes to all shards (a sync shard counts one
+            // push per worker and version), at the version after this.
+            for (e, v) in expect.iter_mut().zip(&ex.versions) {
+                *e = v + 1;
             }
-            _ => {
-                if !all_ok {
-                    // Too stale somewhere: re-pull and recompute this share
-                    // for the shards that refused it.
-                    continue;
-                }
-                accepted.fill(false);
-                flag = None;
-                rep.step += 1;
-                local = b.next;
-            }
+        } else {
+            rep.step += 1;
+            local = b.next;
         }
         rep.set_last_loss(loss);
-        let step_done = if consistency == Consistency::Sync {
-            version + 1
-        } else {
-            rep.step
-        };
+        let step_done = consistency::step_done(consistency, version, rep.step);
         let mut stats = progress::step_stats(
             step_done,
             loss,
@@ -401,6 +382,21 @@ pub fn work(
         // pulled afresh.
         let zero = vec![0u64; links.len()];
         exchange_pull(&mut links, &zero, &map, rep, stop)?;
+        // The buffers rank 0 pushed were gathered on older weights than
+        // these: they are recomputed on them, so that the model evaluates
+        // in eval mode as its weights deserve.
+        let rules = a.spec.stale_updates.unwrap_or_default();
+        let used = if rules.buffers == AsyncBuffers::Recompute {
+            rep.recalibrate_buffers(rank, world, RECALIBRATION_BATCHES)?
+        } else {
+            0
+        };
+        if used > 0 {
+            log(
+                LogLevel::Info,
+                format!("worker 0: the model's buffers (BatchNorm statistics) recomputed on the final weights over {used} training batches"),
+            );
+        }
     }
     rep.evaluate_now();
     Ok(Some(rep.outcome()))
@@ -465,92 +461,4 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
             }
         }
     }
-}
-
-/// Sync: brings the shards that are a version behind the others (a lost
-/// primary's promoted standby) to the others' version by pushing them
-/// this worker's gradient of that version again — or, where this worker
-/// has none (it joined since, or its last step was another version), a
-/// zero gradient over no samples, which counts it as a contributor and
-/// changes neither the sum nor the samples (rank 0's carries the buffers
-/// it pulled from the shards, so the round leaves them as they are).
-/// Returns the version all shards are to be pulled at. The shards are at
-/// most one version apart.
-#[allow(clippy::too_many_arguments)]
-fn catch_up(
-    links: &mut [Link],
-    ex: &Exchange,
-    last_step: &Option<LastStep>,
-    map: &ShardMap,
-    a: &Assignment,
-    rank: u32,
-    rep: &Replica,
-    stop: &Shutdown,
-    log: &dyn Fn(LogLevel, String),
-) -> Result<u64, RoleError> {
-    let world = a.workers.len() as u32;
-    let total = rep.total_steps(world);
-    let lo = ex.versions.iter().copied().min().unwrap_or(0);
-    let (ahead, hi) = ex
-        .versions
-        .iter()
-        .copied()
-        .enumerate()
-        .max_by_key(|(_, v)| *v)
-        .unwrap_or((0, 0));
-    let mine = last_step
-        .as_ref()
-        .filter(|l| l.version == lo && l.slices.len() == links.len())
-        .filter(|l| {
-            ex.versions
-                .iter()
-                .zip(&l.slices)
-                .zip(&map.lens)
-                .all(|((v, sl), n)| *v != lo || sl.len() == *n)
-        });
-    let zeros: Vec<Vec<f32>>;
-    let (push, slices) = match mine {
-        Some(l) => (l.push, &l.slices),
-        None => {
-            // A sync round replaces the shards' buffers with its sum's tail:
-            // rank 0's holds the buffers as pulled, the others' zeros.
-            let mut flat = vec![0.0; rep.numel()];
-            if rank == 0 {
-                let p = rep.trainable_len().min(flat.len());
-                flat[p..].copy_from_slice(&rep.read_range(p, rep.numel() - p));
-            }
-            zeros = (0..links.len()).map(|s| map.gather(s, &flat)).collect();
-            (
-                PushOf {
-                    samples: 0,
-                    lr: progress::learning_rate(&a.spec, lo + 1, total),
-                    next: ex.cursors[ahead],
-                    checkpoint: None,
-                },
-                &zeros,
-            )
-        }
-    };
-    let behind: Vec<usize> = (0..links.len()).filter(|s| ex.versions[*s] == lo).collect();
-    log(
-        LogLevel::Warn,
-        format!(
-            "worker {rank}: PS shard(s) {behind:?} are at version {lo}, the others at {hi} (a lost primary's standby): {} them this worker's gradient of version {lo} again",
-            if mine.is_some() { "pushing" } else { "it has none; pushing" }
-        ),
-    );
-    let to: Vec<Option<u64>> = ex
-        .versions
-        .iter()
-        .map(|v| (*v == lo).then_some(lo))
-        .collect();
-    let acks = exchange_push(links, &push, &to, slices, stop)?;
-    for (s, r) in acks.iter().enumerate() {
-        if let Some(r) = r.filter(|r| !r.accepted()) {
-            return Err(RoleError::ps_fatal(format!(
-                "PS shard {s} answered {r:?} to version {lo}'s gradient while the others are at {hi}"
-            )));
-        }
-    }
-    Ok(hi)
 }

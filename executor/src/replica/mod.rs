@@ -780,6 +780,35 @@ impl Replica {
         Ok((loss_sum, out))
     }
 
+    /// Recomputes the buffers (BatchNorm's running statistics) on the
+    /// current weights: forwards in training mode over up to `batches` of
+    /// rank `rank`'s training batches from the start of the data, as
+    /// PyTorch's `torch.optim.swa_utils.update_bn` does. Asynchronous
+    /// training ends with buffers that rank 0's forwards gathered on older
+    /// weights than the final ones; these go with the final weights.
+    /// Returns the batches used (0 for a model without buffers).
+    pub fn recalibrate_buffers(
+        &mut self,
+        rank: u32,
+        world: u32,
+        batches: usize,
+    ) -> Result<usize, TrainError> {
+        if self.numel == self.trainable {
+            return Ok(0);
+        }
+        let stream = self.batches(rank, world, Cursor::default());
+        let mut used = 0;
+        while used < batches {
+            let Ok(b) = stream.recv() else { break };
+            if b.samples == 0 {
+                break;
+            }
+            self.forward_backward(&b)?;
+            used += 1;
+        }
+        Ok(used)
+    }
+
     /// Held-out loss and accuracy of the current weights; kept for the outcome.
     pub fn evaluate_now(&mut self) -> (Option<f64>, Option<f64>) {
         let (spec, net, device) = (&self.spec, self.net.as_ref(), self.device);

@@ -182,6 +182,17 @@ impl SliceOptimizer {
         &mut self.state
     }
 
+    /// The momentum the next steps use (a `momentum` optimizer's).
+    pub fn momentum(&self) -> f64 {
+        self.h.momentum
+    }
+
+    /// Sets the momentum of the next steps (an async shard compensates for
+    /// the momentum asynchrony adds by itself).
+    pub fn set_momentum(&mut self, momentum: f64) {
+        self.h.momentum = momentum;
+    }
+
     /// One update of `w` in place with the gradient `scale · (g + extra)`
     /// (`extra`: a second gradient of the same length, e.g. the sum of the
     /// others in a synchronous step).

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `trainyard` and `trainyard-executor` binaries
 //! started as processes.
 
+mod async_ps;
 mod chaos;
 mod checkpoints;
 mod cli;

@@ -70,6 +70,29 @@ class BnCnn(nn.Module):
         return self.fc(self.drop(h.flatten(1)))
 
 
+class ResCnn(nn.Module):
+    """A residual CNN: a BatchNorm stem, a residual block with a GroupNorm
+    and a BatchNorm branch, max pooling and dropout before the classifier
+    (the model of the asynchronous-PS matrix, tests/e2e/async_ps.rs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.conv_a = nn.Conv2d(16, 16, 3, padding=1)
+        self.gn = nn.GroupNorm(4, 16)
+        self.conv_b = nn.Conv2d(16, 16, 3, padding=1)
+        self.bn_b = nn.BatchNorm2d(16)
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.stem(x.reshape(-1, 1, 8, 8))))
+        r = F.relu(self.gn(self.conv_a(h)))
+        h = F.relu(h + self.bn_b(self.conv_b(r)))
+        return self.head(self.drop(F.max_pool2d(h, 2).flatten(1)))
+
+
 class Attention(nn.Module):
     """Pixels (0..1 in steps of 1/16) as tokens 0..16: a token embedding
     plus a learned position, LayerNorm, self-attention (residual),
@@ -158,6 +181,7 @@ def build(name):
         "recurrent": Recurrent,
         "frozen_tied": FrozenTied,
         "counted": Counted,
+        "res_cnn": ResCnn,
         # The exactness and resume tests: BatchNorm on, no dropout, so a
         # run is a deterministic function of the data order.
         "bn_cnn_exact": lambda: BnCnn(0.0),
@@ -165,7 +189,7 @@ def build(name):
 
 
 MATRIX = ["bn_cnn", "attention", "recurrent", "frozen_tied", "counted"]
-ALL = MATRIX + ["bn_cnn_exact"]
+ALL = MATRIX + ["bn_cnn_exact", "res_cnn"]
 
 # ---- The executor's data split and order (executor/src/replica) ----
 

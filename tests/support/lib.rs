@@ -12,6 +12,8 @@
 //!   typed async client (`trainyard-client`) with the reads and waits the
 //!   tests share, and one raw path for the tests of HTTP behaviour;
 //! - [`spec`]: the job specs the tests submit;
+//! - [`async_matrix`]: users' models trained by the PS in sync, async and
+//!   bounded modes, each judged by PyTorch against its sync job;
 //! - [`compare`]: two models compared row by row on the same held-out rows;
 //! - [`s3`]: the test S3 server;
 //! - [`lab`]: hosts in network namespaces on a bridge, link rates and
@@ -19,6 +21,7 @@
 //!
 //! The items are re-exported at the crate root.
 
+pub mod async_matrix;
 pub mod client;
 pub mod compare;
 pub mod lab;

@@ -1,0 +1,183 @@
+//! The asynchronous-PS matrix benchmark: every cell of
+//! [`trainyard_e2e::async_matrix::full`] (six users' models × SGD with
+//! momentum and Adam × 2 and 4 workers × sync, async, bounded τ=2 and
+//! τ=4), each out-of-sync job judged by PyTorch against its sync job, and
+//! beside each of them the same job under the rules before staleness
+//! awareness (`stale_updates: {lr: plain, momentum: as_given, buffers: as_pushed}`), the
+//! baseline. Prints `name: value (baseline value, ratio)` lines: each
+//! cell's gap to sync with the rules and without, and the mean speed of
+//! each mode against sync.
+//!
+//!
+//! Then the speed of each mode: the residual CNN under SGD with momentum,
+//! 2 workers, one job at a time, on executors whose worker rank 1 is a
+//! straggler (`TRAINYARD_SLOW_WORKER=1:MS`, it sleeps after each step) and
+//! on plain ones: each mode's time from start to end against sync's, with
+//! its accuracy.
+//!
+//! `async-bench --short`: the residual CNN and BatchNorm's CNN only.
+//! `async-bench --speed-only`: only the speed figures.
+//! `async-bench --cells SUBSTRING`: only the cells whose name contains it.
+//! `async-bench --recipes a,b`: other recipes (`sgd_constant`: SGD with
+//! momentum at a constant rate, no clip). `async-bench --before JSON`:
+//! another baseline's `stale_updates`.
+
+use std::time::Instant;
+use trainyard_e2e::async_matrix::{self, full, judge, matrix, Cell, Mode};
+use trainyard_e2e::{Platform, Proc};
+
+/// The rules before staleness awareness.
+const BEFORE: &str = r#"{"lr": "plain", "momentum": "as_given", "buffers": "as_pushed"}"#;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let short = args.iter().any(|a| a == "--short");
+    let filter = args
+        .iter()
+        .position(|a| a == "--cells")
+        .and_then(|i| args.get(i + 1).cloned());
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let before = arg("--before").unwrap_or_else(|| BEFORE.to_string());
+    let started = Instant::now();
+    let cells = match arg("--recipes") {
+        Some(r) => {
+            let recipes: Vec<&'static str> = r
+                .split(',')
+                .map(|s| &*Box::leak(s.to_string().into_boxed_str()))
+                .collect();
+            matrix(&async_matrix::MODELS, &recipes)
+        }
+        None => full(),
+    };
+    let mut cells: Vec<Cell> = cells
+        .into_iter()
+        .filter(|c| !short || matches!(c.model, "res_cnn" | "bn_cnn"))
+        .collect();
+    // The baseline: each out-of-sync cell under the rules before.
+    let baseline: Vec<Cell> = cells
+        .iter()
+        .filter(|c| c.mode != Mode::Sync)
+        .map(|c| Cell {
+            stale_updates: Some(before.clone()),
+            ..c.clone()
+        })
+        .collect();
+    cells.extend(baseline);
+    if let Some(f) = &filter {
+        cells.retain(|c| c.name().contains(f.as_str()));
+    }
+    let speed_only = args.iter().any(|a| a == "--speed-only");
+    if !speed_only {
+        accuracy(cells, &before, started);
+    }
+    // A cell filter is for looking at cells: no speed figures then.
+    if speed_only || filter.is_none() {
+        for straggler_ms in [0u64, 40] {
+            speed(straggler_ms);
+        }
+    }
+}
+
+/// Each mode's time and accuracy against sync's, one job at a time, worker
+/// rank 1 sleeping `straggler_ms` after each step.
+fn speed(straggler_ms: u64) {
+    let p = Platform::builder("async-bench-speed").start();
+    let dir = async_matrix::write_models(&p);
+    let slow = format!("1:{straggler_ms}");
+    let env: Vec<(&str, &str)> = if straggler_ms > 0 {
+        vec![("TRAINYARD_SLOW_WORKER", slow.as_str())]
+    } else {
+        Vec::new()
+    };
+    let _execs: Vec<Proc> = (0..3)
+        .map(|i| p.executor_with(&format!("speed-{i}"), 4096, &env))
+        .collect();
+    let cells: Vec<Cell> = [Mode::Sync, Mode::Async, Mode::Bounded(2), Mode::Bounded(4)]
+        .into_iter()
+        .map(|mode| Cell {
+            model: "res_cnn",
+            recipe: "sgd_momentum",
+            workers: 2,
+            mode,
+            stale_updates: None,
+        })
+        .collect();
+    let outcomes = async_matrix::run(&p, &dir, &cells, 1);
+    let sync = &outcomes[0];
+    let label = if straggler_ms > 0 {
+        format!("straggler_{straggler_ms}ms")
+    } else {
+        "no_straggler".into()
+    };
+    for o in &outcomes[1..] {
+        let (Some(t), Some(base)) = (o.seconds, sync.seconds) else {
+            continue;
+        };
+        let mode = o.cell.mode.name().replace(' ', "_").replace('τ', "tau");
+        println!(
+            "async.speed.{label}.{mode}.seconds: {t:.1} (baseline sync {base:.1}, ratio {:.2})",
+            base / t
+        );
+        println!(
+            "async.speed.{label}.{mode}.accuracy_points: {:.1} (baseline sync {:.1}, ratio n/a)",
+            o.accuracy.unwrap_or(f64::NAN),
+            sync.accuracy.unwrap_or(f64::NAN)
+        );
+    }
+}
+
+/// The accuracy matrix: `cells` with their baselines under `before`.
+fn accuracy(cells: Vec<Cell>, before: &str, started: Instant) {
+    let p = Platform::builder("async-bench").start();
+    let dir = async_matrix::write_models(&p);
+    let _execs: Vec<Proc> = (0..10).map(|i| p.executor(&format!("async-{i}"))).collect();
+    let outcomes = async_matrix::run(&p, &dir, &cells, 2);
+    let (table, failures) = judge(&outcomes);
+    eprintln!("{table}");
+    for o in outcomes
+        .iter()
+        .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none())
+    {
+        let gap = |c: &Cell| {
+            let sync = outcomes.iter().find(|s| s.cell == c.sync())?.accuracy?;
+            Some(outcomes.iter().find(|s| s.cell == *c)?.accuracy? - sync)
+        };
+        let base = Cell {
+            stale_updates: Some(before.to_string()),
+            ..o.cell.clone()
+        };
+        if let (Some(g), b) = (gap(&o.cell), gap(&base)) {
+            println!(
+                "async.{}.gap_to_sync_points: {g:+.2} (baseline {}, ratio n/a)",
+                o.cell.name(),
+                b.map_or("—".into(), |b| format!("{b:+.2}"))
+            );
+        }
+    }
+    let misses: Vec<&String> = failures.iter().filter(|f| !f.contains("-rules")).collect();
+    println!(
+        "async.cells_within_{}_points: {} (baseline {}, ratio n/a)",
+        async_matrix::POINTS,
+        outcomes
+            .iter()
+            .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none())
+            .count()
+            - misses.len(),
+        outcomes
+            .iter()
+            .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none())
+            .count()
+    );
+    for f in &failures {
+        eprintln!("miss: {f}");
+    }
+    eprintln!(
+        "{} jobs in {:.0} s",
+        cells.len(),
+        async_matrix::seconds(started)
+    );
+}

@@ -1,0 +1,398 @@
+//! The asynchronous parameter-server matrix: users' TorchScript models
+//! (`tests/python/user_models.py`) trained by one PS shard in `sync`,
+//! `async` and `bounded` modes, under a recipe of SGD with momentum
+//! (weight decay, warm-up cosine, clip) or Adam, with 2 or 4 workers.
+//! Each job's downloaded `model.pt` is evaluated *by PyTorch, in eval
+//! mode*, on 500 digits no job ever saw, and each out-of-sync cell is held
+//! to the same job in `sync` mode (its spec differs only in
+//! `consistency`). The end-to-end test `async_ps` runs a subset
+//! ([`subset`]); `async-bench` runs the whole of it ([`full`]).
+
+use crate::{repo_root, Platform};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use trainyard_common::JobState;
+
+/// How far (accuracy points) an out-of-sync cell may be from its sync job.
+pub const POINTS: f64 = 2.0;
+
+/// Samples of one sync step, all workers together (each worker's batch
+/// is this over the workers, in every mode).
+pub const GLOBAL_BATCH: u32 = 32;
+
+/// The models of the matrix: issue 20's five and the residual CNN.
+pub const MODELS: [&str; 6] = [
+    "res_cnn",
+    "bn_cnn",
+    "attention",
+    "recurrent",
+    "frozen_tied",
+    "counted",
+];
+
+/// The two recipes.
+pub const RECIPES: [&str; 2] = ["sgd_momentum", "adam"];
+
+/// A PS consistency mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    /// `sync`.
+    Sync,
+    /// `async`.
+    Async,
+    /// `bounded` with this τ.
+    Bounded(u32),
+}
+
+impl Mode {
+    /// The spec's `consistency`.
+    pub fn consistency(self) -> Value {
+        match self {
+            Mode::Sync => json!("sync"),
+            Mode::Async => json!("async"),
+            Mode::Bounded(t) => json!({"bounded": {"staleness": t}}),
+        }
+    }
+
+    /// A short name.
+    pub fn name(self) -> String {
+        match self {
+            Mode::Sync => "sync".into(),
+            Mode::Async => "async".into(),
+            Mode::Bounded(t) => format!("bounded τ={t}"),
+        }
+    }
+
+    fn slug(self) -> String {
+        match self {
+            Mode::Sync => "sync".into(),
+            Mode::Async => "async".into(),
+            Mode::Bounded(t) => format!("b{t}"),
+        }
+    }
+}
+
+/// One job of the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cell {
+    /// A model of [`MODELS`].
+    pub model: &'static str,
+    /// A recipe of [`RECIPES`].
+    pub recipe: &'static str,
+    /// Workers.
+    pub workers: u32,
+    /// The consistency.
+    pub mode: Mode,
+    /// `stale_updates` as JSON (none: the default rules).
+    pub stale_updates: Option<String>,
+}
+
+impl Cell {
+    /// The cell's job name.
+    pub fn name(&self) -> String {
+        format!(
+            "{}-{}-w{}-{}{}",
+            self.model,
+            self.recipe,
+            self.workers,
+            self.mode.slug(),
+            if self.stale_updates.is_some() {
+                "-rules"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// The sync job this cell is held to.
+    pub fn sync(&self) -> Cell {
+        Cell {
+            mode: Mode::Sync,
+            stale_updates: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// The recipe's epochs.
+pub const EPOCHS: u32 = 20;
+
+/// The spec's `optimizer` of `recipe` for `model`.
+pub fn optimizer(recipe: &str, model: &str) -> Value {
+    match recipe {
+        "sgd_momentum" => json!({
+            "kind": "momentum", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4,
+            "schedule": {"kind": "warmup_cosine", "warmup_steps": 40}, "grad_clip": 1.0,
+        }),
+        // The same without the schedule and the clip: harsher (PyTorch's
+        // own training of it is unstable too).
+        "sgd_constant" => json!({
+            "kind": "momentum", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4,
+        }),
+        // The rates user_models.rs measured for Adam on these models.
+        _ => {
+            let lr = match model {
+                "recurrent" => 0.008,
+                "attention" => 0.002,
+                _ => 0.003,
+            };
+            json!({"kind": "adam", "lr": lr, "schedule": {"kind": "warmup_cosine", "warmup_steps": 0}})
+        }
+    }
+}
+
+/// The job of `cell`, its model in `dir`.
+pub fn spec(cell: &Cell, dir: &Path) -> Value {
+    let url = |p: PathBuf| format!("file://{}", p.display());
+    let mut s = json!({
+        "name": cell.name(),
+        "model": {"kind": "torchscript", "url": url(dir.join(format!("{}.pt", cell.model)))},
+        "dataset": {"kind": "file", "url": url(dir.join("train.npz"))},
+        "loss": "cross_entropy",
+        "optimizer": optimizer(cell.recipe, cell.model),
+        "batch_size": GLOBAL_BATCH / cell.workers,
+        "epochs": EPOCHS,
+        "eval_fraction": 0.05,
+        "seed": 7,
+        "strategy": "parameter_server",
+        "parameter_servers": 1,
+        "workers": {"min": cell.workers, "max": cell.workers},
+        "consistency": cell.mode.consistency(),
+        "resources": {"memory_mb": 256},
+    });
+    if let Some(u) = &cell.stale_updates {
+        s["stale_updates"] = serde_json::from_str(u).expect("stale_updates is JSON");
+    }
+    s
+}
+
+/// The cells of the whole matrix: every model × recipe × 2 and 4 workers
+/// × sync, async, bounded τ=2 and τ=4.
+pub fn full() -> Vec<Cell> {
+    matrix(&MODELS, &RECIPES)
+}
+
+/// The cells of `models` × `recipes` × 2 and 4 workers × sync, async,
+/// bounded τ=2 and τ=4.
+pub fn matrix(models: &[&'static str], recipes: &[&'static str]) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for &model in models {
+        for &recipe in recipes {
+            for workers in [2, 4] {
+                for mode in [Mode::Sync, Mode::Async, Mode::Bounded(2), Mode::Bounded(4)] {
+                    cells.push(Cell {
+                        model,
+                        recipe,
+                        workers,
+                        mode,
+                        stale_updates: None,
+                    });
+                }
+            }
+        }
+    }
+    cells
+}
+
+/// The subset `./scripts/test` runs: the residual CNN under SGD with
+/// momentum (the collapse the rules are for) in every mode with 2
+/// workers, and BatchNorm's CNN under Adam async with 4.
+pub fn subset() -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for mode in [Mode::Sync, Mode::Async, Mode::Bounded(2)] {
+        cells.push(Cell {
+            model: "res_cnn",
+            recipe: "sgd_momentum",
+            workers: 2,
+            mode,
+            stale_updates: None,
+        });
+    }
+    for mode in [Mode::Sync, Mode::Async] {
+        cells.push(Cell {
+            model: "bn_cnn",
+            recipe: "adam",
+            workers: 4,
+            mode,
+            stale_updates: None,
+        });
+    }
+    cells
+}
+
+/// What one cell's job gave.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The cell.
+    pub cell: Cell,
+    /// `succeeded`, or the state and reason.
+    pub ended: Result<(), String>,
+    /// Accuracy (points) of the downloaded `model.pt` in PyTorch, eval
+    /// mode, on the test rows.
+    pub accuracy: Option<f64>,
+    /// Problems PyTorch's evaluation found (names, shapes, dtypes).
+    pub problems: Vec<String>,
+    /// Applied pushes by versions behind.
+    pub staleness: Vec<i64>,
+    /// Pushes rejected as too stale.
+    pub rejected: i64,
+    /// Seconds from the job's start to its end.
+    pub seconds: Option<f64>,
+}
+
+/// Runs `user_models.py` with `args`; its JSON answer.
+pub fn user_models(args: &[&Path]) -> Value {
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(python)
+        .arg(repo_root().join("tests/python/user_models.py"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 with torch (run through scripts/test): {e}"));
+    assert!(
+        out.status.success(),
+        "user_models.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "user_models.py {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Writes the models and data into a folder of the platform's; the folder.
+pub fn write_models(p: &Platform) -> PathBuf {
+    let dir = p.file("async-matrix");
+    std::fs::create_dir_all(&dir).unwrap();
+    user_models(&[Path::new("write"), &dir]);
+    dir
+}
+
+/// Trains `cells` on `p` (their models in `dir`), at most `parallel` jobs
+/// at a time, and evaluates every result in PyTorch.
+pub fn run(p: &Platform, dir: &Path, cells: &[Cell], parallel: usize) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    let mut pending: Vec<(Cell, String)> = Vec::new();
+    let mut queue = cells.to_vec();
+    queue.reverse();
+    let mut evaluate = Vec::new();
+    while !queue.is_empty() || !pending.is_empty() {
+        while pending.len() < parallel {
+            let Some(cell) = queue.pop() else { break };
+            let id = p.submit(&spec(&cell, dir));
+            pending.push((cell, id));
+        }
+        let (cell, id) = pending.remove(0);
+        let job = p.wait_end(&id, Duration::from_secs(1200));
+        let m = p.metrics(&id, Some(1));
+        let mut o = Outcome {
+            ended: Ok(()),
+            accuracy: None,
+            problems: Vec::new(),
+            staleness: m.staleness_histogram.clone(),
+            rejected: m.rejected_pushes,
+            seconds: job
+                .started_at
+                .zip(job.finished_at)
+                .map(|(s, f)| (f - s).num_milliseconds() as f64 / 1e3),
+            cell: cell.clone(),
+        };
+        if job.state == JobState::Succeeded {
+            let pt = dir.join(format!("{}.result.pt", cell.name()));
+            let st = dir.join(format!("{}.result.safetensors", cell.name()));
+            for (format, path) in [("torchscript", &pt), ("safetensors", &st)] {
+                let r = p.get_response(&format!("/v1/jobs/{id}/model?format={format}"));
+                assert_eq!(
+                    r.status(),
+                    200,
+                    "{}: GET model?format={format}",
+                    cell.name()
+                );
+                std::fs::write(path, r.bytes().unwrap()).unwrap();
+            }
+            evaluate.push(
+                json!({"cell": cell.name(), "model": cell.model, "pt": pt, "safetensors": st}),
+            );
+        } else {
+            o.ended = Err(format!("{}: {}", job.state, job.state_reason));
+        }
+        outcomes.push(o);
+    }
+    let file = dir.join("cells.json");
+    std::fs::write(&file, Value::Array(evaluate).to_string()).unwrap();
+    let evaluated = user_models(&[Path::new("evaluate"), dir, &file]);
+    for o in &mut outcomes {
+        let e = &evaluated[o.cell.name()];
+        o.accuracy = e["torchscript"]["accuracy"].as_f64().map(|a| a * 100.0);
+        o.problems = e["problems"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.as_str().map(String::from))
+            .collect();
+    }
+    outcomes
+}
+
+/// The table of `outcomes` (each out-of-sync cell beside its sync job)
+/// and every cell that misses: a job that did not succeed, a problem in
+/// its files, or an accuracy more than [`POINTS`] from its sync job's.
+pub fn judge(outcomes: &[Outcome]) -> (String, Vec<String>) {
+    let by: BTreeMap<Cell, &Outcome> = outcomes.iter().map(|o| (o.cell.clone(), o)).collect();
+    let mut failures = Vec::new();
+    let mut table = format!(
+        "{:<12} {:<13} {:>2} {:<12} {:>8} {:>8} {:>7}  {:<26} {}\n",
+        "model", "recipe", "w", "mode", "acc %", "sync %", "gap", "staleness histogram", "rejected"
+    );
+    for o in outcomes {
+        let c = &o.cell;
+        if let Err(e) = &o.ended {
+            failures.push(format!("{}: the job ended {e}", c.name()));
+        }
+        for p in &o.problems {
+            failures.push(format!("{}: {p}", c.name()));
+        }
+        let sync = by.get(&c.sync()).and_then(|s| s.accuracy);
+        let gap = match (o.accuracy, sync) {
+            (Some(a), Some(s)) if c.mode != Mode::Sync || c.stale_updates.is_some() => Some(a - s),
+            _ => None,
+        };
+        if let Some(g) = gap {
+            if g.abs() > POINTS {
+                failures.push(format!(
+                    "{}: {:.1} % in PyTorch (eval mode), {g:+.1} points from the same job in sync mode ({:.1} %)",
+                    c.name(),
+                    o.accuracy.unwrap_or(f64::NAN),
+                    sync.unwrap_or(f64::NAN)
+                ));
+            }
+        }
+        let f = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
+        table.push_str(&format!(
+            "{:<12} {:<13} {:>2} {:<12} {:>8} {:>8} {:>7}  {:<26} {}\n",
+            c.model,
+            c.recipe,
+            c.workers,
+            format!(
+                "{}{}",
+                c.mode.name(),
+                if c.stale_updates.is_some() { "*" } else { "" }
+            ),
+            f(o.accuracy),
+            f(sync),
+            gap.map_or("".into(), |g| format!("{g:+.1}")),
+            format!("{:?}", o.staleness),
+            o.rejected
+        ));
+    }
+    (table, failures)
+}
+
+/// Seconds since `t`, for the figures.
+pub fn seconds(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64()
+}

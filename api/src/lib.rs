@@ -17,7 +17,8 @@
 //!
 //! The rules behind the routes are modules of their own: [`checkpointing`]
 //! (committing checkpoints from shard reports, retention, resume points),
-//! [`data_policy`] (what a job may read), [`fencing`] (a role report only
+//! [`data_policy`] (what a job may read), [`divergence`] (a job whose
+//! loss diverged fails, or is warned about), [`fencing`] (a role report only
 //! from the role's holder at its generation) and [`wakeup`] (long-polling
 //! heartbeats woken by job changes).
 //!
@@ -28,6 +29,7 @@ pub mod auth;
 pub mod checkpointing;
 pub mod config;
 pub mod data_policy;
+pub mod divergence;
 pub mod embedded_pg;
 pub mod error;
 pub mod extract;

@@ -11,7 +11,7 @@
 //! the prose of `reason`.
 
 use crate::cluster::{ExecutorState, SuspectVerdict};
-use crate::spec::Strategy;
+use crate::spec::{DivergenceAction, Strategy};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -52,11 +52,14 @@ pub enum EventKind {
     Straggler,
     /// The process running the job's model died; the job tries again.
     Crash,
+    /// The loss diverged (not finite, or above the spec's `divergence`
+    /// bound for its window); the job fails, or goes on with a warning.
+    Diverged,
 }
 
 impl EventKind {
     /// Every kind, in the order the enum declares them.
-    pub const ALL: [EventKind; 13] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::Submitted,
         EventKind::Transition,
         EventKind::Strategy,
@@ -70,6 +73,7 @@ impl EventKind {
         EventKind::Stuck,
         EventKind::Straggler,
         EventKind::Crash,
+        EventKind::Diverged,
     ];
 
     /// The name on the wire and in Postgres.
@@ -88,6 +92,7 @@ impl EventKind {
             EventKind::Stuck => "stuck",
             EventKind::Straggler => "straggler",
             EventKind::Crash => "crash",
+            EventKind::Diverged => "diverged",
         }
     }
 }
@@ -128,6 +133,8 @@ pub enum EventData {
     Straggler(Straggler),
     /// A role's model process died, and the job tries again.
     Crash(Crash),
+    /// The loss diverged.
+    Diverged(Diverged),
 }
 
 /// `submitted`: how the job was stored.
@@ -403,6 +410,31 @@ pub struct Crash {
     pub tries: u32,
 }
 
+/// `diverged`: rank 0's loss diverged (see [`crate::divergence`]); the
+/// event's reason says it in words.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diverged {
+    /// The step where it was found.
+    pub step: u64,
+    /// The loss at that step (absent when it is not finite).
+    pub loss: Option<f64>,
+    /// Whether the loss was not finite (which always fails the job).
+    pub not_finite: bool,
+    /// The window's first step, when the loss stayed above the bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step: Option<u64>,
+    /// The curve's early value (the smallest loss of its first five
+    /// steps), when known.
+    pub early: Option<f64>,
+    /// The spec's `divergence.factor`.
+    pub factor: f64,
+    /// The spec's `divergence.window_steps`.
+    pub window_steps: u32,
+    /// What the job did: `fail` (always for a loss that is not finite) or
+    /// `warn` (it goes on).
+    pub action: DivergenceAction,
+}
+
 impl EventData {
     /// The kind this data is of.
     pub fn kind(&self) -> EventKind {
@@ -420,6 +452,7 @@ impl EventData {
             EventData::Stuck(_) => EventKind::Stuck,
             EventData::Straggler(_) => EventKind::Straggler,
             EventData::Crash(_) => EventKind::Crash,
+            EventData::Diverged(_) => EventKind::Diverged,
         }
     }
 
@@ -450,6 +483,7 @@ impl EventData {
             EventData::Stuck(d) => with_verdict(json(d), "stuck"),
             EventData::Straggler(d) => with_verdict(json(d), "straggler"),
             EventData::Crash(d) => json(d),
+            EventData::Diverged(d) => json(d),
         }
     }
 
@@ -472,6 +506,7 @@ impl EventData {
             EventKind::Stuck => EventData::Stuck(de(data)?),
             EventKind::Straggler => EventData::Straggler(de(data)?),
             EventKind::Crash => EventData::Crash(de(data)?),
+            EventKind::Diverged => EventData::Diverged(de(data)?),
         })
     }
 }
@@ -574,6 +609,26 @@ mod tests {
                 retry_generation: 3,
                 attempt: 1,
                 tries: 3,
+            }),
+            EventData::Diverged(Diverged {
+                step: 60,
+                loss: Some(9.5),
+                not_finite: false,
+                first_step: Some(11),
+                early: Some(2.0),
+                factor: 3.0,
+                window_steps: 50,
+                action: DivergenceAction::Warn,
+            }),
+            EventData::Diverged(Diverged {
+                step: 7,
+                loss: None,
+                not_finite: true,
+                first_step: None,
+                early: None,
+                factor: 3.0,
+                window_steps: 50,
+                action: DivergenceAction::Fail,
             }),
         ]
     }

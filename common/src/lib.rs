@@ -13,6 +13,7 @@
 //!   that the server sends and the typed client decodes;
 //! * [`artifact`] — users' uploaded files and the data policy of a job;
 //! * [`event`] — the kinds of a job's event log;
+//! * [`divergence`] — whether a job's loss curve diverged, by its policy;
 //! * [`host`] — what the machine offers (its available memory);
 //! * [`model`] — parameter counts of the built-in models and the per-role
 //!   memory arithmetic of ../shared/DESIGN.md that `strategy: auto` uses.
@@ -24,6 +25,7 @@ pub mod api;
 pub mod artifact;
 pub mod checkpoint;
 pub mod cluster;
+pub mod divergence;
 pub mod event;
 pub mod host;
 pub mod model;

@@ -80,6 +80,16 @@ impl RoleError {
     pub fn is_crash(&self) -> bool {
         matches!(self, RoleError::Train(TrainError::Crashed(_)))
     }
+
+    /// The step whose loss was not finite, when that ended the role
+    /// (reported as a divergence: the API records a `diverged` event and
+    /// fails the job).
+    pub fn diverged_at(&self) -> Option<u64> {
+        match self {
+            RoleError::Train(TrainError::Diverged(step)) => Some(*step),
+            _ => None,
+        }
+    }
 }
 
 /// Runs `f`, turning a panic (a bug, or an assertion inside libtorch) into a
@@ -111,5 +121,10 @@ mod tests {
         assert!(!e.is_transient());
         assert!(RoleError::ps_transient("shard 0 unreachable").is_transient());
         assert!(!RoleError::ps_fatal("bad length").is_transient());
+        let d = RoleError::Train(TrainError::Diverged(7));
+        assert_eq!(d.diverged_at(), Some(7));
+        assert!(!d.is_transient() && !d.is_crash());
+        assert!(d.to_string().contains("not finite at step 7"), "{d}");
+        assert_eq!(RoleError::ps_fatal("x").diverged_at(), None);
     }
 }

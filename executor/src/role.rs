@@ -58,12 +58,18 @@ impl Role {
 
     /// Ends the role with error `e`: a crash of its model's process is
     /// reported as one (the API retries the job a bounded number of
-    /// times); anything else fails the job.
+    /// times), a loss that is not finite as a divergence (the API fails the
+    /// job with a `diverged` event); anything else fails the job.
     pub fn end(&self, e: &crate::error::RoleError) {
         let reason = e.to_string();
         if e.is_crash() {
             self.log(LogLevel::Error, reason.clone());
             let _ = self.tx.send(Item::Outcome(RoleOutcome::Crashed { reason }));
+        } else if let Some(step) = e.diverged_at() {
+            self.log(LogLevel::Error, reason.clone());
+            let _ = self
+                .tx
+                .send(Item::Outcome(RoleOutcome::Diverged { step, reason }));
         } else {
             self.fail(reason);
         }

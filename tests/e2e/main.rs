@@ -8,6 +8,7 @@ mod cli;
 mod cluster;
 mod data_formats;
 mod data_policy;
+mod divergence;
 mod examples;
 mod executor_probe;
 mod partitions;

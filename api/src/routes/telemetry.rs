@@ -7,9 +7,12 @@
 //! zombie claiming another role or generation 409, and nothing of theirs
 //! is stored. Reports are idempotent (metrics keyed by job, rank and step; log lines by
 //! role instance and sequence number), so an executor that retries after a
-//! lost answer duplicates nothing. An outcome is accepted only from a role
+//! lost answer duplicates nothing. Rank 0's stored steps are judged for a
+//! diverged loss ([`crate::divergence`]), which may fail the job. An
+//! outcome is accepted only from a role
 //! of the job's current generation: it ends the job (`succeeded` with its
-//! result, or `failed` with the role's reason), except a crash of the
+//! result, or `failed` with the role's reason; a loss that was not finite
+//! with a `diverged` event too), except a crash of the
 //! role's model process, which starts the job's next try (a new generation
 //! of the same placement) until its tries are used up. An outcome for a
 //! job that has already ended (a retry whose answer was lost) changes
@@ -19,6 +22,7 @@ use super::access::authorize_executor;
 use super::job_rows::{ensure_job, stored_spec};
 use super::params::{parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery};
 use crate::checkpointing;
+use crate::divergence;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{ExecutorId, JobId, JsonBytes, QueryParams};
 use crate::fencing;
@@ -88,6 +92,19 @@ pub async fn report(
     let mut tx = st.db.begin().await?;
     let metrics_stored = store_metrics(&mut tx, &key, &r.metrics).await?;
     let logs_stored = store_logs(&mut tx, executor, &key, &r.logs).await?;
+    // Rank 0's curve is the job's: judged before the outcome, so a loss
+    // that diverged in the last steps fails the job that then reports its
+    // end (the outcome is then ignored: the job has ended).
+    if key.role == RoleKind::Worker && key.index == 0 {
+        let steps = r.metrics.iter().map(|m| m.step);
+        if let (Some(first), Some(last)) = (steps.clone().min(), steps.max()) {
+            let by = divergence::Reporter {
+                executor,
+                key: &key,
+            };
+            divergence::judge(&mut tx, &by, first..=last).await?;
+        }
+    }
     let verdict = match &r.outcome {
         Some(outcome) => apply_outcome(&mut tx, executor, &key, outcome).await?,
         None => Verdict::Ignored,
@@ -275,6 +292,14 @@ async fn apply_outcome(
     }
     if let RoleOutcome::Crashed { reason } = outcome {
         return crashed(tx, executor, key, state, &text(reason)).await;
+    }
+    if let RoleOutcome::Diverged { step, .. } = outcome {
+        // The job's reason is the API's, with the curve's early value.
+        return Ok(if divergence::not_finite(tx, key.job_id, *step).await? {
+            Verdict::Applied
+        } else {
+            Verdict::Ignored
+        });
     }
     let (to, reason, data) = result_of(outcome);
     sqlx::query("INSERT INTO job_events (job_id, kind, reason, data) VALUES ($1, $2, $3, $4)")
@@ -474,8 +499,11 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, EventData) {
                 bytes: *bytes,
             }),
         ),
-        // A crash that uses up the job's tries (`crashed`) fails it too.
-        RoleOutcome::Failed { reason } | RoleOutcome::Crashed { reason } => (
+        // A crash that uses up the job's tries (`crashed`) fails it too,
+        // and a divergence (`divergence::not_finite`) always does.
+        RoleOutcome::Failed { reason }
+        | RoleOutcome::Crashed { reason }
+        | RoleOutcome::Diverged { reason, .. } => (
             JobState::Failed,
             text(reason),
             EventData::Result(Outcome::Failed {}),

@@ -5,6 +5,7 @@ mod artifacts;
 mod auth;
 mod checkpoints;
 mod crashes;
+mod divergence;
 mod executors;
 mod fencing;
 mod health;

@@ -144,6 +144,14 @@ pub enum RoleOutcome {
         /// How it died, naming the signal or limit.
         reason: String,
     },
+    /// A step's loss was not finite: the API records a `diverged` event
+    /// and fails the job, whatever its spec's `divergence.action`.
+    Diverged {
+        /// The step.
+        step: u64,
+        /// What the role saw, naming the step.
+        reason: String,
+    },
 }
 
 /// How many times in all a job's model may crash (a
@@ -177,6 +185,9 @@ pub(crate) enum RoleOutcomeSchema {
     /// bounded number of times.
     #[schema(title = "CrashedOutcome")]
     Crashed(RoleFailure),
+    /// A step's loss was not finite: the job fails with a `diverged` event.
+    #[schema(title = "DivergedOutcome")]
+    Diverged(RoleDivergence),
 }
 
 /// What a role that finished training reports.
@@ -209,6 +220,15 @@ pub(crate) struct RoleRan {
 #[derive(Serialize, ToSchema)]
 pub(crate) struct RoleFailure {
     /// Why, naming the problem.
+    pub reason: String,
+}
+
+/// What a role whose loss was not finite reports.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RoleDivergence {
+    /// The step.
+    pub step: u64,
+    /// What the role saw, naming the step.
     pub reason: String,
 }
 
@@ -260,6 +280,9 @@ mod outcome_schema_tests {
             }
             RoleOutcome::Failed { reason } => RoleOutcomeSchema::Failed(RoleFailure { reason }),
             RoleOutcome::Crashed { reason } => RoleOutcomeSchema::Crashed(RoleFailure { reason }),
+            RoleOutcome::Diverged { step, reason } => {
+                RoleOutcomeSchema::Diverged(RoleDivergence { step, reason })
+            }
         }
     }
 
@@ -283,7 +306,11 @@ mod outcome_schema_tests {
             outputs: 2,
             bytes: 1024,
         };
-        for o in [succeeded, ran, failed, crashed] {
+        let diverged = RoleOutcome::Diverged {
+            step: 7,
+            reason: "the loss is not finite at step 7".into(),
+        };
+        for o in [succeeded, ran, failed, crashed, diverged] {
             let wire = serde_json::to_value(&o).unwrap();
             assert_eq!(serde_json::to_value(published(o.clone())).unwrap(), wire);
             assert_eq!(serde_json::from_value::<RoleOutcome>(wire).unwrap(), o);

@@ -80,9 +80,10 @@ pub enum TrainError {
     /// libtorch failed (shapes, memory, device).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
-    /// The loss became NaN or infinite.
+    /// The loss became NaN or infinite (at this step): reported as a
+    /// divergence, which fails the job whatever its `divergence.action`.
     #[error(
-        "the loss diverged (not finite) at step {0}; lower optimizer.lr or set optimizer.grad_clip"
+        "the loss diverged: it is not finite at step {0}; lower optimizer.lr or set optimizer.grad_clip"
     )]
     Diverged(u64),
 }

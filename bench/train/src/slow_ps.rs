@@ -232,19 +232,19 @@ fn worker(args: &[String]) -> Result<()> {
     let trainer = std::thread::spawn(move || {
         let stop = Shutdown::new();
         let (mut replica, mut last) = (None, None);
-        trainyard_executor::ps::work(
-            &a,
+        let (ctx, host) = (Context::for_tests(), Host::for_tests());
+        let env = trainyard_executor::ps::WorkerEnv {
+            a: &a,
             rank,
-            tch::Device::Cpu,
-            &mut replica,
-            &mut last,
-            &stop,
-            &tx,
-            &Context::for_tests(),
-            &Host::for_tests(),
-        )
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+            device: tch::Device::Cpu,
+            stop: &stop,
+            tx: &tx,
+            ctx: &ctx,
+            host: &host,
+        };
+        trainyard_executor::ps::work(&env, &mut replica, &mut last)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     });
     // Each step's report as it arrives (the channel closes when the
     // worker's loop ends).

@@ -56,7 +56,7 @@ pub use server::serve_shard;
 pub use shard::{shard_len, Shard};
 pub use standby::{serve_standby, STANDBY_GIVE_UP, STANDBY_RETRY, STANDBY_TIMEOUT};
 pub use step::LastStep;
-pub use worker::{run_worker, work, KeptWorker};
+pub use worker::{run_worker, work, KeptWorker, WorkerEnv};
 
 use crate::data::Cursor;
 use std::time::Duration;

@@ -1,15 +1,27 @@
-//! The pieces of a PS worker's step that are not its loop (the loop is
-//! [`super::worker`]'s, as `ring/train.rs` drives `ring/step.rs`): what a
-//! sync worker keeps of its last step, and how it brings a shard that a
-//! lost primary left a version behind back to the others ([`catch_up`],
-//! when [`super::consistency::after_pull`] says so).
+//! One PS worker step, in the ring's shape (`ring/step.rs`): the loop is
+//! [`super::worker`]'s, as `ring/train.rs` drives `ring/step.rs`.
+//! [`PsStep`] keeps what a worker's exchange with its shards carries from
+//! step to step — the links, the versions it waits for, which shards took
+//! the current batch, the pull that travelled while the gradient was
+//! computed — and does the step's three moves: [`PsStep::pull`] every
+//! shard, [`PsStep::gradient`] (overlapped with the next pull where the
+//! consistency allows), [`PsStep::push`] each shard its slice, then
+//! [`PsStep::settle`] by [`super::consistency::after_push`]'s rule. Also
+//! here: what a sync worker keeps of its last step, and how it brings a
+//! shard that a lost primary left a version behind back to the others
+//! ([`catch_up`], when [`super::consistency::after_pull`] says so).
 
-use super::links::{exchange_push, Exchange, Link, ShardMap};
+use super::consistency::{self, AfterPush};
+use super::links::{
+    apply_pull, exchange_pull, exchange_push, pull_all, Exchange, Link, Pulled, PushReply, ShardMap,
+};
 use super::to_wire;
+use crate::data::Batch;
 use crate::error::RoleError;
 use crate::replica::progress;
-use crate::replica::Replica;
+use crate::replica::{Replica, TrainError};
 use trainyard_common::cluster::{Assignment, LogLevel};
+use trainyard_common::spec::Consistency;
 use trainyard_dataplane::ps::PushHeader;
 use trainyard_shutdown::Shutdown;
 
@@ -26,6 +38,178 @@ pub struct LastStep {
     pub(super) push: PushHeader,
 }
 
+/// A worker's exchange with its shards, kept across its steps.
+pub struct PsStep {
+    links: Vec<Link>,
+    map: ShardMap,
+    /// The least version wanted of each shard at the next pull.
+    expect: Vec<u64>,
+    /// Shards that took the current batch's gradient (a partly rejected
+    /// push is recomputed for the others only, never applied twice).
+    accepted: Vec<bool>,
+    /// Whether the next pull travels while the gradient is computed.
+    prefetch: bool,
+    /// That pull's answers.
+    prefetched: Option<Vec<Pulled>>,
+}
+
+/// What a push gave.
+pub struct Pushed {
+    /// The step as pushed (what a sync worker keeps for a catch-up).
+    pub last: LastStep,
+    /// Every shard's answer (one that took this batch already counts as
+    /// taking it at the version after the pull).
+    pub acks: Result<Vec<PushReply>, RoleError>,
+    /// Bytes sent: only to the shards that had not taken the batch.
+    pub bytes: u64,
+}
+
+impl PsStep {
+    /// A worker's exchange over `links`, cut by `map`; `prefetch`: the
+    /// next pull overlaps the gradient.
+    pub(super) fn new(links: Vec<Link>, map: ShardMap, prefetch: bool) -> PsStep {
+        let n = links.len();
+        PsStep {
+            links,
+            map,
+            expect: vec![0; n],
+            accepted: vec![false; n],
+            prefetch,
+            prefetched: None,
+        }
+    }
+
+    /// Pulls every shard at once (or takes the pull that travelled during
+    /// the last gradient) into `rep`.
+    pub(super) fn pull(
+        &mut self,
+        rep: &mut Replica,
+        stop: &Shutdown,
+    ) -> Result<Exchange, RoleError> {
+        match self.prefetched.take() {
+            Some(results) => apply_pull(&self.links, results, &self.map, rep),
+            None => exchange_pull(&mut self.links, &self.expect, &self.map, rep, stop),
+        }
+    }
+
+    /// Pulls the newest values of every shard, whatever was prefetched
+    /// (a prefetched pull misses the last pushes).
+    pub(super) fn pull_fresh(
+        &mut self,
+        rep: &mut Replica,
+        stop: &Shutdown,
+    ) -> Result<(), RoleError> {
+        self.prefetched = None;
+        let zero = vec![0u64; self.links.len()];
+        exchange_pull(&mut self.links, &zero, &self.map, rep, stop)?;
+        Ok(())
+    }
+
+    /// The next pull waits for every shard to reach `version`.
+    pub(super) fn expect_all(&mut self, version: u64) {
+        self.expect.fill(version);
+    }
+
+    /// The gradient of `b` on `rep`'s values. Async and bounded: the next
+    /// pull travels meanwhile, where [`consistency::prefetches`] allows
+    /// (its values then miss this step's own push: one more version of
+    /// staleness, traded for hiding the pull).
+    pub(super) fn gradient(
+        &mut self,
+        rep: &mut Replica,
+        b: &Batch,
+        stop: &Shutdown,
+    ) -> Result<(f64, Vec<f32>), TrainError> {
+        if !self.prefetch {
+            return rep.gradient(b);
+        }
+        let (links, expect, map) = (&mut self.links, &self.expect, &self.map);
+        let (g, next) = std::thread::scope(|scope| {
+            let pull = scope.spawn(move || pull_all(links, expect, map, stop));
+            let g = rep.gradient(b);
+            (g, pull.join().ok())
+        });
+        self.prefetched = next;
+        g
+    }
+
+    /// Pushes each shard that has not taken this batch yet its slice of
+    /// `grad`, with `header` (each shard's copy computed at the version
+    /// pulled from it).
+    pub(super) fn push(
+        &mut self,
+        ex: &Exchange,
+        grad: &[f32],
+        header: PushHeader,
+        stop: &Shutdown,
+    ) -> Pushed {
+        let skipped = self.accepted.clone();
+        let last = LastStep {
+            version: header.computed_at,
+            slices: (0..self.links.len())
+                .map(|s| {
+                    if skipped[s] {
+                        Vec::new()
+                    } else {
+                        self.map.gather(s, grad)
+                    }
+                })
+                .collect(),
+            push: header,
+        };
+        let to: Vec<Option<u64>> = ex
+            .versions
+            .iter()
+            .zip(&skipped)
+            .map(|(v, skip)| (!skip).then_some(*v))
+            .collect();
+        let acks =
+            exchange_push(&mut self.links, &last.push, &to, &last.slices, stop).map(|acks| {
+                acks.into_iter()
+                    .zip(&ex.versions)
+                    .map(|(r, v)| {
+                        r.unwrap_or(PushReply::Ack {
+                            version: v + 1,
+                            checkpoint_wanted: false,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            });
+        let bytes = self
+            .map
+            .lens
+            .iter()
+            .zip(&skipped)
+            .filter(|(_, skipped)| !**skipped)
+            .map(|(n, _)| *n as u64 * 4)
+            .sum();
+        if let Ok(acks) = &acks {
+            for (a, r) in self.accepted.iter_mut().zip(acks) {
+                *a |= r.accepted();
+            }
+        }
+        Pushed { last, acks, bytes }
+    }
+
+    /// After a push was answered: what the worker does next by the
+    /// consistency's rule; a step that is done clears which shards took
+    /// it, and a sync worker next waits for the version after `ex`'s.
+    pub(super) fn settle(&mut self, c: Consistency, ex: &Exchange) -> AfterPush {
+        let next = consistency::after_push(c, &self.accepted);
+        if next == AfterPush::Next {
+            self.accepted.fill(false);
+            if c == Consistency::Sync {
+                // A sync shard counts one push per worker and version:
+                // every step pushes to all of them.
+                for (e, v) in self.expect.iter_mut().zip(&ex.versions) {
+                    *e = v + 1;
+                }
+            }
+        }
+        next
+    }
+}
+
 /// Sync: brings the shards that are a version behind the others (a lost
 /// primary's promoted standby) to the others' version by pushing them
 /// this worker's gradient of that version again — or, where this worker
@@ -37,16 +221,16 @@ pub struct LastStep {
 /// most one version apart.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn catch_up(
-    links: &mut [Link],
+    ps: &mut PsStep,
     ex: &Exchange,
     last_step: &Option<LastStep>,
-    map: &ShardMap,
     a: &Assignment,
     rank: u32,
     rep: &Replica,
     stop: &Shutdown,
     log: &dyn Fn(LogLevel, String),
 ) -> Result<u64, RoleError> {
+    let (links, map) = (&mut ps.links, &ps.map);
     let world = a.workers.len() as u32;
     let total = rep.total_steps(world);
     let lo = ex.versions.iter().copied().min().unwrap_or(0);

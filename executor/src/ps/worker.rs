@@ -23,10 +23,8 @@
 //! versions.
 
 use super::consistency::{self, AfterPull, AfterPush};
-use super::links::{
-    self, apply_pull, exchange_pull, exchange_push, pull_all, Pulled, PushReply, ShardMap,
-};
-use super::step::{catch_up, LastStep};
+use super::links::{self, PushReply, ShardMap};
+use super::step::{catch_up, LastStep, PsStep};
 use super::to_wire;
 use crate::context::Context;
 use crate::error::{guarded, RoleError};
@@ -48,20 +46,42 @@ use trainyard_shutdown::Shutdown;
 /// statistics a weight of 0.9⁵⁰ ≈ 0.5 %).
 const RECALIBRATION_BATCHES: usize = 50;
 
+/// Where a PS worker runs: its assignment and rank, its device, and the
+/// executor's side of it (stop signal, report channel, shared context,
+/// the sandbox its model's process runs in).
+pub struct WorkerEnv<'a> {
+    /// The job's assignment of this generation.
+    pub a: &'a Assignment,
+    /// This worker's rank.
+    pub rank: u32,
+    /// Where the model computes.
+    pub device: tch::Device,
+    /// The role's stop signal.
+    pub stop: &'a Shutdown,
+    /// Its reports.
+    pub tx: &'a UnboundedSender<Item>,
+    /// The executor's shared state.
+    pub ctx: &'a Context,
+    /// Where a user's module runs.
+    pub host: &'a crate::replica::process::Host,
+}
+
 /// Runs a PS worker for one generation. `replica` carries the model (and
 /// the newest pulled weights) to the next generation.
-#[allow(clippy::too_many_arguments)]
 pub fn work(
-    a: &Assignment,
-    rank: u32,
-    device: tch::Device,
+    env: &WorkerEnv,
     replica: &mut Option<Replica>,
     last_step: &mut Option<LastStep>,
-    stop: &Shutdown,
-    tx: &UnboundedSender<Item>,
-    ctx: &Context,
-    host: &crate::replica::process::Host,
 ) -> Result<Option<replica::Outcome>, RoleError> {
+    let WorkerEnv {
+        a,
+        rank,
+        device,
+        stop,
+        tx,
+        ctx,
+        host,
+    } = *env;
     let log = |level, msg: String| {
         tracing::info!(job = %a.key.job_id, "{msg}");
         let _ = tx.send(Item::Log(level, msg));
@@ -79,6 +99,7 @@ pub fn work(
     rep.set_carries_state(rank == 0);
     let map = ShardMap::new(a, rep).map_err(RoleError::ps_fatal)?;
     let mut links = links::connect(a, rank, &map, stop)?;
+    let shards = links.len();
     let generation = a.key.generation;
     // Rank 0 seeds empty shards: at the start with the seeded
     // initialisation, after a PS executor was lost with the newest weights
@@ -106,7 +127,12 @@ pub fn work(
             }
         }
     }
-    let mut expect = vec![0u64; links.len()];
+    // A benchmark knob (slow-links-bench measures the step with and
+    // without the overlap): `TRAINYARD_PS_PREFETCH=off` turns prefetching
+    // off where the consistency would allow it; it never turns it on.
+    let prefetch = consistency::prefetches(consistency, world)
+        && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
+    let mut ps = PsStep::new(links, map, prefetch);
     let mut local = rep.cursor;
     let mut stream_at = rep.cursor;
     let mut batches = rep.batches(rank, world, stream_at);
@@ -114,15 +140,6 @@ pub fn work(
     let mut seen = crate::ring::train::DataSeen::default();
     let mut rejected = 0u64;
     let mut rejected_since = 0u32;
-    let mut prefetched: Option<Vec<Pulled>> = None;
-    // A benchmark knob (slow-links-bench measures the step with and
-    // without the overlap): `TRAINYARD_PS_PREFETCH=off` turns prefetching
-    // off where the consistency would allow it; it never turns it on.
-    let prefetch = consistency::prefetches(consistency, world)
-        && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
-    // Shards that took the current batch's gradient (a partly rejected push
-    // is recomputed for the others only, never applied twice).
-    let mut accepted = vec![false; links.len()];
     // Rank 0 decides when the shards checkpoint: it marks one step's pushes
     // (kept over re-pushes of that step) and every shard checkpoints the
     // values that step produces.
@@ -135,8 +152,7 @@ pub fn work(
     log(
         LogLevel::Info,
         format!(
-            "worker {rank} of {world} starts with {} PS shard(s), {consistency:?} (generation {generation})",
-            links.len()
+            "worker {rank} of {world} starts with {shards} PS shard(s), {consistency:?} (generation {generation})"
         ),
     );
     loop {
@@ -146,10 +162,7 @@ pub fn work(
         // Pull every shard at once.
         let pulled = Instant::now();
         ctx.progress.enter(StepPhase::Comm);
-        let ex = match prefetched.take() {
-            Some(results) => apply_pull(&links, results, &map, rep)?,
-            None => exchange_pull(&mut links, &expect, &map, rep, stop)?,
-        };
+        let ex = ps.pull(rep, stop)?;
         let mut comm = pulled.elapsed().as_secs_f64();
         let mut comm_bytes = ex.bytes;
         let version = ex.versions[0];
@@ -159,8 +172,8 @@ pub fn work(
                 // A lost primary left its shard a version behind the
                 // others: it gets this version's gradients again, then all
                 // are pulled at the same version.
-                let hi = catch_up(&mut links, &ex, last_step, &map, a, rank, rep, stop, &log)?;
-                expect.fill(hi);
+                let hi = catch_up(&mut ps, &ex, last_step, a, rank, rep, stop, &log)?;
+                ps.expect_all(hi);
                 continue;
             }
             AfterPull::Mixed => {
@@ -199,21 +212,7 @@ pub fn work(
         let data_seconds = waited.elapsed().as_secs_f64();
         ctx.progress.enter(StepPhase::Compute);
         let computed = Instant::now();
-        // Async and bounded: the next pull travels while this step computes
-        // (its values then miss this step's own push: one more version of
-        // staleness, traded for hiding the pull).
-        let (computed_grad, next) = if !prefetch {
-            (rep.gradient(&b), None)
-        } else {
-            let links = &mut links;
-            let (expect, map) = (&expect, &map);
-            std::thread::scope(|scope| {
-                let pull = scope.spawn(move || pull_all(links, expect, map, stop));
-                let g = rep.gradient(&b);
-                (g, pull.join().ok())
-            })
-        };
-        prefetched = next;
+        let computed_grad = ps.gradient(rep, &b, stop);
         let (loss_sum, grad) = computed_grad?;
         let compute = computed.elapsed().as_secs_f64();
         let loss = loss_sum / b.samples.max(1) as f64;
@@ -229,49 +228,19 @@ pub fn work(
         }
         let pushed = Instant::now();
         ctx.progress.enter(StepPhase::Comm);
-        let skipped_before = accepted.clone();
-        let step = LastStep {
-            version,
-            slices: (0..links.len())
-                .map(|s| {
-                    if accepted[s] {
-                        Vec::new()
-                    } else {
-                        map.gather(s, &grad)
-                    }
-                })
-                .collect(),
-            push: PushHeader {
-                // Each shard's copy carries the version pulled from it.
-                computed_at: version,
-                samples: b.samples as u64,
-                lr,
-                next_cursor: to_wire(b.next),
-                checkpoint: flag,
-            },
+        let header = PushHeader {
+            // Each shard's copy carries the version pulled from it.
+            computed_at: version,
+            samples: b.samples as u64,
+            lr,
+            next_cursor: to_wire(b.next),
+            checkpoint: flag,
         };
-        let to: Vec<Option<u64>> = ex
-            .versions
-            .iter()
-            .zip(&accepted)
-            .map(|(v, skip)| (!skip).then_some(*v))
-            .collect();
-        let acks = exchange_push(&mut links, &step.push, &to, &step.slices, stop);
+        let out = ps.push(&ex, &grad, header, stop);
         if consistency == Consistency::Sync {
-            *last_step = Some(step);
+            *last_step = Some(out.last);
         }
-        // Shards that took this batch already count as taking it at the
-        // version after the pull.
-        let acks: Vec<PushReply> = acks?
-            .into_iter()
-            .zip(&ex.versions)
-            .map(|(r, v)| {
-                r.unwrap_or(PushReply::Ack {
-                    version: v + 1,
-                    checkpoint_wanted: false,
-                })
-            })
-            .collect();
+        let acks = out.acks?;
         asked |= acks.iter().any(|r| {
             matches!(
                 r,
@@ -282,18 +251,8 @@ pub fn work(
             )
         });
         comm += pushed.elapsed().as_secs_f64();
-        // Only what went out: shards that took this batch already got none.
-        comm_bytes += acks
-            .iter()
-            .zip(&map.lens)
-            .zip(&skipped_before)
-            .filter(|(_, skipped)| !**skipped)
-            .map(|((_, n), _)| *n as u64 * 4)
-            .sum::<u64>();
+        comm_bytes += out.bytes;
         let rejects = acks.iter().filter(|r| !r.accepted()).count() as u32;
-        for (a, r) in accepted.iter_mut().zip(&acks) {
-            *a |= r.accepted();
-        }
         rejected += u64::from(rejects);
         rejected_since += rejects;
         // How many versions the shard had moved on since the pull (an
@@ -307,20 +266,13 @@ pub fn work(
                 .max()
                 .unwrap_or(0)
         };
-        if consistency::after_push(consistency, &accepted) == AfterPush::Retry {
+        if ps.settle(consistency, &ex) == AfterPush::Retry {
             // Too stale somewhere: re-pull and recompute this share for
             // the shards that refused it.
             continue;
         }
-        accepted.fill(false);
         flag = None;
-        if consistency == Consistency::Sync {
-            // Every step pushes to all shards (a sync shard counts one
-            // push per worker and version), at the version after this.
-            for (e, v) in expect.iter_mut().zip(&ex.versions) {
-                *e = v + 1;
-            }
-        } else {
+        if consistency != Consistency::Sync {
             rep.step += 1;
             local = b.next;
         }
@@ -380,8 +332,7 @@ pub fn work(
     if consistency != Consistency::Sync {
         // The prefetched values miss the last pushes: the final weights are
         // pulled afresh.
-        let zero = vec![0u64; links.len()];
-        exchange_pull(&mut links, &zero, &map, rep, stop)?;
+        ps.pull_fresh(rep, stop)?;
         // The buffers rank 0 pushed were gathered on older weights than
         // these: they are recomputed on them, so that the model evaluates
         // in eval mode as its weights deserve.
@@ -424,17 +375,17 @@ pub fn run_worker(role: &Role, rank: u32, device: tch::Device, kept: KeptWorker)
             return KeptWorker { replica, last_step };
         }
         let result = guarded(|| {
-            work(
+            let host = role.host();
+            let env = WorkerEnv {
                 a,
                 rank,
                 device,
-                &mut replica,
-                &mut last_step,
-                &role.stop,
-                &role.tx,
-                &role.ctx,
-                &role.host(),
-            )
+                stop: &role.stop,
+                tx: &role.tx,
+                ctx: &role.ctx,
+                host: &host,
+            };
+            work(&env, &mut replica, &mut last_step)
         });
         match result {
             // The finished model is kept for a generation that may still come.

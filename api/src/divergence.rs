@@ -7,7 +7,10 @@
 //! report's steps with the `window_steps − 1` before them: every window
 //! that ends at a reported step, and nothing more) and asks
 //! [`trainyard_common::divergence::detect`] whether it diverged by the
-//! spec's `divergence` policy. A loss that is not finite (stored as
+//! spec's `divergence` policy, then (with the best window mean the job
+//! keeps in `jobs.loss_best_window`)
+//! [`trainyard_common::divergence::detect_collapse`] whether it collapsed.
+//! A loss that is not finite (stored as
 //! `f64::MAX`) or a role that saw one ([`not_finite`], from a
 //! `diverged` outcome: training loops stop before reporting such a step)
 //! fails the job whatever the action. [`record`] writes the `diverged`
@@ -20,7 +23,9 @@ use crate::error::{ApiError, ApiResult};
 use sqlx::{PgConnection, Row};
 use std::ops::RangeInclusive;
 use trainyard_common::cluster::RoleKey;
-use trainyard_common::divergence::{detect, early_value, Finding, LossPoint, EARLY_STEPS};
+use trainyard_common::divergence::{
+    detect, detect_collapse, early_value, Finding, LossPoint, EARLY_STEPS,
+};
 use trainyard_common::event::Outcome;
 use trainyard_common::spec::{Divergence, DivergenceAction};
 use trainyard_common::{EventData, JobState};
@@ -83,8 +88,28 @@ pub async fn judge(
             .await?
         }
     };
-    match detect(&policy, &early, &recent) {
-        Some(finding) => record(tx, job, finding, &policy, early_value(&early), Some(by)).await,
+    if let Some(finding) = detect(&policy, &early, &recent) {
+        return record(tx, job, finding, &policy, early_value(&early), Some(by)).await;
+    }
+    let Some(e) = early_value(&early) else {
+        return Ok(false);
+    };
+    // A collapse is judged against the best the curve came down to, kept
+    // with the job as its windows go by.
+    let best: Option<f64> = sqlx::query_scalar("SELECT loss_best_window FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_one(&mut *tx)
+        .await?;
+    let (finding, now) = detect_collapse(&policy, e, best, &recent);
+    if now != best {
+        sqlx::query("UPDATE jobs SET loss_best_window = $2 WHERE id = $1")
+            .bind(job)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+    }
+    match finding {
+        Some(finding) => record(tx, job, finding, &policy, Some(e), Some(by)).await,
         None => Ok(false),
     }
 }

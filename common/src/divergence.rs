@@ -8,7 +8,14 @@
 //! first ones, so a high first loss that training then brings down never
 //! trips it, and it is judged only once the early value is known (the
 //! first [`EARLY_STEPS`] points are in) and positive (a factor of a
-//! non-positive loss says nothing). [`detect`] is pure: the API feeds it
+//! non-positive loss says nothing). A loss that falls and then climbs
+//! back — training that lost what it learned, as an async job with
+//! uncompensated momentum does, back to chance — never rises above its
+//! early value: [`detect_collapse`] finds it, `window_steps` points in a
+//! row above both `factor` × the curve's best (the lowest mean of
+//! `window_steps` points in a row before them) and half its early value.
+//! The half keeps a healthy curve's swings near zero loss (a harder shard
+//! of data after an easier one) out of it. [`detect`] is pure: the API feeds it
 //! the stored curve after each report of rank 0's metrics, so every
 //! pattern (ring, parameter servers in any consistency, scripts that
 //! report a loss) is judged alike; the executor's own check of a
@@ -37,6 +44,22 @@ pub enum Finding {
         /// The first such step.
         step: u64,
     },
+    /// The loss came down and climbed back: above `factor` × its best
+    /// window mean and half its early value for the policy's window.
+    Collapsed {
+        /// The window's first step.
+        first_step: u64,
+        /// Its last step: where the collapse was found.
+        step: u64,
+        /// The loss at `step`.
+        loss: f64,
+        /// The lowest mean of `window_steps` points in a row before.
+        best: f64,
+        /// The early value.
+        early: f64,
+        /// The bound every loss of the window is above.
+        threshold: f64,
+    },
     /// The loss stayed above `factor` × its early value for the policy's
     /// window.
     StayedAbove {
@@ -57,7 +80,9 @@ impl Finding {
     /// The step where the divergence was found.
     pub fn step(&self) -> u64 {
         match *self {
-            Finding::NotFinite { step } | Finding::StayedAbove { step, .. } => step,
+            Finding::NotFinite { step }
+            | Finding::StayedAbove { step, .. }
+            | Finding::Collapsed { step, .. } => step,
         }
     }
 
@@ -79,11 +104,17 @@ impl Finding {
     /// The `diverged` event's data for this finding under `policy`, with
     /// the curve's `early` value when known.
     pub fn event(&self, policy: &Divergence, early: Option<f64>) -> Diverged {
-        let (loss, first_step) = match *self {
-            Finding::NotFinite { .. } => (None, None),
+        let (loss, first_step, best) = match *self {
+            Finding::NotFinite { .. } => (None, None, None),
             Finding::StayedAbove {
                 first_step, loss, ..
-            } => (Some(loss), Some(first_step)),
+            } => (Some(loss), Some(first_step), None),
+            Finding::Collapsed {
+                first_step,
+                loss,
+                best,
+                ..
+            } => (Some(loss), Some(first_step), Some(best)),
         };
         Diverged {
             step: self.step(),
@@ -91,6 +122,7 @@ impl Finding {
             not_finite: self.not_finite(),
             first_step,
             early: early.filter(|e| e.is_finite()),
+            best,
             factor: policy.factor,
             window_steps: policy.window_steps,
             action: self.action(policy),
@@ -120,6 +152,20 @@ impl Finding {
                 "the loss diverged: it stayed above {} × its early value {early:.4} (= {threshold:.4}) \
                  for {} steps in a row, steps {first_step}–{step} (loss {loss:.4} at step {step})",
                 policy.factor, policy.window_steps
+            ),
+            Finding::Collapsed {
+                first_step,
+                step,
+                loss,
+                best,
+                early,
+                threshold,
+            } => format!(
+                "the loss collapsed: having come down to {best:.4} (the mean of {w} steps in a row), \
+                 it stayed above {} × that and half its early value {early:.4} (= {threshold:.4}) \
+                 for {w} steps in a row, steps {first_step}–{step} (loss {loss:.4} at step {step})",
+                policy.factor,
+                w = policy.window_steps
             ),
         };
         match (action, self.not_finite()) {
@@ -181,6 +227,52 @@ pub fn detect(policy: &Divergence, early: &[LossPoint], recent: &[LossPoint]) ->
     None
 }
 
+/// Judges a curve for a collapse under `policy`: `early` is its early
+/// value, `best` the lowest mean of `window_steps` points in a row judged
+/// before, `recent` its latest points in step order (those judged before
+/// reach `window_steps − 1` back, as for [`detect`]). Returns the first
+/// window of `recent` whose every loss is above both `factor` × the best
+/// mean of the windows before it and half the early value, and the best
+/// mean once `recent`'s windows are counted in.
+pub fn detect_collapse(
+    policy: &Divergence,
+    early: f64,
+    best: Option<f64>,
+    recent: &[LossPoint],
+) -> (Option<Finding>, Option<f64>) {
+    let Ok(window) = usize::try_from(policy.window_steps) else {
+        return (None, best);
+    };
+    let window = window.max(1);
+    let mut best = best;
+    if !(early.is_finite() && early > 0.0) || recent.len() < window {
+        return (None, best);
+    }
+    for end in window - 1..recent.len() {
+        let w = &recent[end + 1 - window..=end];
+        if let Some(b) = best {
+            let threshold = (policy.factor * b).max(0.5 * early);
+            if w.iter().all(|p| p.loss > threshold) {
+                let last = w[window - 1];
+                let finding = Finding::Collapsed {
+                    first_step: w[0].step,
+                    step: last.step,
+                    loss: last.loss,
+                    best: b,
+                    early,
+                    threshold,
+                };
+                return (Some(finding), best);
+            }
+        }
+        let mean = w.iter().map(|p| p.loss).sum::<f64>() / window as f64;
+        if mean.is_finite() {
+            best = Some(best.map_or(mean, |b| b.min(mean)));
+        }
+    }
+    (None, best)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +330,60 @@ mod tests {
             1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 1.0, 5.0, 5.0, 5.0, 5.0,
         ];
         assert_eq!(judge(&p, &twice).map(|f| f.step()), Some(9));
+    }
+
+    /// Judges a whole curve for a collapse as the API does: in reports of
+    /// `chunk` points, each with the `window − 1` before it.
+    fn collapse(p: &Divergence, losses: &[f64], chunk: usize) -> Option<Finding> {
+        let c = curve(losses);
+        let early = early_value(&c)?;
+        let window = p.window_steps as usize;
+        let mut best = None;
+        let mut at = EARLY_STEPS;
+        while at < c.len() {
+            let end = (at + chunk).min(c.len());
+            let from = at.saturating_sub(window - 1).max(EARLY_STEPS);
+            let (f, b) = detect_collapse(p, early, best, &c[from..end]);
+            if f.is_some() {
+                return f;
+            }
+            best = b;
+            at = end;
+        }
+        None
+    }
+
+    #[test]
+    fn a_loss_that_learned_and_climbed_back_to_chance_collapsed() {
+        let p = policy(3.0, 4);
+        // 2.3 at first, down to 0.05, back up to chance: never 3 × 2.3.
+        let mut losses = vec![2.3; 5];
+        losses.extend([1.0, 0.5, 0.1, 0.05, 0.05, 0.05, 0.05, 0.06]);
+        losses.extend([2.2, 2.3, 2.3]);
+        assert_eq!(judge(&p, &losses), None, "no early-value divergence");
+        assert_eq!(collapse(&p, &losses, 1), None, "three of four");
+        losses.push(2.31);
+        let f = collapse(&p, &losses, 1).expect("a collapse");
+        assert!(
+            matches!(
+                f,
+                Finding::Collapsed {
+                    first_step: 14,
+                    step: 17,
+                    ..
+                }
+            ),
+            "{f:?}"
+        );
+        assert_eq!(collapse(&p, &losses, 3), Some(f), "reports of any size");
+        assert!(f.reason(&p, Some(2.3)).contains("collapsed"));
+        // Near zero, a harder stretch 3 × the best is no collapse: it
+        // stays below half the early value.
+        let mut swings = vec![2.3; 5];
+        swings.extend([
+            0.5, 0.01, 0.01, 0.01, 0.01, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05,
+        ]);
+        assert_eq!(collapse(&p, &swings, 1), None);
     }
 
     #[test]
@@ -321,6 +467,32 @@ mod tests {
     }
 
     proptest! {
+        /// A curve that never climbs back (each loss at most the one
+        /// before) never collapses, whatever the reports' sizes.
+        #[test]
+        fn a_falling_curve_never_collapses(start in 0.1f64..100.0, steps in proptest::collection::vec(0.5f64..1.0, 5..200), window in 1u32..20, chunk in 1usize..30) {
+            let mut l = start;
+            let losses: Vec<f64> = steps.iter().map(|f| { l *= f; l }).collect();
+            let p = policy(3.0, window);
+            prop_assert_eq!(collapse(&p, &losses, chunk), None);
+        }
+
+        /// Where a collapse is found, every loss of its window is above
+        /// both bounds, and the verdict does not depend on how the curve
+        /// was reported.
+        #[test]
+        fn a_collapse_is_its_rule(losses in proptest::collection::vec(0.01f64..5.0, 5..120), window in 1u32..10, c1 in 1usize..20, c2 in 1usize..20) {
+            let p = policy(3.0, window);
+            let a = collapse(&p, &losses, c1);
+            prop_assert_eq!(a, collapse(&p, &losses, c2));
+            if let Some(Finding::Collapsed { first_step, step, best, early, threshold, .. }) = a {
+                prop_assert_eq!(threshold, (3.0 * best).max(0.5 * early));
+                for s in first_step..=step {
+                    prop_assert!(losses[s as usize - 1] > threshold);
+                }
+            }
+        }
+
         /// A loss that never rises above its start never diverges.
         #[test]
         fn a_non_increasing_curve_never_diverges(

@@ -426,6 +426,10 @@ pub struct Diverged {
     /// The curve's early value (the smallest loss of its first five
     /// steps), when known.
     pub early: Option<f64>,
+    /// A collapse: the lowest mean of `window_steps` losses in a row the
+    /// curve had come down to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<f64>,
     /// The spec's `divergence.factor`.
     pub factor: f64,
     /// The spec's `divergence.window_steps`.
@@ -616,9 +620,21 @@ mod tests {
                 not_finite: false,
                 first_step: Some(11),
                 early: Some(2.0),
+                best: None,
                 factor: 3.0,
                 window_steps: 50,
                 action: DivergenceAction::Warn,
+            }),
+            EventData::Diverged(Diverged {
+                step: 900,
+                loss: Some(2.3),
+                not_finite: false,
+                first_step: Some(851),
+                early: Some(2.3),
+                best: Some(0.04),
+                factor: 3.0,
+                window_steps: 50,
+                action: DivergenceAction::Fail,
             }),
             EventData::Diverged(Diverged {
                 step: 7,
@@ -626,6 +642,7 @@ mod tests {
                 not_finite: true,
                 first_step: None,
                 early: None,
+                best: None,
                 factor: 3.0,
                 window_steps: 50,
                 action: DivergenceAction::Fail,

@@ -102,6 +102,36 @@ async fn wait_state(app: &TestApp, id: &str, state: &str) {
 }
 
 #[tokio::test]
+async fn a_loss_that_came_down_and_climbed_back_to_chance_fails_as_collapsed() {
+    let app = spawn_app().await;
+    let (id, holder) = placed(&app, "collapses", json!({"factor": 3, "window_steps": 4})).await;
+    wait_state(&app, &id, "running").await;
+    // Early value 2.3; down to 0.05; back to chance, never 3 × 2.3.
+    report(&app, &id, &holder, 1, &[2.3, 2.3, 2.3, 2.3, 2.3], None).await;
+    report(
+        &app,
+        &id,
+        &holder,
+        6,
+        &[1.0, 0.5, 0.1, 0.05, 0.05, 0.05],
+        None,
+    )
+    .await;
+    report(&app, &id, &holder, 12, &[0.05, 2.2, 2.3], None).await;
+    assert_eq!(job(&app, &id).await["state"], "running");
+    report(&app, &id, &holder, 15, &[2.3, 2.31], None).await;
+    let j = job(&app, &id).await;
+    assert_eq!(j["state"], "failed", "{j}");
+    let reason = j["state_reason"].as_str().unwrap();
+    assert!(reason.contains("the loss collapsed"), "{reason}");
+    assert!(reason.contains("steps 13–16"), "{reason}");
+    let events = diverged(&app, &id).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0.best, Some(0.05));
+    assert_eq!(events[0].0.first_step, Some(13));
+}
+
+#[tokio::test]
 async fn a_loss_that_stays_above_the_bound_for_the_window_fails_the_job() {
     let app = spawn_app().await;
     let (id, holder) = placed(&app, "blows-up", json!({"factor": 3, "window_steps": 6})).await;
@@ -143,6 +173,7 @@ async fn a_loss_that_stays_above_the_bound_for_the_window_fails_the_job() {
             not_finite: false,
             first_step: Some(12),
             early: Some(1.0),
+            best: None,
             factor: 3.0,
             window_steps: 6,
             action: DivergenceAction::Fail,
@@ -300,6 +331,7 @@ async fn a_loss_that_is_not_finite_fails_the_job_whatever_the_action() {
             not_finite: true,
             first_step: None,
             early: Some(0.9),
+            best: None,
             factor: 3.0,
             window_steps: 50,
             action: DivergenceAction::Fail,

@@ -169,7 +169,7 @@ pub enum DivergenceAction {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StaleUpdates {
-    /// The learning rate of a stale update (default `scale`).
+    /// The learning rate of a stale update (default `plain`).
     #[serde(default)]
     pub lr: StaleLr,
     /// The momentum (optimizer `momentum`) under asynchrony (default
@@ -206,7 +206,7 @@ pub enum AsyncBuffers {
 impl Default for StaleUpdates {
     fn default() -> Self {
         StaleUpdates {
-            lr: StaleLr::Scale,
+            lr: StaleLr::Plain,
             momentum: AsyncMomentum::Compensate,
             delay_compensation: 0.0,
             buffers: AsyncBuffers::Recompute,
@@ -218,16 +218,16 @@ impl Default for StaleUpdates {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StaleLr {
-    /// `lr / (1 + s)` (staleness-aware async SGD, Zhang et al. 2016). With
-    /// `M` workers a push is typically about `M` versions stale, so a job
-    /// moves about as far per sample as the same spec in `sync` mode,
-    /// where one step averages `M` workers' batches.
-    #[default]
-    Scale,
     /// The schedule's `lr`, whatever the staleness: each push is a full
-    /// step, so `M` workers move about `M` times as far per sample as
-    /// `sync`.
+    /// step of one worker's batch.
+    #[default]
     Plain,
+    /// `lr / (1 + s)` (staleness-aware async SGD, Zhang et al. 2016): a
+    /// straggler's gradient, many versions old, takes a small step. With
+    /// `M` workers a push is typically about `M` versions stale, so every
+    /// step shrinks about `M + 1` times: measured, it under-trains with 4
+    /// workers (docs/users/parameter-server.md).
+    Scale,
 }
 
 /// The momentum of a `momentum` optimizer under asynchrony.

@@ -931,3 +931,57 @@ fn a_shard_refuses_a_buffer_range_before_a_parameter_range() {
         "{failed:?}"
     );
 }
+
+/// Out of sync, a stale push is applied by the job's `stale_updates`: a
+/// `momentum` optimizer's momentum less asynchrony's own (the mean
+/// staleness so far), `scale`'s rate `lr / (1 + s)`, DC-ASGD's term
+/// against the values the push was computed on; each exactly as the same
+/// optimizer applies it alone.
+#[test]
+fn a_stale_async_push_is_applied_by_the_staleness_aware_rules() {
+    use super::stale::{compensate, momentum, MeanStaleness};
+    use crate::replica::optim::SliceOptimizer;
+    use trainyard_common::spec::{AsyncMomentum, StaleLr};
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let optimizer = json!({"kind": "momentum", "lr": 0.05, "momentum": 0.9});
+    let a = assignment_with(&plane, RoleKind::Ps, json!("async"), optimizer);
+    for (lr_rule, lambda) in [(StaleLr::Plain, 0.0), (StaleLr::Scale, 0.5)] {
+        let rules = Rules {
+            stale: trainyard_common::spec::StaleUpdates {
+                lr: lr_rule,
+                delay_compensation: lambda,
+                ..Default::default()
+            },
+            ..Rules::of(&a.spec)
+        };
+        assert_eq!(rules.momentum, Some(0.9));
+        let mut shard = seeded(&a, &initial());
+        let mut reference = initial()[..HEAD].to_vec();
+        let mut opt = SliceOptimizer::new(a.spec.optimizer(), HEAD);
+        let mut mean = MeanStaleness::default();
+        let mut history: Vec<Vec<f32>> = vec![reference.clone()];
+        // Pushes computed at versions 0, 0, 1, 1, 2: staleness 0, 1, 1, 2, 2.
+        for (i, at) in [0u64, 0, 1, 1, 2].into_iter().enumerate() {
+            let g = grad(i as u32 + 1);
+            let t = shard.take(&rules, 1, &header(at, 4, 0.05), &g);
+            assert_eq!(t.produced, Some(i as u64 + 1));
+            let s = i as u64 - at;
+            let m = mean.record(s);
+            let mu = momentum(AsyncMomentum::Compensate, 0.9, m) as f32;
+            let lr = match lr_rule {
+                StaleLr::Plain => 0.05,
+                StaleLr::Scale => 0.05 / (1.0 + s as f64),
+            };
+            let mut gh = g[..HEAD].to_vec();
+            if lambda > 0.0 {
+                compensate(&mut gh, &reference, &history[at as usize], lambda, 4);
+            }
+            opt.set_momentum(f64::from(mu));
+            opt.step(&mut reference, &gh, None, 0.25, lr);
+            history.push(reference.clone());
+            let w = shard.weights.as_ref().unwrap();
+            assert_eq!(bits(&w[..HEAD]), bits(&reference), "{lr_rule:?} push {i}");
+        }
+        assert!(shard.mean_staleness.mean() > 1.0);
+    }
+}

@@ -1,19 +1,16 @@
 //! The asynchronous-PS matrix benchmark: every cell of
 //! [`trainyard_e2e::async_matrix::full`] (six users' models × SGD with
 //! momentum and Adam × 2 and 4 workers × sync, async, bounded τ=2 and
-//! τ=4), each out-of-sync job judged by PyTorch against its sync job, and
-//! beside each of them the same job under the rules before staleness
-//! awareness (`stale_updates: {lr: plain, momentum: as_given, buffers: as_pushed}`), the
-//! baseline. Prints `name: value (baseline value, ratio)` lines: each
-//! cell's gap to sync with the rules and without, and the mean speed of
-//! each mode against sync.
-//!
-//!
+//! τ=4), each out-of-sync job's accuracy (PyTorch, eval mode, held-out
+//! rows) against its sync job's, and the cells within 2 points against
+//! the same cells under the rules before staleness awareness
+//! (`stale_updates: {lr: plain, momentum: as_given, buffers: as_pushed}`).
 //! Then the speed of each mode: the residual CNN under SGD with momentum,
 //! 2 workers, one job at a time, on executors whose worker rank 1 is a
 //! straggler (`TRAINYARD_SLOW_WORKER=1:MS`, it sleeps after each step) and
 //! on plain ones: each mode's time from start to end against sync's, with
-//! its accuracy.
+//! its accuracy. Every figure is printed `name: value (baseline, ratio)`
+//! and recorded for the report.
 //!
 //! `async-bench --short`: the residual CNN and BatchNorm's CNN only.
 //! `async-bench --speed-only`: only the speed figures.
@@ -23,6 +20,7 @@
 //! another baseline's `stale_updates`.
 
 use std::time::Instant;
+use trainyard_bench::figure::{Better, Figure};
 use trainyard_e2e::async_matrix::{self, full, judge, matrix, Cell, Mode};
 use trainyard_e2e::{Platform, Proc};
 
@@ -30,17 +28,24 @@ use trainyard_e2e::{Platform, Proc};
 const BEFORE: &str = r#"{"lr": "plain", "momentum": "as_given", "buffers": "as_pushed"}"#;
 
 fn main() {
+    // The platform's binaries are this one's neighbours (release, under
+    // bench/run).
+    if std::env::var_os("TRAINYARD_BIN_DIR").is_none() {
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|p| p.to_path_buf()))
+        {
+            std::env::set_var("TRAINYARD_BIN_DIR", dir);
+        }
+    }
     let args: Vec<String> = std::env::args().collect();
     let short = args.iter().any(|a| a == "--short");
-    let filter = args
-        .iter()
-        .position(|a| a == "--cells")
-        .and_then(|i| args.get(i + 1).cloned());
     let arg = |name: &str| {
         args.iter()
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1).cloned())
     };
+    let filter = arg("--cells");
     let before = arg("--before").unwrap_or_else(|| BEFORE.to_string());
     let started = Instant::now();
     let cells = match arg("--recipes") {
@@ -107,26 +112,39 @@ fn speed(straggler_ms: u64) {
         })
         .collect();
     let outcomes = async_matrix::run(&p, &dir, &cells, 1);
+    let (table, _) = judge(&outcomes);
+    eprintln!("{table}");
     let sync = &outcomes[0];
     let label = if straggler_ms > 0 {
-        format!("straggler_{straggler_ms}ms")
+        format!("worker 1 sleeps {straggler_ms} ms a step")
     } else {
-        "no_straggler".into()
+        "alike workers".into()
     };
     for o in &outcomes[1..] {
         let (Some(t), Some(base)) = (o.seconds, sync.seconds) else {
             continue;
         };
-        let mode = o.cell.mode.name().replace(' ', "_").replace('τ', "tau");
-        println!(
-            "async.speed.{label}.{mode}.seconds: {t:.1} (baseline sync {base:.1}, ratio {:.2})",
-            base / t
-        );
-        println!(
-            "async.speed.{label}.{mode}.accuracy_points: {:.1} (baseline sync {:.1}, ratio n/a)",
+        let mode = o.cell.mode.name();
+        Figure::new(
+            "async",
+            format!("{label}: {mode} job time"),
+            t,
+            "s",
+            "sync",
+            base,
+            Better::Lower,
+        )
+        .emit();
+        Figure::new(
+            "async",
+            format!("{label}: {mode} accuracy"),
             o.accuracy.unwrap_or(f64::NAN),
-            sync.accuracy.unwrap_or(f64::NAN)
-        );
+            "%",
+            "sync",
+            sync.accuracy.unwrap_or(f64::NAN),
+            Better::Higher,
+        )
+        .emit();
     }
 }
 
@@ -138,40 +156,62 @@ fn accuracy(cells: Vec<Cell>, before: &str, started: Instant) {
     let outcomes = async_matrix::run(&p, &dir, &cells, 2);
     let (table, failures) = judge(&outcomes);
     eprintln!("{table}");
+    let accuracy_of = |c: &Cell| outcomes.iter().find(|o| o.cell == *c)?.accuracy;
     for o in outcomes
         .iter()
         .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none())
     {
-        let gap = |c: &Cell| {
-            let sync = outcomes.iter().find(|s| s.cell == c.sync())?.accuracy?;
-            Some(outcomes.iter().find(|s| s.cell == *c)?.accuracy? - sync)
+        let Some(sync) = accuracy_of(&o.cell.sync()) else {
+            continue;
         };
         let base = Cell {
             stale_updates: Some(before.to_string()),
             ..o.cell.clone()
         };
-        if let (Some(g), b) = (gap(&o.cell), gap(&base)) {
-            println!(
-                "async.{}.gap_to_sync_points: {g:+.2} (baseline {}, ratio n/a)",
+        if let Some(a) = o.accuracy {
+            Figure::new(
+                "async",
+                format!("{} accuracy", o.cell.name()),
+                a,
+                "%",
+                "its sync job",
+                sync,
+                Better::Higher,
+            )
+            .emit();
+            eprintln!(
+                "{}: {:+.1} points from sync (the rules before: {})",
                 o.cell.name(),
-                b.map_or("—".into(), |b| format!("{b:+.2}"))
+                a - sync,
+                accuracy_of(&base).map_or("— (failed)".into(), |b| format!("{:+.1}", b - sync))
             );
         }
     }
-    let misses: Vec<&String> = failures.iter().filter(|f| !f.contains("-rules")).collect();
-    println!(
-        "async.cells_within_{}_points: {} (baseline {}, ratio n/a)",
-        async_matrix::POINTS,
+    // Cells within the bound: with the rules, and under the rules before.
+    let within = |rules: bool| {
         outcomes
             .iter()
-            .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none())
-            .count()
-            - misses.len(),
-        outcomes
-            .iter()
-            .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none())
-            .count()
-    );
+            .filter(|o| o.cell.mode != Mode::Sync && o.cell.stale_updates.is_none() == rules)
+            .filter(|o| {
+                !failures
+                    .iter()
+                    .any(|f| f.starts_with(&format!("{}:", o.cell.name())))
+            })
+            .count() as f64
+    };
+    Figure::new(
+        "async",
+        format!(
+            "out-of-sync cells within {} points of sync",
+            async_matrix::POINTS
+        ),
+        within(true),
+        "cells",
+        "the rules before",
+        within(false),
+        Better::Higher,
+    )
+    .emit();
     for f in &failures {
         eprintln!("miss: {f}");
     }

@@ -170,13 +170,14 @@ def test_fit_in_every_pattern_scores_in_pytorch_what_the_job_reported(platform, 
     assert ours > (0.8 if spec.get("consistency") == "async" else 0.9), ours
     # batch_size is per worker: an epoch is ceil(rows / (32 × 2)) steps
     # (versions, in async mode too). The buffers are rank 0's: it ran a
-    # forward every step in sync modes, and its own share of the versions
-    # (about half) in async mode.
+    # forward every step in sync modes; in async mode its own share of the
+    # versions (about half), then the 50 training batches over which it
+    # recomputes them on the final weights (stale_updates.buffers).
     steps = 2 * math.ceil(len(yt) / (BATCH * spec["workers"]))
     assert final["step"] == steps, final
     tracked = int(trained.state_dict()["bn1.num_batches_tracked"])
     if spec.get("consistency") == "async":
-        assert abs(tracked - steps / spec["workers"]) <= 2, (tracked, steps)
+        assert abs(tracked - (steps / spec["workers"] + 50)) <= 2, (tracked, steps)
     else:
         assert tracked == steps, (tracked, steps)
 

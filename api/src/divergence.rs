@@ -54,15 +54,7 @@ pub async fn judge(
     let Some(policy) = open_policy(tx, job).await? else {
         return Ok(false);
     };
-    let early = points(
-        sqlx::query(
-            "SELECT step, loss FROM job_metrics WHERE job_id = $1 AND rank = 0 ORDER BY step LIMIT $2",
-        )
-        .bind(job)
-        .bind(EARLY_STEPS as i64),
-        tx,
-    )
-    .await?;
+    let early = early_points(tx, job).await?;
     let recent = match early.get(EARLY_STEPS - 1) {
         None => Vec::new(),
         Some(fifth) => {
@@ -119,15 +111,7 @@ pub async fn judge(
 /// whether it did (not when it had ended already).
 pub async fn not_finite(tx: &mut PgConnection, job: Uuid, step: u64) -> ApiResult<bool> {
     let policy = stored_policy(tx, job).await?;
-    let early = points(
-        sqlx::query(
-            "SELECT step, loss FROM job_metrics WHERE job_id = $1 AND rank = 0 ORDER BY step LIMIT $2",
-        )
-        .bind(job)
-        .bind(EARLY_STEPS as i64),
-        tx,
-    )
-    .await?;
+    let early = early_points(tx, job).await?;
     let finding = Finding::NotFinite { step };
     record(tx, job, finding, &policy, early_value(&early), None).await
 }
@@ -216,6 +200,19 @@ async fn stored_policy(tx: &mut PgConnection, job: Uuid) -> ApiResult<Divergence
             .flatten();
     Ok(v.and_then(|v| serde_json::from_value(v).ok())
         .unwrap_or_default())
+}
+
+/// The first [`EARLY_STEPS`] points of job `job`'s rank-0 curve.
+async fn early_points(tx: &mut PgConnection, job: Uuid) -> ApiResult<Vec<LossPoint>> {
+    points(
+        sqlx::query(
+            "SELECT step, loss FROM job_metrics WHERE job_id = $1 AND rank = 0 ORDER BY step LIMIT $2",
+        )
+        .bind(job)
+        .bind(EARLY_STEPS as i64),
+        tx,
+    )
+    .await
 }
 
 async fn points(

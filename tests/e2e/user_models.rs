@@ -58,9 +58,7 @@ fn python() -> Command {
 
 /// Runs a `user_models.py` command to its end; its JSON answer.
 fn py(args: &[&Path]) -> Value {
-    let mut cmd = python();
-    cmd.args(args);
-    parse(cmd.output(), args)
+    trainyard_e2e::async_matrix::user_models(args)
 }
 
 /// Starts a `user_models.py` command in the background (see [`py_wait`]).

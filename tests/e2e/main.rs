@@ -19,6 +19,7 @@ mod scripts;
 mod server_lifecycle;
 mod sharded;
 mod sharing;
+mod sweeps;
 mod shutdown;
 mod slurm;
 mod training;

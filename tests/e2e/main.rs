@@ -21,6 +21,7 @@ mod sharded;
 mod sharing;
 mod shutdown;
 mod slurm;
+mod tracking;
 mod training;
 mod user_models;
 mod watchdog;

@@ -138,6 +138,8 @@ mod tests {
     }
 
     #[test]
+    // The mask as TFRecord's format states it, against the rotation used.
+    #[allow(clippy::manual_rotate)]
     fn the_mask_rotates_and_adds_the_constant() {
         let crc = crc32c(b"123456789");
         assert_eq!(

@@ -4,7 +4,8 @@
 //! job's (the server's default experiment), and MLflow's own Python client
 //! reads back the spec's params, the tags, EVERY step metric the metrics
 //! API shows (asked for undownsampled) and the model, byte for byte what
-//! `GET /v1/jobs/{id}/model` serves; TensorBoard's `EventAccumulator`
+//! `GET /v1/jobs/{id}/model` serves, across a restart of the API server
+//! mid-run; TensorBoard's `EventAccumulator`
 //! reads `GET /v1/jobs/{id}/tensorboard` back to the same points. A job
 //! logged to a closed port trains to success all the same, with a
 //! `tracking` warning event.
@@ -273,7 +274,7 @@ fn check_tensorboard(p: &Platform, id: &str, dir: &Path) {
 #[test]
 fn ring_and_ps_jobs_log_params_every_metric_and_their_model_to_mlflow() {
     let mlflow = MlflowServer::start("jobs");
-    let p = Platform::builder("tracking")
+    let mut p = Platform::builder("tracking")
         .env("TRAINYARD_MLFLOW_URI", &mlflow.uri)
         .env("TRAINYARD_MLFLOW_EXPERIMENT", "trainyard-e2e")
         .start();
@@ -298,6 +299,12 @@ fn ring_and_ps_jobs_log_params_every_metric_and_their_model_to_mlflow() {
         .build();
     let ring = p.submit(&ring);
     let ps = p.submit(&ps);
+    // The API restarts (gracefully) while the ring job trains: its export
+    // goes on from the cursor it committed, nothing sent twice or lost.
+    p.wait_steps(&ring, 40, Duration::from_secs(300));
+    p.server.terminate().unwrap();
+    p.server.wait_exit(Duration::from_secs(60)).unwrap();
+    p.start_api();
     for id in [&ring, &ps] {
         let job = p.wait_end(id, Duration::from_secs(600));
         assert_eq!(job.state, JobState::Succeeded, "{job:?}");

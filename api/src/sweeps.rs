@@ -20,7 +20,8 @@
 //!    frees);
 //! 4. pending trials are submitted while fewer than `concurrency` run, as
 //!    jobs of the sweep's owner, with the data policy the owner has now
-//!    (its quotas, fair share and priority apply as to any job);
+//!    (its quotas, fair share and priority apply as to any job), logged
+//!    to MLflow as any job of theirs is ([`crate::tracking`]);
 //! 5. a sweep whose trials all ended is `succeeded` (one completed) or
 //!    `failed`.
 
@@ -88,6 +89,7 @@ pub async fn create(st: &AppState, owner: &str, admin: bool, spec: SweepSpec) ->
     let trials = sweep::expand(&spec).map_err(ApiError::Unprocessable)?;
     for t in &trials {
         data_policy::policy_at_submit(st, owner, admin, &t.spec).await?;
+        crate::tracking::target_at_submit(&st.config, admin, &t.spec)?;
     }
     let id = Uuid::now_v7();
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
@@ -572,6 +574,7 @@ async fn submit_trial(
     let spec = JobSpec::from_stored(t.spec.clone())
         .map_err(|e| ApiError::invalid_field("spec", e.to_string()))?;
     let (policy, versions) = data_policy::policy_at_submit(st, owner, admin, &spec).await?;
+    let tracking = crate::tracking::target_at_submit(&st.config, admin, &spec)?;
     let policy_json = serde_json::to_value(&policy).map_err(|e| ApiError::Internal(e.into()))?;
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     let row = sqlx::query(&insert_job_sql())
@@ -596,6 +599,9 @@ async fn submit_trial(
         id: sweep,
         trial: t.index as u32,
     });
+    if let Some(t) = &tracking {
+        crate::tracking::record(tx, job.id, t).await?;
+    }
     record_submitted(tx, &job, &versions, None).await?;
     lifecycle::notify(tx, job.id).await?;
     tracing::info!(sweep = %sweep, trial = t.index, job = %job.id, "trial submitted");

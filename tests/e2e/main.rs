@@ -22,6 +22,7 @@ mod sharing;
 mod sweeps;
 mod shutdown;
 mod slurm;
+mod tracking;
 mod training;
 mod user_models;
 mod watchdog;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use trainyard_e2e::{repo_root, MlpSpec, Platform, Proc};
 
 /// Steps of every trial; the rungs are at a tenth and four tenths.
-const STEPS: u64 = 1500;
+const STEPS: u64 = 6000;
 /// Trials at once (and executors).
 const CONCURRENCY: usize = 4;
 

@@ -21,14 +21,14 @@ use std::time::{Duration, Instant};
 use trainyard_e2e::{repo_root, MlpSpec, Platform, Proc};
 
 /// Steps of every trial; the rungs are at a tenth and four tenths.
-const STEPS: u64 = 6000;
+const STEPS: u64 = 3000;
 /// Trials at once (and executors).
 const CONCURRENCY: usize = 4;
 
 fn base() -> Value {
     let mut b = MlpSpec::digits("digits")
-        .hidden(&[64])
-        .batch_size(32)
+        .hidden(&[256, 256])
+        .batch_size(64)
         .steps(STEPS)
         .workers(1, 2)
         .seed(3)
@@ -51,7 +51,7 @@ fn sweep(name: &str, asha: bool) -> Value {
         "concurrency": CONCURRENCY,
     });
     if asha {
-        s["early_stopping"] = json!({"asha": {"reduction_factor": 4, "min_steps": STEPS / 10}});
+        s["early_stopping"] = json!({"asha": {"reduction_factor": 8, "min_steps": STEPS / 10}});
     }
     s
 }
@@ -142,8 +142,11 @@ fn asha_matches_the_grid_best_for_a_fraction_of_its_device_time_and_survivors_gr
         .filter(|t| t["state"] == "stopped")
         .count();
     let (grid_time, asha_time) = (device_seconds(&p, &grid), device_seconds(&p, &asha));
-    let ((grid_job, grid_acc), (asha_job, asha_acc)) = (best(&p, &grid, &dir), best(&p, &asha, &dir));
-    let mut table = String::from("trial  params                                   grid acc  asha: state, rungs\n");
+    let ((grid_job, grid_acc), (asha_job, asha_acc)) =
+        (best(&p, &grid, &dir), best(&p, &asha, &dir));
+    let mut table = String::from(
+        "trial  params                                   grid acc  asha: state, rungs\n",
+    );
     for (g, a) in trials(&grid).iter().zip(trials(&asha)) {
         table += &format!(
             "{:>5}  {:<40} {:>8.4}  {} {}\n",
@@ -182,7 +185,10 @@ fn asha_matches_the_grid_best_for_a_fraction_of_its_device_time_and_survivors_gr
         "no surviving trial grew onto a stopped trial's executors: {asha}"
     );
     let g = &growths[0];
-    assert!(g["workers_after"].as_u64() > g["workers_before"].as_u64(), "{g}");
+    assert!(
+        g["workers_after"].as_u64() > g["workers_before"].as_u64(),
+        "{g}"
+    );
     let from = &trials(&asha)[g["from_trial"].as_u64().unwrap() as usize];
     assert_eq!(from["state"], "stopped", "{from}");
     let grown = &trials(&asha)[g["trial"].as_u64().unwrap() as usize];

@@ -164,46 +164,77 @@ async fn store_metrics(
     if rank < 0 {
         return Ok(0);
     }
-    let mut stored = 0;
-    for m in metrics {
-        let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
-        stored += sqlx::query(
-            "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected, data_bytes_read, data_cache_hits, data_cache_misses, prefetch_depth, generation)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
-             ON CONFLICT (job_id, rank, step) DO UPDATE SET
-                 loss = EXCLUDED.loss, lr = EXCLUDED.lr, samples_per_sec = EXCLUDED.samples_per_sec,
-                 data_seconds = EXCLUDED.data_seconds, compute_seconds = EXCLUDED.compute_seconds,
-                 comm_seconds = EXCLUDED.comm_seconds, eval_loss = EXCLUDED.eval_loss,
-                 eval_accuracy = EXCLUDED.eval_accuracy, comm_bytes = EXCLUDED.comm_bytes,
-                 staleness = EXCLUDED.staleness, rejected = EXCLUDED.rejected,
-                 data_bytes_read = EXCLUDED.data_bytes_read, data_cache_hits = EXCLUDED.data_cache_hits,
-                 data_cache_misses = EXCLUDED.data_cache_misses, prefetch_depth = EXCLUDED.prefetch_depth,
-                 generation = EXCLUDED.generation, at = clock_timestamp()
-             WHERE job_metrics.generation < EXCLUDED.generation",
-        )
-        .bind(key.job_id)
-        .bind(rank)
-        .bind(m.step as i64)
-        .bind(clean(m.loss))
-        .bind(clean(m.lr))
-        .bind(clean(m.samples_per_sec))
-        .bind(clean(m.data_seconds))
-        .bind(clean(m.compute_seconds))
-        .bind(clean(m.comm_seconds))
-        .bind(finite(m.eval_loss))
-        .bind(finite(m.eval_accuracy))
-        .bind(i64::try_from(m.comm_bytes).unwrap_or(i64::MAX))
-        .bind(m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
-        .bind(i32::try_from(m.rejected).unwrap_or(i32::MAX))
-        .bind(i64::try_from(m.data_bytes_read).unwrap_or(i64::MAX))
-        .bind(i32::try_from(m.data_cache_hits).unwrap_or(i32::MAX))
-        .bind(i32::try_from(m.data_cache_misses).unwrap_or(i32::MAX))
-        .bind(i32::try_from(m.prefetch_depth).unwrap_or(i32::MAX))
-        .bind(key.generation)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+    // One statement for the whole report (a fast job's rank sends hundreds
+    // of points a report): a step given twice keeps its first point, as
+    // row-by-row inserts did.
+    let clean = |v: f64| if v.is_finite() { v } else { f64::MAX };
+    let mut seen = std::collections::HashSet::with_capacity(metrics.len());
+    let points: Vec<&MetricPoint> = metrics.iter().filter(|m| seen.insert(m.step)).collect();
+    if points.is_empty() {
+        return Ok(0);
     }
+    let col = |f: &dyn Fn(&MetricPoint) -> f64| points.iter().map(|m| f(m)).collect::<Vec<f64>>();
+    let opt = |f: &dyn Fn(&MetricPoint) -> Option<f64>| {
+        points
+            .iter()
+            .map(|m| finite(f(m)))
+            .collect::<Vec<Option<f64>>>()
+    };
+    let int = |f: &dyn Fn(&MetricPoint) -> u64| {
+        points
+            .iter()
+            .map(|m| i32::try_from(f(m)).unwrap_or(i32::MAX))
+            .collect::<Vec<i32>>()
+    };
+    let big = |f: &dyn Fn(&MetricPoint) -> u64| {
+        points
+            .iter()
+            .map(|m| i64::try_from(f(m)).unwrap_or(i64::MAX))
+            .collect::<Vec<i64>>()
+    };
+    let stored = sqlx::query(
+        "INSERT INTO job_metrics (job_id, rank, step, loss, lr, samples_per_sec, data_seconds, compute_seconds, comm_seconds, eval_loss, eval_accuracy, comm_bytes, staleness, rejected, data_bytes_read, data_cache_hits, data_cache_misses, prefetch_depth, generation)
+         SELECT $1, $2, p.* , $19 FROM unnest($3::bigint[], $4::float8[], $5::float8[], $6::float8[], $7::float8[],
+                $8::float8[], $9::float8[], $10::float8[], $11::float8[], $12::bigint[], $13::integer[],
+                $14::integer[], $15::bigint[], $16::integer[], $17::integer[], $18::integer[]) AS p
+         ON CONFLICT (job_id, rank, step) DO UPDATE SET
+             loss = EXCLUDED.loss, lr = EXCLUDED.lr, samples_per_sec = EXCLUDED.samples_per_sec,
+             data_seconds = EXCLUDED.data_seconds, compute_seconds = EXCLUDED.compute_seconds,
+             comm_seconds = EXCLUDED.comm_seconds, eval_loss = EXCLUDED.eval_loss,
+             eval_accuracy = EXCLUDED.eval_accuracy, comm_bytes = EXCLUDED.comm_bytes,
+             staleness = EXCLUDED.staleness, rejected = EXCLUDED.rejected,
+             data_bytes_read = EXCLUDED.data_bytes_read, data_cache_hits = EXCLUDED.data_cache_hits,
+             data_cache_misses = EXCLUDED.data_cache_misses, prefetch_depth = EXCLUDED.prefetch_depth,
+             generation = EXCLUDED.generation, at = clock_timestamp()
+         WHERE job_metrics.generation < EXCLUDED.generation",
+    )
+    .bind(key.job_id)
+    .bind(rank)
+    .bind(points.iter().map(|m| m.step as i64).collect::<Vec<i64>>())
+    .bind(col(&|m| clean(m.loss)))
+    .bind(col(&|m| clean(m.lr)))
+    .bind(col(&|m| clean(m.samples_per_sec)))
+    .bind(col(&|m| clean(m.data_seconds)))
+    .bind(col(&|m| clean(m.compute_seconds)))
+    .bind(col(&|m| clean(m.comm_seconds)))
+    .bind(opt(&|m| m.eval_loss))
+    .bind(opt(&|m| m.eval_accuracy))
+    .bind(big(&|m| m.comm_bytes))
+    .bind(
+        points
+            .iter()
+            .map(|m| m.staleness.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
+            .collect::<Vec<Option<i32>>>(),
+    )
+    .bind(int(&|m| u64::from(m.rejected)))
+    .bind(big(&|m| m.data_bytes_read))
+    .bind(int(&|m| u64::from(m.data_cache_hits)))
+    .bind(int(&|m| u64::from(m.data_cache_misses)))
+    .bind(int(&|m| u64::from(m.prefetch_depth)))
+    .bind(key.generation)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
     Ok(stored)
 }
 

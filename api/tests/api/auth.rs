@@ -71,7 +71,8 @@ enum Rule {
     Public,
     /// Any user or admin.
     AnyUser,
-    /// The job's owner and admins; another user gets the missing-job 404.
+    /// The job's (or sweep's) owner and admins; another user gets the
+    /// missing-job 404.
     JobOwner,
     /// Admins only; users get a 403.
     AdminOnly,
@@ -139,6 +140,7 @@ struct World {
     app: TestApp,
     tokens: Vec<(Caller, String)>,
     job: String,
+    sweep: String,
     executor: String,
     token_id: String,
 }
@@ -168,6 +170,12 @@ async fn make_token(app: &TestApp, owner: &str, role: &str, extra: Value) -> Val
     r.json().await.unwrap()
 }
 
+fn sweep_body(name: &str) -> Value {
+    json!({"name": name, "base": digits_spec(name), "search": "grid",
+           "parameters": {"optimizer.lr": {"values": [0.001]}},
+           "metric": "eval_accuracy", "goal": "maximize"})
+}
+
 async fn submit_as(app: &TestApp, token: &str, spec: &Value) -> Response {
     app.send_as(Method::POST, "/v1/jobs", Some(token), Some(spec))
         .await
@@ -195,6 +203,16 @@ async fn world() -> World {
     assert_eq!(r.status(), 201);
     let job: Value = r.json().await.unwrap();
     assert_eq!(job["owner"], "alice");
+    let r = app
+        .send_as(
+            Method::POST,
+            "/v1/sweeps",
+            Some(alice["token"].as_str().unwrap()),
+            Some(&sweep_body("alice-sweep")),
+        )
+        .await;
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let sweep: Value = r.json().await.unwrap();
     // The expired token has had its second.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let s = |v: &Value| v["token"].as_str().unwrap().to_owned();
@@ -211,6 +229,7 @@ async fn world() -> World {
             (Caller::Join, "test-join-token".into()),
         ],
         job: job["id"].as_str().unwrap().to_owned(),
+        sweep: sweep["id"].as_str().unwrap().to_owned(),
         executor,
         token_id: spare["id"].as_str().unwrap().to_owned(),
         app,
@@ -242,6 +261,15 @@ fn operations() -> Vec<Op> {
         op(M::GET, "/v1/jobs/{id}/outputs/{path}", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/metrics", Rule::JobOwner, None),
         op(M::GET, "/v1/jobs/{id}/logs", Rule::JobOwner, None),
+        op(M::GET, "/v1/jobs/{id}/tensorboard", Rule::JobOwner, None),
+        op(
+            M::POST,
+            "/v1/sweeps",
+            Rule::AnyUser,
+            Some(sweep_body("by-the-table")),
+        ),
+        op(M::GET, "/v1/sweeps", Rule::AnyUser, None),
+        op(M::GET, "/v1/sweeps/{id}", Rule::JobOwner, None),
         op(
             M::PUT,
             "/v1/artifacts/{name}",
@@ -300,6 +328,7 @@ fn operations() -> Vec<Op> {
             Some(json!({})),
         ),
         op(M::POST, "/v1/jobs/{id}/cancel", Rule::JobOwner, None),
+        op(M::POST, "/v1/sweeps/{id}/cancel", Rule::JobOwner, None),
         op(
             M::POST,
             "/v1/executors/{id}/drain",
@@ -320,6 +349,8 @@ fn operations() -> Vec<Op> {
 fn concrete(w: &World, template: &str) -> String {
     let id = if template.starts_with("/v1/jobs/") {
         &w.job
+    } else if template.starts_with("/v1/sweeps/") {
+        &w.sweep
     } else if template.starts_with("/v1/tokens/") {
         &w.token_id
     } else {
@@ -399,7 +430,11 @@ async fn every_endpoint_allows_exactly_its_callers() {
                         "{what}: got {status} {body}"
                     );
                     if let Some((_, ghost_detail)) = &ghost {
-                        let detail = body["detail"].as_str().unwrap_or("").replace(&w.job, "ID");
+                        let detail = body["detail"]
+                            .as_str()
+                            .unwrap_or("")
+                            .replace(&w.job, "ID")
+                            .replace(&w.sweep, "ID");
                         assert_ne!(&detail, ghost_detail, "{what}: answered as a missing job");
                     }
                 }
@@ -417,7 +452,11 @@ async fn every_endpoint_allows_exactly_its_callers() {
                 Outcome::NotFound => {
                     let (ghost_status, ghost_detail) = ghost.as_ref().unwrap();
                     assert_eq!(status, *ghost_status, "{what}: {body}");
-                    let detail = body["detail"].as_str().unwrap().replace(&w.job, "ID");
+                    let detail = body["detail"]
+                        .as_str()
+                        .unwrap()
+                        .replace(&w.job, "ID")
+                        .replace(&w.sweep, "ID");
                     assert_eq!(&detail, ghost_detail, "{what}");
                 }
             }
@@ -466,12 +505,13 @@ async fn users_see_only_their_own_jobs_and_admins_see_all() {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(list(alice.clone(), "").await, ["alice"]);
+    // Alice's: her job and her sweep's one trial.
+    assert_eq!(list(alice.clone(), "").await, ["alice", "alice"]);
     assert_eq!(list(bob.clone(), "").await, ["bob"]);
     // Asking for another user's jobs gives an empty page, not theirs.
     assert!(list(bob.clone(), "?owner=alice").await.is_empty());
-    assert_eq!(list(ADMIN.into(), "").await.len(), 2);
-    assert_eq!(list(ADMIN.into(), "?owner=alice").await, ["alice"]);
+    assert_eq!(list(ADMIN.into(), "").await.len(), 3);
+    assert_eq!(list(ADMIN.into(), "?owner=alice").await, ["alice", "alice"]);
 
     // whoami says who each token is.
     for (t, user, role) in [(&alice, "alice", "user"), (&bob, "bob", "user")] {

@@ -14,7 +14,7 @@
 // Environment: TY_BASE (the API's URL), TY_CHROMIUM (the browser),
 // TY_DIGITS (file:// URL of data/digits.npz), TY_EXAMPLES (examples/),
 // TY_SHOTS (folder for screenshots), TY_DOCS (optional: also write the
-// sweep guide's screenshot there).
+// guides' pictures, compare.png and sweep.png, there).
 "use strict";
 
 const { chromium } = require("playwright-core");
@@ -125,6 +125,10 @@ async function compareRuns(page) {
   };
   await check(page);
   await shot(page, "compare");
+  if (process.env.TY_DOCS) {
+    fs.mkdirSync(process.env.TY_DOCS, { recursive: true });
+    await page.screenshot({ path: path.join(process.env.TY_DOCS, "compare.png"), fullPage: true });
+  }
   log("comparison: two curves, optimizer.lr 0.003 vs 0.03, both results");
 
   // The address works on its own: a fresh page opened at it shows the same.

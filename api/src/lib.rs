@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod routes;
 pub mod serve;
+pub mod sweeps;
 pub mod wakeup;
 pub mod web;
 
@@ -188,6 +189,7 @@ impl Application {
         let db = self.state.db.clone();
         let stop = trainyard_shutdown::Shutdown::new();
         let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stop.clone())));
+        let sweeps = tokio::spawn(sweeps::run(self.state.clone(), stop.clone()));
         // Event streams never end by themselves: close them when shutdown
         // begins, or the graceful drain would wait for every open page.
         // The scheduler stops first, while HTTP still answers: executors
@@ -199,6 +201,7 @@ impl Application {
             if let Some(s) = scheduler {
                 let _ = s.await;
             }
+            let _ = sweeps.await;
             events.close();
         };
         let config = self.state.config.clone();

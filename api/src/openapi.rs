@@ -8,7 +8,7 @@
 use crate::error::Problem;
 use crate::routes::{
     artifacts, assignments, checkpoints, executors, health, jobs, outputs, provisioner, sharing,
-    stream, suspects, telemetry, tokens,
+    stream, suspects, sweeps, telemetry, tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -35,6 +35,7 @@ use utoipa_swagger_ui::SwaggerUi;
         artifacts::upload, artifacts::list, artifacts::get, artifacts::content, artifacts::delete,
         health::healthz, health::readyz, health::metrics,
         sharing::set_quota, sharing::get_quota, sharing::list_quotas, sharing::usage,
+        sweeps::create, sweeps::list, sweeps::get, sweeps::cancel,
     ),
     components(schemas(Problem, jobs::Job, jobs::JobPage, jobs::JobEvent, jobs::EventPage, executors::ExecutorInfo, executors::ExecutorList)),
     modifiers(&BearerAuth),
@@ -45,6 +46,7 @@ use utoipa_swagger_ui::SwaggerUi;
         (name = "tokens", description = "API tokens and roles: admins make and revoke them; anyone may ask who they are"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "sharing", description = "Sharing the cluster: users' quotas (admins) and usage accounting"),
+        (name = "sweeps", description = "Hyperparameter sweeps: trials drawn from a search space, stopped early by ASHA"),
     )
 )]
 pub struct ApiDoc;

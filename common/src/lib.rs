@@ -13,6 +13,7 @@
 //!   that the server sends and the typed client decodes;
 //! * [`artifact`] — users' uploaded files and the data policy of a job;
 //! * [`event`] — the kinds of a job's event log;
+//! * [`sweep`] — hyperparameter sweeps: their spec, trials and ASHA's rule;
 //! * [`divergence`] — whether a job's loss curve diverged, by its policy;
 //! * [`host`] — what the machine offers (its available memory);
 //! * [`model`] — parameter counts of the built-in models and the per-role
@@ -31,6 +32,7 @@ pub mod host;
 pub mod model;
 pub mod spec;
 pub mod state;
+pub mod sweep;
 
 pub use event::{EventData, EventKind};
 pub use spec::{JobSpec, UncheckedJobSpec, Violation};

@@ -5,14 +5,14 @@
 use crate::error::{ApiError, ApiResult};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
-use trainyard_common::api::Job;
+use trainyard_common::api::{Job, SweepRef};
 use trainyard_common::spec::{Strategy, UncheckedJobSpec};
 use trainyard_common::{JobSpec, JobState};
 use uuid::Uuid;
 
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
 /// SQL through `pgbench` as its baseline).
-pub const JOB_COLUMNS: &str = "id, name, owner, spec, state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts";
+pub const JOB_COLUMNS: &str = "id, name, owner, spec, state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts, sweep_id, sweep_trial";
 
 /// Job `id`'s stored spec, read by [`JobSpec::from_stored`]. Where one
 /// job is asked for, a spec that does not read is the server's fault (a
@@ -52,6 +52,16 @@ pub fn job_from_row(row: &PgRow) -> ApiResult<Job> {
         updated_at: row.try_get("updated_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        sweep: match (
+            row.try_get::<Option<Uuid>, _>("sweep_id")?,
+            row.try_get::<Option<i32>, _>("sweep_trial")?,
+        ) {
+            (Some(id), Some(trial)) => Some(SweepRef {
+                id,
+                trial: trial.max(0) as u32,
+            }),
+            _ => None,
+        },
     })
 }
 

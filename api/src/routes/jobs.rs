@@ -300,25 +300,7 @@ pub async fn submit(
 
     if let Some(row) = inserted {
         let job = job_from_row(&row)?;
-        for v in &versions {
-            sqlx::query("INSERT INTO job_artifacts (job_id, version) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-                .bind(job.id)
-                .bind(v)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(INSERT_SUBMITTED_EVENT)
-            .bind(job.id)
-            .bind(
-                EventData::Submitted(Submitted {
-                    strategy: job.strategy,
-                    idempotency_key: key.clone(),
-                    owner: job.owner.clone(),
-                })
-                .to_json(),
-            )
-            .execute(&mut *tx)
-            .await?;
+        record_submitted(&mut tx, &job, &versions, key.clone()).await?;
         lifecycle::notify(&mut tx, job.id).await?;
         tx.commit().await?;
         st.metrics.jobs_submitted.inc();
@@ -343,6 +325,39 @@ pub async fn submit(
         ));
     }
     Ok(created(&job_from_row(&row)?, true))
+}
+
+/// What every new job row needs beside it, in the insert's transaction:
+/// the artifact versions it reads, its `submitted` event and the
+/// scheduler's wake-up.
+pub(crate) async fn record_submitted(
+    tx: &mut sqlx::PgConnection,
+    job: &Job,
+    versions: &[Uuid],
+    key: Option<String>,
+) -> ApiResult<()> {
+    for v in versions {
+        sqlx::query(
+            "INSERT INTO job_artifacts (job_id, version) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(job.id)
+        .bind(v)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query(INSERT_SUBMITTED_EVENT)
+        .bind(job.id)
+        .bind(
+            EventData::Submitted(Submitted {
+                strategy: job.strategy,
+                idempotency_key: key,
+                owner: job.owner.clone(),
+            })
+            .to_json(),
+        )
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }
 
 fn encode_cursor(at: DateTime<Utc>, id: Uuid) -> String {

@@ -36,6 +36,7 @@ pub mod provisioner;
 pub mod sharing;
 pub mod stream;
 pub mod suspects;
+pub mod sweeps;
 pub mod telemetry;
 pub mod tokens;
 
@@ -96,6 +97,9 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/provisioner", get(provisioner::status))
         .route("/whoami", get(tokens::whoami))
         .route("/usage", get(sharing::usage))
+        .route("/sweeps", post(sweeps::create).get(sweeps::list))
+        .route("/sweeps/{id}", get(sweeps::get))
+        .route("/sweeps/{id}/cancel", post(sweeps::cancel))
         .merge(job_scoped)
         .merge(admin_only)
         .method_not_allowed_fallback(method_not_allowed)

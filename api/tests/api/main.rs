@@ -18,3 +18,4 @@ mod schema;
 mod scripts;
 mod sharing;
 mod suspects;
+mod sweeps;

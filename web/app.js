@@ -309,7 +309,7 @@ function jobsView(main) {
       });
       return el("tr", { "data-job": j.id, "data-state": j.state },
         el("td", { class: "pick" }, pick),
-        el("td", {}, el("a", { href: "#/jobs/" + j.id, text: j.name }), el("div", { class: "muted", text: short(j.id) }),
+        el("td", { class: "name" }, el("a", { href: "#/jobs/" + j.id, text: j.name }), el("div", { class: "muted", text: short(j.id) }),
           j.sweep ? el("a", { class: "tag", href: "#/sweeps/" + j.sweep.id, text: `sweep trial ${j.sweep.trial}` }) : null),
         el("td", {}, stateBadge(j.state)),
         el("td", { text: j.strategy }),
@@ -587,7 +587,8 @@ function jobView(main, id) {
 // width?}]). `opts`: yMin/yMax (fixed bounds), percent (y as %), legend
 // (false: the caller draws one in HTML, as the comparison does for many
 // series), vlines ([{x, label}]: dashed markers such as a sweep's rungs),
-// W/H (another viewBox).
+// fit (the y axis spans the points, not from 0, within yMin/yMax: curves
+// that end close together stay apart), W/H (another viewBox).
 function lineChart(root, series, opts) {
   const W = opts.W || 480, H = opts.H || 220, L = 48, R = 12, T = 12, B = 40;
   const all = series.flatMap((s) => s.points).filter((p) => isFinite(p[1]));
@@ -601,15 +602,20 @@ function lineChart(root, series, opts) {
   const marks = (opts.vlines || []).map((v) => v.x);
   let x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(...all.map((p) => p[0]), ...marks);
   let y0 = opts.yMin ?? Math.min(...all.map((p) => p[1])), y1 = opts.yMax ?? Math.max(...all.map((p) => p[1]));
+  if (opts.fit) {
+    const lo = Math.min(...all.map((p) => p[1])), hi = Math.max(...all.map((p) => p[1])), pad = (hi - lo) * 0.08 || 0.01;
+    y0 = Math.max(opts.yMin ?? -Infinity, lo - pad);
+    y1 = Math.min(opts.yMax ?? Infinity, hi + pad);
+  }
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y1 = y0 + 1; }
-  if (opts.yMin === undefined) y0 = Math.min(0, y0);
+  if (opts.yMin === undefined && !opts.fit) y0 = Math.min(0, y0);
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   for (let i = 0; i <= 4; i++) {
     const y = y0 + ((y1 - y0) * i) / 4;
     root.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: sy(y), y2: sy(y) }));
-    root.append(svg("text", { x: L - 6, y: sy(y) + 4, "text-anchor": "end" }, opts.percent ? (y * 100).toFixed(0) + "%" : y.toPrecision(3)));
+    root.append(svg("text", { x: L - 6, y: sy(y) + 4, "text-anchor": "end" }, opts.percent ? (y * 100).toFixed(y1 - y0 < 0.1 ? 1 : 0) + "%" : y.toPrecision(3)));
   }
   for (let i = 0; i <= 4; i++) {
     const x = x0 + ((x1 - x0) * i) / 4;
@@ -621,7 +627,7 @@ function lineChart(root, series, opts) {
   for (const v of opts.vlines || []) {
     if (v.x < x0 || v.x > x1) continue;
     root.append(svg("line", { class: "rung", "data-rung": v.x, x1: sx(v.x), x2: sx(v.x), y1: T, y2: H - B }));
-    root.append(svg("text", { class: "rung-label", x: sx(v.x) + 3, y: T + 10 }, v.label));
+    root.append(svg("text", { class: "rung-label", x: sx(v.x) + 3, y: H - B - 4 }, v.label));
   }
   let lx = L + 4;
   for (const s of series) {
@@ -812,7 +818,7 @@ function compareView(main, ids) {
       points: ((run.series && run.series.points) || []).filter((p) => p[key] !== null && p[key] !== undefined).map((p) => [p.step, p[key]]),
     }));
     lineChart($("#cmp-loss"), curve("loss"), { legend: false });
-    lineChart($("#cmp-acc"), curve("eval_accuracy"), { legend: false, yMin: 0, yMax: 1, percent: true });
+    lineChart($("#cmp-acc"), curve("eval_accuracy"), { legend: false, yMin: 0, yMax: 1, percent: true, fit: true });
     lineChart($("#cmp-eval-loss"), curve("eval_loss"), { legend: false });
 
     // Results side by side, one column per job; the best of a row in bold.
@@ -985,7 +991,7 @@ function sweepView(main, id) {
     });
     $("#sweep-metric-name").textContent = metric;
     lineChart($("#sweep-chart"), series, { W: 960, H: 300, legend: false, vlines: sweep.rungs.map((r, k) => ({ x: r, label: `rung ${k}` })),
-      ...(metric === "eval_accuracy" ? { yMin: 0, yMax: 1, percent: true } : {}) });
+      fit: true, ...(metric === "eval_accuracy" ? { yMin: 0, yMax: 1, percent: true } : {}) });
     $("#sweep-legend").replaceChildren(...withJobs.map((t) => el("li", { "data-trial": t.index, class: best && best.index === t.index ? "best" : null },
       el("i", { class: "swatch", style: "background:" + color(t.index) }), `trial ${t.index}`)));
 

@@ -65,10 +65,11 @@ async fn create(file: std::path::PathBuf, follow: bool, conn: Connection) -> Res
     let client = conn.client()?;
     let s = client.create_sweep_json(bytes).await.or_cli(&client)?;
     println!(
-        "created sweep {} ({}, {} trial(s), {} of {} at a time)",
+        "created sweep {} ({}: {} trial(s), {} search on {}, {} at a time)",
         s.id,
         s.name,
         s.trials.len(),
+        wire(&s.spec.search),
         wire(&s.spec.metric),
         s.spec.concurrency
     );

@@ -274,6 +274,46 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub slurm_export: Vec<String>,
+
+    /// The MLflow tracking server jobs are logged to (params, metrics,
+    /// model), unless a job's `tracking.mlflow` says otherwise; none by
+    /// default. Users' jobs may always name this one.
+    #[arg(long, env = "TRAINYARD_MLFLOW_URI", value_parser = tracking_uri)]
+    pub mlflow_uri: Option<String>,
+
+    /// The MLflow experiment of jobs that name none.
+    #[arg(long, env = "TRAINYARD_MLFLOW_EXPERIMENT", default_value = "trainyard", value_parser = experiment_name)]
+    pub mlflow_experiment: String,
+
+    /// A URL prefix of tracking servers users' jobs may name in
+    /// `tracking.mlflow.uri` besides `--mlflow-uri` (repeatable, or
+    /// comma-separated in the variable), e.g. `http://mlflow.internal:5000/`.
+    /// Matched by scheme, host, port and whole path segments. Without any,
+    /// users may name only the default; admins' jobs name any http(s) URL.
+    #[arg(
+        long = "tracking-allowed-uri",
+        env = "TRAINYARD_TRACKING_ALLOWED_URIS",
+        value_delimiter = ',',
+        value_parser = tracking_uri
+    )]
+    pub tracking_allowed_uris: Vec<String>,
+}
+
+/// A tracking server URL (`--mlflow-uri`, `--tracking-allowed-uri`): the
+/// same form a job's `tracking.mlflow.uri` must have.
+fn tracking_uri(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    match trainyard_common::spec::tracking::tracking_uri_problem(s) {
+        None => Ok(s.to_owned()),
+        Some(why) => Err(format!("{s:?}: {why}")),
+    }
+}
+
+fn experiment_name(s: &str) -> Result<String, String> {
+    match trainyard_common::spec::tracking::experiment_problem(s) {
+        None => Ok(s.to_owned()),
+        Some(why) => Err(format!("{s:?}: {why}")),
+    }
 }
 
 /// An `--allow-data-url` prefix: an absolute `file://` path or a
@@ -402,6 +442,9 @@ impl Config {
             slurm_comment: "trainyard".into(),
             slurm_sbatch_args: Vec::new(),
             slurm_export: Vec::new(),
+            mlflow_uri: None,
+            mlflow_experiment: "trainyard".into(),
+            tracking_allowed_uris: Vec::new(),
         }
     }
 

@@ -7,7 +7,8 @@
 //! (header timeout, connection cap, graceful drain), the scheduler
 //! loop (unless `--no-scheduler`; see `trainyard-scheduler`), the OpenAPI document of
 //! [`openapi`] with an interactive page at `/docs`, and the web UI of
-//! [`web`] (kept live by [`routes::stream`]). Every error leaves as
+//! [`web`] (kept live by [`routes::stream`]), and the exporter of
+//! [`tracking`] that logs jobs to MLflow in the background. Every error leaves as
 //! `application/problem+json` through [`error::ApiError`]. `trainyard
 //! serve` (crate `trainyard-cli`) is a thin shell over this, and the
 //! integration tests build the same [`Application`] on port 0 against a
@@ -39,6 +40,8 @@ pub mod openapi;
 pub mod routes;
 pub mod serve;
 pub mod sweeps;
+pub mod tfevents;
+pub mod tracking;
 pub mod wakeup;
 pub mod web;
 
@@ -190,6 +193,11 @@ impl Application {
         let stop = trainyard_shutdown::Shutdown::new();
         let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stop.clone())));
         let sweeps = tokio::spawn(sweeps::run(self.state.clone(), stop.clone()));
+        let exporter = tokio::spawn(tracking::export::run(
+            db.clone(),
+            self.state.store.clone(),
+            stop.clone(),
+        ));
         // Event streams never end by themselves: close them when shutdown
         // begins, or the graceful drain would wait for every open page.
         // The scheduler stops first, while HTTP still answers: executors
@@ -202,6 +210,15 @@ impl Application {
                 let _ = s.await;
             }
             let _ = sweeps.await;
+            // The exporter ends its turn at the next batch; a call still
+            // waiting on a tracker is cut (its batch is sent again later).
+            let abort = exporter.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), exporter)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
             events.close();
         };
         let config = self.state.config.clone();

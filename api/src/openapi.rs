@@ -8,7 +8,7 @@
 use crate::error::Problem;
 use crate::routes::{
     artifacts, assignments, checkpoints, executors, health, jobs, outputs, provisioner, sharing,
-    stream, suspects, sweeps, telemetry, tokens,
+    stream, suspects, sweeps, telemetry, tensorboard, tokens,
 };
 use crate::AppState;
 use axum::Router;
@@ -27,7 +27,7 @@ use utoipa_swagger_ui::SwaggerUi;
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::cancel, jobs::events,
         assignments::assignments, checkpoints::list, checkpoints::model, checkpoints::tensors, outputs::list, outputs::download, stream::stream,
-        telemetry::metrics, telemetry::logs,
+        telemetry::metrics, telemetry::logs, tensorboard::tensorboard,
         executors::register, executors::list, executors::get, executors::heartbeat, executors::drain, executors::leave, telemetry::report, executors::inspection,
         suspects::report,
         provisioner::status,

@@ -20,7 +20,8 @@
 //!    frees);
 //! 4. pending trials are submitted while fewer than `concurrency` run, as
 //!    jobs of the sweep's owner, with the data policy the owner has now
-//!    (its quotas, fair share and priority apply as to any job);
+//!    (its quotas, fair share and priority apply as to any job), logged
+//!    to MLflow as any job of theirs is ([`crate::tracking`]);
 //! 5. a sweep whose trials all ended is `succeeded` (one completed) or
 //!    `failed`.
 
@@ -42,6 +43,9 @@ use uuid::Uuid;
 
 /// How often the controller looks at running sweeps.
 pub const TICK: Duration = Duration::from_millis(500);
+
+/// How long after its job ended a trial's rungs and metric are still read.
+pub const LATE_METRICS: Duration = Duration::from_secs(30);
 
 fn trial_state(s: &str) -> TrialState {
     match s {
@@ -88,6 +92,7 @@ pub async fn create(st: &AppState, owner: &str, admin: bool, spec: SweepSpec) ->
     let trials = sweep::expand(&spec).map_err(ApiError::Unprocessable)?;
     for t in &trials {
         data_policy::policy_at_submit(st, owner, admin, &t.spec).await?;
+        crate::tracking::target_at_submit(&st.config, admin, &t.spec)?;
     }
     let id = Uuid::now_v7();
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
@@ -293,6 +298,8 @@ struct Row_ {
     executors: Vec<Uuid>,
     freed: Vec<Uuid>,
     rung_metrics: Vec<f64>,
+    /// Whether its last points may still be on their way.
+    unsettled: bool,
 }
 
 async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
@@ -339,17 +346,33 @@ async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
             executors: r.try_get("executors")?,
             freed: r.try_get("freed")?,
             rung_metrics: r.try_get("rung_metrics")?,
+            unsettled: false,
         });
     }
 
     // 1–2: follow the jobs; read the metric at the rungs.
-    for t in trials.iter_mut().filter(|t| t.state == "running") {
+    for t in trials.iter_mut() {
         let Some(job) = t.job else { continue };
-        let job_state: Option<JobState> =
-            sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
-                .bind(job)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let (job_state, recent): (Option<JobState>, bool) = match sqlx::query(
+            "SELECT state, coalesce(finished_at > clock_timestamp() - make_interval(secs => $2), true) AS recent
+             FROM jobs WHERE id = $1",
+        )
+        .bind(job)
+        .bind(LATE_METRICS.as_secs_f64())
+        .fetch_optional(&mut *tx)
+        .await?
+        {
+            Some(r) => (Some(r.try_get("state")?), r.try_get("recent")?),
+            None => (None, false),
+        };
+        // An ended trial's last points may still be on their way (a rank
+        // delivers what it measured after another rank's outcome ended the
+        // job): its rungs and metric are read a while longer, its state
+        // is not touched.
+        let ended = t.state != "running";
+        if ended && !recent {
+            continue;
+        }
         let values: Vec<Option<f64>> = sqlx::query_scalar(&format!(
             "SELECT (SELECT m.{col} FROM job_metrics m WHERE m.job_id = $1 AND m.rank = 0
                        AND m.step >= r AND m.{col} IS NOT NULL ORDER BY m.step LIMIT 1)
@@ -377,19 +400,27 @@ async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
         .bind(job)
         .fetch_all(&mut *tx)
         .await?;
-        let (state, reason): (&str, Option<String>) = match job_state {
-            Some(JobState::Succeeded) => ("completed", Some("its job succeeded".into())),
-            Some(JobState::Failed) => {
-                let why: Option<String> =
-                    sqlx::query_scalar("SELECT state_reason FROM jobs WHERE id = $1")
-                        .bind(job)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                ("failed", why)
+        let (state, reason): (&str, Option<String>) = if ended {
+            (t.state.as_str(), None)
+        } else {
+            match job_state {
+                Some(JobState::Succeeded) => ("completed", Some("its job succeeded".into())),
+                Some(JobState::Failed) => {
+                    let why: Option<String> =
+                        sqlx::query_scalar("SELECT state_reason FROM jobs WHERE id = $1")
+                            .bind(job)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                    ("failed", why)
+                }
+                Some(JobState::Cancelled) | None => {
+                    ("cancelled", Some("its job was cancelled".into()))
+                }
+                Some(_) => ("running", None),
             }
-            Some(JobState::Cancelled) | None => ("cancelled", Some("its job was cancelled".into())),
-            Some(_) => ("running", None),
         };
+        let state = state.to_owned();
+        let state = state.as_str();
         // 3: growth onto executors a stopped trial freed.
         if state == "running" && !t.executors.is_empty() && executors.len() > t.executors.len() {
             let before: BTreeSet<Uuid> = t.executors.iter().copied().collect();
@@ -423,6 +454,10 @@ async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
         }
         t.state = state.to_owned();
         t.executors = executors;
+        // A completed trial is settled once its last step's point is in
+        // (or its job ended long enough ago).
+        let total = t.spec.get("steps").and_then(Value::as_i64);
+        t.unsettled = state == "completed" && recent && step.zip(total).is_none_or(|(s, n)| s < n);
         sqlx::query(
             "UPDATE sweep_trials SET state = $3, rung_metrics = $4, metric = $5, step = $6,
                     workers = $7, executors = $8, reason = coalesce($9, reason)
@@ -536,7 +571,7 @@ async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
     // 5: the end.
     if trials
         .iter()
-        .all(|t| t.state != "pending" && t.state != "running")
+        .all(|t| t.state != "pending" && t.state != "running" && !t.unsettled)
     {
         let count = |s: &str| trials.iter().filter(|t| t.state == s).count();
         let (completed, stopped, failed) = (count("completed"), count("stopped"), count("failed"));
@@ -572,6 +607,7 @@ async fn submit_trial(
     let spec = JobSpec::from_stored(t.spec.clone())
         .map_err(|e| ApiError::invalid_field("spec", e.to_string()))?;
     let (policy, versions) = data_policy::policy_at_submit(st, owner, admin, &spec).await?;
+    let tracking = crate::tracking::target_at_submit(&st.config, admin, &spec)?;
     let policy_json = serde_json::to_value(&policy).map_err(|e| ApiError::Internal(e.into()))?;
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     let row = sqlx::query(&insert_job_sql())
@@ -596,6 +632,9 @@ async fn submit_trial(
         id: sweep,
         trial: t.index as u32,
     });
+    if let Some(t) = &tracking {
+        crate::tracking::record(tx, job.id, t).await?;
+    }
     record_submitted(tx, &job, &versions, None).await?;
     lifecycle::notify(tx, job.id).await?;
     tracing::info!(sweep = %sweep, trial = t.index, job = %job.id, "trial submitted");

@@ -55,11 +55,14 @@ pub enum EventKind {
     /// The loss diverged (not finite, or above the spec's `divergence`
     /// bound for its window); the job fails, or goes on with a warning.
     Diverged,
+    /// An experiment tracker (MLflow) could not be reached or refused
+    /// what was sent: a warning, the job trains on.
+    Tracking,
 }
 
 impl EventKind {
     /// Every kind, in the order the enum declares them.
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 15] = [
         EventKind::Submitted,
         EventKind::Transition,
         EventKind::Strategy,
@@ -74,6 +77,7 @@ impl EventKind {
         EventKind::Straggler,
         EventKind::Crash,
         EventKind::Diverged,
+        EventKind::Tracking,
     ];
 
     /// The name on the wire and in Postgres.
@@ -93,6 +97,7 @@ impl EventKind {
             EventKind::Straggler => "straggler",
             EventKind::Crash => "crash",
             EventKind::Diverged => "diverged",
+            EventKind::Tracking => "tracking",
         }
     }
 }
@@ -135,6 +140,8 @@ pub enum EventData {
     Crash(Crash),
     /// The loss diverged.
     Diverged(Diverged),
+    /// A tracker could not take the job's export.
+    Tracking(TrackingWarning),
 }
 
 /// `submitted`: how the job was stored.
@@ -439,6 +446,23 @@ pub struct Diverged {
     pub action: DivergenceAction,
 }
 
+/// `tracking`: an experiment tracker could not be reached, or refused what
+/// was sent; the job trains on, and the export goes on as `action` says
+/// (the event's reason says it in words).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrackingWarning {
+    /// The tracker: `mlflow`.
+    pub tracker: String,
+    /// Its URL.
+    pub uri: String,
+    /// What went wrong, in the network's or the tracker's words.
+    pub error: String,
+    /// What the export does now: `retrying` (with backoff, from where it
+    /// was), `skipped` (what was refused is left out, the rest goes on)
+    /// or `gave_up` (the job has ended and the tracker stayed away).
+    pub action: String,
+}
+
 impl EventData {
     /// The kind this data is of.
     pub fn kind(&self) -> EventKind {
@@ -457,6 +481,7 @@ impl EventData {
             EventData::Straggler(_) => EventKind::Straggler,
             EventData::Crash(_) => EventKind::Crash,
             EventData::Diverged(_) => EventKind::Diverged,
+            EventData::Tracking(_) => EventKind::Tracking,
         }
     }
 
@@ -488,6 +513,7 @@ impl EventData {
             EventData::Straggler(d) => with_verdict(json(d), "straggler"),
             EventData::Crash(d) => json(d),
             EventData::Diverged(d) => json(d),
+            EventData::Tracking(d) => json(d),
         }
     }
 
@@ -511,6 +537,7 @@ impl EventData {
             EventKind::Straggler => EventData::Straggler(de(data)?),
             EventKind::Crash => EventData::Crash(de(data)?),
             EventKind::Diverged => EventData::Diverged(de(data)?),
+            EventKind::Tracking => EventData::Tracking(de(data)?),
         })
     }
 }
@@ -646,6 +673,12 @@ mod tests {
                 factor: 3.0,
                 window_steps: 50,
                 action: DivergenceAction::Fail,
+            }),
+            EventData::Tracking(TrackingWarning {
+                tracker: "mlflow".into(),
+                uri: "http://127.0.0.1:5000".into(),
+                error: "connection refused".into(),
+                action: "retrying".into(),
             }),
         ]
     }

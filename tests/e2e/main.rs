@@ -21,6 +21,8 @@ mod sharded;
 mod sharing;
 mod shutdown;
 mod slurm;
+mod sweeps;
+mod tracking;
 mod training;
 mod user_models;
 mod watchdog;

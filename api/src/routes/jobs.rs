@@ -215,6 +215,7 @@ pub async fn submit(
             return Err(ApiError::invalid_field(field, what));
         }
     }
+    let tracking = crate::tracking::target_at_submit(&st.config, who.is_admin(), &spec)?;
     let (policy, versions) =
         data_policy::policy_at_submit(&st, &who.user, who.is_admin(), &spec).await?;
     let policy_json = serde_json::to_value(&policy).map_err(|e| ApiError::Internal(e.into()))?;
@@ -300,6 +301,9 @@ pub async fn submit(
 
     if let Some(row) = inserted {
         let job = job_from_row(&row)?;
+        if let Some(t) = &tracking {
+            crate::tracking::record(&mut tx, job.id, t).await?;
+        }
         record_submitted(&mut tx, &job, &versions, key.clone()).await?;
         lifecycle::notify(&mut tx, job.id).await?;
         tx.commit().await?;

@@ -38,6 +38,7 @@ pub mod stream;
 pub mod suspects;
 pub mod sweeps;
 pub mod telemetry;
+pub mod tensorboard;
 pub mod tokens;
 
 use crate::error::ApiError;
@@ -73,6 +74,7 @@ pub fn router(state: AppState, docs: Router<AppState>) -> Router {
         .route("/jobs/{id}/outputs/{*path}", get(outputs::download))
         .route("/jobs/{id}/metrics", get(telemetry::metrics))
         .route("/jobs/{id}/logs", get(telemetry::logs))
+        .route("/jobs/{id}/tensorboard", get(tensorboard::tensorboard))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::job_visible,

@@ -19,3 +19,4 @@ mod scripts;
 mod sharing;
 mod suspects;
 mod sweeps;
+mod tracking;

@@ -146,6 +146,9 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
             10.0,
         );
     }
+    if let Some(t) = &s.tracking {
+        super::tracking::check(t, &mut |field, message| v.fail(field, message));
+    }
     let d = &s.divergence;
     v.finite_range("divergence.factor", d.factor, 1.5, 1e6);
     v.range("divergence.window_steps", d.window_steps, 1, 100_000);

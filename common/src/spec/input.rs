@@ -109,6 +109,10 @@ pub struct UncheckedJobSpec {
     /// below); only for `parameter_server` and `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_updates: Option<StaleUpdates>,
+    /// Experiment trackers the job is logged to (MLflow); see
+    /// [`Tracking`](super::Tracking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<super::Tracking>,
 }
 
 /// When a job's loss counts as diverged: a step whose loss is not finite,

@@ -13,6 +13,8 @@
 //! * `limits` — the named bounds (`MAX_*`, [`URL_SCHEMES`]);
 //! * `input` — the wire types ([`UncheckedJobSpec`] and everything it nests) and
 //!   their defaults and derived values;
+//! * `tracking` — where a job's params, metrics and model are logged
+//!   (MLflow), and the checks of that field's form;
 //! * `check` — the rules behind [`JobSpec::parse`], collecting every
 //!   violation with its field path;
 //! * this file — [`JobSpec`] itself, [`Violation`] and the errors.
@@ -21,11 +23,13 @@ mod check;
 mod input;
 mod limits;
 pub mod script;
+pub mod tracking;
 
 pub use check::input_name;
 pub use input::*;
 pub use limits::*;
 pub use script::{ModelJob, ScriptSpec};
+pub use tracking::{MlflowTracking, Tracking};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

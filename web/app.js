@@ -1,7 +1,7 @@
 // Trainyard web UI: plain JavaScript over the REST API, no build step.
 //
-// Five views behind the URL hash (#/jobs, #/jobs/ID, #/executors,
-// #/usage, #/submit). Live updates come from GET /v1/events/stream (server-sent
+// Views behind the URL hash (#/jobs, #/jobs/ID, #/compare/ID,ID,…,
+// #/sweeps, #/sweeps/ID, #/executors, #/usage, #/submit). Live updates come from GET /v1/events/stream (server-sent
 // events read with fetch, so the bearer token can go in a header): each
 // event names what changed and the open view refetches just that. A 401
 // from any request opens the token prompt.
@@ -10,6 +10,7 @@
 const STATES = ["queued", "inspecting", "scheduling", "running", "recovering", "succeeded", "failed", "cancelled"];
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const TOKEN_KEY = "trainyard-token";
+const PICKED_KEY = "trainyard-compare";
 const $ = (sel, root = document) => root.querySelector(sel);
 
 // ---------- small helpers ----------
@@ -250,13 +251,17 @@ function route() {
   const main = $("#view");
   main.replaceChildren();
   let name = parts[0] || "jobs";
-  if (name === "jobs" && parts[1]) { current = jobView(main, decodeURIComponent(parts[1])); name = "jobs"; }
+  let view = parts[1] && (name === "jobs" || name === "sweeps") ? name.slice(0, -1) : name;
+  if (name === "jobs" && parts[1]) current = jobView(main, decodeURIComponent(parts[1]));
+  else if (name === "compare") { current = compareView(main, decodeURIComponent(parts[1] || "").split(",")); name = "jobs"; }
+  else if (name === "sweeps" && parts[1]) current = sweepView(main, decodeURIComponent(parts[1]));
+  else if (name === "sweeps") current = sweepsView(main);
   else if (name === "executors") current = executorsView(main);
   else if (name === "usage") current = usageView(main);
   else if (name === "submit") current = submitView(main);
-  else { current = jobsView(main); name = "jobs"; }
+  else { current = jobsView(main); name = "jobs"; view = "jobs"; }
   for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === name);
-  document.body.dataset.view = parts[0] === "jobs" && parts[1] ? "job" : name;
+  document.body.dataset.view = view;
 }
 
 function mount(main, id) {
@@ -273,6 +278,18 @@ function jobsView(main) {
   const metrics = new Map(); // job id → { state, series }
   const stale = new Set(); // jobs whose curve moved since it was read
   let jobs = [];
+  // The jobs ticked for comparison, kept across filters and visits.
+  const picked = new Set(JSON.parse(sessionStorage.getItem(PICKED_KEY) || "[]"));
+  const compareButton = $("#compare-button"), clear = $("#compare-clear");
+  const showPicked = () => {
+    sessionStorage.setItem(PICKED_KEY, JSON.stringify([...picked]));
+    compareButton.disabled = picked.size < 2;
+    compareButton.textContent = picked.size ? `Compare ${picked.size} job${picked.size === 1 ? "" : "s"}` : "Compare";
+    clear.hidden = picked.size === 0;
+  };
+  compareButton.addEventListener("click", () => { location.hash = "#/compare/" + [...picked].join(","); });
+  clear.addEventListener("click", () => { picked.clear(); showPicked(); render(); });
+  showPicked();
 
   const render = () => {
     const body = $("#jobs");
@@ -284,8 +301,16 @@ function jobsView(main) {
       const step = series ? series.steps_recorded : 0;
       const total = expectedSteps(j.spec);
       const ps = j.strategy === "allreduce" ? "–" : String(j.spec.parameter_servers);
+      const pick = el("input", { type: "checkbox", class: "pick", "data-job": j.id, "aria-label": "compare " + j.name, checked: picked.has(j.id) });
+      pick.addEventListener("change", () => {
+        if (pick.checked && picked.size >= PALETTE.length) { pick.checked = false; showError(new Error(`At most ${PALETTE.length} jobs can be compared at once.`)); return; }
+        if (pick.checked) picked.add(j.id); else picked.delete(j.id);
+        showPicked();
+      });
       return el("tr", { "data-job": j.id, "data-state": j.state },
-        el("td", {}, el("a", { href: "#/jobs/" + j.id, text: j.name }), el("div", { class: "muted", text: short(j.id) })),
+        el("td", { class: "pick" }, pick),
+        el("td", { class: "name" }, el("a", { href: "#/jobs/" + j.id, text: j.name }), el("div", { class: "muted", text: short(j.id) }),
+          j.sweep ? el("a", { class: "tag", href: "#/sweeps/" + j.sweep.id, text: `sweep trial ${j.sweep.trial}` }) : null),
         el("td", {}, stateBadge(j.state)),
         el("td", { text: j.strategy }),
         el("td", { class: "num", text: j.spec.workers.min === j.spec.workers.max ? String(j.spec.workers.min) : `${j.spec.workers.min}–${j.spec.workers.max}` }),
@@ -367,8 +392,9 @@ function jobView(main, id) {
       job.estimate ? ["parameters", job.estimate.parameters.toLocaleString()] : null,
       ["submitted", new Date(job.created_at).toLocaleString()],
       job.finished_at ? ["ended", new Date(job.finished_at).toLocaleString()] : null,
+      job.sweep ? ["sweep", el("a", { id: "job-sweep", href: "#/sweeps/" + job.sweep.id, text: `${short(job.sweep.id)}, trial ${job.sweep.trial}` })] : null,
     ].filter(Boolean);
-    $("#job-facts").replaceChildren(...facts.map(([k, v]) => el("span", {}, el("b", { text: k + " " }), String(v))));
+    $("#job-facts").replaceChildren(...facts.map(([k, v]) => el("span", {}, el("b", { text: k + " " }), v instanceof Node ? v : String(v))));
     $("#job-spec").textContent = JSON.stringify(job.spec, null, 2);
   };
 
@@ -557,27 +583,39 @@ function jobView(main, id) {
   };
 }
 
-// An SVG line chart of `series` ([{name, color, points: [[x, y]]}]).
+// An SVG line chart of `series` ([{name, color, points: [[x, y]], job?,
+// width?}]). `opts`: yMin/yMax (fixed bounds), percent (y as %), legend
+// (false: the caller draws one in HTML, as the comparison does for many
+// series), vlines ([{x, label}]: dashed markers such as a sweep's rungs),
+// fit (the y axis spans the points, not from 0, within yMin/yMax: curves
+// that end close together stay apart), W/H (another viewBox).
 function lineChart(root, series, opts) {
-  const W = 480, H = 220, L = 48, R = 12, T = 12, B = 40;
+  const W = opts.W || 480, H = opts.H || 220, L = 48, R = 12, T = 12, B = 40;
   const all = series.flatMap((s) => s.points).filter((p) => isFinite(p[1]));
   root.replaceChildren();
   root.dataset.points = String(series.length ? series[0].points.length : 0);
+  root.dataset.series = String(series.filter((s) => s.points.some((p) => isFinite(p[1]))).length);
   if (!all.length) {
     root.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no points yet"));
     return;
   }
-  let x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(...all.map((p) => p[0]));
+  const marks = (opts.vlines || []).map((v) => v.x);
+  let x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(...all.map((p) => p[0]), ...marks);
   let y0 = opts.yMin ?? Math.min(...all.map((p) => p[1])), y1 = opts.yMax ?? Math.max(...all.map((p) => p[1]));
+  if (opts.fit) {
+    const lo = Math.min(...all.map((p) => p[1])), hi = Math.max(...all.map((p) => p[1])), pad = (hi - lo) * 0.08 || 0.01;
+    y0 = Math.max(opts.yMin ?? -Infinity, lo - pad);
+    y1 = Math.min(opts.yMax ?? Infinity, hi + pad);
+  }
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y1 = y0 + 1; }
-  if (opts.yMin === undefined) y0 = Math.min(0, y0);
+  if (opts.yMin === undefined && !opts.fit) y0 = Math.min(0, y0);
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   for (let i = 0; i <= 4; i++) {
     const y = y0 + ((y1 - y0) * i) / 4;
     root.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: sy(y), y2: sy(y) }));
-    root.append(svg("text", { x: L - 6, y: sy(y) + 4, "text-anchor": "end" }, opts.percent ? (y * 100).toFixed(0) + "%" : y.toPrecision(3)));
+    root.append(svg("text", { x: L - 6, y: sy(y) + 4, "text-anchor": "end" }, opts.percent ? (y * 100).toFixed(y1 - y0 < 0.1 ? 1 : 0) + "%" : y.toPrecision(3)));
   }
   for (let i = 0; i <= 4; i++) {
     const x = x0 + ((x1 - x0) * i) / 4;
@@ -586,12 +624,18 @@ function lineChart(root, series, opts) {
   root.append(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
   root.append(svg("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
   root.append(svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, "step"));
+  for (const v of opts.vlines || []) {
+    if (v.x < x0 || v.x > x1) continue;
+    root.append(svg("line", { class: "rung", "data-rung": v.x, x1: sx(v.x), x2: sx(v.x), y1: T, y2: H - B }));
+    root.append(svg("text", { class: "rung-label", x: sx(v.x) + 3, y: H - B - 4 }, v.label));
+  }
   let lx = L + 4;
   for (const s of series) {
     const pts = s.points.filter((p) => isFinite(p[1]));
     if (!pts.length) continue;
-    root.append(svg("polyline", { class: "series", stroke: s.color, "data-series": s.name, points: pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") }));
+    root.append(svg("polyline", { class: "series", stroke: s.color, "stroke-width": s.width, "data-series": s.name, "data-job": s.job, points: pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") }));
     if (pts.length === 1) root.append(svg("circle", { cx: sx(pts[0][0]), cy: sy(pts[0][1]), r: 3, fill: s.color }));
+    if (opts.legend === false) continue;
     root.append(svg("rect", { x: lx, y: H - 14, width: 10, height: 3, fill: s.color }));
     root.append(svg("text", { class: "legend", x: lx + 14, y: H - 10 }, s.name));
     lx += 24 + s.name.length * 6.5;
@@ -686,6 +730,320 @@ function drawCluster(root, a) {
   for (const ex of [...a.parameter_servers.map((p) => p.executor), ...a.workers.map((w) => w.executor)]) seen.set(ex.id, ex);
   for (const ex of seen.values()) legend.append(el("span", {}, el("i", { style: "background:" + color(ex) }), `${ex.name} (${ex.address}, ${ex.state})`));
   root.append(legend);
+}
+
+// ---------- comparing runs ----------
+
+// Leaves of a spec as dotted paths ("optimizer.lr", "model.hidden"): objects
+// are walked, arrays and scalars are values (a list of hidden sizes reads
+// best whole).
+function flattenSpec(v, prefix = "", out = new Map()) {
+  if (v && typeof v === "object" && !Array.isArray(v)) {
+    const keys = Object.keys(v);
+    if (!keys.length && prefix) out.set(prefix, v);
+    for (const k of keys) flattenSpec(v[k], prefix ? prefix + "." + k : k, out);
+  } else if (prefix) {
+    out.set(prefix, v);
+  }
+  return out;
+}
+
+// The paths whose values are not the same in every spec (a path some specs
+// lack differs too), sorted; the job's name is its column's header already.
+function specDifferences(specs) {
+  const flat = specs.map((s) => flattenSpec(s || {}));
+  const paths = new Set(flat.flatMap((f) => [...f.keys()]));
+  paths.delete("name");
+  return [...paths].sort().filter((p) => new Set(flat.map((f) => JSON.stringify(f.get(p)))).size > 1)
+    .map((p) => ({ path: p, values: flat.map((f) => f.get(p)) }));
+}
+
+function specValue(v) {
+  if (v === undefined) return el("span", { class: "muted", text: "(not set)" });
+  return typeof v === "string" ? v : JSON.stringify(v);
+}
+
+function duration(seconds) {
+  if (seconds === null || !isFinite(seconds)) return "–";
+  if (seconds < 10) return seconds.toFixed(1) + " s";
+  const s = Math.round(seconds);
+  if (s < 60) return s + " s";
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+// What a run ended with (or has reached), from its curve: the last point's
+// loss, held-out figures last and best.
+function runSummary(job, series) {
+  const pts = (series && series.points) || [];
+  const evals = (key) => pts.filter((p) => p[key] !== null && p[key] !== undefined).map((p) => [p.step, p[key]]);
+  const acc = evals("eval_accuracy"), el_ = evals("eval_loss");
+  const pick = (list, better) => list.reduce((b, p) => (b === null || better(p[1], b[1]) ? p : b), null);
+  const started = job.started_at ? Date.parse(job.started_at) : null;
+  const ended = job.finished_at ? Date.parse(job.finished_at) : TERMINAL.has(job.state) ? null : Date.now();
+  return {
+    state: job.state,
+    steps: series ? series.steps_recorded : 0,
+    seconds: started !== null && ended !== null ? (ended - started) / 1000 : null,
+    final_loss: pts.length ? pts[pts.length - 1].loss : null,
+    last_accuracy: acc.length ? acc[acc.length - 1] : null,
+    best_accuracy: pick(acc, (a, b) => a > b),
+    last_eval_loss: el_.length ? el_[el_.length - 1] : null,
+    best_eval_loss: pick(el_, (a, b) => a < b),
+    downsampled: !!(series && series.downsampled),
+  };
+}
+
+function compareView(main, ids) {
+  mount(main, "tpl-compare");
+  ids = [...new Set(ids.filter(Boolean))];
+  const runs = new Map(); // id → { job, series } or { error }
+  const color = (i) => PALETTE[i % PALETTE.length];
+  if (ids.length > PALETTE.length) showError(new Error(`Only the first ${PALETTE.length} of ${ids.length} jobs are compared.`));
+  ids = ids.slice(0, PALETTE.length);
+  $("#compare-count").textContent = `${ids.length} job${ids.length === 1 ? "" : "s"}`;
+
+  const render = () => {
+    if (!$("#compare-legend")) return;
+    const shown = ids.map((id, i) => ({ id, i, run: runs.get(id) })).filter((r) => r.run);
+    const ok = shown.filter((r) => r.run.job);
+    $("#compare-legend").replaceChildren(...shown.map(({ id, i, run }) => el("li", { "data-job": id, "data-state": run.job ? run.job.state : "missing" },
+      el("i", { class: "swatch", style: "background:" + color(i) }),
+      run.job ? el("a", { href: "#/jobs/" + id, text: run.job.name }) : el("span", { class: "bad", text: `${short(id)}: ${run.error}` }),
+      el("span", { class: "muted", text: " " + short(id) + " " }),
+      run.job ? stateBadge(run.job.state) : null,
+      ids.length > 1 ? el("a", { class: "remove", title: "leave this job out", href: "#/compare/" + ids.filter((x) => x !== id).join(","), text: "×" }) : null)));
+    const curve = (key) => ok.map(({ id, i, run }) => ({
+      name: run.job.name, job: id, color: color(i),
+      points: ((run.series && run.series.points) || []).filter((p) => p[key] !== null && p[key] !== undefined).map((p) => [p.step, p[key]]),
+    }));
+    lineChart($("#cmp-loss"), curve("loss"), { legend: false });
+    lineChart($("#cmp-acc"), curve("eval_accuracy"), { legend: false, yMin: 0, yMax: 1, percent: true, fit: true });
+    lineChart($("#cmp-eval-loss"), curve("eval_loss"), { legend: false });
+
+    // Results side by side, one column per job; the best of a row in bold.
+    const sums = ok.map(({ id, run }) => ({ id, s: runSummary(run.job, run.series) }));
+    const head = el("tr", {}, el("th", { text: "" }), ...ok.map(({ id, i, run }) => el("th", { "data-job": id }, el("i", { class: "swatch", style: "background:" + color(i) }), run.job.name)));
+    const at = (p, digits) => (p ? `${fmt(p[1], digits)} @ ${p[0]}` : "–");
+    const rows = [
+      ["state", "State", (s) => stateBadge(s.state), null],
+      ["steps", "Steps recorded", (s) => String(s.steps), null],
+      ["duration", "Duration", (s) => duration(s.seconds), null],
+      ["final_loss", "Final training loss", (s) => fmt(s.final_loss), (s) => s.final_loss, "min"],
+      ["last_accuracy", "Last held-out accuracy", (s) => at(s.last_accuracy), (s) => s.last_accuracy && s.last_accuracy[1], "max"],
+      ["best_accuracy", "Best held-out accuracy", (s) => at(s.best_accuracy), (s) => s.best_accuracy && s.best_accuracy[1], "max"],
+      ["last_eval_loss", "Last held-out loss", (s) => at(s.last_eval_loss), (s) => s.last_eval_loss && s.last_eval_loss[1], "min"],
+      ["best_eval_loss", "Best held-out loss", (s) => at(s.best_eval_loss), (s) => s.best_eval_loss && s.best_eval_loss[1], "min"],
+    ];
+    $("#final-metrics").replaceChildren(el("thead", {}, head), el("tbody", {}, rows.map(([key, label, show, value, goal]) => {
+      const vals = value ? sums.map(({ s }) => value(s)).filter((v) => v !== null && v !== undefined && isFinite(v)) : [];
+      const best = vals.length > 1 ? (goal === "min" ? Math.min(...vals) : Math.max(...vals)) : null;
+      return el("tr", { "data-metric": key }, el("th", { text: label }),
+        ...sums.map(({ id, s }) => el("td", { class: "num" + (best !== null && value(s) === best ? " best" : ""), "data-job": id }, show(s))));
+    })));
+    $("#final-note").textContent = sums.some(({ s }) => s.downsampled)
+      ? "Long curves are averaged into buckets: “best” is over the held-out figures the buckets keep (each bucket's latest)."
+      : "";
+
+    // The spec fields that differ, as dotted paths.
+    const diffs = specDifferences(ok.map(({ run }) => run.job.spec));
+    const box = $("#spec-diff");
+    if (ok.length < 2) box.replaceChildren(el("p", { class: "muted", text: "Pick two jobs or more to compare their specs." }));
+    else if (!diffs.length) box.replaceChildren(el("p", { class: "muted", id: "spec-same", text: "The specs are the same (apart from their names)." }));
+    else box.replaceChildren(el("table", { class: "grid compare", id: "spec-diff-table" },
+      el("thead", {}, el("tr", {}, el("th", { text: "field" }), ...ok.map(({ id, i, run }) => el("th", { "data-job": id }, el("i", { class: "swatch", style: "background:" + color(i) }), run.job.name)))),
+      el("tbody", {}, diffs.map((d) => el("tr", { "data-field": d.path }, el("td", {}, el("code", { text: d.path })),
+        ...d.values.map((v, k) => el("td", { "data-job": ok[k].id, class: "spec-value" }, specValue(v))))))));
+  };
+
+  const load = async (id) => {
+    try {
+      const [job, series] = await Promise.all([api(`/v1/jobs/${encodeURIComponent(id)}`), api(`/v1/jobs/${encodeURIComponent(id)}/metrics?max_points=1000`)]);
+      runs.set(id, { job, series });
+    } catch (e) {
+      runs.set(id, { error: e.status === 404 ? "no such job" : e.message });
+    }
+  };
+  const stale = new Set(ids);
+  const refresh = debounced(async () => {
+    const todo = [...stale];
+    stale.clear();
+    await Promise.all(todo.map(load));
+    render();
+  }, 300);
+  if (!ids.length) $("#compare-count").textContent = "no jobs named: tick some in the jobs list";
+  refresh();
+  return {
+    onEvent(kind, data) {
+      if (kind === "ready" || kind === "resync") ids.forEach((id) => stale.add(id));
+      else if (kind === "job" && ids.includes(data.id)) stale.add(data.id);
+      else if (kind === "progress" && ids.includes(data.job)) stale.add(data.job);
+      else return;
+      refresh();
+    },
+    dispose() {},
+  };
+}
+
+// ---------- sweeps ----------
+
+const SWEEP_TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+
+function metricText(name, v) {
+  if (v === null || v === undefined) return "–";
+  return name === "eval_accuracy" ? (v * 100).toFixed(2) + "%" : fmt(v);
+}
+
+function trialCounts(sweep) {
+  const by = {};
+  for (const t of sweep.trials) by[t.state] = (by[t.state] || 0) + 1;
+  return Object.entries(by).map(([k, n]) => `${n} ${k}`).join(", ");
+}
+
+function sweepsView(main) {
+  mount(main, "tpl-sweeps");
+  const refresh = debounced(async () => {
+    const list = await api("/v1/sweeps");
+    const body = $("#sweeps");
+    if (!body) return;
+    body.replaceChildren(...list.sweeps.map((s) => el("tr", { "data-sweep": s.id, "data-state": s.state },
+      el("td", {}, el("a", { href: "#/sweeps/" + s.id, text: s.name }), el("div", { class: "muted", text: short(s.id) })),
+      el("td", {}, stateBadge(s.state)),
+      el("td", { text: s.spec.search || "random" }),
+      el("td", { text: `${s.spec.metric} (${s.spec.goal})` }),
+      el("td", { text: `${s.trials.length} of ${s.spec.max_trials ?? s.trials.length}: ${trialCounts(s)}` }),
+      el("td", { class: "num" }, s.best ? `${metricText(s.spec.metric, s.best.metric)} (trial ${s.best.index})` : "–"),
+      el("td", { class: "num age", "data-at": s.created_at, text: age(s.created_at) }))));
+    $("#sweeps-empty").hidden = list.sweeps.length > 0;
+    $("#sweeps-count").textContent = list.sweeps.length ? `${list.sweeps.length}, newest first` : "";
+  }, 200);
+  // A sweep moves when its trials' jobs do; re-read now and then as well.
+  const slow = setInterval(refresh, 5000);
+  refresh();
+  return {
+    onEvent(kind) { if (["ready", "resync", "job", "sweep"].includes(kind)) refresh(); },
+    dispose() { clearInterval(slow); },
+  };
+}
+
+function sweepView(main, id) {
+  mount(main, "tpl-sweep");
+  let sweep = null, confirmTimer = null;
+  const curves = new Map(); // job id → { state, series }
+  const stale = new Set();
+  const cancelButton = $("#sweep-cancel");
+  cancelButton.addEventListener("click", async () => {
+    if (cancelButton.dataset.confirm !== "1") {
+      cancelButton.dataset.confirm = "1";
+      cancelButton.textContent = "Really cancel?";
+      confirmTimer = setTimeout(() => { cancelButton.dataset.confirm = ""; cancelButton.textContent = "Cancel sweep"; }, 4000);
+      return;
+    }
+    clearTimeout(confirmTimer);
+    cancelButton.disabled = true;
+    try { sweep = await api(`/v1/sweeps/${encodeURIComponent(id)}/cancel`, { method: "POST" }); render(); refresh(); }
+    catch (e) { showError(e); cancelButton.disabled = false; }
+  });
+  const color = (i) => PALETTE[i % PALETTE.length];
+
+  const render = () => {
+    if (!sweep || !$("#sweep-name")) return;
+    const spec = sweep.spec, metric = spec.metric;
+    $("#sweep-name").textContent = sweep.name;
+    const badge = $("#sweep-state");
+    badge.textContent = sweep.state;
+    badge.className = "state " + sweep.state;
+    badge.dataset.state = sweep.state;
+    cancelButton.hidden = SWEEP_TERMINAL.has(sweep.state);
+    $("#sweep-reason").textContent = sweep.reason || "";
+    const asha = spec.early_stopping && spec.early_stopping.asha;
+    const facts = [
+      ["id", sweep.id], ["owner", sweep.owner], ["search", spec.search || "random"], ["metric", `${metric} (${spec.goal})`],
+      ["trials", `${sweep.trials.length} of ${spec.max_trials ?? sweep.trials.length}, ${spec.concurrency ?? 1} at a time`],
+      ["early stopping", asha ? `ASHA, reduction ${asha.reduction_factor}, rungs at ${sweep.rungs.join(", ")} steps` : "none"],
+      ["started", new Date(sweep.created_at).toLocaleString()],
+      sweep.finished_at ? ["ended", new Date(sweep.finished_at).toLocaleString()] : null,
+    ].filter(Boolean);
+    $("#sweep-facts").replaceChildren(...facts.map(([k, v]) => el("span", {}, el("b", { text: k + " " }), String(v))));
+    const best = sweep.best;
+    $("#sweep-best").replaceChildren(...(best
+      ? [el("b", { text: "Best so far: " }), `trial ${best.index} · ${metric} ${metricText(metric, best.metric)} · `,
+          el("code", { text: Object.entries(best.params).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ") }), " · ",
+          best.job_id ? el("a", { id: "best-job", href: "#/jobs/" + best.job_id, text: "job " + short(best.job_id) }) : ""]
+      : [el("span", { class: "muted", text: "No trial has reported the metric yet." })]));
+    $("#sweep-best").dataset.trial = best ? String(best.index) : "";
+    const withJobs = sweep.trials.filter((t) => t.job_id);
+    const ranked = [...withJobs].sort((a, b) => {
+      const va = a.metric ?? (spec.goal === "maximize" ? -Infinity : Infinity), vb = b.metric ?? (spec.goal === "maximize" ? -Infinity : Infinity);
+      return spec.goal === "maximize" ? vb - va : va - vb;
+    }).slice(0, PALETTE.length);
+    const compare = $("#sweep-compare");
+    compare.hidden = ranked.length < 2;
+    compare.href = "#/compare/" + ranked.map((t) => t.job_id).join(",");
+    compare.textContent = `Compare the ${ranked.length === withJobs.length ? "" : "best "}${ranked.length} trials`;
+
+    // The metric over steps, one line per trial, the rungs dashed.
+    const key = metric;
+    const series = withJobs.map((t) => {
+      const c = curves.get(t.job_id);
+      const pts = ((c && c.series && c.series.points) || []).filter((p) => p[key] !== null && p[key] !== undefined).map((p) => [p.step, p[key]]);
+      return { name: "trial " + t.index, job: t.job_id, color: color(t.index), width: best && best.index === t.index ? 3.5 : 1.5, points: pts };
+    });
+    $("#sweep-metric-name").textContent = metric;
+    lineChart($("#sweep-chart"), series, { W: 960, H: 300, legend: false, vlines: sweep.rungs.map((r, k) => ({ x: r, label: `rung ${k}` })),
+      fit: true, ...(metric === "eval_accuracy" ? { yMin: 0, yMax: 1, percent: true } : {}) });
+    $("#sweep-legend").replaceChildren(...withJobs.map((t) => el("li", { "data-trial": t.index, class: best && best.index === t.index ? "best" : null },
+      el("i", { class: "swatch", style: "background:" + color(t.index) }), `trial ${t.index}`)));
+
+    // The trials: their parameters, how far they got, and why they stopped.
+    const params = [...new Set(sweep.trials.flatMap((t) => Object.keys(t.params)))].sort();
+    const head = el("tr", {}, el("th", { text: "trial" }), ...params.map((p) => el("th", {}, el("code", { text: p }))),
+      el("th", { text: "state" }), el("th", { text: "rungs" }), ...sweep.rungs.map((r) => el("th", { class: "num", text: `@ ${r}` })),
+      el("th", { class: "num", text: metric }), el("th", { class: "num", text: "step" }), el("th", { class: "num", text: "workers" }), el("th", { text: "job" }), el("th", { text: "why it stopped" }));
+    $("#trials").replaceChildren(el("thead", {}, head), el("tbody", {}, sweep.trials.map((t) => el("tr", {
+      "data-trial": t.index, "data-state": t.state, "data-rungs": t.rung_metrics.length, class: best && best.index === t.index ? "best" : null,
+    },
+    el("td", { class: "num" }, el("i", { class: "swatch", style: "background:" + color(t.index) }), String(t.index), best && best.index === t.index ? el("span", { class: "best-tag", text: " best" }) : null),
+    ...params.map((p) => el("td", { class: "num", "data-param": p, text: t.params[p] === undefined ? "–" : typeof t.params[p] === "number" ? String(Number(t.params[p].toPrecision(6))) : JSON.stringify(t.params[p]) })),
+    el("td", {}, stateBadge(t.state)),
+    el("td", { class: "num", text: sweep.rungs.length ? `${t.rung_metrics.length} of ${sweep.rungs.length}` : "–" }),
+    ...sweep.rungs.map((_, k) => el("td", { class: "num", "data-rung": k, text: k < t.rung_metrics.length ? metricText(metric, t.rung_metrics[k]) : "" })),
+    el("td", { class: "num", "data-metric": "", text: metricText(metric, t.metric) }),
+    el("td", { class: "num", text: t.step === null || t.step === undefined ? "–" : String(t.step) }),
+    el("td", { class: "num", text: String(t.workers ?? 0) }),
+    el("td", {}, t.job_id ? el("a", { href: "#/jobs/" + t.job_id, text: short(t.job_id) }) : el("span", { class: "muted", text: "not started" })),
+    el("td", { class: "muted", text: t.reason || "" })))));
+
+    const growths = sweep.growths || [];
+    $("#growths-card").hidden = !growths.length;
+    $("#growths").replaceChildren(...growths.map((g) => el("li", { "data-trial": g.trial },
+      el("span", { class: "muted", text: clock(g.at) + " " }),
+      `trial ${g.trial} grew from ${g.workers_before} to ${g.workers_after} worker${g.workers_after === 1 ? "" : "s"} onto the executors trial ${g.from_trial} freed`)));
+  };
+
+  const refresh = debounced(async () => {
+    sweep = await api(`/v1/sweeps/${encodeURIComponent(id)}`);
+    // Curves of the trials that moved: new, changed state, or named by a
+    // progress event.
+    await Promise.all(sweep.trials.filter((t) => t.job_id).map(async (t) => {
+      const c = curves.get(t.job_id);
+      if (c && c.state === t.state && !stale.has(t.job_id)) return;
+      stale.delete(t.job_id);
+      curves.set(t.job_id, { state: t.state, series: await api(`/v1/jobs/${t.job_id}/metrics?max_points=300`) });
+    }));
+    render();
+  }, 300);
+  const jobs = () => new Set(sweep ? sweep.trials.map((t) => t.job_id).filter(Boolean) : []);
+  const slow = setInterval(() => { if (sweep && !SWEEP_TERMINAL.has(sweep.state)) refresh(); }, 3000);
+  refresh();
+  return {
+    onEvent(kind, data) {
+      if (kind === "progress" && jobs().has(data.job)) { stale.add(data.job); refresh(); }
+      else if (kind === "resync") { for (const j of curves.keys()) stale.add(j); refresh(); }
+      else if (kind === "ready" || kind === "job" || (kind === "sweep" && data.id === id)) refresh();
+    },
+    dispose() { clearTimeout(confirmTimer); clearInterval(slow); },
+  };
 }
 
 // ---------- executors ----------

@@ -275,6 +275,51 @@ pub struct UsageArgs {
     pub conn: Connection,
 }
 
+/// `trainyard sweep`.
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    #[command(subcommand)]
+    pub command: SweepCommand,
+}
+
+/// What to do with hyperparameter sweeps.
+#[derive(Debug, clap::Subcommand)]
+pub enum SweepCommand {
+    /// Start a sweep from a spec (JSON file, or - for stdin) and print its id.
+    Create {
+        /// The sweep spec: `name`, `base` (a job spec), `parameters`,
+        /// `metric`, `goal`, `search`, `max_trials`, `concurrency`,
+        /// `early_stopping` (see docs/users/sweeps.md).
+        file: PathBuf,
+        /// Follow the sweep until it ends: a line per trial that changes
+        /// state, then the trials; exit 0 when it succeeded, 1 when it
+        /// failed, 3 when it was cancelled.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// List your sweeps, newest first.
+    List {
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// A sweep's trials as a table (`*` marks the best).
+    Show {
+        /// The sweep id.
+        id: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Cancel a sweep and its running trials.
+    Cancel {
+        /// The sweep id.
+        id: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+}
+
 /// `trainyard whoami`.
 #[derive(Debug, Args)]
 pub struct WhoamiArgs {

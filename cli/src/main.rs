@@ -7,7 +7,8 @@
 //! * `submit`, `jobs`, `job`, `cancel`, `executors`, `logs`,
 //!   `checkpoints`, `model`, `provisioner`, `token` and `whoami` are the
 //!   command-line client ([`scripts`]: `run-script` and `outputs`, a
-//!   user's own training script as a job): [`args`] (their flags, and where the API is),
+//!   user's own training script as a job; [`sweeps`]: `sweep create|list|
+//!   show|cancel`, hyperparameter sweeps): [`args`] (their flags, and where the API is),
 //!   [`commands`] (one request and a printout each), [`follow`] (`job ID`
 //!   and `submit --follow`: a progress line until the job ends), [`table`]
 //!   (how values print) and [`error`] (the one-line errors and the exit
@@ -20,6 +21,7 @@ mod error;
 mod follow;
 mod scripts;
 mod serve;
+mod sweeps;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -79,6 +81,8 @@ enum Command {
     Quota(args::QuotaArgs),
     /// Usage per user and per job over a window (yours; admins: everyone's).
     Usage(args::UsageArgs),
+    /// Hyperparameter sweeps: create (and follow), list, show, cancel.
+    Sweep(args::SweepArgs),
 }
 
 #[tokio::main]
@@ -114,6 +118,7 @@ async fn main() -> ExitCode {
         Command::Whoami(a) => commands::whoami(a).await,
         Command::Quota(a) => commands::quota(a).await,
         Command::Usage(a) => commands::usage(a).await,
+        Command::Sweep(a) => sweeps::sweep(a).await,
     };
     match client {
         Ok(code) => ExitCode::from(code),

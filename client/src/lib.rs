@@ -22,6 +22,7 @@
 //!   repeated — a submit without an idempotency key, making a token — are
 //!   never retried, whatever the policy.
 //! * [`sharing`]: users' quotas (admins) and usage accounting;
+//! * [`sweeps`]: hyperparameter sweeps (make, list, read, cancel);
 //! * [`users`]: the user-facing endpoints — jobs, their events,
 //!   assignments, metrics, logs, checkpoints and weights; executors and the
 //!   provisioner as admins see them; tokens and `whoami`; health.
@@ -45,6 +46,7 @@ pub mod error;
 pub mod executors;
 pub mod retry;
 pub mod sharing;
+pub mod sweeps;
 pub mod users;
 
 pub use error::{ClientError, Problem};

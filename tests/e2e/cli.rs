@@ -1,5 +1,5 @@
-//! The command-line client (`trainyard submit|jobs|job|cancel|executors|logs`)
-//! as users run it: the real binary against a real server, Postgres and
+//! The command-line client (`trainyard submit|jobs|job|cancel|executors|logs`,
+//! `trainyard sweep create|list|show|cancel`) as users run it: the real binary against a real server, Postgres and
 //! executor. It submits a spec file, follows the job to `succeeded` (exit
 //! 0) with a progress bar and the loss, follows a job that fails (exit 1),
 //! cancels a running job (which a concurrent `trainyard job` reports with
@@ -582,4 +582,137 @@ fn cli_reaches_an_https_api_and_checks_its_certificate() {
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     assert!(text(&o.stderr).contains("certificate"), "{}", show(&o));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `trainyard sweep create --follow` runs a small grid with early stopping
+/// to its end (exit 0, a line per trial, the table with the best marked);
+/// `sweep list` and `sweep show` print what the API says; `sweep cancel`
+/// cancels a sweep whose trials wait in the queue; a bad sweep spec and a
+/// bad id are one clear error and exit 2.
+#[test]
+fn cli_runs_lists_shows_and_cancels_sweeps() {
+    let p = server(None);
+    let _executors: Vec<Proc> = (1..=2).map(|i| p.executor(&format!("sw{i}"))).collect();
+    eventually(Duration::from_secs(60), || {
+        (p.live_executors().len() == 2).then_some(())
+    })
+    .expect("2 executors register");
+    // Long enough (seconds) that the sweep's controller, which looks every
+    // half second, judges the trials at their rungs while they run.
+    let mut base = digits("cli-sweep", 3000);
+    base.as_object_mut().unwrap().remove("checkpoint");
+    let spec = json!({
+        "name": "cli-sweep",
+        "base": base,
+        "parameters": {"optimizer.lr": {"values": [0.0001, 0.001, 0.003, 0.01]}},
+        "search": "grid", "metric": "eval_accuracy", "goal": "maximize",
+        "concurrency": 2,
+        "early_stopping": {"asha": {"reduction_factor": 2, "min_steps": 300}},
+    });
+    let file = p.spec_file("sweep", &spec);
+    let o = p.cli(&["sweep", "create", file.to_str().unwrap(), "--follow"]);
+    eprintln!("{}", show(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = text(&o.stdout);
+    let id = out
+        .split_whitespace()
+        .nth(2)
+        .filter(|id| id.len() == 36)
+        .unwrap_or_else(|| panic!("no sweep id in: {}", show(&o)))
+        .to_owned();
+    let api: Value = p.get(&format!("/v1/sweeps/{id}"));
+    assert_eq!(api["state"], "succeeded", "{api}");
+    let err = text(&o.stderr);
+    for t in 0..4 {
+        assert!(err.contains(&format!("trial {t} running")), "{}", show(&o));
+    }
+    // The table: a row per trial with the API's state, `*` on the best.
+    let best = api["best"]["index"].as_u64().expect("a best trial");
+    for t in api["trials"].as_array().unwrap() {
+        let i = t["index"].as_u64().unwrap();
+        let row = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&i.to_string()))
+            .unwrap_or_else(|| panic!("no row of trial {i}: {}", show(&o)));
+        assert!(row.contains(t["state"].as_str().unwrap()), "{row}");
+        assert_eq!(
+            row.contains(" * ") || row.starts_with(&format!("{i} *")),
+            i == best,
+            "{row}"
+        );
+    }
+    assert!(out.contains("TRIAL  optimizer.lr  STATE"), "{}", show(&o));
+    assert!(
+        out.contains(&format!("best: trial {best} eval_accuracy ")),
+        "{}",
+        show(&o)
+    );
+    let stopped = api["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] == "stopped")
+        .count();
+    assert!(stopped >= 1, "ASHA stopped a trial: {api}");
+
+    let shown = p.cli(&["sweep", "show", &id]);
+    assert_eq!(shown.status.code(), Some(0), "{}", show(&shown));
+    assert!(
+        text(&shown.stdout).contains(&format!("sweep {id} (cli-sweep): succeeded")),
+        "{}",
+        show(&shown)
+    );
+
+    // A sweep whose trials no executor can take, cancelled.
+    let mut held = spec.clone();
+    held["name"] = json!("cli-held");
+    held["base"]["resources"] = json!({"memory_mb": 1u64 << 20});
+    held.as_object_mut().unwrap().remove("early_stopping");
+    let file = p.spec_file("held", &held);
+    let o = p.cli(&["sweep", "create", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let held_id = text(&o.stdout)
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_owned();
+    let list = p.cli(&["sweep", "list"]);
+    let lines: Vec<String> = text(&list.stdout).lines().map(str::to_owned).collect();
+    assert!(lines[0].starts_with("ID"), "{}", show(&list));
+    assert!(
+        lines[1].starts_with(&held_id) && lines[1].contains("running"),
+        "newest first: {}",
+        show(&list)
+    );
+    assert!(
+        lines[2].starts_with(&id) && lines[2].contains("succeeded"),
+        "{}",
+        show(&list)
+    );
+    let o = p.cli(&["sweep", "cancel", &held_id]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        text(&o.stdout).starts_with(&format!("sweep {held_id} cancelled")),
+        "{}",
+        show(&o)
+    );
+
+    // Errors: one line naming the field, exit 2.
+    let mut bad = spec.clone();
+    bad["parameters"] = json!({"optimizer.lr": {"uniform": [0.1, 0.01]}});
+    let file = p.spec_file("bad", &bad);
+    let o = p.cli(&["sweep", "create", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(text(&o.stderr).contains("error: 422"), "{}", show(&o));
+    assert!(text(&o.stderr).contains("  parameters."), "{}", show(&o));
+    let o = p.cli(&["sweep", "show", "../jobs"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(
+        text(&o.stderr).contains("is not a sweep id"),
+        "{}",
+        show(&o)
+    );
+    let o = p.cli(&["sweep", "show", &uuid::Uuid::new_v4().to_string()]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(text(&o.stderr).contains("404"), "{}", show(&o));
 }

@@ -6,7 +6,8 @@
 //! beside the fields, asks this driver to SIGKILL the executor under a
 //! running job and watches the timeline record the recovery, and takes a
 //! screenshot of every page (into `<target>/web-screenshots/`; with
-//! `TRAINYARD_UPDATE_SCREENSHOTS=1` the web UI guide's two also go to `docs/`).
+//! `TRAINYARD_UPDATE_SCREENSHOTS=1` the guides' pictures also go to `docs/`).
+//! `tests/web/runs.cjs` compares runs and follows a sweep on its pages.
 //!
 //! The browser and `playwright-core` must be installed (`scripts/test` does
 //! it through `ensure_browser_tests` in `scripts/common.sh`): when they are
@@ -171,6 +172,66 @@ fn browser_submits_watches_a_job_train_and_recover_and_shows_field_errors() {
         "browser test passed in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Runs `tests/web/SCRIPT` under Node against `p`; panics with its output,
+/// the server's last lines and the executors' when it fails.
+fn run_browser_script(p: &Platform, script: &str, executors: &[Proc]) {
+    let (modules, browser) = (node_modules(), chromium());
+    let out = Command::new("node")
+        .arg(repo_root().join("tests/web").join(script))
+        .env("NODE_PATH", &modules)
+        .env("TY_BASE", &p.base)
+        .env("TY_CHROMIUM", &browser)
+        .env(
+            "TY_DIGITS",
+            format!("file://{}", repo_root().join("data/digits.npz").display()),
+        )
+        .env("TY_EXAMPLES", repo_root().join("examples"))
+        .env("TY_SHOTS", target_dir().join("web-screenshots"))
+        .env(
+            "TY_DOCS",
+            std::env::var_os("TRAINYARD_UPDATE_SCREENSHOTS")
+                .map(|_| repo_root().join("docs").into_os_string())
+                .unwrap_or_default(),
+        )
+        .output()
+        .expect("node runs (install nodejs)");
+    let transcript = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{transcript}");
+    let executor_logs: String = executors
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("--- executor {i} ---\n{}\n", tail(&e.output(), 15)))
+        .collect();
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{}\n--- transcript ---\n{transcript}\n--- server (last lines) ---\n{}\n{executor_logs}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        tail(&p.server.output(), 40),
+    );
+}
+
+/// Comparing runs and the sweep pages (`tests/web/runs.cjs`): two jobs
+/// ticked in the jobs list and compared (curves, the differing spec field,
+/// results); a sweep with early stopping followed on its page to the end
+/// (trials, rungs, a stopped trial, the best), and another cancelled from
+/// its page.
+#[test]
+fn browser_compares_runs_and_follows_a_sweep() {
+    let p = platform(None);
+    let executors: Vec<Proc> = (1..=2).map(|i| p.executor(&format!("cmp{i}"))).collect();
+    eventually(Duration::from_secs(60), || {
+        (p.live_executors().len() == 2).then_some(())
+    })
+    .expect("2 executors register");
+    run_browser_script(&p, "runs.cjs", &executors);
+    for page in ["compare", "sweep", "sweep-compare", "sweeps"] {
+        let f = target_dir().join(format!("web-screenshots/{page}.png"));
+        let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 10_000, "screenshot {} missing or empty", f.display());
+    }
 }
 
 #[test]

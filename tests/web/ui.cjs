@@ -261,7 +261,7 @@ async function main() {
 
     // ---- the jobs table: newest first, filtered by state ----
     await page.click("[data-nav=jobs]");
-    const names = () => page.evaluate(() => [...document.querySelectorAll("#jobs tr[data-job] td:first-child a")].map((a) => a.textContent));
+    const names = () => page.evaluate(() => [...document.querySelectorAll("#jobs tr[data-job] td.name > a:first-child")].map((a) => a.textContent));
     await page.waitForFunction(() => document.querySelectorAll("#jobs tr[data-job]").length === 4);
     assert.deepEqual(await names(), ["digits-ring", "digits-ps", "ui-recovery", "ui-digits"]);
     await page.selectOption("#state-filter", "running");

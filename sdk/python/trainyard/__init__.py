@@ -5,6 +5,9 @@
     run = client.fit(net, (x, y), epochs=5, validation=(xv, yv))
     run.wait()                           # a progress bar; JobFailed if it fails
     trained = run.model()                # torch.jit.ScriptModule
+    sweep = client.sweep(base=spec, parameters={"optimizer.lr": {"values": [1e-3, 1e-2]}},
+                         search="grid", wait=True)
+    sweep.best                           # {"index", "job_id", "params", "metric"}
 
 :class:`Client` has a method per user operation (jobs, events, metrics,
 logs, checkpoints, models, artifacts); :class:`ApiError` is any error answer;
@@ -14,6 +17,7 @@ logs, checkpoints, models, artifacts); :class:`ApiError` is any error answer;
 from .client import ApiError, Client
 from .fit import JobFailed, Run, split_permutation
 from .report import report
+from .sweeps import Sweep, SweepFailed
 
-__all__ = ["ApiError", "Client", "JobFailed", "Run", "report", "split_permutation"]
+__all__ = ["ApiError", "Client", "JobFailed", "Run", "Sweep", "SweepFailed", "report", "split_permutation"]
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ import requests
 
 from .errors import ApiError
 from .models import Artifact, CheckpointList, Job, JobEvent, JobLogLine, MetricSeries, ModelTensors, WhoAmI
+from .sweeps import Sweep, sweep_spec
 
 #: Where the API is when neither the argument nor ``TRAINYARD_API`` says.
 DEFAULT_API = "http://127.0.0.1:8080"
@@ -216,6 +217,57 @@ class Client:
     def delete_artifact(self, name: str, owner: Optional[str] = None) -> None:
         """Deletes an artifact (``ApiError`` 409 while an unfinished job uses it)."""
         self.request("DELETE", f"/v1/artifacts/{_quote(name)}", params={"owner": owner}).close()
+
+    # ----- sweeps ---------------------------------------------------------
+
+    def sweep(
+        self,
+        base: Dict[str, Any],
+        parameters: Dict[str, Dict[str, Any]],
+        *,
+        metric: str = "eval_accuracy",
+        goal: str = "maximize",
+        max_trials: Optional[int] = None,
+        concurrency: int = 1,
+        search: str = "random",
+        early_stopping: Optional[Dict[str, Any]] = None,
+        name: Optional[str] = None,
+        seed: Optional[int] = None,
+        wait: bool = False,
+        timeout: Optional[float] = None,
+    ) -> Sweep:
+        """Starts a hyperparameter sweep over ``base`` (a job spec dict); its :class:`Sweep`.
+
+        ``parameters`` maps dotted spec paths to their values:
+        ``{"optimizer.lr": {"log_uniform": [1e-4, 1e-1]}, "batch_size":
+        {"values": [32, 64]}}`` (``uniform`` too; ``points`` spaces a range
+        for a grid, ``integer`` rounds it). ``search`` is ``"grid"`` or
+        ``"random"``; ``metric`` one of ``eval_accuracy``, ``eval_loss`` and
+        ``loss``, with ``goal`` ``"maximize"`` or ``"minimize"``.
+        ``max_trials`` bounds the trials (a random search must give it; a
+        grid runs every point without it), ``concurrency`` how many run at
+        once. ``early_stopping={"asha": {"reduction_factor": 4,
+        "min_steps": 25}}`` stops trials that fall behind at a rung. With
+        ``wait``, returns once the sweep has ended (see :meth:`Sweep.wait`).
+        """
+        spec = sweep_spec(
+            base, parameters, metric=metric, goal=goal, max_trials=max_trials, concurrency=concurrency,
+            search=search, early_stopping=early_stopping, name=name, seed=seed,
+        )
+        s = Sweep(self, self._json("POST", "/v1/sweeps", json=spec))
+        return s.wait(timeout=timeout) if wait else s
+
+    def sweeps(self) -> List[Sweep]:
+        """The caller's sweeps, newest first."""
+        return [Sweep(self, d) for d in self._json("GET", "/v1/sweeps").get("sweeps") or []]
+
+    def get_sweep(self, id: str) -> Sweep:
+        """One sweep (``ApiError`` 404 when there is none of the caller's)."""
+        return Sweep(self, self._json("GET", f"/v1/sweeps/{_quote(id)}"))
+
+    def cancel_sweep(self, id: str) -> Sweep:
+        """Cancels a sweep and its running trials (idempotent); the sweep as it is then."""
+        return Sweep(self, self._json("POST", f"/v1/sweeps/{_quote(id)}/cancel"))
 
     # ----- training from Python --------------------------------------------
 

@@ -215,6 +215,50 @@ class ArtifactPage(TypedDict):
     artifacts: List[Artifact]
 
 
+class SweepTrial(TypedDict):
+    """One trial of a sweep."""
+
+    index: int
+    job_id: NotRequired[Optional[str]]
+    params: Dict[str, Any]
+    state: str
+    rung_metrics: List[float]
+    metric: NotRequired[Optional[float]]
+    step: NotRequired[Optional[int]]
+    workers: int
+    reason: NotRequired[Optional[str]]
+
+
+class SweepBest(TypedDict):
+    """The best trial of a sweep so far."""
+
+    index: int
+    job_id: NotRequired[Optional[str]]
+    params: Dict[str, Any]
+    metric: float
+
+
+class Sweep(TypedDict):
+    """A hyperparameter sweep (``POST /v1/sweeps``, ``GET /v1/sweeps/{id}``)."""
+
+    id: str
+    name: str
+    owner: str
+    state: str
+    reason: str
+    created_at: str
+    finished_at: NotRequired[Optional[str]]
+    rungs: List[int]
+    trials: List[SweepTrial]
+    best: NotRequired[Optional[SweepBest]]
+
+
+class SweepList(TypedDict):
+    """``GET /v1/sweeps``: the caller's sweeps, newest first."""
+
+    sweeps: List[Sweep]
+
+
 #: Each declaration above and the component schema of the OpenAPI document it describes.
 SCHEMAS = {
     Violation: "Violation",
@@ -239,6 +283,10 @@ SCHEMAS = {
     WhoAmI: "WhoAmI",
     Artifact: "Artifact",
     ArtifactPage: "ArtifactPage",
+    SweepTrial: "SweepTrial",
+    SweepBest: "SweepBest",
+    Sweep: "Sweep",
+    SweepList: "SweepList",
 }
 
 #: Every (method, path template) the client calls, as the OpenAPI document spells them.
@@ -262,4 +310,8 @@ OPERATIONS = [
     ("GET", "/v1/artifacts/{name}"),
     ("GET", "/v1/artifacts/{name}/content"),
     ("DELETE", "/v1/artifacts/{name}"),
+    ("GET", "/v1/sweeps"),
+    ("POST", "/v1/sweeps"),
+    ("GET", "/v1/sweeps/{id}"),
+    ("POST", "/v1/sweeps/{id}/cancel"),
 ]

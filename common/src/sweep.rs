@@ -32,6 +32,8 @@ pub const MAX_CONCURRENCY: u32 = 64;
 pub const MAX_POINTS: u32 = 64;
 /// Longest dotted path a parameter may name.
 pub const MAX_PATH: usize = 128;
+/// Most bytes of JSON all of a sweep's trial specs may take together.
+pub const MAX_SPEC_BYTES: usize = 32 << 20;
 
 /// A sweep as a user asks for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -356,11 +358,15 @@ impl Parameter {
             Value::from(x.round() as i64)
         } else {
             // Six significant digits: `0.0316228`, not `0.031622776601683794`.
-            let p = 10f64.powi(5 - x.abs().log10().floor() as i32);
-            let r = if x == 0.0 || !p.is_finite() {
+            let r = if x == 0.0 || !x.is_finite() {
                 x
             } else {
-                (x * p).round() / p
+                let p = 10f64.powi(5 - (x.abs().log10().floor() as i32).clamp(-300, 300));
+                if p.is_finite() && p > 0.0 {
+                    (x * p).round() / p
+                } else {
+                    x
+                }
             };
             serde_json::Number::from_f64(r).map_or(Value::Null, Value::Number)
         }
@@ -564,17 +570,26 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                     format!("the grid has {size} points; at most 100000"),
                 )]);
             }
-            let mut all: Vec<BTreeMap<String, Value>> = Vec::with_capacity(size);
-            for mut i in 0..size {
+            // Only the chosen points are built: a grid of many large values
+            // never sits whole in memory.
+            let point = |mut i: usize| {
                 let mut m = BTreeMap::new();
                 // The last parameter varies fastest.
                 for (j, axis) in axes.iter().enumerate().rev() {
                     m.insert(params[j].0.clone(), axis[i % axis.len()].clone());
                     i /= axis.len();
                 }
-                all.push(m);
-            }
+                m
+            };
             let want = sweep.max_trials.map_or(size, |n| (n as usize).min(size));
+            if want > MAX_TRIALS as usize {
+                return Err(vec![violation(
+                    "max_trials",
+                    format!(
+                        "the grid has {size} points; run at most {MAX_TRIALS} (set max_trials to sample it)"
+                    ),
+                )]);
+            }
             if want < size {
                 // A seeded sample of the grid, kept in grid order.
                 let mut rng = SplitMix(sweep.seed);
@@ -585,9 +600,9 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                 }
                 let mut pick: Vec<usize> = idx[..want].to_vec();
                 pick.sort_unstable();
-                pick.into_iter().map(|i| all[i].clone()).collect()
+                pick.into_iter().map(point).collect()
             } else {
-                all
+                (0..size).map(point).collect()
             }
         }
         Search::Random => {
@@ -602,12 +617,26 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                 .collect()
         }
     };
-    if chosen.len() > MAX_TRIALS as usize {
+    // Every trial's spec is stored: what they take together is bounded.
+    let per_trial = sweep.base.to_string().len()
+        + sweep
+            .parameters
+            .values()
+            .map(|p| {
+                p.grid()
+                    .iter()
+                    .map(|v| v.to_string().len())
+                    .max()
+                    .unwrap_or(32)
+            })
+            .sum::<usize>();
+    if per_trial.saturating_mul(chosen.len()) > MAX_SPEC_BYTES {
         return Err(vec![violation(
             "max_trials",
             format!(
-                "the grid has {} points; run at most {MAX_TRIALS} (set max_trials to sample it)",
-                chosen.len()
+                "{} trials of a spec of up to {per_trial} bytes exceed {} MiB together; run fewer or smaller",
+                chosen.len(),
+                MAX_SPEC_BYTES >> 20
             ),
         )]);
     }

@@ -136,6 +136,47 @@ fn bad_sweeps_name_the_field() {
 }
 
 #[test]
+fn a_huge_grid_is_sampled_without_building_it_and_huge_specs_are_refused() {
+    // 10^5 points of long values: four are built.
+    let long = |tag: &str| -> Vec<Value> {
+        (0..10)
+            .map(|i| json!(format!("{tag}{i}{}", "x".repeat(4000))))
+            .collect()
+    };
+    let mut parameters = serde_json::Map::new();
+    for k in ["a", "b", "c", "d", "e"] {
+        parameters.insert(format!("tags.{k}"), json!({"values": long(k)}));
+    }
+    let mut s = sweep(Value::Object(parameters.clone()), "grid");
+    s.max_trials = Some(4);
+    let err = expand(&s).unwrap_err();
+    // The base spec has no `tags` field, so the trial specs are refused,
+    // but only after four points were built and checked.
+    assert!(err[0].message.contains("trial 0"), "{err:?}");
+    // A thousand trials of 20 KB each: 20 MB, within the bound; of a
+    // 40 KB base, beyond it.
+    let mut big = sweep(json!({"optimizer.lr": {"uniform": [0.01, 0.1]}}), "random");
+    big.max_trials = Some(1000);
+    big.base["name"] = json!("n".repeat(40_000));
+    let err = expand(&big).unwrap_err();
+    assert_eq!(err[0].field, "max_trials", "{err:?}");
+}
+
+#[test]
+fn a_range_from_zero_has_zero_on_its_grid() {
+    let s = sweep(
+        json!({"optimizer.weight_decay": {"uniform": [0.0, 0.001], "points": 3}}),
+        "grid",
+    );
+    let got: Vec<Value> = expand(&s)
+        .unwrap()
+        .iter()
+        .map(|t| t.params["optimizer.weight_decay"].clone())
+        .collect();
+    assert_eq!(got, vec![json!(0.0), json!(0.0005), json!(0.001)]);
+}
+
+#[test]
 fn rungs_grow_by_eta_below_the_total() {
     let a = Asha {
         reduction_factor: 4,

@@ -39,7 +39,6 @@ pub mod metrics;
 pub mod openapi;
 pub mod routes;
 pub mod serve;
-pub mod sweeps;
 pub mod tfevents;
 pub mod tracking;
 pub mod wakeup;
@@ -192,7 +191,10 @@ impl Application {
         let db = self.state.db.clone();
         let stop = trainyard_shutdown::Shutdown::new();
         let scheduler = self.scheduler.map(|s| tokio::spawn(s.run(stop.clone())));
-        let sweeps = tokio::spawn(sweeps::run(self.state.clone(), stop.clone()));
+        let sweeps = tokio::spawn(routes::sweeps::controller::run(
+            self.state.clone(),
+            stop.clone(),
+        ));
         let exporter = tokio::spawn(tracking::export::run(
             db.clone(),
             self.state.store.clone(),

@@ -6,8 +6,9 @@ use crate::error::{ApiError, ApiResult};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use trainyard_common::api::{Job, SweepRef};
+use trainyard_common::event::Submitted;
 use trainyard_common::spec::{Strategy, UncheckedJobSpec};
-use trainyard_common::{JobSpec, JobState};
+use trainyard_common::{EventData, JobSpec, JobState};
 use uuid::Uuid;
 
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
@@ -122,4 +123,54 @@ pub async fn stream_object(
         axum::body::Body::from_stream(stream.map_err(std::io::Error::other)),
     )
         .into_response())
+}
+
+/// The submit's insert: `$1` id, `$2` name, `$3` owner, `$4` spec, `$5`
+/// idempotency key, `$6` request hash, `$7` priority, `$8` data policy (the API-load
+/// benchmark runs this very statement through `pgbench`).
+pub fn insert_job_sql() -> String {
+    format!(
+        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority, data_policy)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (owner, idempotency_key) DO NOTHING
+         RETURNING {JOB_COLUMNS}"
+    )
+}
+
+/// The submit's event: `$1` job, `$2` data.
+pub const INSERT_SUBMITTED_EVENT: &str =
+    "INSERT INTO job_events (job_id, kind, to_state, reason, data)
+     VALUES ($1, 'submitted', 'queued', 'submitted', $2)";
+
+/// What every new job row needs beside it, in the insert's transaction:
+/// the artifact versions it reads and its `submitted` event (the caller
+/// wakes the scheduler).
+pub async fn record_submitted(
+    tx: &mut sqlx::PgConnection,
+    job: &Job,
+    versions: &[Uuid],
+    key: Option<String>,
+) -> ApiResult<()> {
+    for v in versions {
+        sqlx::query(
+            "INSERT INTO job_artifacts (job_id, version) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(job.id)
+        .bind(v)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query(INSERT_SUBMITTED_EVENT)
+        .bind(job.id)
+        .bind(
+            EventData::Submitted(Submitted {
+                strategy: job.strategy,
+                idempotency_key: key,
+                owner: job.owner.clone(),
+            })
+            .to_json(),
+        )
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }

@@ -5,8 +5,9 @@
 //! the position of the last job returned, so pages stay stable while new
 //! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
 
-pub use super::job_rows::JOB_COLUMNS;
+use super::job_rows::record_submitted;
 use super::job_rows::{ensure_job, fetch_job, job_from_row, job_not_found};
+pub use super::job_rows::{insert_job_sql, INSERT_SUBMITTED_EVENT, JOB_COLUMNS};
 use super::params::{parse_after, parse_limit, AfterQuery};
 use crate::auth::Principal;
 use crate::checkpointing;
@@ -25,9 +26,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
-use trainyard_common::event::Submitted;
 use trainyard_common::spec::UncheckedJobSpec;
-use trainyard_common::{EventData, JobSpec, JobState};
+use trainyard_common::{JobSpec, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -62,23 +62,6 @@ pub struct ListQuery {
     /// Only this user's jobs (admins; a user always sees only its own).
     pub owner: Option<String>,
 }
-
-/// The submit's insert: `$1` id, `$2` name, `$3` owner, `$4` spec, `$5`
-/// idempotency key, `$6` request hash, `$7` priority, `$8` data policy (the API-load
-/// benchmark runs this very statement through `pgbench`).
-pub fn insert_job_sql() -> String {
-    format!(
-        "INSERT INTO jobs (id, name, owner, spec, idempotency_key, request_hash, priority, data_policy)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (owner, idempotency_key) DO NOTHING
-         RETURNING {JOB_COLUMNS}"
-    )
-}
-
-/// The submit's event: `$1` job, `$2` data.
-pub const INSERT_SUBMITTED_EVENT: &str =
-    "INSERT INTO job_events (job_id, kind, to_state, reason, data)
-     VALUES ($1, 'submitted', 'queued', 'submitted', $2)";
 
 fn created(job: &Job, replayed: bool) -> Response {
     let mut resp = (StatusCode::CREATED, Json(job)).into_response();
@@ -329,39 +312,6 @@ pub async fn submit(
         ));
     }
     Ok(created(&job_from_row(&row)?, true))
-}
-
-/// What every new job row needs beside it, in the insert's transaction:
-/// the artifact versions it reads, its `submitted` event and the
-/// scheduler's wake-up.
-pub(crate) async fn record_submitted(
-    tx: &mut sqlx::PgConnection,
-    job: &Job,
-    versions: &[Uuid],
-    key: Option<String>,
-) -> ApiResult<()> {
-    for v in versions {
-        sqlx::query(
-            "INSERT INTO job_artifacts (job_id, version) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        )
-        .bind(job.id)
-        .bind(v)
-        .execute(&mut *tx)
-        .await?;
-    }
-    sqlx::query(INSERT_SUBMITTED_EVENT)
-        .bind(job.id)
-        .bind(
-            EventData::Submitted(Submitted {
-                strategy: job.strategy,
-                idempotency_key: key,
-                owner: job.owner.clone(),
-            })
-            .to_json(),
-        )
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
 }
 
 fn encode_cursor(at: DateTime<Utc>, id: Uuid) -> String {

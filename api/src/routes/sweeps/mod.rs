@@ -1,18 +1,20 @@
 //! `/v1/sweeps`: make a hyperparameter sweep, list and read sweeps, cancel
-//! one. The rules and the controller that runs trials are
-//! [`crate::sweeps`]; a user sees and cancels only its own sweeps (an admin
+//! one. The store and the controller that runs trials are
+//! [`controller`]; a user sees and cancels only its own sweeps (an admin
 //! every one), and another user's sweep answers 404 as a missing one does.
 
 use super::params::parse_body;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::JsonBytes;
-use crate::sweeps;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+pub mod controller;
+
+use controller as sweeps;
 pub use trainyard_common::api::{Sweep, SweepList};
 use trainyard_common::sweep::SweepSpec;
 use uuid::Uuid;

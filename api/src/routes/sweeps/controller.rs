@@ -27,8 +27,7 @@
 
 use crate::data_policy;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::job_rows::job_from_row;
-use crate::routes::jobs::{insert_job_sql, record_submitted};
+use crate::routes::job_rows::{insert_job_sql, job_from_row, record_submitted};
 use crate::AppState;
 use serde_json::{Map, Value};
 use sqlx::{PgConnection, PgPool, Row};

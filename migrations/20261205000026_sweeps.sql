@@ -9,6 +9,9 @@ CREATE TABLE sweeps (
     -- submitted with the data policy the owner had then.
     owner_admin boolean NOT NULL DEFAULT false,
     spec        jsonb NOT NULL,
+    -- How many ASHA rungs it has (0 without early stopping): a trial grows
+    -- only once it passed them all (the scheduler's cap).
+    rungs       integer NOT NULL DEFAULT 0,
     state       text NOT NULL DEFAULT 'running'
                 CHECK (state IN ('running', 'succeeded', 'failed', 'cancelled')),
     reason      text NOT NULL DEFAULT '',

@@ -235,8 +235,9 @@ pub fn keep(n: usize, eta: u32) -> usize {
 /// The running trials ASHA stops now: each is judged at the highest rung
 /// it reached, against every trial recorded there (running, stopped or
 /// ended), and stopped when it is not among the best [`keep`]. A trial that
-/// reached no rung, or ended, is never stopped; ties rank by the number of
-/// strictly better values (so equal values share a rank).
+/// reached no rung, or ended, is never stopped; its rank is the number of
+/// trials recorded there with a better value, or an equal one and a
+/// lower index (so a tie never keeps more than [`keep`]).
 pub fn asha_stops(goal: Goal, eta: u32, trials: &[RungView]) -> Vec<Stop> {
     let mut stops = Vec::new();
     for (i, t) in trials.iter().enumerate() {
@@ -245,11 +246,17 @@ pub fn asha_stops(goal: Goal, eta: u32, trials: &[RungView]) -> Vec<Stop> {
         }
         let k = t.values.len() - 1;
         let v = t.values[k];
-        let at: Vec<f64> = trials
+        let at: Vec<(usize, f64)> = trials
             .iter()
-            .filter_map(|o| o.values.get(k).copied())
+            .enumerate()
+            .filter_map(|(j, o)| o.values.get(k).map(|&x| (j, x)))
             .collect();
-        let rank = at.iter().filter(|&&o| better_or_nan(goal, o, v)).count();
+        // Equal values (an accuracy over a few hundred rows often ties)
+        // rank by the trials' order, so that a tie does not let both go on.
+        let rank = at
+            .iter()
+            .filter(|&&(j, o)| better_or_nan(goal, o, v) || (j < i && same(o, v)))
+            .count();
         let kept = keep(at.len(), eta);
         if rank >= kept {
             stops.push(Stop {
@@ -262,6 +269,11 @@ pub fn asha_stops(goal: Goal, eta: u32, trials: &[RungView]) -> Vec<Stop> {
         }
     }
     stops
+}
+
+/// Equal, counting two values that are not numbers as equal.
+fn same(a: f64, b: f64) -> bool {
+    a == b || (a.is_nan() && b.is_nan())
 }
 
 /// `a` better than `b`, where a value that is not a number is worst.

@@ -1,12 +1,13 @@
 //! A sweep under ASHA finds what the full grid finds for a fraction of its
 //! device time, and its survivors grow onto the executors ASHA frees.
 //!
-//! Sixteen configurations of a digits MLP (SGD with momentum: four
-//! learning rates, log-spaced, × four momenta), elastic trials of one to
-//! two ring workers, four at a time on four executors. The grid sweep runs
-//! all sixteen to the end; the ASHA sweep (η = 4, rungs at a tenth and at
-//! four tenths of the steps) runs the same sixteen and stops the ones
-//! below each rung's keep line. Judged against PyTorch itself: each
+//! Sixteen configurations of a digits MLP of 256-256 (SGD with momentum:
+//! four learning rates, log-spaced, × four momenta; 6000 steps of 128),
+//! elastic trials of one to two ring workers, four at a time on four
+//! executors. The grid sweep runs all sixteen to the end; the ASHA sweep
+//! (η = 8, rungs at a tenth and at eight tenths of the steps) runs the
+//! same sixteen and stops the ones below each rung's keep line; a trial
+//! that passed both rungs grows onto what stopped trials freed. Judged against PyTorch itself: each
 //! sweep's best trial's downloaded weights, evaluated by plain PyTorch in
 //! eval mode on the rows the trial held out, must be within 0.5 points of
 //! each other (ASHA's at most 0.5 below the grid's); device time is what
@@ -21,14 +22,14 @@ use std::time::{Duration, Instant};
 use trainyard_e2e::{repo_root, MlpSpec, Platform, Proc};
 
 /// Steps of every trial; the rungs are at a tenth and four tenths.
-const STEPS: u64 = 3000;
+const STEPS: u64 = 6000;
 /// Trials at once (and executors).
 const CONCURRENCY: usize = 4;
 
 fn base() -> Value {
     let mut b = MlpSpec::digits("digits")
         .hidden(&[256, 256])
-        .batch_size(64)
+        .batch_size(128)
         .steps(STEPS)
         .workers(1, 2)
         .seed(3)

@@ -213,6 +213,9 @@ fn asha_keeps_the_top_of_each_rung() {
     assert_eq!(stops, vec![1, 3, 6, 7]);
     // The first trial at a rung always goes on.
     assert!(asha_stops(Goal::Minimize, 4, &[t(true, &[5.0])]).is_empty());
+    // Of two equal values, the earlier trial's goes on.
+    let tied = asha_stops(Goal::Maximize, 4, &[t(true, &[0.9]), t(true, &[0.9])]);
+    assert_eq!(tied.iter().map(|s| s.trial).collect::<Vec<_>>(), vec![1]);
 }
 
 proptest! {
@@ -230,11 +233,14 @@ proptest! {
             prop_assert!(t.running);
             prop_assert_eq!(s.rung, t.values.len() - 1);
             prop_assert!(s.rank >= s.keep);
-            // Never the best value of its rung.
-            let v = t.values[s.rung];
-            let best = trials.iter().filter_map(|o| o.values.get(s.rung)).copied()
-                .fold(v, |b, o| if goal.better(o, b) { o } else { b });
-            prop_assert!(best != v);
+            // Never the first trial holding the best value of its rung.
+            let first_best = trials.iter().enumerate()
+                .filter_map(|(j, o)| o.values.get(s.rung).map(|&x| (j, x)))
+                .fold(None::<(usize, f64)>, |b, (j, x)| match b {
+                    Some((_, bx)) if !goal.better(x, bx) => b,
+                    _ => Some((j, x)),
+                });
+            prop_assert_ne!(first_best.map(|(j, _)| j), Some(s.trial));
         }
         // After the stops, at most `keep` running trials whose top rung is
         // k rank below the keep line.

@@ -87,6 +87,7 @@ pub(super) async fn decide(
     let sharing = Sharing {
         quotas: quotas(db).await?,
         usage: usage(db, config.half_life).await?,
+        caps: unproven_trials(db).await?,
         ..Sharing::default()
     };
     let pending = pending(db).await?;
@@ -368,6 +369,31 @@ async fn pending(db: &PgPool) -> Result<HashMap<Uuid, Pending>, sqlx::Error> {
             )
         })
         .collect())
+}
+
+/// Caps of sweep trials that early stopping may still stop: a trial of a
+/// sweep with rungs keeps the workers it holds (at least `workers.min`)
+/// until it has passed the last rung, so the executors a stopped trial
+/// frees go to the trials that survived every rung, not to ones that may
+/// be stopped next (growing those wasted devices, measured by
+/// `tests/e2e/sweeps.rs`). A sweep without rungs caps nothing.
+async fn unproven_trials(db: &PgPool) -> Result<BTreeMap<Uuid, u32>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT t.job_id,
+                greatest(coalesce((t.spec -> 'workers' ->> 'min')::int, 1),
+                         (SELECT count(*) FROM assignments a WHERE a.job_id = t.job_id AND a.role = 'worker')::int) AS cap
+         FROM sweep_trials t JOIN sweeps s ON s.id = t.sweep_id
+         WHERE s.state = 'running' AND t.state = 'running' AND t.job_id IS NOT NULL
+           AND s.rungs > 0 AND coalesce(array_length(t.rung_metrics, 1), 0) < s.rungs",
+    )
+    .fetch_all(db)
+    .await?;
+    let mut caps = BTreeMap::new();
+    for r in rows {
+        let cap: i32 = r.try_get("cap")?;
+        caps.insert(r.try_get("job_id")?, cap.max(1) as u32);
+    }
+    Ok(caps)
 }
 
 /// Every owner's quota.

@@ -16,8 +16,9 @@
 //! 3. a running trial whose workers grew onto executors a stopped trial
 //!    freed is recorded as a growth (the scheduler's growth rule gives
 //!    freed executors to placed elastic jobs whenever no waiting job needs
-//!    them: once a sweep's budget is spent, its survivors take what ASHA
-//!    frees);
+//!    them, and caps a trial that has not passed every rung at what it
+//!    holds: once a sweep's budget is spent, the survivors of every rung
+//!    take what ASHA frees);
 //! 4. pending trials are submitted while fewer than `concurrency` run, as
 //!    jobs of the sweep's owner, with the data policy the owner has now
 //!    (its quotas, fair share and priority apply as to any job), logged
@@ -97,13 +98,14 @@ pub async fn create(st: &AppState, owner: &str, admin: bool, spec: SweepSpec) ->
     let spec_json = serde_json::to_value(&spec).map_err(|e| ApiError::Internal(e.into()))?;
     let mut tx = st.db.begin().await?;
     sqlx::query(
-        "INSERT INTO sweeps (id, name, owner, owner_admin, spec) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO sweeps (id, name, owner, owner_admin, spec, rungs) VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(id)
     .bind(spec.name.trim())
     .bind(owner)
     .bind(admin)
     .bind(&spec_json)
+    .bind(spec_rungs(&spec).len() as i32)
     .execute(&mut *tx)
     .await?;
     for (i, t) in trials.iter().enumerate() {

@@ -303,7 +303,9 @@ struct Row_ {
     unsettled: bool,
 }
 
-async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
+/// One tick of sweep `id` (nothing when another replica drives it now or
+/// it is not running).
+pub async fn drive(st: &AppState, id: Uuid) -> ApiResult<()> {
     let mut tx = st.db.begin().await?;
     let got: Option<String> = sqlx::query_scalar(lock_sql(false))
         .bind(id)

@@ -60,8 +60,9 @@ pub async fn create(
 ) -> ApiResult<Response> {
     let spec: SweepSpec = parse_body(&body)?;
     let id = sweeps::create(&st, &who.user, who.is_admin(), spec).await?;
-    // The first trials start now rather than at the next tick.
-    if let Err(e) = sweeps::tick(&st).await {
+    // The first trials start now rather than at the next tick; only this
+    // sweep is driven, so the answer does not wait on other users' sweeps.
+    if let Err(e) = sweeps::drive(&st, id).await {
         tracing::warn!(sweep = %id, error = %e, "first tick of a new sweep failed");
     }
     let sweep = sweeps::load(&st.db, id)

@@ -211,9 +211,10 @@ fn checkpoints_of_ring_and_ps_jobs_go_to_s3_are_kept_to_k_and_resume_a_new_job_w
 fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
     let p = platform(None);
     let objects = p.data.join("objects");
-    // One executor's uploads are held for 4 s after their local write, so
-    // a checkpoint is half in the store for a while; steps are slowed so
-    // the job is still running then.
+    // One executor's uploads from step 100 on are held (for longer than
+    // the test), so the checkpoint of step 100 stays half in the store
+    // until the fleet is killed, whatever the machine's load; steps are
+    // slowed so the job is still running then.
     let mut first = vec![
         p.executor_with("kill-a", 2048, &[("TRAINYARD_SLOW_WORKER", "*:15")]),
         p.executor_with(
@@ -221,7 +222,7 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
             2048,
             &[
                 ("TRAINYARD_SLOW_WORKER", "*:15"),
-                ("TRAINYARD_UPLOAD_DELAY_MS", "4000"),
+                ("TRAINYARD_UPLOAD_DELAY_MS", "600000@100"),
             ],
         ),
     ];
@@ -264,7 +265,12 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
     for e in &mut first {
         let _ = e.wait_exit(Duration::from_secs(10));
     }
-    assert_eq!(p.checkpoint_steps(&id)[0], committed);
+    assert_eq!(
+        p.checkpoint_steps(&id).first(),
+        Some(&committed),
+        "{:?}",
+        p.log_messages(&id)
+    );
     assert!(!job_dir
         .join(format!("step-{partial}/manifest.json"))
         .exists());
@@ -290,10 +296,14 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
             .any(|l| l.contains("read from the local cache")),
         "the restarted executor read its checkpoint shard from its local cache: {resumed:?}"
     );
+    // Both ranks of the new fleet start from it. (Until they commit a
+    // checkpoint of their own, every resume does; a later one, after a
+    // spurious repair on a loaded machine, may start from theirs.)
     assert!(
-        resumed
-            .iter()
-            .all(|l| l.contains(&format!("step {committed} "))),
+        resumed.len() >= 2
+            && resumed[..2]
+                .iter()
+                .all(|l| l.contains(&format!("step {committed} "))),
         "resumed from {resumed:?}, the last committed was {committed} (partial {partial})"
     );
     wait_checkpoints(&p, &id, &[400, 350, 300]);

@@ -22,6 +22,7 @@
 //!   or into 3 PS shards.
 
 use super::{Storage, StorageError};
+use crate::context::UploadDelay;
 use crate::reports::Item;
 use crate::signals::{CheckpointRequest, Drain, PendingUploads};
 use bytes::Bytes;
@@ -148,14 +149,14 @@ pub struct Uploader {
 impl Uploader {
     /// Starts the writer of job `job`'s shards; it reports through `report`
     /// and counts each shard in `pending` until the API acknowledged it
-    /// (the report's delivery takes it off). Each upload is held `delay`
-    /// after its local write (the `TRAINYARD_UPLOAD_DELAY_MS` test hook).
+    /// (the report's delivery takes it off). An upload may be held after
+    /// its local write (`delay`, the `TRAINYARD_UPLOAD_DELAY_MS` test hook).
     pub fn start(
         storage: Arc<Storage>,
         job: Uuid,
         report: UnboundedSender<Item>,
         pending: PendingUploads,
-        delay: Option<Duration>,
+        delay: Option<UploadDelay>,
     ) -> Uploader {
         // Rendezvous: a snapshot is taken only when the writer is idle.
         let (tx, rx) = sync_channel::<Snapshot>(0);
@@ -225,7 +226,7 @@ fn upload(
     storage: &Storage,
     job: Uuid,
     snap: Snapshot,
-    delay: Option<Duration>,
+    delay: Option<UploadDelay>,
 ) -> Result<ShardUploaded, StorageError> {
     let refs: Vec<&[f32]> = snap.tensors.iter().map(|t| t.as_slice()).collect();
     let bytes = shard::encode(&snap.ranges, &refs, snap.step).map_err(StorageError::Checkpoint)?;
@@ -236,7 +237,7 @@ fn upload(
     if let Err(e) = storage.cache.put(&storage.store.url_of(&key), &bytes) {
         tracing::warn!(error = %e, "cannot keep a checkpoint shard in the local cache");
     }
-    if let Some(d) = delay {
+    if let Some(d) = delay.and_then(|d| d.of(snap.step)) {
         std::thread::sleep(d);
     }
     let len = bytes.len() as u64;
@@ -457,7 +458,10 @@ mod tests {
             job,
             tx,
             PendingUploads::default(),
-            Some(Duration::from_millis(300)),
+            Some(UploadDelay {
+                hold: Duration::from_millis(300),
+                from_step: 0,
+            }),
         );
         let snap = |step| Snapshot {
             step,

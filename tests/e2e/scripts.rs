@@ -16,21 +16,16 @@
 //! checkpoints and outputs go through the test S3 server.
 
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use trainyard_common::JobState;
-use trainyard_e2e::{eventually, repo_root, run_ok, ApiClient, Platform};
+use trainyard_e2e::script_jobs::{
+    ddp_accuracy as accuracy, download, scripts_dir as scripts, split_digits as digits, torchrun,
+    torchrun_model,
+};
+use trainyard_e2e::{eventually, repo_root, ApiClient, Platform};
 
 const ADMIN: &str = "e2e-scripts-admin";
-
-fn python() -> String {
-    std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn scripts() -> PathBuf {
-    repo_root().join("tests/python/scripts")
-}
 
 fn user(p: &Platform, name: &str) -> ApiClient {
     p.with_token(ADMIN).new_user(name)
@@ -38,74 +33,6 @@ fn user(p: &Platform, name: &str) -> ApiClient {
 
 fn upload(c: &ApiClient, name: &str, file: &Path) -> String {
     c.upload(name, file)
-}
-
-/// Digits split into the training rows and 500 no job sees, in the
-/// platform's folder: (train, test).
-fn digits(p: &Platform) -> (PathBuf, PathBuf) {
-    let dir = p.file("digits");
-    let mut write = Command::new(python());
-    write
-        .arg(repo_root().join("tests/python/user_models.py"))
-        .args(["write".as_ref(), dir.as_os_str()]);
-    run_ok(&mut write, "user_models.py write");
-    (dir.join("train.npz"), dir.join("test.npz"))
-}
-
-/// torchrun's run of the DDP script on `train` for `epochs`, two
-/// processes on this machine (its weights: [`torchrun_model`]).
-fn torchrun(p: &Platform, train: &Path, epochs: u32) -> std::process::Child {
-    let reference = p.file("torchrun");
-    let inputs = p.file("torchrun-inputs");
-    std::fs::create_dir_all(&inputs).unwrap();
-    std::fs::copy(train, inputs.join("digits-train.npz")).unwrap();
-    Command::new(python())
-        .args([
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-        ])
-        .arg(scripts().join("ddp_digits.py"))
-        .args(["--epochs", &epochs.to_string()])
-        .env("TRAINYARD_INPUT_DIR", &inputs)
-        .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
-        .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
-        .env("OMP_NUM_THREADS", "1")
-        .spawn()
-        .unwrap()
-}
-
-/// The weights torchrun's run left, once it has ended successfully.
-fn torchrun_model(p: &Platform, run: std::process::Child) -> PathBuf {
-    let status = run.wait_with_output().unwrap().status;
-    assert!(status.success(), "torchrun failed: {status}");
-    p.file("torchrun").join("outputs/model.pt")
-}
-
-fn download(c: &ApiClient, path: &str, to: &Path) {
-    let r = c.get_response(path);
-    let status = r.status();
-    let bytes = r.bytes().unwrap();
-    assert_eq!(
-        status,
-        200,
-        "GET {path}: {}",
-        String::from_utf8_lossy(&bytes)
-    );
-    std::fs::write(to, bytes).unwrap();
-}
-
-/// PyTorch's eval-mode accuracy of `model` on `test`.
-fn accuracy(model: &Path, test: &Path) -> f64 {
-    let mut evaluate = Command::new(python());
-    evaluate
-        .arg(scripts().join("evaluate_ddp.py"))
-        .args([model, test]);
-    let out = run_ok(&mut evaluate, "evaluate_ddp.py");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["accuracy"].as_f64().unwrap()
 }
 
 fn ddp_job(name: &str, epochs: u32) -> Value {
@@ -141,7 +68,7 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
 
     // The script job, and torchrun's run of the same script beside it.
     let id = alice.submit(&ddp_job("ddp", 4));
-    let reference = torchrun(&p, &train, 4);
+    let reference = torchrun(&p, "torchrun", &train, 2, &["--epochs", "4"]);
 
     // Mallory's hostile script runs on the same executors meanwhile.
     upload(&mallory, "hostile.py", &scripts().join("hostile.py"));
@@ -255,7 +182,7 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
     download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
     let (a, b) = (
         accuracy(&ours, &test),
-        accuracy(&torchrun_model(&p, reference), &test),
+        accuracy(&torchrun_model(&p, "torchrun", reference), &test),
     );
     eprintln!(
         "script job {a:.4}, torchrun {b:.4}, on {} held-out rows",
@@ -344,7 +271,13 @@ fn a_killed_executor_restarts_every_rank_from_the_last_checkpoint_and_a_joining_
     let id = alice.submit(&spec);
 
     // torchrun's uninterrupted run of the same script, meanwhile.
-    let reference = torchrun(&p, &train, epochs);
+    let reference = torchrun(
+        &p,
+        "torchrun",
+        &train,
+        2,
+        &["--epochs", &epochs.to_string()],
+    );
     // A log line with every one of `parts` (generation numbers depend on
     // how many rounds the loss took; restart counts do not).
     let logged = |parts: &[&str], limit: u64| {
@@ -483,7 +416,7 @@ fn a_killed_executor_restarts_every_rank_from_the_last_checkpoint_and_a_joining_
     download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
     let (a, b) = (
         accuracy(&ours, &test),
-        accuracy(&torchrun_model(&p, reference), &test),
+        accuracy(&torchrun_model(&p, "torchrun", reference), &test),
     );
     eprintln!("killed, resumed and grown {a:.4}, torchrun uninterrupted {b:.4}");
     assert!(

@@ -1,11 +1,13 @@
 //! Experiment tracking with the real trackers: a real `mlflow server`
 //! (SQLite store, artifacts served by the server, on a free loopback port)
-//! receives a ring job's run (its experiment named in the spec) and a PS
-//! job's (the server's default experiment), and MLflow's own Python client
-//! reads back the spec's params, the tags, EVERY step metric the metrics
-//! API shows (asked for undownsampled) and the model, byte for byte what
-//! `GET /v1/jobs/{id}/model` serves, across a restart of the API server
-//! mid-run; TensorBoard's `EventAccumulator`
+//! receives a ring job's run (its experiment named in the spec), a PS
+//! job's and a script job's (the server's default experiment), and
+//! MLflow's own Python client reads back the spec's params, the tags,
+//! EVERY step metric the metrics API shows (asked for undownsampled; a
+//! script's are what it gave `trainyard.report()`) and the model, byte for
+//! byte what `GET /v1/jobs/{id}/model` serves (a script job's outputs, as
+//! `/v1/jobs/{id}/outputs/…` serves them), across a restart of the API
+//! server mid-run; TensorBoard's `EventAccumulator`
 //! reads `GET /v1/jobs/{id}/tensorboard` back to the same points. A job
 //! logged to a closed port trains to success all the same, with a
 //! `tracking` warning event.
@@ -22,6 +24,7 @@ use std::time::Duration;
 use trainyard_common::api::MetricSample;
 use trainyard_common::event::TrackingWarning;
 use trainyard_common::{EventData, EventKind, JobState};
+use trainyard_e2e::script_jobs::{scripts_dir, split_digits};
 use trainyard_e2e::{
     eventually, free_port, repo_root, run_ok, tail, Consistency, MlpSpec, Platform, Proc,
 };
@@ -184,21 +187,7 @@ fn check_run(p: &Platform, mlflow: &MlflowServer, id: &str, experiment: &str, pa
         assert_eq!(tags["trainyard.consistency"], "sync");
     }
 
-    // Every point of every metric, as the metrics API has it.
-    let points = every_point(p, id);
-    for (key, want) in by_key(&points) {
-        let got: Vec<(i64, f64)> = run["metrics"][key]
-            .as_array()
-            .unwrap_or_else(|| panic!("no metric {key} in {}", run["metrics"]))
-            .iter()
-            .map(|m| (m[0].as_i64().unwrap(), m[1].as_f64().unwrap()))
-            .collect();
-        assert_eq!(got.len(), want.len(), "{key}: {got:?} vs {want:?}");
-        for ((gs, gv), (ws, wv)) in got.iter().zip(&want) {
-            assert_eq!(gs, ws, "{key}");
-            assert!(close(*gv, *wv, 1e-12), "{key} at step {ws}: {gv} vs {wv}");
-        }
-    }
+    check_metrics(p, &run, id);
     assert!(
         !run["metrics"]["eval_accuracy"]
             .as_array()
@@ -215,6 +204,83 @@ fn check_run(p: &Platform, mlflow: &MlflowServer, id: &str, experiment: &str, pa
     let downloaded = std::fs::read(run["model"].as_str().expect("a model artifact")).unwrap();
     assert!(!served.is_empty());
     assert!(served[..] == downloaded[..], "the model artifact differs");
+}
+
+/// MLflow's `run` holds every point of every metric of job `id`, as the
+/// metrics API has it (and no metric the job has no point of).
+fn check_metrics(p: &Platform, run: &Value, id: &str) {
+    let points = every_point(p, id);
+    for (key, want) in by_key(&points) {
+        if want.is_empty() {
+            assert!(run["metrics"][key].is_null(), "{key}: {}", run["metrics"]);
+            continue;
+        }
+        let got: Vec<(i64, f64)> = run["metrics"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no metric {key} in {}", run["metrics"]))
+            .iter()
+            .map(|m| (m[0].as_i64().unwrap(), m[1].as_f64().unwrap()))
+            .collect();
+        assert_eq!(got.len(), want.len(), "{key}: {got:?} vs {want:?}");
+        for ((gs, gv), (ws, wv)) in got.iter().zip(&want) {
+            assert_eq!(gs, ws, "{key}");
+            assert!(close(*gv, *wv, 1e-12), "{key} at step {ws}: {gv} vs {wv}");
+        }
+    }
+}
+
+/// A script job's run: its spec, what it reported with
+/// `trainyard.report()`, and its outputs as artifacts, byte for byte what
+/// `GET /v1/jobs/{id}/outputs/model.pt` serves.
+fn check_script_run(p: &Platform, mlflow: &MlflowServer, id: &str) {
+    let job = p.job(id);
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    let run = mlflow.run_of(id);
+    assert_eq!(run["status"], "FINISHED", "{run}");
+    assert_eq!(run["experiment"], "trainyard-e2e");
+    assert_eq!(run["tags"]["trainyard.job_id"], id);
+    assert_eq!(run["params"]["script.code"], "artifact:train.py", "{run}");
+    assert!(
+        run["params"]["script.args"]
+            .as_str()
+            .is_some_and(|a| a.contains("--epochs")),
+        "{run}"
+    );
+    // One report a epoch, loss and lr among them.
+    let steps: Vec<i64> = every_point(p, id).iter().map(|m| m.step).collect();
+    assert_eq!(steps, [1, 2, 3]);
+    check_metrics(p, &run, id);
+    assert!(
+        run["model"].is_null(),
+        "a script job has no model.safetensors"
+    );
+    let outputs = PathBuf::from(
+        run["outputs"]
+            .as_str()
+            .expect("an outputs/ artifact folder"),
+    );
+    let served = p
+        .get_response(&format!("/v1/jobs/{id}/outputs/model.pt"))
+        .bytes()
+        .unwrap();
+    assert!(!served.is_empty());
+    let logged = std::fs::read(outputs.join("model.pt")).unwrap();
+    assert!(served[..] == logged[..], "the outputs artifact differs");
+}
+
+/// Uploads the DDP digits script and its training rows as artifacts and
+/// submits it as a one-rank script job of 3 epochs.
+fn submit_script(p: &Platform) -> String {
+    let (train, _) = split_digits(p);
+    p.upload("train.py", &scripts_dir().join("ddp_digits.py"));
+    p.upload("digits-train.npz", &train);
+    p.submit(&serde_json::json!({
+        "name": "tracked-script",
+        "script": {"code": "artifact:train.py", "args": ["--epochs", "3"]},
+        "inputs": ["artifact:digits-train.npz"],
+        "workers": {"min": 1, "max": 1},
+        "resources": {"memory_mb": 1024},
+    }))
 }
 
 /// Job `id`'s TensorBoard file, read back by TensorBoard's own reader,
@@ -251,6 +317,10 @@ fn check_tensorboard(p: &Platform, id: &str, dir: &Path) {
             "eval_accuracy" => "eval/accuracy".to_owned(),
             k => format!("train/{k}"),
         };
+        if want.is_empty() {
+            assert!(read[&tag].is_null(), "{tag} has no points");
+            continue;
+        }
         let got: Vec<(i64, f64)> = read[&tag]
             .as_array()
             .unwrap_or_else(|| panic!("no tag {tag} in the event file"))
@@ -272,7 +342,7 @@ fn check_tensorboard(p: &Platform, id: &str, dir: &Path) {
 }
 
 #[test]
-fn ring_and_ps_jobs_log_params_every_metric_and_their_model_to_mlflow() {
+fn ring_ps_and_script_jobs_log_params_every_metric_and_their_model_to_mlflow() {
     let mlflow = MlflowServer::start("jobs");
     let mut p = Platform::builder("tracking")
         .env("TRAINYARD_MLFLOW_URI", &mlflow.uri)
@@ -299,13 +369,14 @@ fn ring_and_ps_jobs_log_params_every_metric_and_their_model_to_mlflow() {
         .build();
     let ring = p.submit(&ring);
     let ps = p.submit(&ps);
+    let script = submit_script(&p);
     // The API restarts (gracefully) while the ring job trains: its export
     // goes on from the cursor it committed, nothing sent twice or lost.
     p.wait_steps(&ring, 40, Duration::from_secs(300));
     p.server.terminate().unwrap();
     p.server.wait_exit(Duration::from_secs(60)).unwrap();
     p.start_api();
-    for id in [&ring, &ps] {
+    for id in [&ring, &ps, &script] {
         let job = p.wait_end(id, Duration::from_secs(600));
         assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     }
@@ -313,7 +384,8 @@ fn ring_and_ps_jobs_log_params_every_metric_and_their_model_to_mlflow() {
     assert!(p.steps_recorded(&ring) > 125);
     check_run(&p, &mlflow, &ring, "ring runs", "allreduce");
     check_run(&p, &mlflow, &ps, "trainyard-e2e", "parameter_server");
-    for id in [&ring, &ps] {
+    check_script_run(&p, &mlflow, &script);
+    for id in [&ring, &ps, &script] {
         check_tensorboard(&p, id, &mlflow.dir);
         // Nothing went wrong on the way.
         let warnings: Vec<_> = p

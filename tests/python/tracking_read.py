@@ -4,10 +4,11 @@ them; run by tests/e2e/tracking.rs in the tracking venv (scripts/tracking.sh).
   tracking_read.py mlflow URI JOB_ID OUT_DIR
       Finds the MLflow run tagged trainyard.job_id=JOB_ID (in any
       experiment), waits up to 180 s for it to end (status FINISHED, FAILED
-      or KILLED), downloads its model.safetensors artifact into OUT_DIR and
-      prints one JSON object: experiment name, status, params, tags, every
-      point of every metric ([step, value, timestamp] by key) and the
-      downloaded file's path.
+      or KILLED), downloads its model.safetensors artifact (a model job's)
+      or its outputs/ folder (a script job's) into OUT_DIR and prints one
+      JSON object: experiment name, status, params, tags, every point of
+      every metric ([step, value, timestamp] by key) and the downloaded
+      file's and folder's paths.
 
   tracking_read.py tensorboard DIR
       Loads the event file(s) in DIR with TensorBoard's EventAccumulator,
@@ -52,6 +53,11 @@ def mlflow_run(uri, job_id, out_dir):
         model = mlflow.artifacts.download_artifacts(
             run_id=run_id, artifact_path="model.safetensors", dst_path=out_dir
         )
+    outputs = None
+    if "outputs" in artifacts:
+        outputs = mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path="outputs", dst_path=out_dir
+        )
     print(
         json.dumps(
             {
@@ -63,6 +69,7 @@ def mlflow_run(uri, job_id, out_dir):
                 "metrics": metrics,
                 "artifacts": artifacts,
                 "model": model,
+                "outputs": outputs,
             }
         )
     )

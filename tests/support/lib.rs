@@ -16,6 +16,8 @@
 //!   bounded modes, each judged by PyTorch against its sync job;
 //! - [`compare`]: two models compared row by row on the same held-out rows;
 //! - [`s3`]: the test S3 server;
+//! - [`script_jobs`]: the DDP script's data, torchrun's reference run and
+//!   PyTorch's accuracy of a script's output;
 //! - [`lab`]: hosts in network namespaces on a bridge, link rates and
 //!   faults (link down, a pair cut, a host cut from the API).
 //!
@@ -29,6 +31,7 @@ pub mod platform;
 pub mod postgres;
 pub mod process;
 pub mod s3;
+pub mod script_jobs;
 pub mod spec;
 
 pub use client::{

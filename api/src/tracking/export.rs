@@ -9,7 +9,8 @@
 //! rank 0's stored steps after the row's cursor in batches of at most 1000
 //! metrics (at most [`BATCHES_PER_TURN`] a turn, so one long job does not
 //! hold the others back), and once the job has ended and every step is
-//! sent, upload the final model (streamed from the store) and end the run
+//! sent, upload the final model (streamed from the store; a script job's
+//! outputs instead, bounded) and end the run
 //! with the job's status. The row is updated with what was reached in the
 //! same transaction, so a restarted server resumes from the cursor: what
 //! was sent is not sent again, what was not is. (A batch that MLflow took
@@ -49,6 +50,10 @@ const STEPS_PER_BATCH: i64 = (1000 / METRICS_PER_STEP) as i64;
 pub const BATCHES_PER_TURN: usize = 8;
 /// MLflow takes at most 100 params a batch.
 const PARAMS_PER_BATCH: usize = 100;
+/// Most output files of a script job uploaded as artifacts.
+pub const MAX_OUTPUT_ARTIFACTS: usize = 100;
+/// Most output bytes of a script job uploaded as artifacts.
+pub const MAX_OUTPUT_ARTIFACT_BYTES: u64 = 4 << 30;
 /// Longest backoff.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Failures in a row, after the job ended, that end its export.
@@ -359,8 +364,10 @@ async fn export(
                 let sent = ml.upload(&place, "model.safetensors", size, body).await;
                 skip_refused(tx, id, row, sent).await?;
             }
-            // A script job has outputs, not a model.
-            Err(trainyard_store::StoreError::NotFound(_)) => {}
+            // A script job has outputs, not a model: they are its artifacts.
+            Err(trainyard_store::StoreError::NotFound(_)) => {
+                upload_outputs(tx, store, ml, &place, id, row).await?;
+            }
             Err(e) => return Err(Stop::Store(e.to_string())),
         }
     }
@@ -375,6 +382,87 @@ async fn export(
     skip_refused(tx, id, row, sent).await?;
     ml.end_run(&run_id, status, end).await?;
     Ok(Reached::Done)
+}
+
+/// A script job's outputs (what rank 0 left in `TRAINYARD_OUTPUT_DIR`) as
+/// the run's artifacts under `outputs/`, at most [`MAX_OUTPUT_ARTIFACTS`]
+/// files and [`MAX_OUTPUT_ARTIFACT_BYTES`] in all: what is over the bound
+/// stays at `/v1/jobs/{id}/outputs`, and the job gets a `skipped` warning
+/// saying so. A turn cut short uploads them all again (a PUT replaces).
+async fn upload_outputs(
+    tx: &mut PgConnection,
+    store: &trainyard_store::Store,
+    ml: &Mlflow,
+    place: &ArtifactPlace<'_>,
+    id: Uuid,
+    row: &Row_,
+) -> Result<(), Stop> {
+    let prefix = trainyard_common::checkpoint::outputs_prefix(id);
+    let listed = store
+        .list(&prefix)
+        .await
+        .map_err(|e| Stop::Store(e.to_string()))?;
+    let (mut files, mut bytes, mut left) = (0usize, 0u64, 0usize);
+    for (key, size) in listed {
+        let Some(path) = key.strip_prefix(&prefix) else {
+            continue;
+        };
+        if files == MAX_OUTPUT_ARTIFACTS || bytes + size > MAX_OUTPUT_ARTIFACT_BYTES {
+            left += 1;
+            continue;
+        }
+        let name = artifact_name(path);
+        match store.stream(&key).await {
+            Ok((size, body)) => {
+                let sent = ml.upload(place, &name, size, body).await;
+                skip_refused(tx, id, row, sent).await?;
+                files += 1;
+                bytes += size;
+            }
+            // Gone since the listing: nothing to send.
+            Err(trainyard_store::StoreError::NotFound(_)) => {}
+            Err(e) => return Err(Stop::Store(e.to_string())),
+        }
+    }
+    if left > 0 {
+        let reason = format!(
+            "{left} of the job's outputs are not uploaded to MLflow at {} (at most {MAX_OUTPUT_ARTIFACTS} files and {} MiB go there); \
+             every output stays at /v1/jobs/{id}/outputs",
+            row.uri,
+            MAX_OUTPUT_ARTIFACT_BYTES >> 20
+        );
+        warn(
+            tx,
+            id,
+            &row.uri,
+            "outputs over the bound",
+            "skipped",
+            &reason,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The artifact path of output `path` (relative, checked by the executor
+/// and the store): `outputs/` and each segment percent-encoded, so that
+/// no name can step out of the run's folder or break the URL.
+fn artifact_name(path: &str) -> String {
+    let segments: Vec<String> = path
+        .split('/')
+        .map(|s| {
+            s.bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    format!("outputs/{}", segments.join("/"))
 }
 
 /// `sent`, with a refusal of the request itself turned into a `skipped`
@@ -455,6 +543,14 @@ fn metrics_of(r: &sqlx::postgres::PgRow) -> Result<Vec<Metric>, sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_artifact_names_stay_in_the_outputs_folder() {
+        assert_eq!(artifact_name("model.pt"), "outputs/model.pt");
+        assert_eq!(artifact_name("a b/ç?.pt"), "outputs/a%20b/%C3%A7%3F.pt");
+        assert_eq!(artifact_name("x%2F..%2Fy"), "outputs/x%252F..%252Fy");
+        assert_eq!(artifact_name("q#frag&x=1"), "outputs/q%23frag%26x%3D1");
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap() {

@@ -47,7 +47,8 @@ pub struct SweepSpec {
     #[schema(value_type = Object)]
     pub base: Value,
     /// The search space: dotted paths into the base spec (`optimizer.lr`,
-    /// `batch_size`, `model.hidden`), each with its values or range.
+    /// `batch_size`, `model.hidden`), each with its values or range; for a
+    /// script job, `script.args.NAME` passes `--NAME=VALUE` to the script.
     pub parameters: BTreeMap<String, Parameter>,
     /// How trials are drawn from the space (default `random`).
     #[serde(default)]
@@ -70,6 +71,17 @@ pub struct SweepSpec {
     /// Seed of the random draws (default 0).
     #[serde(default)]
     pub seed: u64,
+}
+
+impl SweepSpec {
+    /// The trials' length in steps, where one is known: the base spec's
+    /// `steps`, else ASHA's `max_steps` (a script job's).
+    pub fn trial_steps(&self) -> Option<u64> {
+        self.base
+            .get("steps")
+            .and_then(Value::as_u64)
+            .or(self.early_stopping.and_then(|e| e.asha.max_steps))
+    }
 }
 
 fn one() -> u32 {
@@ -163,17 +175,22 @@ pub struct EarlyStopping {
     pub asha: Asha,
 }
 
-/// ASHA's settings. Rungs are at `min_steps · η^k` steps (below the base
-/// spec's `steps`); a trial's value at a rung is the first metric point
-/// at or after it.
+/// ASHA's settings. Rungs are at `min_steps · η^k` steps (below the
+/// trials' length: the base spec's `steps`, or `max_steps` for a script
+/// job); a trial's value at a rung is the first metric point at or after
+/// it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Asha {
     /// η (2–16, default 4): one trial in η goes on past each rung.
     #[serde(default = "four")]
     pub reduction_factor: u32,
-    /// The first rung, in steps (at least 1, below `base.steps`).
+    /// The first rung, in steps (at least 1, below the trials' length).
     pub min_steps: u64,
+    /// The trials' length in steps where the base spec gives no `steps`:
+    /// a script job's last step passed to `trainyard.report()`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
 }
 
 fn four() -> u32 {
@@ -469,13 +486,66 @@ fn set_path(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
     Ok(())
 }
 
+/// Appends `--NAME=VALUE` to the script's arguments in `doc`.
+fn push_script_arg(doc: &mut Value, name: &str, value: &Value) -> Result<(), String> {
+    let arg = script_arg(name, value)?;
+    let Some(script) = doc.get_mut("script").and_then(Value::as_object_mut) else {
+        return Err("the base spec has no script to pass it to".into());
+    };
+    match script
+        .entry("args")
+        .or_insert_with(|| Value::Array(Vec::new()))
+    {
+        Value::Array(args) => {
+            args.push(Value::String(arg));
+            Ok(())
+        }
+        _ => Err("the base spec's script.args is not a list".into()),
+    }
+}
+
 /// Paths a sweep may not set: what names the trial or the data it reads
 /// stays the base spec's (trials differ in how they train, not in what).
 const FIXED: &[&str] = &["name", "steps", "epochs", "script", "inputs", "resume_from"];
 
+/// The path prefix of a script's command-line arguments: a parameter
+/// `script.args.NAME` passes `--NAME=VALUE` to the trial's script.
+pub const SCRIPT_ARGS: &str = "script.args.";
+
+/// The argument a `script.args.NAME` parameter adds for `value` (a string,
+/// number or boolean, as a command line spells it).
+pub fn script_arg(name: &str, value: &Value) -> Result<String, String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => {
+            return Err(format!(
+                "a script argument is a string, number or boolean, not {other}"
+            ))
+        }
+    };
+    Ok(format!("--{name}={text}"))
+}
+
 fn check_path(path: &str) -> Result<(), String> {
     if path.is_empty() || path.len() > MAX_PATH {
         return Err(format!("a path is 1–{MAX_PATH} characters"));
+    }
+    if let Some(name) = path.strip_prefix(SCRIPT_ARGS) {
+        // Passed as `--NAME=VALUE`: nothing that could read as another
+        // argument, an option's end or a shell word.
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name.as_bytes()[0].is_ascii_alphanumeric()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        return if ok {
+            Ok(())
+        } else {
+            Err("a script argument's name is 1–64 letters, digits, `_` and `-`, starting with a letter or digit (it is passed as --NAME=VALUE)".into())
+        };
     }
     if !path
         .split('.')
@@ -485,9 +555,11 @@ fn check_path(path: &str) -> Result<(), String> {
     }
     let top = path.split('.').next().unwrap_or_default();
     if FIXED.contains(&top) {
-        return Err(format!(
-            "{top} is fixed by the base spec; a sweep searches over how trials train"
-        ));
+        return Err(if top == "script" {
+            format!("{top} is fixed by the base spec; a sweep passes values to the script as `{SCRIPT_ARGS}NAME` (--NAME=VALUE)")
+        } else {
+            format!("{top} is fixed by the base spec; a sweep searches over how trials train")
+        });
     }
     if top == "dataset" && path.split('.').any(|k| k.ends_with("url")) {
         return Err("a dataset's URLs are fixed by the base spec".into());
@@ -519,10 +591,24 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
             format!("must name 1–{MAX_PARAMETERS} parameters"),
         ));
     }
+    let script_base = sweep.base.get("script").is_some_and(Value::is_object);
     for (path, p) in &sweep.parameters {
         let field = format!("parameters.{path}");
         if let Err(e) = check_path(path) {
             out.push(violation(&field, e));
+        } else if let Some(name) = path.strip_prefix(SCRIPT_ARGS) {
+            if !script_base {
+                out.push(violation(
+                    &field,
+                    "passes an argument to the base spec's script: the base must be a script job",
+                ));
+            }
+            for v in p.values.iter().flatten() {
+                if let Err(e) = script_arg(name, v) {
+                    out.push(violation(&field, e));
+                    break;
+                }
+            }
         }
         p.check(&field, &mut out);
     }
@@ -553,14 +639,23 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                 format!("must be 2–16, got {}", a.reduction_factor),
             ));
         }
-        match sweep.base.get("steps").and_then(Value::as_u64) {
+        let base_steps = sweep.base.get("steps").and_then(Value::as_u64);
+        if let (Some(b), Some(m)) = (base_steps, a.max_steps) {
+            if b != m {
+                out.push(violation(
+                    "early_stopping.asha.max_steps",
+                    format!("the base spec's steps ({b}) are the trials' length; leave max_steps out or make it {b}"),
+                ));
+            }
+        }
+        match sweep.trial_steps() {
             None => out.push(violation(
                 "base.steps",
-                "early stopping judges trials at rungs of steps: the base spec must give steps (not epochs)",
+                "early stopping judges trials at rungs of steps: the base spec must give steps (not epochs), or a script job's early_stopping.asha.max_steps its last reported step",
             )),
             Some(total) if a.min_steps == 0 || a.min_steps >= total => out.push(violation(
                 "early_stopping.asha.min_steps",
-                format!("must be 1–{} (below base.steps), got {}", total.saturating_sub(1), a.min_steps),
+                format!("must be 1–{} (below the trials' {total} steps), got {}", total.saturating_sub(1), a.min_steps),
             )),
             Some(_) => {}
         }
@@ -662,7 +757,11 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
             break;
         }
         for (path, v) in &params {
-            if let Err(e) = set_path(&mut doc, path, v.clone()) {
+            let set = match path.strip_prefix(SCRIPT_ARGS) {
+                Some(name) => push_script_arg(&mut doc, name, v),
+                None => set_path(&mut doc, path, v.clone()),
+            };
+            if let Err(e) = set {
                 errors.push(violation(format!("parameters.{path}"), e));
             }
         }

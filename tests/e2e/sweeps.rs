@@ -15,10 +15,21 @@
 //! at most 40 % of the grid's; and at least one surviving ASHA trial grew
 //! from one worker to two on an executor a stopped trial freed, which its
 //! job's events show.
+//!
+//! A script sweep searches the DDP digits script's learning rate as its
+//! own `--lr` argument (`script.args.lr`), one rank a trial, under ASHA on
+//! the loss the script reports each epoch: every trial's script was given
+//! and used its value (the lr it reported), the two far too small rates
+//! are stopped at the first rung with their jobs cancelled, and the best
+//! trial's output scores in PyTorch like torchrun's run of the same script
+//! with the same arguments.
 
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use trainyard_e2e::script_jobs::{
+    ddp_accuracy, download, scripts_dir, split_digits, torchrun, torchrun_model,
+};
 use trainyard_e2e::{repo_root, MlpSpec, Platform, Proc};
 
 /// Steps of every trial; the rungs are at a tenth and four tenths.
@@ -201,4 +212,92 @@ fn asha_matches_the_grid_best_for_a_fraction_of_its_device_time_and_survivors_gr
         "the grown trial's events show no growth: {:?}",
         events.iter().map(|e| &e.reason).collect::<Vec<_>>()
     );
+}
+
+/// Epochs of the script trials (the steps their script reports).
+const SCRIPT_EPOCHS: u64 = 6;
+
+#[test]
+fn a_script_sweep_passes_each_trial_its_arguments_and_asha_stops_the_worst() {
+    let p = Platform::builder("script-sweeps").start();
+    let _execs: Vec<Proc> = (0..2)
+        .map(|i| p.executor(&format!("script-sweep-{i}")))
+        .collect();
+    let (train, test) = split_digits(&p);
+    p.upload("train.py", &scripts_dir().join("ddp_digits.py"));
+    p.upload("digits-train.npz", &train);
+    // Two good learning rates run first; the two far too small ones come
+    // after and fall below the keep line at the first rung.
+    let lrs = [0.05, 0.02, 0.0002, 0.0001];
+    let epochs = SCRIPT_EPOCHS.to_string();
+    let base_args = ["--epochs", epochs.as_str(), "--batch", "8"];
+    let spec = json!({
+        "name": "script-lr",
+        "base": {
+            "name": "script",
+            "script": {"code": "artifact:train.py", "args": base_args},
+            "inputs": ["artifact:digits-train.npz"],
+            "workers": {"min": 1, "max": 1},
+            "resources": {"memory_mb": 1024},
+        },
+        "parameters": {"script.args.lr": {"values": lrs}},
+        "search": "grid",
+        "metric": "loss",
+        "goal": "minimize",
+        "concurrency": 2,
+        "early_stopping": {"asha": {"reduction_factor": 2, "min_steps": 2, "max_steps": SCRIPT_EPOCHS}},
+    });
+    let sweep = run(&p, &spec);
+    assert_eq!(sweep["state"], "succeeded", "{sweep}");
+    assert_eq!(sweep["rungs"], json!([2, 4]), "{sweep}");
+    let trials = trials(&sweep);
+    assert_eq!(trials.len(), 4);
+    for (t, lr) in trials.iter().zip(lrs) {
+        assert_eq!(t["params"]["script.args.lr"], json!(lr), "{t}");
+        let job = t["job_id"].as_str().unwrap();
+        // The trial's script was given its value, and used it: the lr it
+        // reported each epoch is the one the sweep chose.
+        let args = p.get(&format!("/v1/jobs/{job}"))["spec"]["script"]["args"].clone();
+        let mut want: Vec<String> = base_args.iter().map(|a| a.to_string()).collect();
+        want.push(format!("--lr={lr}"));
+        assert_eq!(args, json!(want), "{t}");
+        let points = p.metrics(job, None).points;
+        assert!(points.len() >= 2, "{t}: {points:?}");
+        assert!(points.iter().all(|m| m.lr == lr), "{t}: {points:?}");
+    }
+    // ASHA stopped the two small rates at a rung, and their jobs were
+    // cancelled; the best is one of the good ones, run to its end.
+    for t in &trials[2..] {
+        assert_eq!(t["state"], "stopped", "{sweep}");
+        assert!(
+            t["reason"].as_str().is_some_and(|r| r.contains("rung")),
+            "{t}"
+        );
+        let job = p.job(t["job_id"].as_str().unwrap());
+        assert_eq!(job.state, trainyard_common::JobState::Cancelled, "{t}");
+    }
+    let best = &sweep["best"];
+    let best_lr = best["params"]["script.args.lr"].as_f64().unwrap();
+    assert!(best_lr == 0.05 || best_lr == 0.02, "{sweep}");
+    let best_trial = &trials[best["index"].as_u64().unwrap() as usize];
+    assert_eq!(best_trial["state"], "completed", "{sweep}");
+    assert_eq!(best_trial["step"], json!(SCRIPT_EPOCHS), "{best_trial}");
+
+    // Judged against torchrun: the best trial's downloaded output and the
+    // same script run by torchrun with the same arguments score alike in
+    // PyTorch on 500 rows neither saw.
+    let lr_arg = format!("--lr={best_lr}");
+    let mut args = base_args.to_vec();
+    args.push(&lr_arg);
+    let reference = torchrun(&p, "torchrun-best", &train, 1, &args);
+    let ours = p.file("best.pt");
+    let job = best["job_id"].as_str().unwrap();
+    download(&p, &format!("/v1/jobs/{job}/outputs/model.pt"), &ours);
+    let (a, b) = (
+        ddp_accuracy(&ours, &test),
+        ddp_accuracy(&torchrun_model(&p, "torchrun-best", reference), &test),
+    );
+    println!("script sweep: best lr {best_lr}, trial {a:.4}, torchrun {b:.4}");
+    assert!(a > 0.9, "{a}");
+    assert!((a - b).abs() <= 0.015, "trial {a:.4}, torchrun {b:.4}");
 }

@@ -55,6 +55,18 @@ async fn until(app: &TestApp, id: &str, what: &str, ok: impl Fn(&Value) -> bool)
     panic!("sweep {id}: never {what}: {}", get(app, id).await);
 }
 
+/// A sweep over a script job (the base runs `train.py`).
+fn script_sweep(parameters: Value) -> Value {
+    let mut s = sweep(parameters);
+    s["base"] = json!({
+        "name": "script",
+        "script": {"code": "artifact:train.py", "args": ["--epochs", "3"]},
+        "workers": {"min": 1, "max": 1}
+    });
+    s["early_stopping"] = json!({"asha": {"min_steps": 1, "max_steps": 3}});
+    s
+}
+
 #[tokio::test]
 async fn bad_sweeps_are_refused_naming_the_field() {
     let app = spawn_app().await;
@@ -90,6 +102,32 @@ async fn bad_sweeps_are_refused_naming_the_field() {
                 s
             },
             "concurrency",
+        ),
+        // A script's arguments: only for a script job, one word each; the
+        // script itself stays the base's.
+        (
+            sweep(json!({"script.args.lr": {"values": [0.1]}})),
+            "parameters.script.args.lr",
+        ),
+        (
+            script_sweep(json!({"script.args.lr": {"values": [[0.1, "--evil"]]}})),
+            "parameters.script.args.lr",
+        ),
+        (
+            script_sweep(json!({"script.args.-x": {"values": [1]}})),
+            "parameters.script.args.-x",
+        ),
+        (
+            script_sweep(json!({"script.code": {"values": ["artifact:other.py"]}})),
+            "parameters.script.code",
+        ),
+        (
+            {
+                let mut s = script_sweep(json!({"script.args.lr": {"values": [0.1]}}));
+                s["early_stopping"] = json!({"asha": {"min_steps": 2}});
+                s
+            },
+            "base.steps",
         ),
         (
             {

@@ -128,11 +128,127 @@ fn bad_sweeps_name_the_field() {
         asha: Asha {
             reduction_factor: 4,
             min_steps: 400,
+            max_steps: None,
         },
     });
     assert_eq!(fields(&s), ["early_stopping.asha.min_steps"]);
     let s = sweep(json!({"batch_size.x": {"values": [1]}}), "grid");
     assert_eq!(fields(&s), ["parameters.batch_size.x"]);
+}
+
+fn script_sweep(parameters: Value) -> SweepSpec {
+    let mut s = sweep(parameters, "grid");
+    s.max_trials = None;
+    s.metric = SweepMetric::Loss;
+    s.goal = Goal::Minimize;
+    s.base = json!({
+        "name": "script",
+        "script": {"code": "artifact:train.py", "args": ["--epochs", "3"]},
+        "inputs": ["artifact:digits.npz"],
+        "workers": {"min": 1, "max": 1}
+    });
+    s
+}
+
+#[test]
+fn a_script_sweep_passes_each_value_as_an_argument() {
+    let mut s = script_sweep(json!({
+        "script.args.lr": {"values": [0.01, 0.1]},
+        "script.args.optimizer": {"values": ["sgd", "adam"]},
+        "script.args.nesterov": {"values": [true]},
+        "workers.max": {"values": [1]}
+    }));
+    s.early_stopping = Some(EarlyStopping {
+        asha: Asha {
+            reduction_factor: 2,
+            min_steps: 1,
+            max_steps: Some(3),
+        },
+    });
+    let trials = expand(&s).unwrap();
+    assert_eq!(trials.len(), 4);
+    let args: Vec<Vec<String>> = trials
+        .iter()
+        .map(|t| t.spec.script.as_ref().unwrap().args.clone())
+        .collect();
+    // The base's arguments first, then one per parameter in name order
+    // (the grid's last parameter varies fastest).
+    assert_eq!(
+        args[0],
+        [
+            "--epochs",
+            "3",
+            "--lr=0.01",
+            "--nesterov=true",
+            "--optimizer=sgd"
+        ]
+    );
+    assert_eq!(
+        args[3],
+        [
+            "--epochs",
+            "3",
+            "--lr=0.1",
+            "--nesterov=true",
+            "--optimizer=adam"
+        ]
+    );
+    assert_eq!(trials[3].params["script.args.lr"], json!(0.1));
+    assert_eq!(s.trial_steps(), Some(3));
+    assert_eq!(rungs(&s.early_stopping.unwrap().asha, 3), vec![1, 2]);
+}
+
+#[test]
+fn script_arguments_are_checked_and_need_a_script() {
+    let field_of = |s: &SweepSpec| -> Vec<String> {
+        expand(s)
+            .unwrap_err()
+            .into_iter()
+            .map(|v| v.field)
+            .collect()
+    };
+    // Names that could read as something else, and values that are not
+    // one word.
+    for bad in ["-lr", "lr=1", "lr x", "a.b", "", "l\u{0}r", &"x".repeat(65)] {
+        let s = script_sweep(json!({ format!("script.args.{bad}"): {"values": [1]} }));
+        assert!(expand(&s).is_err(), "{bad:?}");
+    }
+    let s = script_sweep(json!({"script.args.lr": {"values": [[1], {"a": 1}]}}));
+    assert_eq!(field_of(&s), ["parameters.script.args.lr"]);
+    let s = script_sweep(json!({"script.args.lr": {"values": [null]}}));
+    assert_eq!(field_of(&s), ["parameters.script.args.lr"]);
+    // The rest of the script stays the base's.
+    let s = script_sweep(json!({"script.code": {"values": ["artifact:evil.py"]}}));
+    let err = expand(&s).unwrap_err();
+    assert_eq!(err[0].field, "parameters.script.code");
+    assert!(err[0].message.contains("script.args.NAME"), "{err:?}");
+    // A model job has no script to pass arguments to.
+    let s = sweep(json!({"script.args.lr": {"values": [0.1]}}), "grid");
+    assert_eq!(field_of(&s), ["parameters.script.args.lr"]);
+    // ASHA needs the trials' length: a script's from max_steps.
+    let mut s = script_sweep(json!({"script.args.lr": {"uniform": [0.01, 0.1], "points": 2}}));
+    s.early_stopping = Some(EarlyStopping {
+        asha: Asha {
+            reduction_factor: 2,
+            min_steps: 1,
+            max_steps: None,
+        },
+    });
+    assert_eq!(field_of(&s), ["base.steps"]);
+    s.early_stopping.as_mut().unwrap().asha.max_steps = Some(1);
+    assert_eq!(field_of(&s), ["early_stopping.asha.min_steps"]);
+    // A model job's length is its steps: max_steps may only repeat it.
+    let mut s = sweep(json!({"optimizer.lr": {"values": [0.1]}}), "grid");
+    s.early_stopping = Some(EarlyStopping {
+        asha: Asha {
+            reduction_factor: 2,
+            min_steps: 10,
+            max_steps: Some(300),
+        },
+    });
+    assert_eq!(field_of(&s), ["early_stopping.asha.max_steps"]);
+    s.early_stopping.as_mut().unwrap().asha.max_steps = Some(400);
+    assert!(expand(&s).is_ok());
 }
 
 #[test]
@@ -181,6 +297,7 @@ fn rungs_grow_by_eta_below_the_total() {
     let a = Asha {
         reduction_factor: 4,
         min_steps: 25,
+        max_steps: None,
     };
     assert_eq!(rungs(&a, 400), vec![25, 100]);
     assert_eq!(rungs(&a, 401), vec![25, 100, 400]);

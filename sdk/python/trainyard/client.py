@@ -241,13 +241,15 @@ class Client:
         ``parameters`` maps dotted spec paths to their values:
         ``{"optimizer.lr": {"log_uniform": [1e-4, 1e-1]}, "batch_size":
         {"values": [32, 64]}}`` (``uniform`` too; ``points`` spaces a range
-        for a grid, ``integer`` rounds it). ``search`` is ``"grid"`` or
+        for a grid, ``integer`` rounds it); for a script job,
+        ``"script.args.lr"`` passes ``--lr=VALUE`` to the script. ``search`` is ``"grid"`` or
         ``"random"``; ``metric`` one of ``eval_accuracy``, ``eval_loss`` and
         ``loss``, with ``goal`` ``"maximize"`` or ``"minimize"``.
         ``max_trials`` bounds the trials (a random search must give it; a
         grid runs every point without it), ``concurrency`` how many run at
         once. ``early_stopping={"asha": {"reduction_factor": 4,
-        "min_steps": 25}}`` stops trials that fall behind at a rung. With
+        "min_steps": 25}}`` stops trials that fall behind at a rung (a script
+        job adds ``"max_steps"``, the last step its script reports). With
         ``wait``, returns once the sweep has ended (see :meth:`Sweep.wait`).
         """
         spec = sweep_spec(

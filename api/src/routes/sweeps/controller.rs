@@ -77,10 +77,7 @@ fn lock_sql(wait: bool) -> &'static str {
 
 /// The spec's rungs (empty without early stopping).
 fn spec_rungs(spec: &SweepSpec) -> Vec<u64> {
-    match (
-        &spec.early_stopping,
-        spec.base.get("steps").and_then(Value::as_u64),
-    ) {
+    match (&spec.early_stopping, spec.trial_steps()) {
         (Some(es), Some(total)) => rungs(&es.asha, total),
         _ => Vec::new(),
     }

@@ -198,7 +198,7 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
     assert_eq!(r.status(), 404, "another user's outputs");
 
     // A memory bomb fails its job, naming the limit, on its one try.
-    let bomb = scripts().join("bomb.py");
+    let bomb = p.file("bomb.py");
     std::fs::write(
         &bomb,
         "import torch\nx = torch.ones(1 << 30)\nprint(x.sum())\n",

@@ -14,6 +14,7 @@
 
 use crate::sandbox::Sandbox;
 pub use crate::signals::{CheckpointRequest, Drain, PendingUploads, StepProgress, Suspicions};
+use crate::storage::checkpoint::UploadDelay;
 use crate::storage::Fetcher;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,31 +40,6 @@ pub struct TestHooks {
     /// `TRAINYARD_SLOW_STANDBY=shard:ms`: a replicated PS shard pauses
     /// before it sends each update to its standby.
     pub slow_standby: Option<(u32, Duration)>,
-}
-
-/// How the `TRAINYARD_UPLOAD_DELAY_MS` hook holds checkpoint shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UploadDelay {
-    /// How long each is held.
-    pub hold: Duration,
-    /// The first step whose shards are held.
-    pub from_step: u64,
-}
-
-impl UploadDelay {
-    /// Parses `ms` or `ms@step`.
-    pub fn parse(v: &str) -> Option<UploadDelay> {
-        let (t, from) = v.split_once('@').unwrap_or((v, "0"));
-        Some(UploadDelay {
-            hold: Duration::from_millis(t.parse().ok()?),
-            from_step: from.parse().ok()?,
-        })
-    }
-
-    /// How long the shard of `step` is held.
-    pub fn of(self, step: u64) -> Option<Duration> {
-        (step >= self.from_step).then_some(self.hold)
-    }
 }
 
 impl TestHooks {
@@ -181,13 +157,6 @@ mod tests {
             ..TestHooks::default()
         };
         assert_eq!(all.slow_worker(9), Some(Duration::from_millis(3)));
-        let every = UploadDelay::parse("40").unwrap();
-        assert_eq!(every.of(0), Some(Duration::from_millis(40)));
-        let later = UploadDelay::parse("40@100").unwrap();
-        assert_eq!(later.of(50), None);
-        assert_eq!(later.of(100), Some(Duration::from_millis(40)));
-        assert_eq!(UploadDelay::parse("x@1"), None);
-        assert_eq!(UploadDelay::parse("40@"), None);
     }
 
     #[test]

@@ -22,7 +22,6 @@
 //!   or into 3 PS shards.
 
 use super::{Storage, StorageError};
-use crate::context::UploadDelay;
 use crate::reports::Item;
 use crate::signals::{CheckpointRequest, Drain, PendingUploads};
 use bytes::Bytes;
@@ -137,6 +136,31 @@ pub struct Snapshot {
     pub optimizer_t: u64,
     /// The data cursor after the step.
     pub cursor: CursorState,
+}
+
+/// How the `TRAINYARD_UPLOAD_DELAY_MS` hook holds checkpoint shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadDelay {
+    /// How long each is held.
+    pub hold: Duration,
+    /// The first step whose shards are held.
+    pub from_step: u64,
+}
+
+impl UploadDelay {
+    /// Parses `ms` or `ms@step`.
+    pub fn parse(v: &str) -> Option<UploadDelay> {
+        let (t, from) = v.split_once('@').unwrap_or((v, "0"));
+        Some(UploadDelay {
+            hold: Duration::from_millis(t.parse().ok()?),
+            from_step: from.parse().ok()?,
+        })
+    }
+
+    /// How long the shard of `step` is held.
+    pub fn of(self, step: u64) -> Option<Duration> {
+        (step >= self.from_step).then_some(self.hold)
+    }
 }
 
 /// A role's background checkpoint writer.
@@ -446,6 +470,17 @@ mod tests {
         assert!(p.vote(), "a new request after one was called off");
         p.written(9);
         assert!(!p.vote());
+    }
+
+    #[test]
+    fn the_upload_hold_parses_and_holds_from_its_step() {
+        let every = UploadDelay::parse("40").unwrap();
+        assert_eq!(every.of(0), Some(Duration::from_millis(40)));
+        let later = UploadDelay::parse("40@100").unwrap();
+        assert_eq!(later.of(50), None);
+        assert_eq!(later.of(100), Some(Duration::from_millis(40)));
+        assert_eq!(UploadDelay::parse("x@1"), None);
+        assert_eq!(UploadDelay::parse("40@"), None);
     }
 
     #[test]

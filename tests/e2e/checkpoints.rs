@@ -280,13 +280,20 @@ fn a_fleet_killed_mid_upload_resumes_from_the_last_committed_checkpoint() {
     // machine with its local cache tier: it reads the shard it wrote there.
     let _second = [p.executor("kill-a"), p.executor("kill-c")];
     let job = p.wait_end(&id, Duration::from_secs(240));
-    let lines = p.log_messages(&id);
-    assert_eq!(job.state, JobState::Succeeded, "{lines:?}");
-    let resumed: Vec<&String> = lines
-        .iter()
-        .filter(|l| l.contains("resumed from the checkpoint of step"))
-        .collect();
-    assert!(!resumed.is_empty(), "{lines:?}");
+    assert_eq!(job.state, JobState::Succeeded, "{:?}", p.log_messages(&id));
+    // A rank's log lines may reach the API after the job has ended (on a
+    // loaded machine, seconds after): wait for both ranks' resume lines.
+    let resumed_lines = || -> Vec<String> {
+        p.log_messages(&id)
+            .into_iter()
+            .filter(|l| l.contains("resumed from the checkpoint of step"))
+            .collect()
+    };
+    let resumed = eventually(Duration::from_secs(30), || {
+        let r = resumed_lines();
+        (r.len() >= 2).then_some(r)
+    })
+    .unwrap_or_else(|| panic!("fewer than two ranks resumed: {:?}", p.log_messages(&id)));
     eprintln!(
         "killed with step {committed} committed and step {partial} half uploaded; {resumed:?}"
     );

@@ -23,6 +23,12 @@
 //! are stopped at the first rung with their jobs cancelled, and the best
 //! trial's output scores in PyTorch like torchrun's run of the same script
 //! with the same arguments.
+//!
+//! A PS sweep (one shard, two workers a trial) searches the learning rate
+//! and the consistency mode together: every trial's job runs in the PS
+//! pattern with its values, the far too small rate is stopped at rung 0 in
+//! both modes with its PS jobs cancelled, and PyTorch gives the best
+//! trial's downloaded weights the held-out accuracy the sweep reports.
 
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -30,7 +36,7 @@ use std::time::{Duration, Instant};
 use trainyard_e2e::script_jobs::{
     ddp_accuracy, download, scripts_dir, split_digits, torchrun, torchrun_model,
 };
-use trainyard_e2e::{repo_root, MlpSpec, Platform, Proc};
+use trainyard_e2e::{repo_root, Consistency, MlpSpec, Platform, Proc};
 
 /// Steps of every trial; the rungs are at a tenth and four tenths.
 const STEPS: u64 = 6000;
@@ -300,4 +306,81 @@ fn a_script_sweep_passes_each_trial_its_arguments_and_asha_stops_the_worst() {
     println!("script sweep: best lr {best_lr}, trial {a:.4}, torchrun {b:.4}");
     assert!(a > 0.9, "{a}");
     assert!((a - b).abs() <= 0.015, "trial {a:.4}, torchrun {b:.4}");
+}
+
+#[test]
+fn ps_trials_sweep_the_learning_rate_and_consistency_and_asha_stops_the_slow_learners() {
+    // Steps are slowed so that a trial is still training when ASHA has
+    // judged it at the first rung.
+    let p = Platform::builder("ps-sweeps")
+        .executor_env("TRAINYARD_SLOW_WORKER", "*:15")
+        .start();
+    let _execs: Vec<Proc> = (0..3)
+        .map(|i| p.executor(&format!("ps-sweep-{i}")))
+        .collect();
+    let base = MlpSpec::digits("ps")
+        .steps(400)
+        .workers(2, 2)
+        .ps(1)
+        .consistency(Consistency::Sync)
+        .seed(3)
+        .build();
+    // One trial at a time; the grid varies its last parameter (by name)
+    // fastest: (sync, 0.003), (sync, 3e-5), (async, 0.003), (async, 3e-5).
+    // Each far too small rate is judged at rung 0 against the trials that
+    // ran before it.
+    let spec = json!({
+        "name": "ps-lr-consistency",
+        "base": base,
+        "parameters": {
+            "optimizer.lr": {"values": [0.003, 0.00003]},
+            "consistency": {"values": ["sync", "async"]}
+        },
+        "search": "grid",
+        "metric": "eval_accuracy",
+        "goal": "maximize",
+        "concurrency": 1,
+        "early_stopping": {"asha": {"reduction_factor": 2, "min_steps": 40}},
+    });
+    let sweep = run(&p, &spec);
+    assert_eq!(sweep["state"], "succeeded", "{sweep}");
+    let trials = trials(&sweep);
+    assert_eq!(trials.len(), 4);
+    for t in trials {
+        let job = p.get(&format!("/v1/jobs/{}", t["job_id"].as_str().unwrap()));
+        assert_eq!(job["strategy"], "parameter_server", "{job}");
+        assert_eq!(job["spec"]["optimizer"]["lr"], t["params"]["optimizer.lr"]);
+        assert_eq!(job["spec"]["consistency"], t["params"]["consistency"]);
+    }
+    // The first trial passed every rung alone; the two at lr 3e-5 fell
+    // below the keep line at rung 0, and their PS jobs were cancelled.
+    // (The async trial at 0.003 goes on while it keeps up with the sync
+    // one: η = 2 keeps one of two.)
+    assert_eq!(trials[0]["state"], "completed", "{sweep}");
+    for t in [&trials[1], &trials[3]] {
+        assert_eq!(t["state"], "stopped", "{sweep}");
+        assert!(
+            t["reason"].as_str().is_some_and(|r| r.contains("rung 0")),
+            "{t}"
+        );
+        let job = p.job(t["job_id"].as_str().unwrap());
+        assert_eq!(job.state, trainyard_common::JobState::Cancelled, "{t}");
+    }
+    // The best is a good-rate trial, and PyTorch, evaluating its
+    // downloaded weights in eval mode on the rows it held out, gives about
+    // the figure the sweep reports for it (the shard may apply one more
+    // update after the workers' last evaluation).
+    let best = &sweep["best"];
+    assert_eq!(best["params"]["optimizer.lr"], json!(0.003), "{sweep}");
+    let (job, acc) = self::best(&p, &sweep, &p.file("ps-models"));
+    let reported = best["metric"].as_f64().unwrap();
+    println!(
+        "PS sweep: best trial {} ({job}) {reported:.4} reported, {acc:.4} in PyTorch",
+        best["index"]
+    );
+    assert!(acc > 0.9, "{acc}");
+    assert!(
+        (acc - reported).abs() <= 0.015,
+        "PyTorch says {acc}, the sweep reported {reported}"
+    );
 }

@@ -504,6 +504,23 @@ fn push_script_arg(doc: &mut Value, name: &str, value: &Value) -> Result<(), Str
     }
 }
 
+/// The `script.args.NAME` parameter that made the trial's argument named
+/// by a violation's `field` (`script.args[i]`, past the base's own).
+fn swept_arg<'a>(sweep: &'a SweepSpec, field: &str) -> Option<&'a str> {
+    let i: usize = field
+        .strip_prefix("script.args[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    let base_args = sweep.base["script"]["args"].as_array().map_or(0, Vec::len);
+    sweep
+        .parameters
+        .keys()
+        .filter(|k| k.starts_with(SCRIPT_ARGS))
+        .nth(i.checked_sub(base_args)?)
+        .map(String::as_str)
+}
+
 /// Paths a sweep may not set: what names the trial or the data it reads
 /// stays the base spec's (trials differ in how they train, not in what).
 const FIXED: &[&str] = &["name", "steps", "epochs", "script", "inputs", "resume_from"];
@@ -776,6 +793,8 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                 for v in e.violations() {
                     let base = if sweep.parameters.contains_key(&v.field) {
                         format!("parameters.{}", v.field)
+                    } else if let Some(path) = swept_arg(sweep, &v.field) {
+                        format!("parameters.{path}")
                     } else if v.field.is_empty() {
                         "base".into()
                     } else {

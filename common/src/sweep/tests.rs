@@ -217,6 +217,18 @@ fn script_arguments_are_checked_and_need_a_script() {
     assert_eq!(field_of(&s), ["parameters.script.args.lr"]);
     let s = script_sweep(json!({"script.args.lr": {"values": [null]}}));
     assert_eq!(field_of(&s), ["parameters.script.args.lr"]);
+    // A value the job spec refuses as an argument (a NUL byte, or too
+    // long) names the parameter that made it, not the base.
+    for bad in [json!("a\u{0}b"), json!("x".repeat(4094))] {
+        let s = script_sweep(json!({
+            "script.args.a": {"values": [1]},
+            "script.args.z": {"values": [bad]}
+        }));
+        assert_eq!(field_of(&s), ["parameters.script.args.z"]);
+    }
+    let mut s = script_sweep(json!({"script.args.lr": {"values": [1]}}));
+    s.base["script"]["args"] = json!(["ok", "a\u{0}b"]);
+    assert_eq!(field_of(&s), ["base.script.args[1]"]);
     // The rest of the script stays the base's.
     let s = script_sweep(json!({"script.code": {"values": ["artifact:evil.py"]}}));
     let err = expand(&s).unwrap_err();

@@ -45,11 +45,14 @@ fuzz_api() {
     sleep 0.5
   done
   # From the scratch folder: schemathesis keeps a cache in its working
-  # directory, which must not land in the clone.
+  # directory, which must not land in the clone. One worker: with two
+  # threads, CPython 3.11's AST reflection in Hypothesis failed once with
+  # "SystemError: AST constructor recursion depth mismatch" (CPython
+  # gh-106905), a crash of the tool, not a finding about the API.
   (cd "$data" && "$SCHEMATHESIS_VENV/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
     -H "Authorization: Bearer $token" \
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
-    --phases examples,fuzzing,stateful --max-time "$SCHEMATHESIS_SECONDS" --workers 2 \
+    --phases examples,fuzzing,stateful --max-time "$SCHEMATHESIS_SECONDS" --workers 1 \
     --seed 1 --no-color) >"$out" 2>&1 || status=$?
   kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true
   if grep -q 'panicked' "$data/server.log"; then

@@ -115,33 +115,60 @@ as_pg_user() {
 }
 
 # ensure_test_postgres: exports TRAINYARD_TEST_DATABASE_URL, an admin URL of
-# a running server: the one given, the machine's own at 127.0.0.1:5432, or
-# a private cluster started here (stopped by stop_test_postgres).
+# a running server: the one given, else the test suite's private cluster,
+# started here when it is not running (stopped by stop_test_postgres).
+#
+# Never the machine's own Postgres: users' scripts run in these tests, and
+# that server (trust auth on 127.0.0.1:5432 and /var/run/postgresql, as
+# Debian's often is) would be theirs to write to. The private cluster asks
+# for a password (SCRAM) over TCP and over its socket; both the socket and
+# the password (generated once, mode 0600) are in its folder (mode 0700):
+# /var/lib/trainyard/test-postgres as root, $CACHE/test-postgres otherwise,
+# with the cluster itself in data/. trainyard-testdb finds it there too.
+# A cluster made by an older version (trust auth) is made again.
+TEST_PG_PORT=55432
 TEST_PG_STARTED=""
+test_pg_dir() {
+  if [ "$(id -u)" -eq 0 ]; then echo /var/lib/trainyard/test-postgres; else echo "$CACHE/test-postgres"; fi
+}
 ensure_test_postgres() {
   if [ -n "${TRAINYARD_TEST_DATABASE_URL:-}" ]; then return 0; fi
-  local local_url="postgres://postgres@127.0.0.1:5432/postgres"
-  if psql "$local_url" -Atqc 'select 1' >/dev/null 2>&1; then
-    export TRAINYARD_TEST_DATABASE_URL="$local_url"
-    log "tests use the Postgres server at 127.0.0.1:5432"
-    return 0
-  fi
-  local dir port=55432 bin
+  local dir bin pw
+  dir="$(test_pg_dir)"
   bin="$(pg_bin)"
-  if [ "$(id -u)" -eq 0 ]; then dir=/var/lib/trainyard/test-postgres; else dir="$CACHE/test-postgres"; fi
-  mkdir -p "$dir"
-  [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$dir"
-  if [ ! -f "$dir/PG_VERSION" ]; then
+  if [ -f "$dir/PG_VERSION" ] || [ ! -s "$dir/password" ] || [ ! -f "$dir/data/PG_VERSION" ] ||
+    grep -Eq '^[^#]*[[:space:]]trust([[:space:]]|$)' "$dir/data/pg_hba.conf" 2>/dev/null; then
+    # Missing, half made, or made by an older version: the cluster was
+    # data/ itself then, with trust auth. Test data only: start afresh.
+    local old
+    for old in "$dir" "$dir/data"; do
+      if [ -f "$old/postmaster.pid" ]; then
+        (cd / && as_pg_user "$bin/pg_ctl" -D "$old" -m fast -w stop >/dev/null 2>&1) || true
+      fi
+    done
+    [ -e "$dir" ] && log "making the test suite's Postgres cluster in $dir again (it asked for no password)"
+    rm -rf "$dir"
     log "creating a private Postgres cluster for tests in $dir"
-    (cd / && as_pg_user "$bin/initdb" -D "$dir" -U postgres --auth=trust --encoding=UTF8 >/dev/null)
+    mkdir -p "$(dirname "$dir")"
+    mkdir -m 700 "$dir"
+    [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$dir"
+    # 32 random bytes in hex: nothing to escape in a URL.
+    pw="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
+    (umask 077 && printf '%s\n' "$pw" >"$dir/password")
+    [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$dir/password"
+    (cd / && as_pg_user "$bin/initdb" -D "$dir/data" -U postgres --pwfile="$dir/password" \
+      --auth=scram-sha-256 --encoding=UTF8 >/dev/null)
   fi
-  if ! (cd / && as_pg_user "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1); then
-    (cd / && as_pg_user "$bin/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
-      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off" start >/dev/null)
-    TEST_PG_STARTED="$dir"
+  chmod 700 "$dir"
+  chmod 600 "$dir/password"
+  pw="$(tr -d '[:space:]' <"$dir/password")"
+  if ! (cd / && as_pg_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1); then
+    (cd / && as_pg_user "$bin/pg_ctl" -D "$dir/data" -w -t 60 -l "$dir/server.log" \
+      -o "-p $TEST_PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off" start >/dev/null)
+    TEST_PG_STARTED="$dir/data"
   fi
-  export TRAINYARD_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
-  log "tests use a private Postgres cluster at 127.0.0.1:$port"
+  export TRAINYARD_TEST_DATABASE_URL="postgres://postgres:$pw@127.0.0.1:$TEST_PG_PORT/postgres"
+  log "tests use a private Postgres cluster at 127.0.0.1:$TEST_PG_PORT (password in $dir/password)"
 }
 
 stop_test_postgres() {

@@ -24,7 +24,8 @@
 //! heartbeats woken by job changes).
 //!
 //! When no `DATABASE_URL` is given, [`embedded_pg`] runs a private Postgres
-//! cluster in the data folder with the machine's PostgreSQL binaries.
+//! cluster in the data folder with the machine's PostgreSQL binaries,
+//! reachable only through a Unix socket in its folder and with a password.
 
 pub mod auth;
 pub mod checkpointing;

@@ -3,8 +3,8 @@
 //! same SQL through Postgres, in one invocation.
 //!
 //! It makes a fresh database on the test Postgres server
-//! (`TRAINYARD_TEST_DATABASE_URL`, else `DATABASE_URL`, else
-//! 127.0.0.1:5432), starts the release `trainyard serve` on it (no
+//! (`TRAINYARD_TEST_DATABASE_URL`, else `DATABASE_URL`, else the test
+//! suite's private cluster), starts the release `trainyard serve` on it (no
 //! provisioner, no executors: submitted jobs stay queued while the
 //! scheduler runs its rounds as in production), and drives it with `wrk`
 //! (Debian's package) over loopback: submits of the digits example spec,

@@ -25,7 +25,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Some(url) => (url.clone(), None),
         None => {
             let pg = EmbeddedPostgres::start(&config.data_dir).await?;
-            tracing::info!(dir = %pg.dir().display(), url = pg.url(), "private Postgres cluster running");
+            // The URL carries the cluster's password: log where it is instead.
+            tracing::info!(dir = %pg.dir().display(), socket = %pg.socket().display(), "private Postgres cluster running");
             (pg.url().to_owned(), Some(pg))
         }
     };

@@ -1,7 +1,7 @@
 //! The typed client against the real API server (`trainyard-api`'s
 //! `Application` on a free port, over a fresh database on the test
 //! Postgres server: `TRAINYARD_TEST_DATABASE_URL`, else `DATABASE_URL`,
-//! else 127.0.0.1:5432): every answer decodes into its type, error answers
+//! else the test suite's private cluster): every answer decodes into its type, error answers
 //! become problems, an executor's calls work with its credential, and
 //! nothing answering is a transient failure.
 

@@ -147,6 +147,9 @@ impl Provisioner for LocalProvisioner {
             .arg("trainyard.provisioner=local")
             .arg("--cache-dir")
             .arg(self.cache_dir(name))
+            // An executor needs no database: the API's URL (its password)
+            // stays with the API.
+            .env_remove("DATABASE_URL")
             .env("TRAINYARD_JOIN_TOKEN", &self.config.join_token)
             .envs(self.config.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -6,18 +6,72 @@
 //! how a test's database is named, made and dropped:
 //!
 //! * the server comes from `TRAINYARD_TEST_DATABASE_URL` (an admin URL;
-//!   `scripts/test` sets it), else `DATABASE_URL`, else the local server
-//!   at 127.0.0.1:5432;
+//!   `scripts/test` sets it), else `DATABASE_URL`, else the test suite's
+//!   private cluster that `ensure_test_postgres` (`scripts/common.sh`)
+//!   runs, found by its password file — never the machine's own server on
+//!   127.0.0.1:5432, which often trusts every local connection and which
+//!   users' scripts in the tests could reach;
 //! * each database is named `<prefix>_<uuid>`; prefixes start with
 //!   `ty_test` (`scripts/test` drops leftovers of those before a run).
 
 use sqlx::{Connection, PgConnection};
 
-/// The admin URL of the test Postgres server.
+/// The port of the test suite's private cluster (`TEST_PG_PORT` in
+/// `scripts/common.sh`).
+pub const PRIVATE_CLUSTER_PORT: u16 = 55432;
+
+/// The admin URL of the test Postgres server; panics, saying how to start
+/// one, when there is none.
 pub fn admin_url() -> String {
     std::env::var("TRAINYARD_TEST_DATABASE_URL")
         .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+        .ok()
+        .or_else(private_cluster_url)
+        .unwrap_or_else(|| {
+            panic!(
+                "no test Postgres server: set TRAINYARD_TEST_DATABASE_URL, or start the test \
+                 suite's private cluster (bash -c 'source scripts/common.sh; ensure_postgres_binaries; \
+                 ensure_test_postgres')"
+            )
+        })
+}
+
+/// The admin URL of the private cluster of `scripts/common.sh`, from the
+/// password file in its folder (as root: `/var/lib/trainyard/test-postgres`;
+/// otherwise, under the cache: `$XDG_CACHE_HOME` or `~/.cache`, then
+/// `trainyard/test-postgres`). The root folder is tried first: others cannot
+/// read it.
+fn private_cluster_url() -> Option<String> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")));
+    let folders = std::iter::once(std::path::PathBuf::from("/var/lib/trainyard/test-postgres"))
+        .chain(cache.map(|c| c.join("trainyard/test-postgres")));
+    folders
+        .filter_map(|d| std::fs::read_to_string(d.join("password")).ok())
+        .map(|p| p.trim().to_owned())
+        .find(|p| !p.is_empty())
+        .map(|p| format!("postgres://postgres:{p}@127.0.0.1:{PRIVATE_CLUSTER_PORT}/postgres"))
+}
+
+/// `url` without its password, for messages.
+pub fn redacted(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let authority = &url[scheme_end..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &url[..scheme_end],
+            &authority[..colon],
+            &url[scheme_end + at..]
+        ),
+        _ => url.to_owned(),
+    }
 }
 
 /// `admin` with its database replaced by `db` (its query string kept).
@@ -50,7 +104,10 @@ impl TestDatabase {
         let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
         let admin = admin_url();
         let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
-            panic!("connect to the test Postgres server {admin} (set TRAINYARD_TEST_DATABASE_URL): {e}")
+            panic!(
+                "connect to the test Postgres server {} (set TRAINYARD_TEST_DATABASE_URL): {e}",
+                redacted(&admin)
+            )
         });
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
@@ -129,6 +186,20 @@ mod tests {
             url_with_database("postgres://u@h:1?host=/run/pg", "t4"),
             "postgres://u@h:1/t4?host=/run/pg"
         );
+    }
+
+    #[test]
+    fn messages_name_no_password() {
+        assert_eq!(
+            redacted("postgres://postgres:s3cret@127.0.0.1:55432/postgres"),
+            "postgres://postgres:***@127.0.0.1:55432/postgres"
+        );
+        assert_eq!(
+            redacted("postgres://u:p@h/db?host=/run/a:b@c"),
+            "postgres://u:***@h/db?host=/run/a:b@c"
+        );
+        assert_eq!(redacted("postgres://u@h:1/db"), "postgres://u@h:1/db");
+        assert_eq!(redacted("not a url"), "not a url");
     }
 
     #[tokio::test]

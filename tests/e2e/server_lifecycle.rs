@@ -65,17 +65,17 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
         .unwrap_or_else(|| panic!("no cluster log line:\n{}", server.output()));
     let cluster_dir = PathBuf::from(pg["dir"].as_str().unwrap());
     cleanup.0.push(cluster_dir.clone());
-    let pg_port: u16 = pg["url"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    // The cluster listens only on the socket in its folder (postmaster.pid
+    // names no TCP address), and the log names that socket, never the
+    // password.
+    let socket = PathBuf::from(pg["socket"].as_str().unwrap());
+    assert!(socket.exists(), "{}", socket.display());
+    let pid = std::fs::read_to_string(cluster_dir.join("postmaster.pid")).unwrap();
+    assert_eq!(pid.lines().nth(5).map(str::trim), Some(""), "{pid}");
+    let password =
+        std::fs::read_to_string(cluster_dir.join(trainyard_api::embedded_pg::PASSWORD_FILE))
+            .unwrap();
+    assert!(!server.output().contains(password.trim()));
     assert!(
         server
             .output()
@@ -96,7 +96,7 @@ fn embedded_server_keeps_jobs_across_a_graceful_restart() {
         server.output()
     );
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", pg_port)).is_err(),
+        !socket.exists(),
         "the private cluster still listens after shutdown"
     );
 

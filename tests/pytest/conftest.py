@@ -106,7 +106,16 @@ class Database:
     """A fresh database on the test Postgres server (dropped by ``drop``)."""
 
     def __init__(self) -> None:
-        self.admin_url = os.environ.get("TRAINYARD_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+        # Never a default such as the machine's own server on 127.0.0.1:5432:
+        # users' scripts run in these tests (scripts/common.sh,
+        # ensure_test_postgres, starts the suite's private cluster).
+        self.admin_url = os.environ.get("TRAINYARD_TEST_DATABASE_URL", "")
+        if not self.admin_url:
+            pytest.fail(
+                "TRAINYARD_TEST_DATABASE_URL is not set: run ./scripts/test, or "
+                "`source scripts/common.sh; ensure_postgres_binaries; ensure_test_postgres` first",
+                pytrace=False,
+            )
         # scripts/test drops leftovers named ty_test_% at its start and end.
         self.name = f"ty_test_py_{uuid.uuid4().hex[:16]}"
         self._psql(f'create database "{self.name}"')

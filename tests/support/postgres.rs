@@ -4,6 +4,8 @@
 
 use crate::process::{free_port, tail};
 use anyhow::{bail, Context};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -27,10 +29,12 @@ pub fn drop_database(db: &str) {
 /// the shared test server.
 ///
 /// It is made with the machine's `initdb` and `pg_ctl` (the newest in
-/// `/usr/lib/postgresql/*/bin`, else on `PATH`) in a scratch folder under
-/// the system's temp folder, trusts local connections, and listens on a
-/// free loopback port that stays the same across restarts. PostgreSQL
-/// refuses to run as root: under root (as CI runs) the cluster runs as the
+/// `/usr/lib/postgresql/*/bin`, else on `PATH`) in a private scratch folder
+/// (mode 0700) under the system's temp folder, which also holds its socket
+/// and its superuser's generated password (the only way in: SCRAM, no
+/// trust, as the test suite's own server), and it listens on a free
+/// loopback port that stays the same across restarts. PostgreSQL refuses
+/// to run as root: under root (as CI runs) the cluster runs as the
 /// `postgres` user, as the API's embedded cluster does. Dropping it stops
 /// the cluster (immediate mode) and removes the folder.
 pub struct TestPostgres {
@@ -39,6 +43,7 @@ pub struct TestPostgres {
     bin: PathBuf,
     run_as: Option<(u32, u32)>,
     port: u16,
+    password: String,
 }
 
 /// How long `pg_ctl` may take to start or stop the cluster.
@@ -54,7 +59,10 @@ impl TestPostgres {
             std::process::id(),
             uuid::Uuid::new_v4().simple()
         ));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
         if let Some((uid, gid)) = run_as {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
         }
@@ -64,12 +72,26 @@ impl TestPostgres {
             bin,
             run_as,
             port: free_port()?,
+            // Hex: nothing to escape in a URL.
+            password: uuid::Uuid::new_v4().simple().to_string(),
         };
+        let pwfile = pg.dir.join("password");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&pwfile)
+            .and_then(|mut f| writeln!(f, "{}", pg.password))
+            .with_context(|| format!("writing {}", pwfile.display()))?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid))?;
+        }
         let out = pg
             .command("initdb")
             .arg("-D")
             .arg(&pg.data)
-            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .args(["-U", "postgres", "--auth=scram-sha-256", "--encoding=UTF8"])
             .output()
             .context("running initdb")?;
         if !out.status.success() {
@@ -79,9 +101,13 @@ impl TestPostgres {
         Ok(pg)
     }
 
-    /// URL of database `db` in the cluster (as its superuser).
+    /// URL of database `db` in the cluster (as its superuser, with its
+    /// password).
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{db}",
+            self.password, self.port
+        )
     }
 
     /// The port it listens on.
@@ -180,5 +206,34 @@ impl Drop for TestPostgres {
     fn drop(&mut self) {
         let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", PG_CTL_WAIT_SECS]);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn psql_ok(url: &str) -> bool {
+        Command::new("psql")
+            .args([url, "-w", "-Atqc", "SELECT 1"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    #[test]
+    fn a_test_cluster_asks_for_its_password_across_restarts() {
+        let pg = TestPostgres::start().unwrap();
+        let db = pg.create_database("ty_check").unwrap();
+        assert!(psql_ok(&db));
+        let without = format!("postgres://postgres@127.0.0.1:{}/ty_check", pg.port());
+        assert!(!psql_ok(&without), "connected without the password");
+        let socket = format!("host={} port={} user=postgres", pg.dir.display(), pg.port());
+        assert!(
+            !psql_ok(&socket),
+            "connected over the socket without the password"
+        );
+        pg.stop("fast").unwrap();
+        pg.start_again().unwrap();
+        assert!(psql_ok(&db));
     }
 }

@@ -128,6 +128,10 @@ pub struct RunScriptArgs {
     /// Restarts after a failure (default 3).
     #[arg(long)]
     pub max_restarts: Option<u32>,
+    /// How long one run of the script may take, seconds (default a day);
+    /// a script still running then is killed and the job fails.
+    #[arg(long)]
+    pub max_seconds: Option<u64>,
     /// Memory per rank, MiB.
     #[arg(long)]
     pub memory_mb: Option<u64>,

@@ -108,6 +108,9 @@ pub async fn run_script(args: RunScriptArgs) -> Result<u8, CliError> {
     if let Some(n) = args.max_restarts {
         script.insert("max_restarts".into(), json!(n));
     }
+    if let Some(n) = args.max_seconds {
+        script.insert("max_seconds".into(), json!(n));
+    }
     let mut inputs = Vec::new();
     for i in &args.inputs {
         if i.starts_with("artifact:") || i.contains("://") {

@@ -52,6 +52,14 @@ async fn a_script_job_is_placed_restarted_on_failure_and_succeeds_with_its_outpu
         let r = app.post_json("/v1/jobs", &spec).await;
         assert_problem(r, 422, Some(field)).await;
     }
+    // A time limit that is not a positive number of seconds within the
+    // bound is refused by name too (a problem+json, before any placement).
+    for bad in [json!(0), json!(-5), json!(1.5), json!(31 * 24 * 3600)] {
+        let mut spec = script_spec(1);
+        spec["script"]["max_seconds"] = bad;
+        let r = app.post_json("/v1/jobs", &spec).await;
+        assert_problem(r, 422, Some("script.max_seconds")).await;
+    }
     let mut spec = script_spec(1);
     spec["inputs"] = json!(["artifact:missing.npz"]);
     let r = app.post_json("/v1/jobs", &spec).await;

@@ -317,6 +317,9 @@ fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) 
     if let Some(n) = script.max_restarts {
         v.range("script.max_restarts", n, 0, MAX_SCRIPT_RESTARTS);
     }
+    if let Some(n) = script.max_seconds {
+        v.range("script.max_seconds", n, 1, MAX_SCRIPT_SECONDS);
+    }
 
     if s.inputs.len() > MAX_INPUTS {
         v.fail("inputs", format!("at most {MAX_INPUTS} inputs"));

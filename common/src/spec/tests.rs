@@ -607,6 +607,60 @@ fn a_scripts_paths_environment_and_inputs_are_bounded_and_safe() {
 }
 
 #[test]
+fn a_scripts_time_limit_is_positive_bounded_and_a_day_by_default() {
+    let s = parse(&ddp_script()).unwrap();
+    let limit = s.script.as_ref().unwrap().time_limit();
+    assert_eq!(limit.as_secs(), script::DEFAULT_SCRIPT_SECONDS);
+    assert_eq!(limit.as_secs(), 24 * 3600);
+    for ok in [1, 3, script::MAX_SCRIPT_SECONDS] {
+        let s = parse(&with(ddp_script(), "script.max_seconds", json!(ok))).unwrap();
+        let script = s.script.as_ref().unwrap();
+        assert_eq!(script.time_limit().as_secs(), ok);
+        // It survives the stored spec's round trip.
+        let back = serde_json::to_value(&s).unwrap();
+        assert_eq!(back["script"]["max_seconds"], ok, "{back}");
+    }
+    // Out of range: a rule violation naming the field and the bounds.
+    for bad in [0, script::MAX_SCRIPT_SECONDS + 1] {
+        let e = parse(&with(ddp_script(), "script.max_seconds", json!(bad))).unwrap_err();
+        assert!(matches!(e, SpecError::Invalid(_)), "{bad}: {e}");
+        assert_eq!(fields(&e), ["script.max_seconds"], "{bad}: {e}");
+        let message = &e.violations()[0].message;
+        assert!(
+            message.contains("between 1 and") && message.contains(&bad.to_string()),
+            "{message}"
+        );
+    }
+    // Not a whole number of seconds: a shape error naming the field.
+    for bad in [json!(-1), json!(1.5), json!("3")] {
+        let e = parse(&with(ddp_script(), "script.max_seconds", bad.clone())).unwrap_err();
+        assert!(matches!(e, SpecError::Shape(_)), "{bad}: {e}");
+        assert_eq!(fields(&e), ["script.max_seconds"], "{bad}: {e}");
+    }
+}
+
+proptest! {
+    /// A worker is charged what its job asks, and a CPU script rank its
+    /// spare interpreter besides (it lives in the executor's RAM, the CPU
+    /// device's memory); a model job, or a script on a GPU, nothing more.
+    #[test]
+    fn a_cpu_script_rank_is_charged_its_spare_interpreter_too(
+        mem in MIN_MEMORY_MB..=MAX_MEMORY_MB,
+        script in any::<bool>(),
+        cuda in any::<bool>(),
+    ) {
+        let base = if script { ddp_script() } else { digits() };
+        let device = if cuda { "cuda" } else { "cpu" };
+        let v = with(with(base, "resources.memory_mb", json!(mem)), "resources.device", json!(device));
+        let spec = parse(&v).unwrap();
+        let charged = spec.worker_memory_mb();
+        let spare = if script && !cuda { script::SPARE_INTERPRETER_MB } else { 0 };
+        prop_assert_eq!(charged, mem + spare);
+        prop_assert!(charged >= spec.resources.memory_mb);
+    }
+}
+
+#[test]
 fn image_and_input_settings_are_checked_with_their_fields() {
     let images = |dataset: Value| {
         let v = with(digits(), "dataset", dataset);

@@ -1,8 +1,8 @@
 //! A script job's code, put in place for its ranks: one `.py` file copied
 //! as is, or an archive of a folder (`.tar.gz`, `.tgz`, `.zip`) extracted
 //! with every entry checked first. An archive is a stranger's bytes: no
-//! absolute path, no `..`, no link (symbolic or hard), no device or other
-//! special file, and bounded in entries and in bytes, each file and all
+//! absolute path, no `..`, no link (symbolic or hard), no device, FIFO or
+//! other special file (a tar's entry type, a zip's Unix mode), and bounded in entries and in bytes, each file and all
 //! together, counted as they are written (a header's size is not trusted).
 
 use std::io::Read;
@@ -176,6 +176,12 @@ fn untar(r: impl Read, dir: &Path) -> Result<(), CodeError> {
     Ok(())
 }
 
+/// The file-type bits of a Unix mode, and the types a zip entry may be.
+const S_IFMT: u32 = 0o170000;
+const S_IFREG: u32 = 0o100000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFLNK: u32 = 0o120000;
+
 fn unzip(file: &Path, dir: &Path) -> Result<(), CodeError> {
     let format = |e: zip::result::ZipError| CodeError::Format {
         format: "a zip archive",
@@ -199,12 +205,19 @@ fn unzip(file: &Path, dir: &Path) -> Result<(), CodeError> {
         let Some(to) = target(dir, &raw)? else {
             continue;
         };
-        // A zip records a link as a file whose Unix mode says so.
-        let mode = entry.unix_mode().unwrap_or(0);
-        if mode & 0o170000 == 0o120000 {
+        // A zip records a link, a FIFO or a device as a file whose Unix
+        // mode says so (no mode: a plain file or folder, by its name).
+        let kind = entry.unix_mode().unwrap_or(0) & S_IFMT;
+        if kind == S_IFLNK {
             return Err(CodeError::Entry {
                 entry: raw,
                 why: "is a link; the code may hold only files and folders".into(),
+            });
+        }
+        if kind != 0 && kind != S_IFREG && kind != S_IFDIR {
+            return Err(CodeError::Entry {
+                entry: raw,
+                why: "is not a file or a folder".into(),
             });
         }
         if entry.is_dir() {
@@ -373,6 +386,19 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// Sets the Unix mode of entry `name` in the central directory of the
+    /// zip `bytes` (the zip crate writes permission bits only).
+    fn set_zip_mode(bytes: &mut [u8], name: &str, mode: u32) {
+        let at = (0..bytes.len() - 46)
+            .find(|&i| {
+                bytes[i..i + 4] == [0x50, 0x4b, 0x01, 0x02]
+                    && bytes[i + 46..].starts_with(name.as_bytes())
+            })
+            .expect("the entry's central directory header");
+        bytes[at + 5] = 3; // made by: Unix
+        bytes[at + 38..at + 42].copy_from_slice(&(mode << 16).to_le_bytes());
+    }
+
     #[test]
     fn a_zip_with_a_link_or_a_climbing_name_is_refused() {
         let d = scratch("zip");
@@ -396,6 +422,31 @@ mod tests {
             assert!(e.contains(expect), "{name}: {e}");
         }
         assert!(!d.join("up.py").exists());
+        // A FIFO, a character device, a block device and a socket, each
+        // a file whose Unix mode names its type: refused, not written as
+        // a plain file.
+        for (i, mode) in [0o010644u32, 0o020644, 0o060644, 0o140644]
+            .into_iter()
+            .enumerate()
+        {
+            let path = d.join(format!("special-{i}.zip"));
+            let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+            let opts = zip::write::SimpleFileOptions::default();
+            z.start_file("train.py", opts).unwrap();
+            z.write_all(b"print(1)").unwrap();
+            z.start_file("special", opts).unwrap();
+            let mut bytes = z.finish().unwrap().into_inner();
+            set_zip_mode(&mut bytes, "special", mode);
+            std::fs::write(&path, bytes).unwrap();
+            let out = d.join(format!("special-out-{i}"));
+            let e = materialize(&path, "c.zip", CodePackaging::Zip, &out, "train.py");
+            let e = e.unwrap_err().to_string();
+            assert!(
+                e.contains("\"special\" is not a file or a folder"),
+                "{mode:o}: {e}"
+            );
+            assert!(!out.join("special").exists(), "{mode:o}");
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -115,7 +115,9 @@ pub struct Demand {
     pub max_workers: u32,
     /// PS shards asked for (PS and auto).
     pub parameter_servers: u32,
-    /// Memory per worker (the job's `resources.memory_mb`).
+    /// Memory per worker: the job's `resources.memory_mb`, and a CPU
+    /// script rank's spare interpreter
+    /// ([`trainyard_common::spec::UncheckedJobSpec::worker_memory_mb`]).
     pub memory_bytes: u64,
     /// Memory each role needs, when the model's size is known.
     pub estimate: Option<MemoryEstimate>,

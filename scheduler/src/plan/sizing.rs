@@ -6,7 +6,8 @@
 use super::{Demand, AUTO_HEADROOM, PS_OVERHEAD_BYTES};
 use trainyard_common::spec::{Device, Strategy, MAX_PARAMETER_SERVERS};
 
-/// Memory one worker is charged: the job's `resources.memory_mb`, or what
+/// Memory one worker is charged: the job's `resources.memory_mb` (with a
+/// CPU script rank's spare interpreter, [`Demand::memory_bytes`]), or what
 /// a replica needs under the resolved strategy when that is more (`auto`
 /// may pick allreduce for a model larger than `memory_mb`).
 pub fn worker_bytes(d: &Demand, strategy: Strategy) -> u64 {

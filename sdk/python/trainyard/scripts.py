@@ -56,6 +56,7 @@ def run_script(
     env: Optional[Dict[str, str]] = None,
     python: Optional[str] = None,
     max_restarts: Optional[int] = None,
+    max_seconds: Optional[int] = None,
     memory_mb: Optional[int] = None,
     name: Optional[str] = None,
     priority: Optional[int] = None,
@@ -63,8 +64,9 @@ def run_script(
     """Submits ``script`` (a local ``.py`` file) as a script job; its :class:`Run`.
 
     ``workers`` is a world size or a ``(min, max)`` range; ``args``, ``env``,
-    ``python`` and ``max_restarts`` go to the spec's ``script``; ``memory_mb``
-    to ``resources``.
+    ``python``, ``max_restarts`` and ``max_seconds`` (how long one run of
+    the script may take; a day by default) go to the spec's ``script``;
+    ``memory_mb`` to ``resources``.
     """
     script = os.fspath(script)
     base = os.path.basename(script)
@@ -84,6 +86,8 @@ def run_script(
         spec_script["python"] = python
     if max_restarts is not None:
         spec_script["max_restarts"] = max_restarts
+    if max_seconds is not None:
+        spec_script["max_seconds"] = max_seconds
     refs: List[str] = []
     for i in inputs:
         if _is_reference(i):

@@ -26,6 +26,8 @@ def main():
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--sleep", type=float, default=0.05)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--print-every", type=int, default=1)
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -52,20 +54,22 @@ def main():
         opt.load_state_dict(state["opt"])
         step = state["step"]
     while step < args.steps:
-        x, y = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))
+        x, y = torch.randn(args.batch, 1, 8, 8), torch.randint(0, 10, (args.batch,))
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         step += 1
-        print(
-            f"step {step} rank {rank} restart {restart} pid {os.getpid()} t {time.time():.6f}",
-            flush=True,
-        )
+        if step % args.print_every == 0:
+            print(
+                f"step {step} rank {rank} restart {restart} pid {os.getpid()} t {time.time():.6f}",
+                flush=True,
+            )
         if rank == 0 and step % args.every == 0:
             tmp = ckpt + ".tmp"
             torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
             os.replace(tmp, ckpt)
-        time.sleep(args.sleep)
+        if args.sleep > 0:
+            time.sleep(args.sleep)
     dist.destroy_process_group()
 
 

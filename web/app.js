@@ -1051,7 +1051,17 @@ function sweepView(main, id) {
 // How an executor confines users' code: its state, the layers as a tooltip.
 function sandboxCell(s) {
   if (!s) return el("td", { class: "sandbox muted", text: "not reported" });
-  return el("td", { class: "sandbox sandbox-" + s.state, "data-sandbox": s.state, title: s.detail, text: s.state });
+  // Script jobs need the network layer too (a namespace per rank): an
+  // executor that cannot make one says so beside the models' state.
+  const scripts = s.scripts || s.state;
+  const text = scripts === s.state ? s.state : s.state + " (scripts: " + scripts + ")";
+  return el("td", {
+    class: "sandbox sandbox-" + s.state,
+    "data-sandbox": s.state,
+    "data-sandbox-scripts": scripts,
+    title: s.detail,
+    text,
+  });
 }
 
 function executorsView(main) {

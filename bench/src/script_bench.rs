@@ -28,6 +28,16 @@
 //! dial a peer address of the attempt before) is retried, up to 3× the
 //! runs, and counted in the baseline's name.
 //!
+//! **Throughput with and without the network layer.** The same script
+//! (`--sleep 0 --batch 128`, [`STEPS`] steps) as a 2- and a 3-rank job, on
+//! three executors started with `--sandbox on` (each rank in its network
+//! namespace, every collective connection through the executors' relay;
+//! `trainyard_executor::script::relay`) and, as the baseline, with
+//! `--sandbox off` (the ranks on the host's network, no layer at all).
+//! samples/s is rank 0's steps from step [`WARMUP`] to the last, times the
+//! batch and the world, by the script's own clock; the figure is the
+//! median of the runs, held to ≥ 0.95× the baseline.
+//!
 //! `script-bench [--short]`; the executor needs libtorch on its library
 //! path (`source scripts/common.sh && torch_env`) and `TRAINYARD_PYTHON`
 //! names the torch venv's Python (torchrun is the one beside it).
@@ -50,6 +60,14 @@ const JOIN: &str = "script-bench-join";
 const BEFORE_KILL: u64 = 30;
 /// The target: Trainyard's restart ≤ half of torchrun's.
 const TARGET: f64 = 0.5;
+/// Steps of a throughput run.
+const STEPS: u64 = 400;
+/// Steps of a throughput run left out of its rate (start, first buckets).
+const WARMUP: u64 = 100;
+/// Samples per step of a throughput run.
+const BATCH: u64 = 128;
+/// The network layer's target: at least 0.95× the samples/s without it.
+const THROUGHPUT_TARGET: f64 = 0.95;
 
 /// One step line of the script.
 #[derive(Debug, Clone, Copy)]
@@ -216,8 +234,13 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> anyhow::Result<Cluster> {
+        Cluster::start_with(2, "on")
+    }
+
+    /// `count` executors started with `--sandbox sandbox`.
+    fn start_with(count: usize, sandbox: &str) -> anyhow::Result<Cluster> {
         let server = Server::start(
-            "script-bench",
+            &format!("script-bench-{sandbox}"),
             JOIN,
             &[
                 ("RUST_LOG", "warn"),
@@ -230,8 +253,8 @@ impl Cluster {
             .enable_all()
             .build()?;
         let mut executors = Vec::new();
-        for i in 0..2 {
-            let name = format!("script-bench-{i}");
+        for i in 0..count {
+            let name = format!("script-bench-{sandbox}-{i}");
             let cache = server.work.join(format!("cache-{name}"));
             executors.push(start_executor(
                 &server.url,
@@ -241,6 +264,7 @@ impl Cluster {
                 &[
                     ("TRAINYARD_CACHE_DIR", cache.to_str().unwrap_or_default()),
                     ("TRAINYARD_TORCH_THREADS", "1"),
+                    ("TRAINYARD_SANDBOX", sandbox),
                     ("RUST_LOG", "warn"),
                 ],
             )?);
@@ -257,7 +281,7 @@ impl Cluster {
             .block_on(c.client.executors(Some("live")))?
             .executors
             .len()
-            < 2
+            < count
         {
             if start.elapsed() > Duration::from_secs(120) {
                 bail!("the executors did not register");
@@ -265,6 +289,58 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(200));
         }
         Ok(c)
+    }
+
+    /// samples/s of one run of the script as a `world`-rank job.
+    fn throughput(&self, world: u64, n: usize) -> anyhow::Result<f64> {
+        let spec = json!({
+            "name": format!("script-throughput-{world}-{n}"),
+            "script": {
+                "code": format!("file://{}", script().display()),
+                "args": [
+                    "--sleep", "0", "--batch", BATCH.to_string(), "--steps", STEPS.to_string(),
+                    // A line a step would pass the log's rate limit.
+                    "--print-every", "50",
+                ],
+                "max_restarts": 0,
+            },
+            "workers": {"min": world, "max": world},
+            "resources": {"memory_mb": 1024},
+        });
+        let id = self.rt.block_on(self.client.submit_job(&spec, None))?.id;
+        let start = Instant::now();
+        loop {
+            let job = self.rt.block_on(self.client.job(id))?;
+            if job.state.is_terminal() {
+                if job.state != trainyard_common::JobState::Succeeded {
+                    bail!("job {id} ended: {:?} {:?}", job.state, job.state_reason);
+                }
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(600) {
+                bail!("job {id} did not finish");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (mut after, mut at) = (None, std::collections::BTreeMap::new());
+        loop {
+            let page = self
+                .rt
+                .block_on(self.client.job_logs(id, after, Some(1000)))?;
+            for s in page.lines.iter().flat_map(|l| parse_all(&l.message)) {
+                if s.rank == 0 {
+                    at.insert(s.step, s.t);
+                }
+            }
+            match page.lines.last() {
+                Some(last) if page.lines.len() == 1000 => after = Some(last.id),
+                _ => break,
+            }
+        }
+        let (Some(t0), Some(t1)) = (at.get(&WARMUP), at.get(&STEPS)) else {
+            bail!("job {id}: rank 0's steps {WARMUP} and {STEPS} are not in its log");
+        };
+        Ok((STEPS - WARMUP) as f64 * BATCH as f64 * world as f64 / (t1 - t0))
     }
 
     /// Trainyard's time, one run.
@@ -358,6 +434,10 @@ fn main() -> anyhow::Result<()> {
         .to_path_buf();
     std::env::set_var("TRAINYARD_BIN_DIR", &exe_dir);
 
+    // `--throughput`: only the network layer's figures.
+    if std::env::args().any(|a| a == "--throughput") {
+        return throughput(short);
+    }
     let c = Cluster::start()?;
     let mut ours = Vec::new();
     for n in 0..runs {
@@ -408,5 +488,37 @@ fn main() -> anyhow::Result<()> {
     .target(Target::AtMost(TARGET))
     .emit();
     c.server.stop();
+    throughput(short)
+}
+
+/// The network layer against no layer: the same script's samples/s as a
+/// 2- and a 3-rank job.
+fn throughput(short: bool) -> anyhow::Result<()> {
+    let runs = if short { 2 } else { 3 };
+    for world in [2u64, 3] {
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for (sandbox, into) in [("on", &mut on), ("off", &mut off)] {
+            let c = Cluster::start_with(3, sandbox)?;
+            for n in 0..runs {
+                let r = c.throughput(world, n)?;
+                eprintln!("world {world}, --sandbox {sandbox}, run {n}: {r:.0} samples/s");
+                into.push(r);
+            }
+            c.server.stop();
+        }
+        Figure::new(
+            "script",
+            format!(
+                "a {world}-rank DDP gloo script job's samples/s in network namespaces through the relay (batch {BATCH}), median of {runs}"
+            ),
+            median(on),
+            "samples/s",
+            "--sandbox off (the host's network, no layer)".to_owned(),
+            median(off),
+            Better::Higher,
+        )
+        .target(Target::AtLeast(THROUGHPUT_TARGET))
+        .emit();
+    }
     Ok(())
 }

@@ -35,6 +35,10 @@ pub enum EndpointRole {
     Ring = 1,
     /// A parameter-server shard.
     ParameterServer = 2,
+    /// A script rank's network namespace: the stream is a relayed TCP
+    /// connection of the rank's collectives, opened with the port it was
+    /// headed to (two bytes, big-endian) after the handshake.
+    Script = 3,
 }
 
 impl EndpointRole {
@@ -42,6 +46,7 @@ impl EndpointRole {
         match b {
             1 => Some(EndpointRole::Ring),
             2 => Some(EndpointRole::ParameterServer),
+            3 => Some(EndpointRole::Script),
             _ => None,
         }
     }

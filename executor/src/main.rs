@@ -268,6 +268,7 @@ fn main() -> anyhow::Result<()> {
     });
     // Spare script interpreters (and their cgroups) go with the executor.
     trainyard_executor::script::warm::spares().clear();
+    trainyard_executor::script::relay::clear();
     // Whatever still runs on the runtime (a role thread stuck in libtorch,
     // a report the grace period gave up on) must not hold the exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));

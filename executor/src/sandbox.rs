@@ -164,14 +164,33 @@ impl Sandbox {
         }
     }
 
+    /// Why script jobs may not run here: what [`Sandbox::refusal`] says,
+    /// or (`--sandbox on`) that their ranks' network namespace cannot be
+    /// made on this host.
+    pub fn script_refusal(&self) -> Option<String> {
+        match self.mode {
+            Mode::Off => None,
+            Mode::On => self.status.scripts_missing().map(|why| {
+                format!(
+                    "this executor cannot confine script jobs ({why}); an admin may start it \
+                     with --sandbox off for a trusted single-user setup"
+                )
+            }),
+        }
+    }
+
     /// One line for the log and the listing: the mode and the layers.
     pub fn summary(&self) -> String {
         let s = &self.status;
         match (self.mode, self.refusal()) {
-            (Mode::Off, _) => "off: users' code runs in child processes, unconfined".into(),
+            (Mode::Off, _) => {
+                "off: users' code runs in child processes, unconfined; script ranks share the \
+                 host's network"
+                    .into()
+            }
             (Mode::On, Some(why)) => format!("unavailable: {why}"),
             (Mode::On, None) => format!(
-                "on: landlock ABI {}{}, seccomp, {}{}",
+                "on: landlock ABI {}{}, seccomp, {}{}; {}",
                 s.landlock_abi,
                 if s.network() {
                     " (files and TCP)"
@@ -190,6 +209,11 @@ impl Sandbox {
                         ", root without capabilities".into()
                     }
                     None => String::new(),
+                },
+                match &s.netns_missing {
+                    None => "script ranks: a network namespace each, relayed to their job's ranks"
+                        .to_owned(),
+                    Some(why) => format!("script jobs refused: no network namespace ({why})"),
                 }
             ),
         }
@@ -203,9 +227,15 @@ impl Sandbox {
             (Mode::On, Some(_)) => SandboxState::Unavailable,
             (Mode::On, None) => SandboxState::Confined,
         };
+        let scripts = match (self.mode, self.script_refusal()) {
+            (Mode::Off, _) => SandboxState::Unconfined,
+            (Mode::On, Some(_)) => SandboxState::Unavailable,
+            (Mode::On, None) => SandboxState::Confined,
+        };
         SandboxReport {
             state,
             detail: self.summary().chars().take(MAX_SANDBOX_DETAIL).collect(),
+            scripts: Some(scripts),
         }
     }
 
@@ -350,9 +380,13 @@ impl Sandbox {
     /// Starts a user's script as `task` (the interpreter, its arguments,
     /// environment and folder) confined to `ws` plus `read_only` (the
     /// runtime's folders) and `read_write` (its checkpoint and output
-    /// folders), with `limits`. Unlike a model process its network is not
-    /// confined by port: gloo and NCCL listen on ports they pick. Its
-    /// stdin is closed after the task; its stdout and stderr are pipes.
+    /// folders), with `limits`, in the network namespace `netns` (its
+    /// slot's, `--sandbox on`). Unlike a model process its network is not
+    /// confined by port (gloo and NCCL listen on ports they pick) but by
+    /// the namespace, whose only way out is the relay to its job's ranks
+    /// ([`crate::script::relay`]). Its stdin is closed after the task; its
+    /// stdout and stderr are pipes.
+    #[allow(clippy::too_many_arguments)]
     pub fn start_script(
         &self,
         ws: &Workspace,
@@ -361,8 +395,10 @@ impl Sandbox {
         read_only: Vec<PathBuf>,
         read_write: Vec<PathBuf>,
         device: tch::Device,
+        netns: Option<PathBuf>,
     ) -> Result<trainyard_sandbox::spawn::Child, String> {
-        let (line, spec) = self.script_launch(ws, task, limits, read_only, read_write, device)?;
+        let (line, spec) =
+            self.script_launch(ws, task, limits, read_only, read_write, device, netns)?;
         let child = trainyard_sandbox::spawn::Child::spawn(&spec, line.as_bytes())
             .map_err(|e| format!("cannot start the sandboxed script: {e}"))?;
         Ok(child)
@@ -370,6 +406,7 @@ impl Sandbox {
 
     /// What [`Sandbox::start_script`] starts: the envelope line and the
     /// child's spec (a spare interpreter is started from the same).
+    #[allow(clippy::too_many_arguments)]
     pub fn script_launch(
         &self,
         ws: &Workspace,
@@ -378,11 +415,18 @@ impl Sandbox {
         read_only: Vec<PathBuf>,
         read_write: Vec<PathBuf>,
         device: tch::Device,
+        netns: Option<PathBuf>,
     ) -> Result<(String, Spec), String> {
-        if let Some(why) = self.refusal() {
+        if let Some(why) = self.script_refusal() {
             return Err(why);
         }
-        let (line, spec) = self.prepare("script", ws, task, limits, None, device)?;
+        if self.mode == Mode::On && netns.is_none() {
+            return Err("a confined script rank needs its network namespace".into());
+        }
+        let (line, mut spec) = self.prepare("script", ws, task, limits, None, device)?;
+        if self.mode == Mode::On {
+            spec.netns = netns;
+        }
         let line = match self.mode {
             Mode::Off => line,
             Mode::On => {
@@ -537,6 +581,7 @@ impl Sandbox {
             limits,
             name: kind.into(),
             fd3,
+            netns: None,
         };
         Ok((line, spec))
     }
@@ -732,6 +777,7 @@ mod tests {
             seccomp: true,
             memory_cgroup: false,
             pids_cgroup: false,
+            netns_missing: None,
         }
     }
 
@@ -763,11 +809,56 @@ mod tests {
     }
 
     #[test]
+    fn without_a_network_namespace_script_jobs_are_refused_and_models_are_not() {
+        let mut status = Status::probe();
+        status.netns_missing = Some("`nft` is not installed".into());
+        let s = on_a_kernel(status.clone(), Mode::On);
+        assert_eq!(s.refusal(), None, "models are still confined here");
+        let why = s.script_refusal().expect("scripts refused");
+        assert!(
+            why.contains("nft") && why.contains("--sandbox off"),
+            "{why}"
+        );
+        let r = s.report();
+        assert_eq!(r.state, SandboxState::Confined);
+        assert_eq!(r.scripts, Some(SandboxState::Unavailable));
+        assert!(r.detail.contains("script jobs refused"), "{}", r.detail);
+        let ws = s.workspace("no-netns").unwrap();
+        let task = ScriptTask {
+            program: "/bin/true".into(),
+            args: vec![],
+            env: vec![],
+            cwd: "/".into(),
+        };
+        let started = s.start_script(
+            &ws,
+            &task,
+            Limits::default(),
+            vec![],
+            vec![],
+            tch::Device::Cpu,
+            None,
+        );
+        assert_eq!(started.err(), Some(why));
+        // Off: the admin's choice, said loudly.
+        let off = on_a_kernel(status, Mode::Off);
+        assert_eq!(off.script_refusal(), None);
+        assert_eq!(off.report().scripts, Some(SandboxState::Unconfined));
+        assert!(
+            off.summary().contains("host's network"),
+            "{}",
+            off.summary()
+        );
+    }
+
+    #[test]
     fn this_kernel_confines_and_says_how() {
         let s = Sandbox::for_tests();
         assert_eq!(s.refusal(), None, "{:?}", s.status());
         let r = s.report();
         assert_eq!(r.state, SandboxState::Confined);
         assert!(r.detail.starts_with("on: landlock ABI"), "{}", r.detail);
+        assert_eq!(r.scripts, Some(SandboxState::Confined), "{}", r.detail);
+        assert!(r.detail.contains("network namespace each"), "{}", r.detail);
     }
 }

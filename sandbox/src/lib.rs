@@ -19,7 +19,10 @@
 //!   own inputs, read-write its scratch folder, nothing else;
 //! * **network** ([`landlock`]): TCP connect and bind only to the ports a
 //!   role's pattern needs (Landlock ABI ≥ 4), no abstract Unix sockets and
-//!   no signals outside the sandbox (ABI ≥ 6);
+//!   no signals outside the sandbox (ABI ≥ 6); a script rank, whose
+//!   collectives pick their own ports, instead runs in a network
+//!   namespace with no way out but a relay to its own job's ranks
+//!   ([`netns`]);
 //! * **system calls** ([`seccomp`]): `no_new_privs` and a filter that
 //!   refuses ptrace, mount, bpf, kexec, module loading, namespace creation,
 //!   keyctl, perf_event_open and their kin.
@@ -28,6 +31,7 @@
 //! closed on it (see the executor's `--sandbox`).
 
 pub mod landlock;
+pub mod netns;
 pub mod seccomp;
 pub mod spawn;
 
@@ -124,6 +128,10 @@ pub struct Status {
     pub memory_cgroup: bool,
     /// Whether a pids cgroup of the child's own can be made.
     pub pids_cgroup: bool,
+    /// Why a script rank's network namespace cannot be made here (`None`:
+    /// it can, [`netns::probe`]).
+    #[serde(default)]
+    pub netns_missing: Option<String>,
 }
 
 impl Status {
@@ -134,6 +142,7 @@ impl Status {
             seccomp: seccomp::available(),
             memory_cgroup: spawn::Cgroup::available("memory"),
             pids_cgroup: spawn::Cgroup::available("pids"),
+            netns_missing: netns::probe().err(),
         }
     }
 
@@ -154,6 +163,16 @@ impl Status {
     /// Whether the network layer holds (Landlock ABI ≥ 4 rules on TCP).
     pub fn network(&self) -> bool {
         self.landlock_abi >= 4
+    }
+
+    /// Why script ranks cannot be confined here when models can: their
+    /// network layer (a namespace of their own) cannot be made.
+    pub fn scripts_missing(&self) -> Option<String> {
+        self.missing().or_else(|| {
+            self.netns_missing
+                .as_ref()
+                .map(|why| format!("no network namespace for script ranks: {why}"))
+        })
     }
 }
 

@@ -63,6 +63,9 @@ pub struct Spec {
     /// A descriptor of the parent's the child gets as its fd 3 (shared
     /// memory, say); every other descriptor is closed on exec.
     pub fd3: Option<std::os::fd::RawFd>,
+    /// The network namespace it joins before it executes anything
+    /// ([`crate::netns::Netns::path`]; `None`: the parent's).
+    pub netns: Option<PathBuf>,
 }
 
 /// One cgroup (v1) made for one child.
@@ -206,8 +209,18 @@ impl Child {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(id) = spec.identity {
-            cmd.uid(id.uid).gid(id.gid);
+        // Joining a namespace needs the parent's privileges, so a child
+        // that joins one drops to its identity itself, afterwards.
+        let netns = match &spec.netns {
+            Some(path) => Some(std::fs::File::open(path)?),
+            None => None,
+        };
+        match (&netns, spec.identity) {
+            (Some(ns), identity) => join_then_become(&mut cmd, ns, identity),
+            (None, Some(id)) => {
+                cmd.uid(id.uid).gid(id.gid);
+            }
+            (None, None) => {}
         }
         if let Some(fd) = spec.fd3 {
             pass_as_fd3(&mut cmd, fd);
@@ -404,6 +417,33 @@ pub fn tail(mut r: impl Read, n: usize) -> String {
         kept.drain(..kept.len() - n);
     }
     String::from_utf8_lossy(&kept).into_owned()
+}
+
+/// Makes the child join the network namespace `ns`, then (when given)
+/// become `identity`, with no supplementary groups.
+#[allow(unsafe_code)]
+fn join_then_become(cmd: &mut Command, ns: &std::fs::File, identity: Option<Identity>) {
+    use std::os::fd::AsRawFd;
+    let fd = ns.as_raw_fd();
+    // SAFETY: between fork and exec only setns, setgroups, setgid and
+    // setuid run, all async-signal-safe system calls, on a descriptor
+    // the parent keeps open until the child is started.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(id) = identity {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(id.gid) != 0
+                    || libc::setuid(id.uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Makes the parent's `fd` the child's fd 3, open across exec. The parent's

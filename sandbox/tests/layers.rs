@@ -20,6 +20,7 @@ fn spec(limits: Limits, identity: Option<Identity>) -> Spec {
         limits,
         name: "probe".into(),
         fd3: None,
+        netns: None,
     }
 }
 

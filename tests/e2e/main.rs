@@ -11,6 +11,7 @@ mod data_policy;
 mod divergence;
 mod examples;
 mod executor_probe;
+mod netwall;
 mod partitions;
 mod provisioner;
 mod replicas;

@@ -13,7 +13,12 @@
 //! replacement registers, grows to world 3 when a third executor joins,
 //! each time every rank restarting from the last committed checkpoint, and
 //! ends within 1.5 points of torchrun's uninterrupted run; its
-//! checkpoints and outputs go through the test S3 server.
+//! checkpoints and outputs go through the test S3 server. A script that
+//! never ends is killed at its `script.max_seconds` and fails its job,
+//! naming the limit, without a restart; hostile code archives a user
+//! uploads (`tests/python/hostile_archives.py`: absolute and climbing
+//! paths, links, special files, too many entries, bombs) each fail their
+//! job naming what was refused, and nothing lands outside the job's folder.
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -123,7 +128,12 @@ fn an_unmodified_ddp_script_trains_like_torchrun_and_a_hostile_one_is_contained(
         forked < 300,
         "the fork bomb made {forked} processes: {report}"
     );
-    assert_eq!(report["api"], "refused 401", "{report}");
+    // The API is not even reachable: the rank's namespace has no way out
+    // but to its own job's ranks.
+    assert!(
+        report["api"].as_str().unwrap().starts_with("unreachable"),
+        "{report}"
+    );
     assert!(
         report["abstract_socket"]
             .as_str()
@@ -510,4 +520,160 @@ fn a_ddp_script_trains_across_hosts_in_network_namespaces() {
         !log.contains("Using the loopback address"),
         "gloo fell back to loopback:\n{log}"
     );
+}
+
+#[test]
+fn a_script_that_never_ends_is_killed_at_its_time_limit_and_fails_its_job() {
+    let p = Platform::builder("scripts-time-limit")
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .start();
+    let mut exec = p.executor("a");
+    let alice = user(&p, "alice");
+    // It never reports and never exits: only the time limit ends it.
+    let sleeper = p.file("sleeper.py");
+    std::fs::write(
+        &sleeper,
+        "import time\nprint('sleeping forever', flush=True)\nwhile True:\n    time.sleep(60)\n",
+    )
+    .unwrap();
+    upload(&alice, "sleeper.py", &sleeper);
+    let submitted = Instant::now();
+    let id = alice.submit(&json!({
+        "name": "sleeper",
+        "script": {"code": "artifact:sleeper.py", "max_seconds": 3, "max_restarts": 2},
+        "workers": {"min": 1, "max": 1},
+        "resources": {"memory_mb": 256},
+    }));
+    // Started cold (an interpreter, no PyTorch), then 3 s: well within 60.
+    let job = alice.wait_failed_with(
+        "sleeper",
+        &id,
+        Duration::from_secs(60),
+        &["script.max_seconds: 3 s", "killed", "sleeping forever"],
+    );
+    let took = submitted.elapsed();
+    eprintln!("a 3 s script ended in {took:?}: {}", job.state_reason);
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+    // A job failure, not a crash: no restart was spent on it.
+    let log = log_text(&alice, &id);
+    assert!(
+        !alice
+            .events(&id)
+            .iter()
+            .any(|e| e.kind == trainyard_common::EventKind::Crash),
+        "the time limit was counted as a crash:\n{log}"
+    );
+    assert!(!log.contains("restart 1)"), "it was restarted:\n{log}");
+    // Its process (and its spare interpreter) are gone.
+    let pids = [exec.pid()];
+    let gone = eventually(Duration::from_secs(10), || {
+        trainyard_e2e::children_where(&pids, |args| {
+            args.iter().any(|a| a.ends_with(b"sleeper.py"))
+        })
+        .is_empty()
+        .then_some(())
+    });
+    assert!(gone.is_some(), "the killed script still runs");
+    assert!(exec.running(), "the executor died: {}", exec.output());
+}
+
+#[test]
+fn hostile_code_archives_uploaded_by_a_user_are_refused_and_write_nothing_outside() {
+    let p = Platform::builder("scripts-archives")
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .start();
+    let mut execs = [p.executor("a"), p.executor("b")];
+    let mallory = user(&p, "mallory");
+
+    // What the archives aim at, outside any job's folder: two paths that
+    // must stay missing, a folder that must stay empty and a file that
+    // must keep its bytes.
+    let outside = std::env::temp_dir().join(format!("ty-e2e-archives-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&outside);
+    std::fs::create_dir_all(outside.join("link-dir")).unwrap();
+    let targets = json!({
+        "absolute": outside.join("absolute.py"),
+        "dotdot": outside.join("dotdot.py"),
+        "link_dir": outside.join("link-dir"),
+        "hard_target": outside.join("hard-target"),
+    });
+    std::fs::write(outside.join("hard-target"), b"the host's own bytes").unwrap();
+    let dir = p.file("archives");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("targets.json"), targets.to_string()).unwrap();
+    trainyard_e2e::python_script("hostile_archives.py", &dir);
+
+    // Each archive, its refusal.
+    let cases: [(&str, &[&str]); 14] = [
+        ("absolute.tar.gz", &["not an absolute one"]),
+        ("absolute.zip", &["not an absolute one"]),
+        ("dotdot.tar.gz", &["must not contain `..`"]),
+        ("dotdot.zip", &["must not contain `..`"]),
+        ("symlink.tar.gz", &["\"evil\" is a link"]),
+        ("symlink.zip", &["\"evil\" is a link"]),
+        ("hardlink.tar.gz", &["\"hard\" is a link"]),
+        ("fifo.tar.gz", &["\"fifo\" is not a file or a folder"]),
+        ("fifo.zip", &["\"fifo\" is not a file or a folder"]),
+        ("device.tar.gz", &["\"null\" is not a file or a folder"]),
+        ("many.tar.gz", &["too large", "more than 10000 entries"]),
+        ("many.zip", &["too large", "more than 10000 entries"]),
+        ("bomb.tar.gz", &["too large", "more than 512 MiB extracted"]),
+        ("bomb.zip", &["too large", "more than 512 MiB extracted"]),
+    ];
+    let mut jobs = Vec::new();
+    for (name, words) in cases {
+        // The upload itself is a plain artifact (the API stores bytes; the
+        // executor judges the archive when it puts the code in place).
+        upload(&mallory, name, &dir.join(name));
+        let id = mallory.submit(&json!({
+            "name": name.replace('.', "-"),
+            "script": {"code": format!("artifact:{name}"), "entrypoint": "train.py", "max_restarts": 2},
+            "workers": {"min": 1, "max": 1},
+            "resources": {"memory_mb": 256},
+        }));
+        jobs.push((name, words, id));
+    }
+    for (name, words, id) in &jobs {
+        let mut all = vec!["the code archive"];
+        all.extend_from_slice(words);
+        let job = mallory.wait_failed_with(name, id, Duration::from_secs(120), &all);
+        eprintln!("{name}: {}", job.state_reason);
+        // Refused, not crashed: no restart is spent on a refusal.
+        assert!(
+            !mallory
+                .events(id)
+                .iter()
+                .any(|e| e.kind == trainyard_common::EventKind::Crash),
+            "{name}: a refusal was counted as a crash"
+        );
+        assert!(
+            !log_text(&mallory, id).contains("never runs"),
+            "{name}: its script ran"
+        );
+    }
+
+    // Nothing reached the places outside.
+    for missing in ["absolute.py", "dotdot.py"] {
+        assert!(
+            !outside.join(missing).exists(),
+            "{missing} was written outside the job's folder"
+        );
+    }
+    let in_link_dir: Vec<_> = std::fs::read_dir(outside.join("link-dir"))
+        .unwrap()
+        .collect();
+    assert!(
+        in_link_dir.is_empty(),
+        "written through a link: {in_link_dir:?}"
+    );
+    assert_eq!(
+        std::fs::read(outside.join("hard-target")).unwrap(),
+        b"the host's own bytes"
+    );
+    for e in &mut execs {
+        assert!(e.running(), "an executor died: {}", e.output());
+    }
+    let _ = std::fs::remove_dir_all(&outside);
 }

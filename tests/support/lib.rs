@@ -27,6 +27,7 @@ pub mod async_matrix;
 pub mod client;
 pub mod compare;
 pub mod lab;
+pub mod metadata;
 pub mod platform;
 pub mod postgres;
 pub mod process;
@@ -39,6 +40,7 @@ pub use client::{
 };
 pub use compare::Paired;
 pub use lab::{Fault, Host, Lab};
+pub use metadata::Metadata;
 pub use platform::{Platform, PlatformBuilder, HEARTBEAT_MS};
 pub use postgres::{admin_url, drop_database, fresh_database, TestPostgres};
 pub use process::{

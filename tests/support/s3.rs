@@ -34,6 +34,11 @@ impl TestS3 {
         }
     }
 
+    /// The server's endpoint (`http://host:port`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// The standard AWS variables (how the API is configured here).
     pub fn aws_env(&self) -> Vec<(&'static str, String)> {
         vec![

@@ -99,6 +99,8 @@ async function main() {
     const sandbox = await page.textContent("#executors tr[data-state=live] td.sandbox");
     assert.equal(sandbox, "confined", "the executor's sandbox is shown");
     assert.match(await page.getAttribute("#executors tr[data-state=live] td.sandbox", "title"), /landlock ABI \d+/, "its layers are in the tooltip");
+    assert.equal(await page.getAttribute("#executors tr[data-state=live] td.sandbox", "data-sandbox-scripts"), "confined", "script jobs' sandbox is shown");
+    assert.match(await page.getAttribute("#executors tr[data-state=live] td.sandbox", "title"), /network namespace each/, "the network layer is in the tooltip");
     await page.waitForFunction(() => (document.querySelector("#provisioner-settings")?.textContent || "").length > 0);
     assert.match(await page.textContent("#provisioner-settings"), /started by hand/, "the provisioner is shown");
     await shot(page, "executors");

@@ -537,3 +537,53 @@ async fn a_torchscript_job_trains_only_where_its_module_can_be_confined() {
     assert!(!on_bare.contains(&job), "{on_bare:?}");
     let _ = std::fs::remove_dir_all(&store);
 }
+
+#[tokio::test]
+async fn a_script_job_is_placed_only_where_its_ranks_network_can_be_confined() {
+    let (app, store) = app_with_store("placed-scripts").await;
+    // Both confine models; only one can give a script rank its network
+    // namespace (the other has no `nft`, say).
+    let register_scripts = |name: &'static str, scripts: &'static str| {
+        let mut body = crate::executors::registration(name);
+        body["sandbox"] = json!({"state": "confined", "detail": "test", "scripts": scripts});
+        body
+    };
+    let (bare, bare_token) =
+        crate::executors::register_body(&app, &register_scripts("no-netns", "unavailable")).await;
+    let (ok, ok_token) =
+        crate::executors::register_body(&app, &register_scripts("netns", "confined")).await;
+    let listed = app.get_json("/v1/executors").await;
+    let scripts_of: Vec<String> = listed["executors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["sandbox"]["scripts"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(scripts_of.contains(&"unavailable".to_owned()), "{listed}");
+    let r = app
+        .client
+        .put(app.url("/v1/artifacts/train.py"))
+        .body("print('hi')\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let job = app
+        .submit(&json!({
+            "name": "ddp",
+            "script": {"code": "artifact:train.py"},
+            "workers": {"min": 1, "max": 2},
+        }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (mut placed, mut on_bare) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        placed.extend(assignments_of(&app, &ok, &ok_token, 1).await);
+        on_bare.extend(assignments_of(&app, &bare, &bare_token, 1).await);
+    }
+    assert!(placed.contains(&job), "{placed:?}");
+    assert!(!on_bare.contains(&job), "{on_bare:?}");
+    let _ = std::fs::remove_dir_all(&store);
+}

@@ -76,6 +76,11 @@ pub struct SandboxReport {
     pub state: SandboxState,
     /// The layers in force, or why there are none (at most 512 characters).
     pub detail: String,
+    /// How it runs script jobs, whose ranks also need a network namespace
+    /// of their own (`unavailable`: the scheduler places none there;
+    /// absent: an executor from before, taken as `state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scripts: Option<SandboxState>,
 }
 
 /// Whether users' code is confined on an executor.

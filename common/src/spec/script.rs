@@ -302,3 +302,27 @@ impl super::UncheckedJobSpec {
         self.batch_size.expect(Self::MODEL_JOB)
     }
 }
+
+/// The first port of the range a script job's rendezvous port (its
+/// `MASTER_PORT`) is taken from.
+pub const RENDEZVOUS_PORT_BASE: u16 = 20_000;
+/// How many ports that range has (below Linux's ephemeral range, where a
+/// connection's own port could collide).
+pub const RENDEZVOUS_PORTS: u16 = 12_000;
+
+/// The rendezvous port of script job `job` at `generation`: the same on
+/// every rank (each computes it), another at each generation (so that a
+/// port still held by the last generation's store, or taken by something
+/// else, is not tried twice in a row).
+pub fn rendezvous_port(job: uuid::Uuid, generation: u64) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in job.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // A stride prime to the range's size: consecutive generations never
+    // share a port.
+    let n = u64::from(RENDEZVOUS_PORTS);
+    let at = (h % n + (generation % n) * 7919) % n;
+    RENDEZVOUS_PORT_BASE + at as u16
+}

@@ -294,6 +294,7 @@ impl Roles {
                     self.jobs_here.insert(job);
                 } else {
                     crate::script::warm::spares().forget(job);
+                    crate::script::relay::forget(job);
                     self.ctx.sandbox.forget_job(job);
                 }
             }

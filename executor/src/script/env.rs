@@ -9,11 +9,7 @@ use std::path::Path;
 use trainyard_common::cluster::WorkerPeer;
 use uuid::Uuid;
 
-/// The first port of the range a job's rendezvous port is taken from.
-pub const RENDEZVOUS_PORT_BASE: u16 = 20_000;
-/// How many ports that range has (below Linux's ephemeral range, where a
-/// connection's own port could collide).
-pub const RENDEZVOUS_PORTS: u16 = 12_000;
+pub use trainyard_common::spec::script::{rendezvous_port, RENDEZVOUS_PORTS, RENDEZVOUS_PORT_BASE};
 
 /// Where a rank's folders are, as the script sees them.
 pub struct Folders<'a> {
@@ -48,26 +44,13 @@ pub struct Place<'a> {
     pub restarts: u32,
     /// Threads the rank may use.
     pub threads: Option<i32>,
-    /// The network interface that carries this executor's data-plane
-    /// address, for gloo (`None`: not found; gloo picks).
+    /// The network interface gloo binds: the rank interface of its
+    /// namespace, or the one that carries this executor's data-plane
+    /// address (`None`: not found; gloo picks).
     pub interface: Option<String>,
-}
-
-/// The rendezvous port of `job` at `generation`: the same on every rank
-/// (each computes it), another at each generation (so that a port still
-/// held by the last generation's store, or taken by something else, is
-/// not tried twice in a row).
-pub fn rendezvous_port(job: Uuid, generation: u64) -> u16 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in job.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    // A stride prime to the range's size: consecutive generations never
-    // share a port.
-    let n = u64::from(RENDEZVOUS_PORTS);
-    let at = (h % n + (generation % n) * 7919) % n;
-    RENDEZVOUS_PORT_BASE + at as u16
+    /// Whether the rank runs in its slot's network namespace, where its
+    /// job's ranks are addressed by rank ([`trainyard_sandbox::netns`]).
+    pub relayed: bool,
 }
 
 /// The host part of a data-plane address (`host:port`, `[v6]:port`).
@@ -144,7 +127,14 @@ pub fn environment(
         ("ROLE_RANK", place.rank.to_string()),
         ("ROLE_WORLD_SIZE", world.to_string()),
         ("ROLE_NAME", "default".to_owned()),
-        ("MASTER_ADDR", host_of(&master.address).to_owned()),
+        (
+            "MASTER_ADDR",
+            if place.relayed {
+                trainyard_sandbox::netns::rank_address(master.rank).to_string()
+            } else {
+                host_of(&master.address).to_owned()
+            },
+        ),
         (
             "MASTER_PORT",
             rendezvous_port(place.job, place.generation).to_string(),
@@ -175,6 +165,9 @@ pub fn environment(
     }
     if let Some(i) = &place.interface {
         env.insert("GLOO_SOCKET_IFNAME".into(), i.clone());
+        if place.relayed {
+            env.insert("NCCL_SOCKET_IFNAME".into(), i.clone());
+        }
     }
     if let Some(l) = library_path {
         env.insert("LD_LIBRARY_PATH".into(), l.to_owned());
@@ -216,6 +209,7 @@ mod tests {
             restarts: generation.saturating_sub(1) as u32,
             threads: Some(2),
             interface: None,
+            relayed: false,
         };
         let mine = [
             ("RANK".to_owned(), "99".to_owned()),

@@ -27,11 +27,14 @@
 //! because a peer's executor died), the rank first asks for its peers to
 //! be checked and gives the scheduler a moment to change the generation,
 //! so that a lost executor does not spend a restart. A rank killed by a
-//! signal or a limit is reported at once.
+//! signal or a limit is reported at once. A script still running after
+//! its `script.max_seconds` (a day by default) is killed and fails the job
+//! outright, naming the limit: a restart would meet the same limit.
 
 pub mod checkpoints;
 pub mod code;
 pub mod env;
+pub mod relay;
 pub mod reports;
 pub mod warm;
 
@@ -44,6 +47,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trainyard_common::checkpoint::output_key;
 use trainyard_common::cluster::{LogLevel, RoleOutcome, WorkerPeer};
+use trainyard_common::spec::script::DEFAULT_SCRIPT_SECONDS;
 use trainyard_common::spec::{input_name, ScriptSpec};
 use trainyard_sandbox::{Ending, Limits};
 
@@ -80,7 +84,7 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer]) {
             role.log(LogLevel::Info, format!("rank {rank}'s script finished"))
         }
         Ok(Ended::Stopped) => {}
-        Err(Failure::Refused(reason)) => role.fail(reason),
+        Err(Failure::Refused(reason) | Failure::OutOfTime(reason)) => role.fail(reason),
         Err(Failure::Crashed(reason)) => {
             role.log(LogLevel::Error, reason.clone());
             let _ = role
@@ -107,6 +111,10 @@ enum Failure {
     Refused(String),
     /// Its script failed: the job may restart it.
     Crashed(String),
+    /// Its script ran past `script.max_seconds` and was killed: the job
+    /// fails (a restart would run into the same limit, and a script that
+    /// never ends must not hold its executors through every restart).
+    OutOfTime(String),
 }
 
 /// A started rank.
@@ -230,7 +238,23 @@ fn prepare(
         std::fs::create_dir_all(d).map_err(|e| Failure::Crashed(e.to_string()))?;
         sandbox.give(d).map_err(Failure::Crashed)?;
     }
-    let interface = env::interface_of(env::host_of(&peers[rank as usize].address));
+    // Its network (`--sandbox on`): the slot's namespace, whose only way
+    // out is the relay to this generation's ranks.
+    let netns = match sandbox.mode() {
+        crate::sandbox::Mode::On => {
+            if let Some(why) = sandbox.script_refusal() {
+                return Err(Failure::Refused(why));
+            }
+            let relayed = relay::slot(job, slot).map_err(Failure::Crashed)?;
+            relayed.serve(role, rank, peers).map_err(Failure::Crashed)?;
+            Some(relayed.netns_path())
+        }
+        crate::sandbox::Mode::Off => None,
+    };
+    let interface = match netns {
+        Some(_) => Some(trainyard_sandbox::netns::INTERFACE.to_owned()),
+        None => env::interface_of(env::host_of(&peers[rank as usize].address)),
+    };
     // An API that does not count them: every generation was a restart.
     let restarts = a
         .restarts
@@ -244,6 +268,7 @@ fn prepare(
         restarts,
         threads: sandbox.torch_threads(),
         interface,
+        relayed: netns.is_some(),
     };
     let folders = env::Folders {
         code: &code_dir,
@@ -289,6 +314,7 @@ fn prepare(
                     runtime.clone(),
                     read_write.clone(),
                     device,
+                    netns.clone(),
                 )
                 .map_err(Failure::Crashed)?,
             false,
@@ -314,7 +340,7 @@ fn prepare(
         args: warm::spare_args(&task.args),
         ..task.clone()
     };
-    match sandbox.script_launch(&ws, &spare, limits, runtime, read_write, device) {
+    match sandbox.script_launch(&ws, &spare, limits, runtime, read_write, device, netns) {
         Ok((line, spec)) => spares.want((job, slot), fingerprint, spec, line),
         Err(e) => tracing::debug!(error = %e, "no spare interpreter"),
     }
@@ -424,7 +450,11 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
             })
         }));
     }
-    let ending = run_to_end(role, s);
+    let limit = role.assignment.spec.script.as_ref().map_or(
+        Duration::from_secs(DEFAULT_SCRIPT_SECONDS),
+        ScriptSpec::time_limit,
+    );
+    let ending = run_to_end(role, s, limit);
     for r in readers {
         let _ = r.join();
     }
@@ -443,6 +473,10 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
         .map(|t| t.iter().cloned().collect())
         .unwrap_or_default();
     let what = match &ending {
+        Ending::TimedOut(t) => format!(
+            "rank {rank}'s script ran past its time limit (script.max_seconds: {} s) and was killed; the job fails without a restart",
+            t.as_secs()
+        ),
         Ending::Memory { .. } => format!(
             "rank {rank}'s script {ending} ({} MiB asked by resources.memory_mb, {RUNTIME_MB} MiB for the runtime)",
             role.assignment.spec.resources.memory_mb
@@ -454,6 +488,9 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
     } else {
         format!("{what}; its last lines:\n{}", last.join("\n"))
     };
+    if matches!(ending, Ending::TimedOut(_)) {
+        return Err(Failure::OutOfTime(reason));
+    }
     // A rank killed by a signal or a limit failed by itself: restart at
     // once. One that exited with an error may have seen its collective
     // break because a peer's executor died.
@@ -477,10 +514,11 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
     Err(Failure::Crashed(reason))
 }
 
-/// Waits for the script to end (killing it when the role stops), reading
-/// its reports and looking at rank 0's checkpoint folder every
-/// [`checkpoints::POLL`].
-fn run_to_end(role: &Role, s: &mut Started) -> Ending {
+/// Waits for the script to end (killing it when the role stops, or when
+/// it has run for `limit`: then [`Ending::TimedOut`]), reading its reports
+/// and looking at rank 0's checkpoint folder every [`checkpoints::POLL`].
+fn run_to_end(role: &Role, s: &mut Started, limit: Duration) -> Ending {
+    let deadline = Instant::now() + limit;
     let mut next_look = Instant::now() + checkpoints::POLL;
     loop {
         if let Some(e) = s.child.try_ending() {
@@ -490,6 +528,12 @@ fn run_to_end(role: &Role, s: &mut Started) -> Ending {
         if role.stopping() {
             s.child.kill();
             return s.child.wait(None, &|| false);
+        }
+        if Instant::now() >= deadline {
+            s.child.kill();
+            let _ = s.child.wait(None, &|| false);
+            read_reports(role, s);
+            return Ending::TimedOut(limit);
         }
         let asked = read_reports(role, s);
         if asked || Instant::now() >= next_look {

@@ -423,6 +423,8 @@ mod tests {
             args: spare_args(&task.args),
             ..task.clone()
         };
+        // The spare lives in its slot's network namespace, as a rank would.
+        let netns = trainyard_sandbox::netns::Netns::create("warm-test").unwrap();
         let start = |fp: u64| {
             let (line, spec) = sandbox
                 .script_launch(
@@ -432,6 +434,7 @@ mod tests {
                     runtime.clone(),
                     Vec::new(),
                     tch::Device::Cpu,
+                    Some(netns.path().to_owned()),
                 )
                 .unwrap();
             spares.want((job, 0), fp, spec, line);

@@ -29,6 +29,10 @@ enum Attempt {
     Write(String),
     List(String),
     Connect(String),
+    ConnectUnix(String),
+    Udp(String),
+    Raw,
+    Ping,
     Bind(u16),
     Syscall(String),
     Env,
@@ -102,7 +106,52 @@ fn attempt(a: &Attempt) -> (bool, String) {
             "written".into()
         }),
         Attempt::List(p) => res(std::fs::read_dir(p), |d| format!("{} entries", d.count())),
-        Attempt::Connect(addr) => res(std::net::TcpStream::connect(addr), |_| "connected".into()),
+        Attempt::Connect(addr) => res(
+            std::net::TcpStream::connect_timeout(
+                &match addr.parse() {
+                    Ok(a) => a,
+                    Err(e) => return (false, format!("bad address: {e}")),
+                },
+                std::time::Duration::from_secs(3),
+            ),
+            |_| "connected".into(),
+        ),
+        Attempt::ConnectUnix(path) => res(std::os::unix::net::UnixStream::connect(path), |_| {
+            "connected".into()
+        }),
+        Attempt::Udp(addr) => res(
+            std::net::UdpSocket::bind(if addr.starts_with('[') {
+                "[::]:0"
+            } else {
+                "0.0.0.0:0"
+            })
+            .and_then(|u| u.send_to(b"trainyard", addr.as_str())),
+            |n| format!("sent {n} bytes"),
+        ),
+        Attempt::Raw => {
+            errno(unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) } as i64)
+        }
+        Attempt::Ping => {
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP) };
+            if fd < 0 {
+                return errno(-1);
+            }
+            // An echo request to 1.1.1.1: a route out is what it needs.
+            let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            to.sin_family = libc::AF_INET as libc::sa_family_t;
+            to.sin_addr.s_addr = u32::from_ne_bytes([1, 1, 1, 1]);
+            let echo = [8u8, 0, 0, 0, 0, 0, 0, 1];
+            errno(unsafe {
+                libc::sendto(
+                    fd,
+                    echo.as_ptr().cast(),
+                    echo.len(),
+                    0,
+                    (&to as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            } as i64)
+        }
         Attempt::Bind(port) => res(std::net::TcpListener::bind(("127.0.0.1", *port)), |l| {
             format!("bound {:?}", l.local_addr())
         }),

@@ -45,7 +45,10 @@ impl World {
         // Executors that cannot confine users' code: never a TorchScript
         // job's (its replicas' model processes would be refused there).
         let mut unconfining = BTreeSet::new();
-        for r in sqlx::query("SELECT id, name, state, resources, labels, held, sandbox->>'state' AS sandbox FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
+        // Executors that cannot confine a script rank's network (no
+        // namespace there): never a script job's.
+        let mut no_scripts = BTreeSet::new();
+        for r in sqlx::query("SELECT id, name, state, resources, labels, held, sandbox->>'state' AS sandbox, sandbox->>'scripts' AS scripts FROM executors WHERE state IN ('live', 'draining') OR id IN (SELECT executor_id FROM assignments)")
             .fetch_all(&mut *tx)
             .await?
         {
@@ -57,6 +60,10 @@ impl World {
             }
             if r.get::<Option<String>, _>("sandbox").as_deref() == Some("unavailable") {
                 unconfining.insert(id);
+                no_scripts.insert(id);
+            }
+            if r.get::<Option<String>, _>("scripts").as_deref() == Some("unavailable") {
+                no_scripts.insert(id);
             }
             let Ok(res) = serde_json::from_value::<ExecutorResources>(r.get("resources")) else { continue };
             let labels: BTreeMap<String, String> = serde_json::from_value(r.get("labels")).unwrap_or_default();
@@ -119,7 +126,7 @@ impl World {
         .fetch_all(&mut *tx)
         .await?
         {
-            let Some(mut job) = job_view(&r, &mut assigned, &unconfining) else {
+            let Some(mut job) = job_view(&r, &mut assigned, &unconfining, &no_scripts) else {
                 continue;
             };
             job.excluded.extend(excluded.remove(&job.id).unwrap_or_default());
@@ -160,6 +167,7 @@ fn job_view(
     r: &PgRow,
     assigned: &mut HashMap<Uuid, (Vec<WorkerRole>, Vec<PsRole>)>,
     unconfining: &BTreeSet<Uuid>,
+    no_scripts: &BTreeSet<Uuid>,
 ) -> Option<JobView> {
     let id: Uuid = r.get("id");
     let spec = match JobSpec::from_stored(r.get("spec")) {
@@ -208,7 +216,8 @@ fn job_view(
             min_workers: spec.workers.min,
             max_workers: spec.workers.max,
             parameter_servers: spec.parameter_server_count(),
-            memory_bytes: spec.resources.memory_mb.saturating_mul(1 << 20),
+            // A CPU script rank's spare interpreter counts too.
+            memory_bytes: spec.worker_memory_mb().saturating_mul(1 << 20),
             // Buffers and frozen parameters count where they live.
             estimate: spec.optimizer.as_ref().map(|o| {
                 MemoryEstimate::of(&params, o.kind, sync).with_ps_replicas(spec.ps_replicas())
@@ -221,7 +230,8 @@ fn job_view(
         // Users' code (a TorchScript model, a script) runs only where it
         // is confined.
         excluded: match spec.model {
-            Some(ModelSpec::Torchscript(_)) | None => unconfining.clone(),
+            Some(ModelSpec::Torchscript(_)) => unconfining.clone(),
+            None => no_scripts.clone(),
             Some(_) => Default::default(),
         },
     })

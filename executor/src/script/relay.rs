@@ -1,0 +1,317 @@
+//! A script rank's only way out: the relay of its collective connections.
+//!
+//! Each slot a script job holds on this executor has a network namespace
+//! of its own ([`trainyard_sandbox::netns`]) that the slot's rank and its
+//! spare interpreter run in: nothing in it leads anywhere, and every TCP
+//! connection to the job's block of rank addresses is redirected to this
+//! relay's listener inside it. The relay carries a connection to the rank
+//! it names only if that rank belongs to the same job and generation:
+//!
+//! * **out** ([`Slot`]'s listener): the rank connects to a peer's address
+//!   (its TCPStore at `MASTER_ADDR:MASTER_PORT`, a gloo pair's listener);
+//!   the relay reads where it was headed, and opens the same connection in
+//!   the peer's namespace — directly when the peer's slot is on this
+//!   executor, else through the peer executor's data plane, whose
+//!   handshake proves the job's secret and the generation
+//!   ([`EndpointRole::Script`]), followed by the port;
+//! * **in** ([`serve`]): the data plane hands this rank's endpoint an
+//!   authenticated stream and the port; the relay opens that port on the
+//!   rank's own address inside its namespace.
+//!
+//! A connection that names anything else (the namespace's own relay port,
+//! an address outside the block, a rank the world does not have) is closed
+//! at once, and a stale generation's peers are refused by the handshake.
+//! Bytes are copied as they come, both ways, with Nagle off on every leg.
+
+use crate::role::Role;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown as Direction, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use trainyard_common::cluster::WorkerPeer;
+use trainyard_dataplane::handshake::Hello;
+use trainyard_dataplane::{EndpointKey, EndpointRole};
+use trainyard_sandbox::netns::{self, Netns};
+use trainyard_shutdown::Shutdown;
+use uuid::Uuid;
+
+/// How long the relay keeps trying to reach a peer rank's listener (the
+/// peer may start later than the rank that calls it, as under torchrun).
+pub const REACH_LIMIT: Duration = Duration::from_secs(120);
+/// Bytes copied per read.
+const CHUNK: usize = 256 << 10;
+
+/// The generation a slot's rank belongs to now.
+#[derive(Clone)]
+struct World {
+    job: Uuid,
+    generation: i64,
+    rank: u32,
+    peers: Vec<WorkerPeer>,
+    secret: Vec<u8>,
+    stop: Shutdown,
+}
+
+/// One slot's namespace and its relay.
+pub struct Slot {
+    netns: Arc<Netns>,
+    world: Arc<Mutex<Option<World>>>,
+    closed: Arc<AtomicBool>,
+}
+
+type Key = (Uuid, u32);
+
+fn slots() -> &'static Mutex<HashMap<Key, Arc<Slot>>> {
+    static SLOTS: std::sync::OnceLock<Mutex<HashMap<Key, Arc<Slot>>>> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(Default::default)
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The slot `slot` of `job` on this executor: its namespace is made (with
+/// its relay) the first time.
+pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
+    if let Some(s) = locked(slots()).get(&(job, slot)) {
+        return Ok(s.clone());
+    }
+    let short = job.simple().to_string();
+    let netns = Arc::new(Netns::create(&format!("{}-{slot}", &short[..12]))?);
+    let listener = netns
+        .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
+        .map_err(|e| format!("the relay's listener in the rank's namespace: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("the relay's listener: {e}"))?;
+    let made = Arc::new(Slot {
+        netns,
+        world: Default::default(),
+        closed: Default::default(),
+    });
+    let (world, closed) = (made.world.clone(), made.closed.clone());
+    std::thread::Builder::new()
+        .name(format!("relay-{slot}"))
+        .spawn(move || listen(listener, world, closed))
+        .map_err(|e| format!("the relay's thread: {e}"))?;
+    let mut all = locked(slots());
+    Ok(all.entry((job, slot)).or_insert(made).clone())
+}
+
+/// Drops every slot of `job` (its namespaces go once their ranks have).
+pub fn forget(job: Uuid) {
+    locked(slots()).retain(|(j, _), _| *j != job);
+}
+
+/// Drops every slot.
+pub fn clear() {
+    locked(slots()).clear();
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Slot {
+    /// The namespace's file, for the rank's child to join.
+    pub fn netns_path(&self) -> std::path::PathBuf {
+        self.netns.path().to_owned()
+    }
+
+    /// Makes the slot rank `rank` of `role`'s generation among `peers` (its
+    /// address, the world the relay serves) and serves the connections its
+    /// peers open to it until the role stops.
+    pub fn serve(&self, role: &Role, rank: u32, peers: &[&WorkerPeer]) -> Result<(), String> {
+        let a = &role.assignment;
+        self.netns.set_rank(rank)?;
+        let world = World {
+            job: a.key.job_id,
+            generation: a.key.generation,
+            rank,
+            peers: peers.iter().map(|p| (*p).clone()).collect(),
+            secret: a.secret.clone().into_bytes(),
+            stop: role.stop.clone(),
+        };
+        let endpoint = role.plane.register(
+            EndpointKey {
+                job: world.job,
+                kind: EndpointRole::Script,
+                rank,
+            },
+            world.generation,
+            &world.secret,
+        );
+        *locked(&self.world) = Some(world);
+        let (netns, stop) = (self.netns.clone(), role.stop.clone());
+        std::thread::Builder::new()
+            .name(format!("relay-in-{rank}"))
+            .spawn(move || {
+                let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+                while let Some((from, stream)) = endpoint.accept(far, &stop) {
+                    let (netns, stop) = (netns.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        if let Err(e) = arrive(stream, &netns, rank, &stop) {
+                            tracing::debug!(from, rank, error = %e, "a relayed connection in");
+                        }
+                    });
+                }
+            })
+            .map_err(|e| format!("the relay's thread: {e}"))?;
+        Ok(())
+    }
+}
+
+/// A slot's listener: each connection its rank opens to the job's block.
+fn listen(listener: TcpListener, world: Arc<Mutex<Option<World>>>, closed: Arc<AtomicBool>) {
+    while !closed.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let w = locked(&world).clone();
+                std::thread::spawn(move || {
+                    if let Err(e) = leave(s, w) {
+                        tracing::debug!(error = %e, "a relayed connection out");
+                    }
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the relay's listener");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Carries a connection the rank opened to the peer it names.
+fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), String> {
+    rank_side
+        .set_nonblocking(false)
+        .map_err(|e| e.to_string())?;
+    let to = netns::original_destination(&rank_side).map_err(|e| e.to_string())?;
+    let target = netns::rank_of(*to.ip())
+        .ok_or_else(|| format!("{to} is not a rank of the job: refused"))?;
+    let w = world.ok_or("the slot serves no generation: refused")?;
+    if w.stop.is_triggered() {
+        return Err("the rank's generation has ended: refused".into());
+    }
+    let peer = w
+        .peers
+        .iter()
+        .find(|p| p.rank == target)
+        .ok_or_else(|| format!("rank {target} is not in the job's world: refused"))?;
+    // A peer on this executor is reached directly; its generation is
+    // checked here, as the data plane's handshake would.
+    let local = locked(slots()).values().find_map(|s| {
+        let sw = locked(&s.world);
+        sw.as_ref()
+            .filter(|o| {
+                o.job == w.job
+                    && o.rank == target
+                    && o.generation == w.generation
+                    && !o.stop.is_triggered()
+            })
+            .map(|_| s.netns.clone())
+    });
+    let peer_side = match local {
+        Some(ns) => reach(&ns, target, to.port(), &w.stop)?,
+        None => {
+            let hello = Hello {
+                job: w.job,
+                generation: w.generation,
+                kind: EndpointRole::Script as u8,
+                from: w.rank,
+                to: target,
+            };
+            let deadline = Instant::now() + REACH_LIMIT;
+            let mut s = trainyard_dataplane::plane::connect(
+                &peer.address,
+                &hello,
+                &w.secret,
+                deadline,
+                &w.stop,
+            )
+            .map_err(|e| format!("rank {target} at {}: {e}", peer.address))?;
+            s.write_all(&to.port().to_be_bytes())
+                .map_err(|e| e.to_string())?;
+            s
+        }
+    };
+    pipe(rank_side, peer_side);
+    Ok(())
+}
+
+/// Carries a connection a peer opened through the data plane to this
+/// slot's rank.
+fn arrive(
+    mut peer_side: TcpStream,
+    netns: &Netns,
+    rank: u32,
+    stop: &Shutdown,
+) -> Result<(), String> {
+    let mut port = [0u8; 2];
+    peer_side
+        .set_read_timeout(Some(trainyard_dataplane::plane::HANDSHAKE_TIMEOUT))
+        .and_then(|_| peer_side.read_exact(&mut port))
+        .and_then(|_| peer_side.set_read_timeout(None))
+        .map_err(|e| format!("the relayed port: {e}"))?;
+    let rank_side = reach(netns, rank, u16::from_be_bytes(port), stop)?;
+    pipe(peer_side, rank_side);
+    Ok(())
+}
+
+/// A connection to `port` on rank `rank`'s address in `netns`, retried
+/// while nothing listens there yet (the rank may not have started).
+fn reach(netns: &Netns, rank: u32, port: u16, stop: &Shutdown) -> Result<TcpStream, String> {
+    let addr = SocketAddrV4::new(netns::rank_address(rank), port);
+    let deadline = Instant::now() + REACH_LIMIT;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match netns.connect(addr) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if Instant::now() + pause > deadline || stop.sleep(pause) {
+                    return Err(format!(
+                        "nothing listens at {addr} in rank {rank}'s namespace"
+                    ));
+                }
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            Err(e) => return Err(format!("{addr} in rank {rank}'s namespace: {e}")),
+        }
+    }
+}
+
+/// Copies both ways until each side has said all it will.
+fn pipe(a: TcpStream, b: TcpStream) {
+    for s in [&a, &b] {
+        let _ = s.set_nodelay(true);
+    }
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    let there = std::thread::spawn(move || copy(a2, b2));
+    copy(b, a);
+    let _ = there.join();
+}
+
+fn copy(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(Direction::Write);
+    let _ = from.shutdown(Direction::Read);
+}

@@ -1,0 +1,168 @@
+//! The network layer of script ranks against the real kernel: a probe in a
+//! rank's namespace tries every way out a script could, and the same
+//! attempt outside the namespace is the control that shows the refusal
+//! comes from the layer. Then the one way that is meant to work: a
+//! connection to the job's block lands on the relay, which learns where
+//! it was headed, and the executor's marked connection reaches the rank.
+
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::time::Duration;
+use trainyard_sandbox::netns::{self, Netns};
+use trainyard_sandbox::spawn::{run, Spec};
+use trainyard_sandbox::{Confinement, Limits};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_trainyard-sandbox-probe");
+
+fn root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Files as a script's confinement would have them, the network left to
+/// the namespace (no Landlock TCP rules), capabilities dropped.
+fn confinement() -> Confinement {
+    Confinement {
+        read_only: vec![],
+        read_write: vec![std::env::temp_dir()],
+        connect_tcp: None,
+        bind_tcp: None,
+        limits: Limits::default(),
+    }
+}
+
+fn probe(ns: Option<&Netns>, attempt: Value) -> (bool, String) {
+    let spec = Spec {
+        program: PROBE.into(),
+        args: vec![],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        identity: None,
+        limits: Limits::default(),
+        name: "netns-probe".into(),
+        fd3: None,
+        netns: ns.map(|n| n.path().to_owned()),
+    };
+    let task = json!({ "confinement": confinement(), "attempt": attempt }).to_string() + "\n";
+    let (_, out, err) = run(
+        &spec,
+        task.as_bytes(),
+        Some(Duration::from_secs(30)),
+        &|| false,
+        1 << 16,
+    )
+    .expect("the probe starts");
+    let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+    (
+        v["ok"].as_bool().unwrap_or(false),
+        v["detail"]
+            .as_str()
+            .map_or_else(|| format!("no answer; stderr: {err}"), str::to_owned),
+    )
+}
+
+/// This host's first address that is not a loopback one.
+fn host_address() -> Option<std::net::IpAddr> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|i| {
+        let a = i.address?;
+        let v4 = a.as_sockaddr_in().map(|s| std::net::IpAddr::V4(s.ip()));
+        v4.filter(|ip| !ip.is_loopback())
+    })
+}
+
+#[test]
+fn without_root_the_layer_says_why_it_is_missing() {
+    if root() {
+        assert_eq!(netns::probe(), Ok(()), "the executor's host must offer it");
+    } else {
+        assert!(netns::probe().is_err());
+    }
+}
+
+#[test]
+fn a_rank_namespace_has_no_way_out() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::create("test-out").unwrap();
+    ns.set_rank(1).unwrap();
+    // The host's services: on its loopback (v4 and v6) and its own address.
+    let v4 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let v6 = TcpListener::bind("[::1]:0").unwrap();
+    let any = TcpListener::bind("0.0.0.0:0").unwrap();
+    let mut targets = vec![
+        v4.local_addr().unwrap().to_string(),
+        v6.local_addr().unwrap().to_string(),
+    ];
+    if let Some(ip) = host_address() {
+        targets.push(std::net::SocketAddr::new(ip, any.local_addr().unwrap().port()).to_string());
+    }
+    for t in &targets {
+        let (ok, detail) = probe(None, json!({ "connect": t }));
+        assert!(ok, "control: the host's {t} is reachable outside: {detail}");
+        let (ok, detail) = probe(Some(&ns), json!({ "connect": t }));
+        assert!(!ok, "a rank reached the host's {t}");
+        assert!(
+            detail.contains("refused") || detail.contains("unreachable"),
+            "{t}: {detail}"
+        );
+    }
+    // Metadata, another host, the executors' network; UDP; raw and ICMP.
+    for t in ["169.254.169.254:80", "10.0.0.1:5432", "[2001:db8::1]:80"] {
+        let (ok, detail) = probe(Some(&ns), json!({ "connect": t }));
+        assert!(!ok && detail.contains("unreachable"), "{t}: {detail}");
+    }
+    for t in ["169.254.169.254:53", "8.8.8.8:53", "[2001:db8::1]:53"] {
+        let (ok, detail) = probe(Some(&ns), json!({ "udp": t }));
+        assert!(!ok && detail.contains("unreachable"), "udp {t}: {detail}");
+    }
+    if let Some(ip) = host_address() {
+        let t = std::net::SocketAddr::new(ip, 53).to_string();
+        let (ok, detail) = probe(Some(&ns), json!({ "udp": t }));
+        assert!(!ok && detail.contains("unreachable"), "udp {t}: {detail}");
+    }
+    let (ok, detail) = probe(Some(&ns), json!("raw"));
+    assert!(!ok, "a raw socket: {detail}");
+    let (ok, detail) = probe(Some(&ns), json!("ping"));
+    assert!(!ok, "an ICMP echo left: {detail}");
+}
+
+#[test]
+fn the_relay_learns_where_a_rank_connection_was_headed_and_reaches_the_rank() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::create("test-relay").unwrap();
+    ns.set_rank(0).unwrap();
+    let relay = ns
+        .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
+        .unwrap();
+    let peer = netns::rank_address(8);
+    let t = std::thread::spawn(move || {
+        probe(Some(&ns), json!({ "connect": format!("{peer}:4321") })).0
+    });
+    let (s, _) = relay.accept().unwrap();
+    assert_eq!(
+        netns::original_destination(&s).unwrap(),
+        SocketAddrV4::new(peer, 4321)
+    );
+    assert!(
+        t.join().unwrap(),
+        "the rank's connection landed on the relay"
+    );
+
+    // The executor's own (marked) connection into the namespace passes the
+    // redirect and reaches what the rank listens on at its address.
+    let ns = Netns::create("test-in").unwrap();
+    ns.set_rank(2).unwrap();
+    let me = SocketAddrV4::new(netns::rank_address(2), 5555);
+    let rank = ns.listen(me).unwrap();
+    let _relay = ns
+        .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
+        .unwrap();
+    let mut c = ns.connect(me).unwrap();
+    c.write_all(b"hello").unwrap();
+    let (mut r, _) = rank.accept().unwrap();
+    let mut got = [0u8; 5];
+    r.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hello");
+}

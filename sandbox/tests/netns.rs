@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::time::Duration;
-use trainyard_sandbox::netns::{self, Netns};
+use trainyard_sandbox::netns::{self, Hub, Netns};
 use trainyard_sandbox::spawn::{run, Spec};
 use trainyard_sandbox::{Confinement, Limits};
 
@@ -83,8 +83,8 @@ fn a_rank_namespace_has_no_way_out() {
     if !root() {
         return;
     }
-    let ns = Netns::create("test-out").unwrap();
-    ns.set_rank(1).unwrap();
+    let ns = Netns::create("test-out", None).unwrap();
+    ns.set_rank(1, 1).unwrap();
     // The host's services: on its loopback (v4 and v6) and its own address.
     let v4 = TcpListener::bind("127.0.0.1:0").unwrap();
     let v6 = TcpListener::bind("[::1]:0").unwrap();
@@ -131,12 +131,12 @@ fn the_relay_learns_where_a_rank_connection_was_headed_and_reaches_the_rank() {
     if !root() {
         return;
     }
-    let ns = Netns::create("test-relay").unwrap();
-    ns.set_rank(0).unwrap();
+    let ns = Netns::create("test-relay", None).unwrap();
+    ns.set_rank(1, 0).unwrap();
     let relay = ns
         .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
         .unwrap();
-    let peer = netns::rank_address(8);
+    let peer = netns::rank_address(1, 8);
     let t = std::thread::spawn(move || {
         probe(Some(&ns), json!({ "connect": format!("{peer}:4321") })).0
     });
@@ -152,9 +152,9 @@ fn the_relay_learns_where_a_rank_connection_was_headed_and_reaches_the_rank() {
 
     // The executor's own (marked) connection into the namespace passes the
     // redirect and reaches what the rank listens on at its address.
-    let ns = Netns::create("test-in").unwrap();
-    ns.set_rank(2).unwrap();
-    let me = SocketAddrV4::new(netns::rank_address(2), 5555);
+    let ns = Netns::create("test-in", None).unwrap();
+    ns.set_rank(1, 2).unwrap();
+    let me = SocketAddrV4::new(netns::rank_address(1, 2), 5555);
     let rank = ns.listen(me).unwrap();
     let _relay = ns
         .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
@@ -165,4 +165,62 @@ fn the_relay_learns_where_a_rank_connection_was_headed_and_reaches_the_rank() {
     let mut got = [0u8; 5];
     r.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"hello");
+}
+
+#[test]
+fn ranks_of_one_generation_on_one_host_meet_over_their_jobs_hub_and_no_one_else_does() {
+    if !root() {
+        return;
+    }
+    let tag = format!("t{}", std::process::id());
+    let hub = Hub::ensure(&tag).unwrap();
+    let a = Netns::create(&format!("{tag}-0"), Some(&hub)).unwrap();
+    let b = Netns::create(&format!("{tag}-1"), Some(&hub)).unwrap();
+    let (ga, gb) = (a.set_rank(3, 0).unwrap(), b.set_rank(3, 1).unwrap());
+    assert_eq!(netns::job_slots(&tag).len(), 2);
+    assert_eq!(netns::address_of(b.name()), Some(gb));
+    a.add_here(&[gb]).unwrap();
+    b.add_here(&[ga]).unwrap();
+    // Rank 1 listens on its address; rank 0's connection goes straight
+    // over the hub (no relay listens in rank 0's namespace).
+    let listener = b.listen(SocketAddrV4::new(gb, 7000)).unwrap();
+    let target = format!("{gb}:7000");
+    let t = std::thread::spawn(move || listener.accept().map(|_| ()));
+    let (ok, detail) = probe(Some(&a), json!({ "connect": target }));
+    assert!(ok, "over the hub: {detail}");
+    t.join().unwrap().unwrap();
+
+    // Another job's slot on this host (its own hub): nothing but its relay.
+    let other_hub = Hub::ensure(&format!("{tag}x")).unwrap();
+    let c = Netns::create(&format!("{tag}x-0"), Some(&other_hub)).unwrap();
+    c.set_rank(3, 2).unwrap();
+    let second = b.listen(SocketAddrV4::new(gb, 7001)).unwrap();
+    let (ok, detail) = probe(Some(&c), json!({ "connect": format!("{gb}:7001") }));
+    assert!(!ok, "another job reached rank 1: {detail}");
+    // Even told the address is here, it has no path to it.
+    c.add_here(&[gb]).unwrap();
+    let (ok, detail) = probe(Some(&c), json!({ "connect": format!("{gb}:7001") }));
+    assert!(!ok, "another job reached rank 1 over its own hub: {detail}");
+
+    // Generation 4 on the same hub has no route to generation 3's ranks.
+    let d = Netns::create(&format!("{tag}-2"), Some(&hub)).unwrap();
+    d.set_rank(4, 0).unwrap();
+    d.add_here(&[gb]).unwrap();
+    let (ok, detail) = probe(Some(&d), json!({ "connect": format!("{gb}:7001") }));
+    assert!(!ok, "a later generation reached an earlier one: {detail}");
+    // A hub goes with its job's last slot here (a socket keeps its
+    // namespace, and so its port, alive).
+    drop((second, a, b, d));
+    assert!(!Hub::remove_if_empty(&format!("{tag}x"), Duration::ZERO));
+    drop(c);
+    for t in [tag.clone(), format!("{tag}x")] {
+        assert!(Hub::remove_if_empty(&t, Duration::from_secs(5)), "{t}");
+        let left: Vec<_> = std::fs::read_dir(netns::NETNS_DIR)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("{}hub-{t}-", netns::PREFIX)))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }

@@ -81,6 +81,74 @@ fn refused(what: &str, v: &Value) {
     assert!(s.starts_with("refused"), "{what}: {v}");
 }
 
+/// Alice's 2-rank DDP job (4 epochs of digits) and torchrun's run of the
+/// same script beside it, once both of the job's ranks run.
+struct Victim {
+    id: String,
+    reference: std::process::Child,
+    test: std::path::PathBuf,
+    store_port: u16,
+    /// Its ranks' addresses in their namespaces (`MASTER_ADDR` first).
+    ranks: [std::net::Ipv4Addr; 2],
+}
+
+impl Victim {
+    fn start(p: &Platform, alice: &ApiClient) -> Victim {
+        let (train, test) = digits(p);
+        alice.upload("train.py", &scripts().join("ddp_digits.py"));
+        alice.upload("digits-train.npz", &train);
+        let id = alice.submit(&json!({
+            "name": "victim",
+            "script": {"code": "artifact:train.py", "args": ["--epochs", "4"]},
+            "inputs": ["artifact:digits-train.npz"],
+            "workers": {"min": 2, "max": 2},
+            "resources": {"memory_mb": 1024},
+        }));
+        let reference = torchrun(p, "torchrun", &train, 2, &["--epochs", "4"]);
+        let running = eventually(Duration::from_secs(180), || {
+            let lines = alice.log_messages(&id);
+            (lines.iter().filter(|l| l.contains("runs train.py")).count() >= 2).then_some(())
+        });
+        assert!(running.is_some(), "{}", alice.log_messages(&id).join("\n"));
+        let generation = alice.get(&format!("/v1/jobs/{id}"))["generation"]
+            .as_u64()
+            .unwrap_or(1);
+        let store_port = rendezvous_port(id.parse().unwrap(), generation);
+        let ranks = [0, 1].map(|r| trainyard_sandbox::netns::rank_address(generation, r));
+        Victim {
+            id,
+            reference,
+            test,
+            store_port,
+            ranks,
+        }
+    }
+
+    /// It succeeded, and PyTorch judges its downloaded model within 1.5
+    /// points of torchrun's on the held-out digits.
+    fn trained_like_torchrun(self, p: &Platform, alice: &ApiClient, what: &str) {
+        let id = &self.id;
+        let job = alice.wait_end(id, Duration::from_secs(600));
+        assert_eq!(
+            job.state,
+            JobState::Succeeded,
+            "{job:?}\n{}",
+            alice.log_messages(id).join("\n")
+        );
+        let ours = p.file("victim.pt");
+        download(alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
+        let (a, b) = (
+            accuracy(&ours, &self.test),
+            accuracy(&torchrun_model(p, "torchrun", self.reference), &self.test),
+        );
+        eprintln!("{what} {a:.4}, torchrun {b:.4}");
+        assert!(
+            a > 0.9 && (a - b).abs() <= 0.015,
+            "{what} {a:.4}, torchrun {b:.4}"
+        );
+    }
+}
+
 /// Runs `netscan.py` as `mallory` with `targets`; its report.
 fn attack(p: &Platform, mallory: &ApiClient, targets: &Value) -> Value {
     mallory.upload("netscan.py", &scripts().join("netscan.py"));
@@ -153,31 +221,8 @@ fn a_script_reaches_only_its_own_job() {
     assert_eq!(control.status(), 200);
 
     // The victim: a 2-rank DDP job, and torchrun's run beside it.
-    let (train, test) = digits(&p);
-    alice.upload("train.py", &scripts().join("ddp_digits.py"));
-    alice.upload("digits-train.npz", &train);
-    let victim = alice.submit(&json!({
-        "name": "victim",
-        "script": {"code": "artifact:train.py", "args": ["--epochs", "4"]},
-        "inputs": ["artifact:digits-train.npz"],
-        "workers": {"min": 2, "max": 2},
-        "resources": {"memory_mb": 1024},
-    }));
-    let reference = torchrun(&p, "torchrun", &train, 2, &["--epochs", "4"]);
-    let running = eventually(Duration::from_secs(180), || {
-        let lines = alice.log_messages(&victim);
-        (lines.iter().filter(|l| l.contains("runs train.py")).count() >= 2).then_some(())
-    });
-    assert!(
-        running.is_some(),
-        "{}",
-        alice.log_messages(&victim).join("\n")
-    );
-    let victim_uuid: uuid::Uuid = victim.parse().unwrap();
-    let generation = alice.get(&format!("/v1/jobs/{victim}"))["generation"]
-        .as_u64()
-        .unwrap_or(1);
-    let store_port = rendezvous_port(victim_uuid, generation);
+    let v = Victim::start(&p, &alice);
+    let (store_port, victim_ranks) = (v.store_port, v.ranks);
 
     let tokens = || {
         let out = std::process::Command::new("psql")
@@ -206,9 +251,9 @@ fn a_script_reaches_only_its_own_job() {
     tcp.extend(data_planes.iter().cloned());
     let mut stores: Vec<String> = hosts.iter().map(|h| with_port(h, store_port)).collect();
     stores.push(format!("127.0.0.1:{store_port}"));
-    // By the block's rank addresses: the attacker's own relay carries them
-    // to its own job only (world 1), never the victim's ranks.
-    stores.extend(["10.77.0.1", "10.77.0.2"].map(|a| format!("{a}:{store_port}")));
+    // By the victim's rank addresses: the attacker's own relay carries
+    // them to its own job only (world 1), never the victim's ranks.
+    stores.extend(victim_ranks.map(|a| format!("{a}:{store_port}")));
     let mut udp: Vec<String> = hosts.iter().map(|h| with_port(h, 53)).collect();
     udp.push("169.254.169.254:53".into());
     let targets = json!({
@@ -224,28 +269,7 @@ fn a_script_reaches_only_its_own_job() {
     assert_all_refused(&report, &pg_socket);
 
     // The victim, undisturbed: within 1.5 points of torchrun's run.
-    let job = alice.wait_end(&victim, Duration::from_secs(600));
-    assert_eq!(
-        job.state,
-        JobState::Succeeded,
-        "{job:?}\n{}",
-        alice.log_messages(&victim).join("\n")
-    );
-    let ours = p.file("victim.pt");
-    download(
-        &alice,
-        &format!("/v1/jobs/{victim}/outputs/model.pt"),
-        &ours,
-    );
-    let (a, b) = (
-        accuracy(&ours, &test),
-        accuracy(&torchrun_model(&p, "torchrun", reference), &test),
-    );
-    eprintln!("victim {a:.4}, torchrun {b:.4}");
-    assert!(
-        a > 0.9 && (a - b).abs() <= 0.015,
-        "victim {a:.4}, torchrun {b:.4}"
-    );
+    v.trained_like_torchrun(&p, &alice, "victim");
 
     // Nothing of the platform changed.
     assert_eq!(tokens(), tokens_before, "a token appeared");
@@ -293,30 +317,8 @@ fn a_script_reaches_only_its_own_job_across_hosts() {
     let mallory: ApiClient = admin.new_user("mallory");
 
     // The victim, one rank on each of two hosts; torchrun's run beside it.
-    let (train, test) = digits(&p);
-    alice.upload("train.py", &scripts().join("ddp_digits.py"));
-    alice.upload("digits-train.npz", &train);
-    let victim = alice.submit(&json!({
-        "name": "victim",
-        "script": {"code": "artifact:train.py", "args": ["--epochs", "4"]},
-        "inputs": ["artifact:digits-train.npz"],
-        "workers": {"min": 2, "max": 2},
-        "resources": {"memory_mb": 1024},
-    }));
-    let reference = torchrun(&p, "torchrun", &train, 2, &["--epochs", "4"]);
-    let running = eventually(Duration::from_secs(180), || {
-        let lines = alice.log_messages(&victim);
-        (lines.iter().filter(|l| l.contains("runs train.py")).count() >= 2).then_some(())
-    });
-    assert!(
-        running.is_some(),
-        "{}",
-        alice.log_messages(&victim).join("\n")
-    );
-    let generation = alice.get(&format!("/v1/jobs/{victim}"))["generation"]
-        .as_u64()
-        .unwrap_or(1);
-    let store_port = rendezvous_port(victim.parse().unwrap(), generation);
+    let v = Victim::start(&p, &alice);
+    let (victim, store_port, victim_ranks) = (v.id.clone(), v.store_port, v.ranks);
 
     // The attacker, on the third executor (the only one with room):
     // every lab host, the gateway (where the API listens), every data
@@ -333,7 +335,7 @@ fn a_script_reaches_only_its_own_job_across_hosts() {
         .collect();
     tcp.push(p.client.base.trim_start_matches("http://").to_owned());
     let mut stores: Vec<String> = hosts.iter().map(|h| format!("{h}:{store_port}")).collect();
-    stores.extend(["10.77.0.1", "10.77.0.2"].map(|a| format!("{a}:{store_port}")));
+    stores.extend(victim_ranks.map(|a| format!("{a}:{store_port}")));
     let targets = json!({
         "scan": scan,
         "tcp": tcp,
@@ -345,13 +347,7 @@ fn a_script_reaches_only_its_own_job_across_hosts() {
     assert_all_refused(&report, &None);
 
     // The victim ran across two hosts and trained as torchrun did.
-    let job = alice.wait_end(&victim, Duration::from_secs(600));
-    assert_eq!(
-        job.state,
-        JobState::Succeeded,
-        "{job:?}\n{}",
-        alice.log_messages(&victim).join("\n")
-    );
+    v.trained_like_torchrun(&p, &alice, "victim across hosts");
     let ran_on: std::collections::BTreeSet<String> = alice
         .logs(&victim)
         .iter()
@@ -359,21 +355,6 @@ fn a_script_reaches_only_its_own_job_across_hosts() {
         .map(|l| l.executor_id.to_string())
         .collect();
     assert_eq!(ran_on.len(), 2, "the victim's ranks on two hosts");
-    let ours = p.file("victim.pt");
-    download(
-        &alice,
-        &format!("/v1/jobs/{victim}/outputs/model.pt"),
-        &ours,
-    );
-    let (a, b) = (
-        accuracy(&ours, &test),
-        accuracy(&torchrun_model(&p, "torchrun", reference), &test),
-    );
-    eprintln!("victim across hosts {a:.4}, torchrun {b:.4}");
-    assert!(
-        a > 0.9 && (a - b).abs() <= 0.015,
-        "victim {a:.4}, torchrun {b:.4}"
-    );
     for e in &mut execs {
         assert!(e.running(), "an executor died: {}", e.output());
     }

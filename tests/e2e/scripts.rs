@@ -677,3 +677,38 @@ fn hostile_code_archives_uploaded_by_a_user_are_refused_and_write_nothing_outsid
     }
     let _ = std::fs::remove_dir_all(&outside);
 }
+
+#[test]
+fn a_one_rank_ddp_script_trains_through_its_own_relay_like_torchrun() {
+    // World 1: the rank's TCPStore client reaches its own store at
+    // MASTER_ADDR (its own block address) through its slot's relay.
+    let p = Platform::builder("scripts-world1")
+        .admin_token(ADMIN)
+        .no_provisioner()
+        .executor_env("TRAINYARD_TORCH_THREADS", "1")
+        .start();
+    let _exec = p.executor("a");
+    let alice = user(&p, "alice");
+    let (train, test) = digits(&p);
+    upload(&alice, "train.py", &scripts().join("ddp_digits.py"));
+    upload(&alice, "digits-train.npz", &train);
+    let mut spec = ddp_job("world-1", 2);
+    spec["workers"] = json!({"min": 1, "max": 1});
+    let id = alice.submit(&spec);
+    let reference = torchrun(&p, "torchrun", &train, 1, &["--epochs", "2"]);
+    let job = alice.wait_end(&id, Duration::from_secs(300));
+    let log = log_text(&alice, &id);
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}\n{log}");
+    assert!(log.contains("[rank 0] rank 0 epoch 1 loss"), "{log}");
+    let ours = p.file("ours.pt");
+    download(&alice, &format!("/v1/jobs/{id}/outputs/model.pt"), &ours);
+    let (a, b) = (
+        accuracy(&ours, &test),
+        accuracy(&torchrun_model(&p, "torchrun", reference), &test),
+    );
+    eprintln!("world 1: script job {a:.4}, torchrun {b:.4}");
+    assert!(
+        a > 0.9 && (a - b).abs() <= 0.015,
+        "script job {a:.4}, torchrun {b:.4}"
+    );
+}

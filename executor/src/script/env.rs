@@ -130,7 +130,7 @@ pub fn environment(
         (
             "MASTER_ADDR",
             if place.relayed {
-                trainyard_sandbox::netns::rank_address(master.rank).to_string()
+                trainyard_sandbox::netns::rank_address(place.generation, master.rank).to_string()
             } else {
                 host_of(&master.address).to_owned()
             },

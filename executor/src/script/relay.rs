@@ -1,27 +1,34 @@
-//! A script rank's only way out: the relay of its collective connections.
+//! A script rank's only ways out: its job's hub on this host, and the
+//! relay of its other collective connections.
 //!
 //! Each slot a script job holds on this executor has a network namespace
 //! of its own ([`trainyard_sandbox::netns`]) that the slot's rank and its
-//! spare interpreter run in: nothing in it leads anywhere, and every TCP
-//! connection to the job's block of rank addresses is redirected to this
-//! relay's listener inside it. The relay carries a connection to the rank
-//! it names only if that rank belongs to the same job and generation:
+//! spare interpreter run in, attached to the job's hub on this host (a
+//! bridge every executor here attaches the job's slots to). Each
+//! generation gives the slot its rank's address in the generation's own
+//! subnet ([`Slot::serve`]), and the slots of the same generation on this
+//! host are told of each other (the `here` sets, both ways, whichever
+//! executor made them): their ranks meet over the hub, kernel to kernel.
+//! Every other TCP connection to the job's block is redirected to this
+//! relay's listener inside the namespace, which carries it to the rank it
+//! names only if that rank belongs to the same job and generation:
 //!
 //! * **out** ([`Slot`]'s listener): the rank connects to a peer's address
-//!   (its TCPStore at `MASTER_ADDR:MASTER_PORT`, a gloo pair's listener);
-//!   the relay reads where it was headed, and opens the same connection in
-//!   the peer's namespace — directly when the peer's slot is on this
-//!   executor, else through the peer executor's data plane, whose
-//!   handshake proves the job's secret and the generation
-//!   ([`EndpointRole::Script`]), followed by the port;
-//! * **in** ([`serve`]): the data plane hands this rank's endpoint an
-//!   authenticated stream and the port; the relay opens that port on the
-//!   rank's own address inside its namespace.
+//!   (its TCPStore at `MASTER_ADDR:MASTER_PORT`, a gloo pair's listener)
+//!   that is not here yet or on another host; the relay reads where it was
+//!   headed, and opens the same connection in the peer's namespace —
+//!   directly when the peer's slot is on this executor, else through the
+//!   peer executor's data plane, whose handshake proves the job's secret
+//!   and the generation ([`EndpointRole::Script`]), followed by the port;
+//! * **in** ([`Slot::serve`]'s endpoint): the data plane hands this rank's
+//!   endpoint an authenticated stream and the port; the relay opens that
+//!   port on the rank's own address inside its namespace.
 //!
 //! A connection that names anything else (the namespace's own relay port,
-//! an address outside the block, a rank the world does not have) is closed
-//! at once, and a stale generation's peers are refused by the handshake.
-//! Bytes are copied as they come, both ways, with Nagle off on every leg.
+//! an address outside the block, another generation, a rank the world does
+//! not have) is closed at once, and a stale generation's peers are refused
+//! by the handshake. Bytes are copied as they come, both ways, with Nagle
+//! off on every leg.
 
 use crate::role::Role;
 use std::collections::HashMap;
@@ -33,7 +40,7 @@ use std::time::{Duration, Instant};
 use trainyard_common::cluster::WorkerPeer;
 use trainyard_dataplane::handshake::Hello;
 use trainyard_dataplane::{EndpointKey, EndpointRole};
-use trainyard_sandbox::netns::{self, Netns};
+use trainyard_sandbox::netns::{self, Hub, Netns};
 use trainyard_shutdown::Shutdown;
 use uuid::Uuid;
 
@@ -78,8 +85,9 @@ pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
     if let Some(s) = locked(slots()).get(&(job, slot)) {
         return Ok(s.clone());
     }
-    let short = job.simple().to_string();
-    let netns = Arc::new(Netns::create(&format!("{}-{slot}", &short[..12]))?);
+    let tag = tag_of(job);
+    let hub = Hub::ensure(&tag)?;
+    let netns = Arc::new(Netns::create(&format!("{tag}-{slot}"), Some(&hub))?);
     let listener = netns
         .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
         .map_err(|e| format!("the relay's listener in the rank's namespace: {e}"))?;
@@ -100,9 +108,23 @@ pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
     Ok(all.entry((job, slot)).or_insert(made).clone())
 }
 
-/// Drops every slot of `job` (its namespaces go once their ranks have).
+/// The name a job's namespaces carry on every executor of a host.
+fn tag_of(job: Uuid) -> String {
+    job.simple().to_string()[..16].to_owned()
+}
+
+/// Drops every slot of `job` (its namespaces go once their ranks have),
+/// and the job's hub here once no executor's slot is attached to it.
 pub fn forget(job: Uuid) {
-    locked(slots()).retain(|(j, _), _| *j != job);
+    let gone: Vec<Arc<Slot>> = {
+        let mut all = locked(slots());
+        let keys: Vec<Key> = all.keys().filter(|(j, _)| *j == job).copied().collect();
+        keys.iter().filter_map(|k| all.remove(k)).collect()
+    };
+    drop(gone);
+    // The kernel takes the slots' ports down in the background.
+    let tag = tag_of(job);
+    std::thread::spawn(move || Hub::remove_if_empty(&tag, Duration::from_secs(5)));
 }
 
 /// Drops every slot.
@@ -127,7 +149,26 @@ impl Slot {
     /// peers open to it until the role stops.
     pub fn serve(&self, role: &Role, rank: u32, peers: &[&WorkerPeer]) -> Result<(), String> {
         let a = &role.assignment;
-        self.netns.set_rank(rank)?;
+        let generation = a.key.generation as u64;
+        let me = self.netns.set_rank(generation, rank)?;
+        // The slots of this generation on this host (any executor's) and
+        // this one reach each other over the hub.
+        for other in netns::job_slots(&tag_of(a.key.job_id)) {
+            if other == self.netns.name() {
+                continue;
+            }
+            let Some(addr) = netns::address_of(&other) else {
+                continue;
+            };
+            let same = netns::rank_of(addr).is_some_and(|(g, r)| {
+                g == generation % netns::GENERATIONS && peers.iter().any(|p| p.rank == r)
+            });
+            if same {
+                self.netns.add_here(&[addr])?;
+                // Best effort: that slot may be going away.
+                let _ = netns::add_here_in(&other, &[me]);
+            }
+        }
         let world = World {
             job: a.key.job_id,
             generation: a.key.generation,
@@ -194,11 +235,14 @@ fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), String> {
         .set_nonblocking(false)
         .map_err(|e| e.to_string())?;
     let to = netns::original_destination(&rank_side).map_err(|e| e.to_string())?;
-    let target = netns::rank_of(*to.ip())
+    let (generation, target) = netns::rank_of(*to.ip())
         .ok_or_else(|| format!("{to} is not a rank of the job: refused"))?;
     let w = world.ok_or("the slot serves no generation: refused")?;
     if w.stop.is_triggered() {
         return Err("the rank's generation has ended: refused".into());
+    }
+    if generation != (w.generation as u64) % netns::GENERATIONS {
+        return Err(format!("{to} is another generation's: refused"));
     }
     let peer = w
         .peers
@@ -219,7 +263,7 @@ fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), String> {
             .map(|_| s.netns.clone())
     });
     let peer_side = match local {
-        Some(ns) => reach(&ns, target, to.port(), &w.stop)?,
+        Some(ns) => reach(&ns, to, &w.stop)?,
         None => {
             let hello = Hello {
                 job: w.job,
@@ -260,15 +304,18 @@ fn arrive(
         .and_then(|_| peer_side.read_exact(&mut port))
         .and_then(|_| peer_side.set_read_timeout(None))
         .map_err(|e| format!("the relayed port: {e}"))?;
-    let rank_side = reach(netns, rank, u16::from_be_bytes(port), stop)?;
+    let me = netns
+        .address()
+        .ok_or_else(|| format!("rank {rank}'s namespace has no address"))?;
+    let rank_side = reach(netns, SocketAddrV4::new(me, u16::from_be_bytes(port)), stop)?;
     pipe(peer_side, rank_side);
     Ok(())
 }
 
-/// A connection to `port` on rank `rank`'s address in `netns`, retried
-/// while nothing listens there yet (the rank may not have started).
-fn reach(netns: &Netns, rank: u32, port: u16, stop: &Shutdown) -> Result<TcpStream, String> {
-    let addr = SocketAddrV4::new(netns::rank_address(rank), port);
+/// A connection to `addr` (the rank's address, a port) in `netns`,
+/// retried while nothing listens there yet (the rank may not have
+/// started).
+fn reach(netns: &Netns, addr: SocketAddrV4, stop: &Shutdown) -> Result<TcpStream, String> {
     let deadline = Instant::now() + REACH_LIMIT;
     let mut pause = Duration::from_millis(5);
     loop {
@@ -276,13 +323,11 @@ fn reach(netns: &Netns, rank: u32, port: u16, stop: &Shutdown) -> Result<TcpStre
             Ok(s) => return Ok(s),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 if Instant::now() + pause > deadline || stop.sleep(pause) {
-                    return Err(format!(
-                        "nothing listens at {addr} in rank {rank}'s namespace"
-                    ));
+                    return Err(format!("nothing listens at {addr} in the rank's namespace"));
                 }
                 pause = (pause * 2).min(Duration::from_millis(200));
             }
-            Err(e) => return Err(format!("{addr} in rank {rank}'s namespace: {e}")),
+            Err(e) => return Err(format!("{addr} in the rank's namespace: {e}")),
         }
     }
 }

@@ -424,7 +424,7 @@ mod tests {
             ..task.clone()
         };
         // The spare lives in its slot's network namespace, as a rank would.
-        let netns = trainyard_sandbox::netns::Netns::create("warm-test").unwrap();
+        let netns = trainyard_sandbox::netns::Netns::create("warm-test", None).unwrap();
         let start = |fp: u64| {
             let (line, spec) = sandbox
                 .script_launch(

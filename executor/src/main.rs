@@ -200,13 +200,19 @@ fn main() -> anyhow::Result<()> {
                 .map(|(name, path)| (name.clone(), std::path::PathBuf::from(path))),
         ),
     );
-    match (cli.sandbox, sandbox.refusal()) {
-        (sandbox::Mode::Off, _) => tracing::warn!(
-            "SANDBOX OFF: users' models run unconfined, with this executor's rights over the \
-             host's files; only for a trusted single-user setup"
+    match (cli.sandbox, sandbox.refusal(), sandbox.script_refusal()) {
+        (sandbox::Mode::Off, _, _) => tracing::warn!(
+            "SANDBOX OFF: users' models and scripts run unconfined, with this executor's rights \
+             over the host's files, and script ranks on the host's network (its loopback \
+             services, the API, the database); only for a trusted single-user setup"
         ),
-        (_, Some(why)) => tracing::error!("users' code is refused: {why}"),
-        (_, None) => tracing::info!(sandbox = %sandbox.summary(), "users' code is confined"),
+        (_, Some(why), _) => tracing::error!("users' code is refused: {why}"),
+        (_, None, Some(why)) => {
+            tracing::error!(sandbox = %sandbox.summary(), "script jobs are refused: {why}")
+        }
+        (_, None, None) => {
+            tracing::info!(sandbox = %sandbox.summary(), "users' code is confined")
+        }
     }
     let sandbox_report = sandbox.report();
     let rt = tokio::runtime::Builder::new_multi_thread()

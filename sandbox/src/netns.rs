@@ -188,20 +188,25 @@ impl Hub {
                 }
             }
         }
-        if run("ip", &["-n", n, "link", "show", BRIDGE], None).is_err() {
-            let made = run(
-                "ip",
-                &["-n", n, "link", "add", BRIDGE, "type", "bridge"],
-                None,
-            );
-            if let Err(e) = made {
-                if run("ip", &["-n", n, "link", "show", BRIDGE], None).is_err() {
-                    return Err(e);
-                }
+        // Another executor that made the namespace a moment ago may not
+        // have mounted it or added its bridge yet: a few tries.
+        let mut last = String::new();
+        for _ in 0..40 {
+            if run("ip", &["-n", n, "link", "show", BRIDGE], None).is_ok()
+                || run(
+                    "ip",
+                    &["-n", n, "link", "add", BRIDGE, "type", "bridge"],
+                    None,
+                )
+                .is_ok()
+            {
+                run("ip", &["-n", n, "link", "set", BRIDGE, "up"], None)?;
+                return Ok(hub);
             }
+            last = format!("the hub {n} has no bridge and none can be added");
+            std::thread::sleep(std::time::Duration::from_millis(25));
         }
-        run("ip", &["-n", n, "link", "set", BRIDGE, "up"], None)?;
-        Ok(hub)
+        Err(last)
     }
 
     /// Removes the hub once no slot is attached to it, waiting up to

@@ -166,6 +166,24 @@ fn view() -> String {
         .unwrap_or_else(|| "0".into())
 }
 
+/// Whether some process still lives in mount namespace `inode`.
+fn view_alive(inode: &str) -> bool {
+    let wanted = format!("mnt:[{inode}]");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .any(|e| {
+            std::fs::read_link(e.path().join("ns/mnt")).is_ok_and(|l| l.to_string_lossy() == wanted)
+        })
+}
+
 /// The name of the hub of the job tagged `tag` in this view.
 fn hub_name(tag: &str) -> String {
     format!("{PREFIX}hub-{tag}-{}", view())
@@ -506,8 +524,15 @@ pub fn sweep_stale() {
         let Some(rest) = name.strip_prefix(PREFIX) else {
             continue;
         };
-        if rest.starts_with("hub-") {
-            remove_hub_if_empty(&name, std::time::Duration::ZERO);
+        if let Some(hub) = rest.strip_prefix("hub-") {
+            // A hub of a view no process has any more (a test lab's host,
+            // a container, gone without cleaning up) is only a file here.
+            let view_of = hub.rsplit('-').next().unwrap_or_default();
+            if view_of != view() && !view_alive(view_of) {
+                let _ = std::fs::remove_file(Path::new(NETNS_DIR).join(&name));
+            } else {
+                remove_hub_if_empty(&name, std::time::Duration::ZERO);
+            }
             continue;
         }
         let pid: Option<i32> = rest.split('-').next().and_then(|p| p.parse().ok());

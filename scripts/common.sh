@@ -168,6 +168,8 @@ ensure_test_postgres() {
     TEST_PG_STARTED="$dir/data"
   fi
   export TRAINYARD_TEST_DATABASE_URL="postgres://postgres:$pw@127.0.0.1:$TEST_PG_PORT/postgres"
+  # Its socket's folder: the network attack suite tries that path too.
+  export TRAINYARD_TEST_PG_SOCKET_DIR="$dir"
   log "tests use a private Postgres cluster at 127.0.0.1:$TEST_PG_PORT (password in $dir/password)"
 }
 

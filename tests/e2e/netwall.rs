@@ -236,6 +236,12 @@ fn a_script_reaches_only_its_own_job() {
     // The attacker.
     let hosts = host_addresses();
     let (pg_host, pg_port, pg_socket) = postgres_of(&p.db);
+    if std::env::var_os("TRAINYARD_TEST_PG_SOCKET_DIR").is_some() {
+        assert!(
+            pg_socket.is_some(),
+            "the test database's socket is not where scripts/test says"
+        );
+    }
     let api = p.client.base.clone();
     let api_addr = api.trim_start_matches("http://").to_owned();
     let s3_addr = s3.endpoint().trim_start_matches("http://").to_owned();

@@ -34,7 +34,7 @@ use crate::role::Role;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown as Direction, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trainyard_common::cluster::WorkerPeer;
@@ -49,6 +49,36 @@ use uuid::Uuid;
 pub const REACH_LIMIT: Duration = Duration::from_secs(120);
 /// Bytes copied per read.
 const CHUNK: usize = 256 << 10;
+/// Connections a slot's relay carries at once beyond twice its world
+/// (a gloo mesh and its store need about one per peer): past it a new one
+/// is closed at once, so that a rank cannot spend the executor's threads.
+pub const SPARE_CONNECTIONS: usize = 64;
+
+/// A connection the relay carries, counted while it lives.
+struct Carried(Arc<AtomicUsize>);
+
+impl Carried {
+    /// Counts one more on `count` unless `limit` are carried already.
+    fn take(count: &Arc<AtomicUsize>, limit: usize) -> Option<Carried> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Carried(count.clone()))
+    }
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many connections a slot whose world is `world` may carry at once.
+fn connection_limit(world: usize) -> usize {
+    2 * world + SPARE_CONNECTIONS
+}
 
 /// The generation a slot's rank belongs to now.
 #[derive(Clone)]
@@ -66,6 +96,8 @@ pub struct Slot {
     netns: Arc<Netns>,
     world: Arc<Mutex<Option<World>>>,
     closed: Arc<AtomicBool>,
+    /// Connections carried now, both ways.
+    carried: Arc<AtomicUsize>,
 }
 
 type Key = (Uuid, u32);
@@ -98,11 +130,16 @@ pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
         netns,
         world: Default::default(),
         closed: Default::default(),
+        carried: Default::default(),
     });
-    let (world, closed) = (made.world.clone(), made.closed.clone());
+    let (world, closed, carried) = (
+        made.world.clone(),
+        made.closed.clone(),
+        made.carried.clone(),
+    );
     std::thread::Builder::new()
         .name(format!("relay-{slot}"))
-        .spawn(move || listen(listener, world, closed))
+        .spawn(move || listen(listener, world, closed, carried))
         .map_err(|e| format!("the relay's thread: {e}"))?;
     let mut all = locked(slots());
     Ok(all.entry((job, slot)).or_insert(made).clone())
@@ -110,7 +147,9 @@ pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
 
 /// The name a job's namespaces carry on every executor of a host.
 fn tag_of(job: Uuid) -> String {
-    job.simple().to_string()[..16].to_owned()
+    // Whole: job ids are UUIDv7, whose leading digits are the time of
+    // their making, which two jobs of one sweep can share.
+    job.simple().to_string()
 }
 
 /// Drops every slot of `job` (its namespaces go once their ranks have),
@@ -186,15 +225,22 @@ impl Slot {
             world.generation,
             &world.secret,
         );
+        let limit = connection_limit(world.peers.len());
         *locked(&self.world) = Some(world);
         let (netns, stop) = (self.netns.clone(), role.stop.clone());
+        let carried = self.carried.clone();
         std::thread::Builder::new()
             .name(format!("relay-in-{rank}"))
             .spawn(move || {
                 let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
                 while let Some((from, stream)) = endpoint.accept(far, &stop) {
+                    let Some(held) = Carried::take(&carried, limit) else {
+                        tracing::warn!(rank, "the relay carries its most connections: one refused");
+                        continue;
+                    };
                     let (netns, stop) = (netns.clone(), stop.clone());
                     std::thread::spawn(move || {
+                        let _held = held;
                         if let Err(e) = arrive(stream, &netns, rank, &stop) {
                             tracing::debug!(from, rank, error = %e, "a relayed connection in");
                         }
@@ -207,12 +253,23 @@ impl Slot {
 }
 
 /// A slot's listener: each connection its rank opens to the job's block.
-fn listen(listener: TcpListener, world: Arc<Mutex<Option<World>>>, closed: Arc<AtomicBool>) {
+fn listen(
+    listener: TcpListener,
+    world: Arc<Mutex<Option<World>>>,
+    closed: Arc<AtomicBool>,
+    carried: Arc<AtomicUsize>,
+) {
     while !closed.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
                 let w = locked(&world).clone();
+                let limit = connection_limit(w.as_ref().map_or(0, |w| w.peers.len()));
+                // Dropping the stream closes it: the rank sees a reset.
+                let Some(held) = Carried::take(&carried, limit) else {
+                    continue;
+                };
                 std::thread::spawn(move || {
+                    let _held = held;
                     if let Err(e) = leave(s, w) {
                         tracing::debug!(error = %e, "a relayed connection out");
                     }
@@ -359,4 +416,30 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
     }
     let _ = to.shutdown(Direction::Write);
     let _ = from.shutdown(Direction::Read);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_carries_at_most_its_limit_and_frees_each_connection_that_ends() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let limit = connection_limit(2);
+        let held: Vec<Carried> = (0..limit)
+            .map(|_| Carried::take(&count, limit).expect("under the limit"))
+            .collect();
+        assert!(Carried::take(&count, limit).is_none(), "past the limit");
+        drop(held);
+        assert_eq!(count.load(Ordering::Acquire), 0);
+        assert!(Carried::take(&count, limit).is_some());
+    }
+
+    #[test]
+    fn two_jobs_made_in_one_millisecond_have_different_tags() {
+        // UUIDv7: the first 48 bits are the time; only the rest differ.
+        let a = Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0001);
+        let b = Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0002);
+        assert_ne!(tag_of(a), tag_of(b));
+    }
 }

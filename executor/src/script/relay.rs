@@ -241,7 +241,7 @@ impl Slot {
                     let (netns, stop) = (netns.clone(), stop.clone());
                     std::thread::spawn(move || {
                         let _held = held;
-                        if let Err(e) = arrive(stream, &netns, rank, &stop) {
+                        if let Err(e) = arrive(stream, &netns, me, &stop) {
                             tracing::debug!(from, rank, error = %e, "a relayed connection in");
                         }
                     });
@@ -352,7 +352,7 @@ fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), String> {
 fn arrive(
     mut peer_side: TcpStream,
     netns: &Netns,
-    rank: u32,
+    me: Ipv4Addr,
     stop: &Shutdown,
 ) -> Result<(), String> {
     let mut port = [0u8; 2];
@@ -361,9 +361,6 @@ fn arrive(
         .and_then(|_| peer_side.read_exact(&mut port))
         .and_then(|_| peer_side.set_read_timeout(None))
         .map_err(|e| format!("the relayed port: {e}"))?;
-    let me = netns
-        .address()
-        .ok_or_else(|| format!("rank {rank}'s namespace has no address"))?;
     let rank_side = reach(netns, SocketAddrV4::new(me, u16::from_be_bytes(port)), stop)?;
     pipe(peer_side, rank_side);
     Ok(())

@@ -277,10 +277,10 @@ sb = data.get("sandbox")
 sb_how = f" over {sb['rounds']} rounds; layers: {sb['layers']}" if sb else ""
 w("What confining a user's model costs. Its inspection: the same TorchScript MLP (64-256-256-10) loaded, its "
   "tensors listed and its forward's schema checked in the executor's own process (as before the sandbox) and in a "
-  "sandboxed child (`trainyard-executor --sandboxed inspection`: spawn, exec, libtorch loaded, Landlock + seccomp + "
+  "sandboxed child (`trainyard-confined inspection`: spawn, exec, libtorch loaded, Landlock + seccomp + "
   f"cgroups entered, the answer as JSON); median ms{sb_how}. A training role's start: a TorchScript replica built "
   "(data, module, tensors) in the executor's process against one whose module lives in a confined model process "
-  "(`--sandboxed model`, with its shared memory): paid once per replica, not per step or generation. A step: one "
+  "(`trainyard-confined model`, with its shared memory): paid once per replica, not per step or generation. A step: one "
   "forward and backward on a batch of 32 through the model process (the batch down its pipe, the gradient in "
   "shared memory) against the same in the executor's process. No target: the start is paid once per job on an "
   "executor; the step's overhead is the figure that matters while training.\n")

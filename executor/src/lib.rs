@@ -7,9 +7,10 @@
 //!   progress);
 //! * [`reports`] — what a role reports ([`reports::Item`]) and the
 //!   [`reports::Reporter`] that carries it to the API;
-//! * [`sandbox`] — the confined child processes that load users' models
-//!   (their inspection, and each TorchScript replica's module through
-//!   [`replica::process`]), over the `trainyard-sandbox` crate;
+//! * [`sandbox`] — the parent half of the confined child processes that
+//!   load users' models (their inspection, and each TorchScript replica's
+//!   module through [`replica::process`]) and run users' scripts, over the
+//!   `trainyard-sandbox` crate; the child is `trainyard-confined`'s program;
 //! * [`storage`] — object storage: the job's store, files at object-store
 //!   URLs, final weights, checkpoints ([`storage::checkpoint`]);
 //! * [`data`] — training data: generated sets, whole files, and sharded

@@ -6,7 +6,7 @@
 //! libtorch link: it prints, as JSON, the version and path of the libtorch
 //! it loaded, whether CUDA is usable, and every device it sees.
 
-use trainyard_executor::{control::agent, probe, roles::inspect, sandbox};
+use trainyard_executor::{control::agent, probe, sandbox};
 
 use anyhow::Context;
 use clap::Parser;
@@ -25,10 +25,6 @@ struct Cli {
     /// Print libtorch's version and the devices it sees as JSON, then exit.
     #[arg(long)]
     probe: bool,
-
-    /// Run as a sandboxed child of an executor (reads its task on stdin).
-    #[arg(long, hide = true)]
-    sandboxed: Option<String>,
 
     /// Confine users' code (`on`, the default: refused where the kernel
     /// cannot confine it) or not (`off`: trusted single-user setups only).
@@ -153,20 +149,6 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(kind) = &cli.sandboxed {
-        // A child of an executor: confine, work, answer, exit. Nothing else
-        // of this process runs (no runtime, no threads of ours).
-        let code = match kind.as_str() {
-            "inspection" => sandbox::child(inspect::confined),
-            "model" => sandbox::session(trainyard_executor::replica::process::serve),
-            "script" => sandbox::exec_script(),
-            other => {
-                eprintln!("unknown sandboxed task {other:?}");
-                2
-            }
-        };
-        std::process::exit(code);
-    }
     if cli.probe {
         let report = probe::run()?;
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -190,7 +172,8 @@ fn main() -> anyhow::Result<()> {
             cli.sandbox_dir.clone().unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("trainyard-sandbox-{}", std::process::id()))
             }),
-            std::env::current_exe().context("finding this executable")?,
+            sandbox::child_program(&std::env::current_exe().context("finding this executable")?)
+                .map_err(anyhow::Error::msg)?,
             cli.torch_threads,
         )
         .map_err(anyhow::Error::msg)?

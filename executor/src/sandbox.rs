@@ -4,7 +4,8 @@
 //! The executor is the trusted agent: it alone holds the join token, the
 //! object store's keys and its cache. Whatever loads a user's model (or any
 //! bytes libtorch deserializes for a user) runs in a child started here —
-//! the executor's own binary with `--sandboxed KIND` — which reads one
+//! `trainyard-confined KIND`, the program of the crate of that name, found
+//! beside the executor's binary — which reads one
 //! task on stdin, confines itself ([`trainyard_sandbox::enter`]) before it
 //! reads a byte of the user's, and answers one JSON line on stdout. Its
 //! inputs are copied (or linked) by the executor into a [`Workspace`] of its
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use trainyard_confined::protocol::{Envelope, Kind, ScriptTask};
 use trainyard_sandbox::spawn::{run, Identity, Spec};
 use trainyard_sandbox::{Confinement, Ending, Limits, Status};
 
@@ -33,6 +35,25 @@ pub enum Mode {
     On,
     /// Not confined (trusted single-user setups only).
     Off,
+}
+
+/// The program a confined child runs: the `trainyard-confined` crate's.
+pub const CHILD_PROGRAM: &str = "trainyard-confined";
+
+/// The confined child's program installed beside `executable` (the
+/// executor's): an executor without it cannot confine users' code and does
+/// not start.
+pub fn child_program(executable: &Path) -> Result<PathBuf, String> {
+    let program = executable.with_file_name(CHILD_PROGRAM);
+    if program.is_file() {
+        Ok(program)
+    } else {
+        Err(format!(
+            "{} is missing: the executor starts users' code in it and does not run without it (install it beside {}; `cargo build --bins` builds both)",
+            program.display(),
+            executable.display()
+        ))
+    }
 }
 
 /// Memory a role's process needs beyond what its job asks for: libtorch's
@@ -52,24 +73,9 @@ pub struct Sandbox {
     pythons: std::collections::BTreeMap<String, PathBuf>,
 }
 
-/// The task line a sandboxed child reads on stdin.
-#[derive(Serialize, Deserialize)]
-pub struct Envelope<T> {
-    /// What it confines itself to (`None`: `--sandbox off`).
-    pub confinement: Option<Confinement>,
-    /// Threads libtorch may use.
-    pub torch_threads: Option<i32>,
-    /// The executor's pid: the child ends itself once its parent is
-    /// another (the executor died and it was re-parented).
-    #[serde(default)]
-    pub parent: Option<u32>,
-    /// The task.
-    pub task: T,
-}
-
 impl Sandbox {
     /// A sandbox in `mode`, running children as `user` (when given), with
-    /// workspaces under `root`, started from `program` (this executable).
+    /// workspaces under `root`, started from `program` (`trainyard-confined`).
     pub fn new(
         mode: Mode,
         user: Option<&str>,
@@ -114,8 +120,8 @@ impl Sandbox {
         self.torch_threads
     }
 
-    /// A sandbox for tests: on, children started from the executor binary
-    /// built beside the test binary.
+    /// A sandbox for tests: on, children started from the
+    /// `trainyard-confined` built beside the test binary.
     pub fn for_tests() -> Sandbox {
         Sandbox::for_tests_in(Mode::On)
     }
@@ -127,15 +133,17 @@ impl Sandbox {
         let program = exe
             .ancestors()
             .skip(1)
-            .map(|d| d.join("trainyard-executor"))
+            .map(|d| d.join(CHILD_PROGRAM))
             .find(|p| p.is_file())
-            .unwrap_or_else(|| PathBuf::from("trainyard-executor"));
+            .unwrap_or_else(|| {
+                panic!("no {CHILD_PROGRAM} built beside {}: run `cargo build --bins` first (`./scripts/test` does)", exe.display())
+            });
         let root =
             std::env::temp_dir().join(format!("trainyard-sandbox-tests-{}", std::process::id()));
         Sandbox::new(mode, None, root, program, Some(1)).expect("a sandbox for tests")
     }
 
-    /// The program its children run (this executor's binary).
+    /// The program its children run (`trainyard-confined`).
     pub fn program(&self) -> &Path {
         &self.program
     }
@@ -305,7 +313,7 @@ impl Sandbox {
     /// (the limit or signal that ended it, with the last line it wrote).
     pub fn run<T: Serialize, R: DeserializeOwned>(
         &self,
-        kind: &str,
+        kind: Kind,
         ws: &Workspace,
         task: &T,
         limits: Limits,
@@ -350,7 +358,7 @@ impl Sandbox {
     /// follows. `fd3` becomes the child's fd 3.
     pub fn start<T: Serialize>(
         &self,
-        kind: &str,
+        kind: Kind,
         ws: &Workspace,
         task: &T,
         limits: Limits,
@@ -423,7 +431,7 @@ impl Sandbox {
         if self.mode == Mode::On && netns.is_none() {
             return Err("a confined script rank needs its network namespace".into());
         }
-        let (line, mut spec) = self.prepare("script", ws, task, limits, None, device)?;
+        let (line, mut spec) = self.prepare(Kind::Script, ws, task, limits, None, device)?;
         if self.mode == Mode::On {
             spec.netns = netns;
         }
@@ -443,87 +451,6 @@ impl Sandbox {
         };
         Ok((line, spec))
     }
-}
-
-/// What a script's sandboxed child runs once it is confined.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ScriptTask {
-    /// The interpreter.
-    pub program: PathBuf,
-    /// Its arguments (the entrypoint, then the script's own).
-    pub args: Vec<String>,
-    /// Its whole environment.
-    pub env: Vec<(String, String)>,
-    /// Its working folder (the code's).
-    pub cwd: PathBuf,
-}
-
-/// The child's side of a script: reads the envelope on stdin, confines
-/// itself, asks to be killed with the thread that started it (its role's,
-/// which waits for it), and replaces itself with the interpreter. Returns
-/// an exit code only when that fails.
-pub fn exec_script() -> i32 {
-    use std::io::BufRead;
-    let mut line = String::new();
-    if let Err(e) = std::io::stdin().lock().read_line(&mut line) {
-        eprintln!("reading the task: {e}");
-        return 2;
-    }
-    let envelope: Envelope<ScriptTask> = match serde_json::from_str(&line) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("reading the task: {e}");
-            return 2;
-        }
-    };
-    // Before the confinement: it survives exec, and the role's thread
-    // lives exactly as long as the script should.
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
-        eprintln!("cannot tie the script to its executor: {e}");
-        return 3;
-    }
-    if envelope
-        .parent
-        .is_some_and(|p| p != std::os::unix::process::parent_id())
-    {
-        eprintln!("the executor is gone");
-        return 3;
-    }
-    if let Some(c) = &envelope.confinement {
-        if let Err(e) = trainyard_sandbox::enter(c) {
-            eprintln!("cannot confine this process: {e}");
-            return 3;
-        }
-    }
-    let task = envelope.task;
-    if let Err(e) = std::env::set_current_dir(&task.cwd) {
-        eprintln!("cannot enter the script's folder: {e}");
-        return 3;
-    }
-    let cstr = |s: &str| std::ffi::CString::new(s).map_err(|e| e.to_string());
-    let built = (|| {
-        let program = cstr(&task.program.to_string_lossy())?;
-        let mut args = vec![program.clone()];
-        for a in &task.args {
-            args.push(cstr(a)?);
-        }
-        let env = task
-            .env
-            .iter()
-            .map(|(k, v)| cstr(&format!("{k}={v}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok::<_, String>((program, args, env))
-    })();
-    let (program, args, env) = match built {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("the script's command line: {e}");
-            return 2;
-        }
-    };
-    let e = nix::unistd::execve(&program, &args, &env).unwrap_err();
-    eprintln!("cannot run {}: {e}", task.program.display());
-    126
 }
 
 /// The default Python runtime: `TRAINYARD_PYTHON` when set, else
@@ -546,7 +473,7 @@ impl Sandbox {
     /// and what to start.
     fn prepare<T: Serialize>(
         &self,
-        kind: &str,
+        kind: Kind,
         ws: &Workspace,
         task: &T,
         limits: Limits,
@@ -575,11 +502,11 @@ impl Sandbox {
         let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
         let spec = Spec {
             program: self.program.clone(),
-            args: vec!["--sandboxed".into(), kind.into()],
+            args: vec![kind.name().into()],
             env: child_env(),
             identity: self.identity,
             limits,
-            name: kind.into(),
+            name: kind.name().into(),
             fd3,
             netns: None,
         };
@@ -661,101 +588,6 @@ impl Drop for Workspace {
     }
 }
 
-/// The child's side: reads the envelope on stdin, confines itself, runs
-/// `work` on the task and prints its answer. Returns the exit code.
-pub fn child<T: DeserializeOwned, R: Serialize>(work: impl FnOnce(T) -> R) -> i32 {
-    use std::io::{BufRead, Write};
-    let mut line = String::new();
-    if let Err(e) = std::io::stdin().lock().read_line(&mut line) {
-        eprintln!("reading the task: {e}");
-        return 2;
-    }
-    let envelope: Envelope<T> = match serde_json::from_str(&line) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("reading the task: {e}");
-            return 2;
-        }
-    };
-    if let Some(c) = &envelope.confinement {
-        if let Err(e) = trainyard_sandbox::enter(c) {
-            eprintln!("cannot confine this process: {e}");
-            return 3;
-        }
-    }
-    exit_with_parent(envelope.parent);
-    if let Some(n) = envelope.torch_threads {
-        tch::set_num_threads(n);
-    }
-    let answer = work(envelope.task);
-    let mut out = std::io::stdout().lock();
-    match serde_json::to_writer(&mut out, &answer) {
-        Ok(()) => {
-            let _ = out.write_all(b"\n");
-            let _ = out.flush();
-            0
-        }
-        Err(e) => {
-            eprintln!("writing the answer: {e}");
-            4
-        }
-    }
-}
-
-/// The child's side of a conversation: reads the envelope's line on
-/// stdin, confines itself, then hands the task, the rest of stdin and
-/// stdout to `work`. Returns the exit code.
-pub fn session<T: DeserializeOwned>(
-    work: impl FnOnce(T, &mut dyn std::io::BufRead, &mut dyn std::io::Write) -> i32,
-) -> i32 {
-    use std::io::BufRead;
-    let mut input = std::io::BufReader::new(std::io::stdin());
-    let mut line = String::new();
-    if let Err(e) = input.read_line(&mut line) {
-        eprintln!("reading the task: {e}");
-        return 2;
-    }
-    let envelope: Envelope<T> = match serde_json::from_str(&line) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("reading the task: {e}");
-            return 2;
-        }
-    };
-    if let Some(c) = &envelope.confinement {
-        if let Err(e) = trainyard_sandbox::enter(c) {
-            eprintln!("cannot confine this process: {e}");
-            return 3;
-        }
-    }
-    exit_with_parent(envelope.parent);
-    if let Some(n) = envelope.torch_threads {
-        tch::set_num_threads(n);
-    }
-    let mut output = std::io::BufWriter::new(std::io::stdout().lock());
-    work(envelope.task, &mut input, &mut output)
-}
-
-/// Ends this child when its executor is gone. Its stdin's end would tell
-/// it, but only once it reads again: a module busy in a forward (or one
-/// that never returns) would outlive the executor. The thread starts after
-/// the confinement, which it inherits.
-fn exit_with_parent(expected: Option<u32>) {
-    // Expected, not read: the executor may already be gone by now.
-    let parent = expected.unwrap_or_else(std::os::unix::process::parent_id);
-    let _ = std::thread::Builder::new()
-        .name("parent-watch".into())
-        .spawn(move || loop {
-            if std::os::unix::process::parent_id() != parent {
-                eprintln!("the executor is gone");
-                // Not exit(): libtorch's static destructors can wait on
-                // the very thread that is busy.
-                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        });
-}
-
 /// A shared handle.
 pub type Shared = Arc<Sandbox>;
 
@@ -793,7 +625,7 @@ mod tests {
         // Nothing is started: the refusal is the answer.
         let ws = s.workspace("refused").unwrap();
         let r: Result<serde_json::Value, String> = s.run(
-            "inspection",
+            Kind::Inspection,
             &ws,
             &0,
             Limits::default(),

@@ -36,3 +36,35 @@ fn executor_without_a_mode_fails_with_a_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--probe"));
 }
+
+/// Users' code runs in `trainyard-confined`, the program beside the
+/// executor's: an executor installed without it says so and does not
+/// start (it would have nowhere confined to run a model or a script).
+#[test]
+fn an_executor_without_its_confined_program_does_not_start() {
+    let exe = binary("trainyard-executor").unwrap();
+    // A hard link in a folder of its own, on the same file system: the
+    // executor's own path is the link's (a symbolic link would resolve to
+    // the folder that has the confined program).
+    let alone = exe
+        .parent()
+        .unwrap()
+        .join(format!("alone-{}", std::process::id()));
+    std::fs::create_dir_all(&alone).unwrap();
+    let copy = alone.join("trainyard-executor");
+    let _ = std::fs::remove_file(&copy);
+    std::fs::hard_link(&exe, &copy)
+        .or_else(|_| std::fs::copy(&exe, &copy).map(drop))
+        .unwrap();
+    let out = Command::new(&copy)
+        .args(["--api", "http://127.0.0.1:9", "--join-token", "t"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&alone);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trainyard-confined is missing") && err.contains("does not run without it"),
+        "{err}"
+    );
+}

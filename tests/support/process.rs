@@ -283,12 +283,11 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// The confined children (`--sandboxed KIND`: `model`, `inspection`) that
-/// the processes `parents` run now.
+/// The confined children (`trainyard-confined KIND`: `model`,
+/// `inspection`) that the processes `parents` run now.
 pub fn sandboxed_children(parents: &[u32], kind: &str) -> Vec<u32> {
     children_where(parents, |args| {
-        args.windows(2)
-            .any(|w| w[0] == b"--sandboxed" && w[1] == kind.as_bytes())
+        args.len() >= 2 && args[0].ends_with(b"/trainyard-confined") && args[1] == kind.as_bytes()
     })
 }
 

@@ -3,7 +3,7 @@
 //! written by the venv's PyTorch) is loaded, its tensors listed and its
 //! forward's schema checked, side by side in one invocation: in this
 //! process (what the executor did before inspections were sandboxed) and
-//! in a sandboxed child (`trainyard-executor --sandboxed inspection`:
+//! in a sandboxed child (`trainyard-confined inspection`:
 //! spawn, exec, libtorch loaded, Landlock + seccomp + cgroups entered, the
 //! answer as JSON). Rounds alternate the order; medians are compared.
 //!
@@ -25,14 +25,16 @@ use std::time::{Duration, Instant};
 use tch::Tensor;
 use trainyard_bench::figure::{record_data, Better, Figure};
 use trainyard_common::cluster::InspectionResult;
+use trainyard_confined::core::Core;
+use trainyard_confined::inspect::confined;
+use trainyard_confined::model::Script;
+use trainyard_confined::protocol::{Inspect as Task, Kind};
+use trainyard_confined::tensors::ModelTensors;
+use trainyard_confined::torchscript::Module;
 use trainyard_executor::data::Dataset;
-use trainyard_executor::replica::model::Script;
 use trainyard_executor::replica::process::{Host, STOP_GRACE};
-use trainyard_executor::replica::script::Module;
-use trainyard_executor::replica::tensors::ModelTensors;
-use trainyard_executor::replica::{Core, Replica};
-use trainyard_executor::roles::inspect::{confined, Task};
-use trainyard_executor::sandbox::{Mode, Sandbox};
+use trainyard_executor::replica::Replica;
+use trainyard_executor::sandbox::{child_program, Mode, Sandbox};
 use trainyard_executor::storage::Fetcher;
 use trainyard_sandbox::Limits;
 use trainyard_shutdown::Shutdown;
@@ -59,11 +61,7 @@ fn main() {
         .expect("python with torch (TRAINYARD_PYTHON)");
     assert!(ok.success(), "writing the model");
     let exe = std::env::current_exe().unwrap();
-    let program: PathBuf = exe.with_file_name("trainyard-executor");
-    assert!(
-        program.is_file(),
-        "build trainyard-executor (release) first"
-    );
+    let program: PathBuf = child_program(&exe).expect("build trainyard-confined (release) first");
     let sandbox =
         Sandbox::new(Mode::On, None, dir.join("sandbox"), program, Some(1)).expect("a sandbox");
     if let Some(why) = sandbox.refusal() {
@@ -89,7 +87,7 @@ fn main() {
         };
         let r: InspectionResult = sandbox
             .run(
-                "inspection",
+                Kind::Inspection,
                 &ws,
                 &task,
                 Limits::default(),

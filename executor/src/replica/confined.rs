@@ -265,7 +265,7 @@ fn a_model_process_ends_with_its_executor() {
         cuda: None,
         spec: spec_of("good-for-fuzz.pt", 512),
     };
-    let envelope = crate::sandbox::Envelope {
+    let envelope = trainyard_confined::protocol::Envelope {
         confinement: None,
         torch_threads: Some(1),
         // The shell's pid, put in by the shell ($$).
@@ -275,7 +275,7 @@ fn a_model_process_ends_with_its_executor() {
     let line = serde_json::to_string(&envelope).unwrap();
     let out = std::process::Command::new("sh")
         .arg("-c")
-        .arg(r#"(printf '%s\n' "$(printf '%s' "$TASK" | sed "s/4294967295/$$/")"; sleep 30) 2>/dev/null | "$EXE" --sandboxed model >/dev/null 2>&1 & echo $!"#)
+        .arg(r#"(printf '%s\n' "$(printf '%s' "$TASK" | sed "s/4294967295/$$/")"; sleep 30) 2>/dev/null | "$EXE" model >/dev/null 2>&1 & echo $!"#)
         .env("TASK", line)
         .env("EXE", sandbox.program())
         .output()

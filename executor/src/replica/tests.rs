@@ -242,7 +242,7 @@ fn export_import_and_the_saved_module_carry_the_buffers() {
     let bytes = a.torchscript().unwrap().unwrap();
     let file = module_file().with_file_name(format!("trained-{}.pt", std::process::id()));
     std::fs::write(&file, bytes).unwrap();
-    let m = script::Module::load(&file, tch::Device::Cpu).unwrap();
+    let m = torchscript::Module::load(&file, tch::Device::Cpu).unwrap();
     let saved: Vec<(String, Tensor)> = m
         .parameters()
         .unwrap()

@@ -22,15 +22,12 @@
 //! limit that ended it.
 
 use crate::data::{Cursor, Dataset};
-use crate::replica::script::{Module, Schema};
-use crate::replica::tensors::{first_line, ModelTensors};
 use crate::sandbox::Sandbox;
 use crate::storage::Fetcher;
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 use trainyard_common::cluster::{Inspection, InspectionResult};
-use trainyard_common::spec::{DatasetSpec, Loss, UncheckedJobSpec};
+use trainyard_common::spec::UncheckedJobSpec;
+use trainyard_confined::protocol::{Inspect, Kind as Child, Trial};
 use trainyard_sandbox::Limits;
 use trainyard_shutdown::Shutdown;
 
@@ -40,26 +37,6 @@ pub const TRIAL_ROWS: usize = 4;
 /// How long an inspection may take before the job is refused: the
 /// context's default, named here too where inspections are run.
 pub use crate::context::INSPECTION_LIMIT as LIMIT;
-
-/// What the confined child is given.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Task {
-    /// The model file, in the workspace's inputs.
-    pub model: PathBuf,
-    /// The trial, when the spec came with the inspection.
-    pub trial: Option<Trial>,
-}
-
-/// A forward to try: the spec, a batch of its data, its largest label.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Trial {
-    /// The job's spec.
-    pub spec: Box<UncheckedJobSpec>,
-    /// `x` and `y` of the batch (safetensors, in the workspace's inputs).
-    pub batch: PathBuf,
-    /// The dataset's largest integer label.
-    pub label_max: Option<i64>,
-}
 
 /// Inspects the file of `ins` (through `fetcher` when it is in an object
 /// store) and, when the spec came with it, tries a forward on its data,
@@ -125,9 +102,9 @@ fn prepare_and_run(
     };
     sandbox
         .run(
-            "inspection",
+            Child::Inspection,
             &ws,
-            &Task { model, trial },
+            &Inspect { model, trial },
             limits,
             timeout,
             &|| cancel.is_triggered(),
@@ -152,161 +129,6 @@ fn trial_batch(
         return Err("dataset: the training set holds no sample".into());
     }
     Ok((batch.x, batch.y, data.label_max()))
-}
-
-/// The child's side, confined: loads the module, lists its tensors, checks
-/// its forward and tries it on the trial batch.
-pub fn confined(task: Task) -> InspectionResult {
-    match std::panic::catch_unwind(|| examine(&task)) {
-        Ok(Ok(found)) => InspectionResult::Parameters(found.infos()),
-        Ok(Err(reason)) => InspectionResult::Error(reason),
-        Err(_) => InspectionResult::Error("libtorch crashed while reading the model".into()),
-    }
-}
-
-fn examine(task: &Task) -> Result<ModelTensors, String> {
-    let module = Module::load(&task.model, tch::Device::Cpu).map_err(|e| {
-        format!(
-            "model.url is not a loadable TorchScript module: {}",
-            first_line(&e.to_string())
-        )
-    })?;
-    let found = ModelTensors::of_script(&module)?;
-    if found.trainable.is_empty() {
-        return Err("the TorchScript module has no trainable parameters".into());
-    }
-    let schema = module.schema().map_err(|e| {
-        format!(
-            "the module has no forward method: {}",
-            first_line(&e.to_string())
-        )
-    })?;
-    let named = task.trial.as_ref().and_then(|t| match t.spec.dataset() {
-        DatasetSpec::File(f) => f.inputs.clone(),
-        _ => None,
-    });
-    let inputs = forward_inputs(&schema, named.as_deref(), task.trial.is_some())?;
-    if !schema.returns_tensor {
-        return Err(format!(
-            "the module's forward must return one tensor; it is `{}`",
-            schema.text
-        ));
-    }
-    if let Some(t) = &task.trial {
-        let batch = Tensor::read_safetensors(&t.batch)
-            .map_err(|e| format!("reading the trial batch: {e}"))?;
-        let get = |name: &str| {
-            batch
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.shallow_clone())
-                .ok_or_else(|| format!("the trial batch has no {name}"))
-        };
-        trial(
-            &module,
-            &t.spec,
-            &get("x")?,
-            &get("y")?,
-            t.label_max,
-            inputs,
-        )?;
-    }
-    Ok(found)
-}
-
-/// The tensors the forward takes, checked against `dataset.inputs` (the
-/// names, in order) when the job names several, or against one batch
-/// tensor when it names none; without a job (`known` false) any number of
-/// tensor arguments is accepted.
-fn forward_inputs(schema: &Schema, named: Option<&[String]>, known: bool) -> Result<usize, String> {
-    if schema.args != schema.tensor_args || schema.args == 0 {
-        return Err(format!(
-            "the module's forward must take tensors only (a batch, or the inputs dataset.inputs names); it is `{}`",
-            schema.text
-        ));
-    }
-    match named {
-        Some(names) if names != schema.names.as_slice() => Err(format!(
-            "dataset.inputs names [{}] but the module's forward takes ({}): give the forward's arguments, in order (`{}`)",
-            names.join(", "),
-            schema.names.join(", "),
-            schema.text
-        )),
-        None if known && schema.args != 1 => Err(format!(
-            "the module's forward takes {} tensors ({}); name the array or column for each in dataset.inputs, in that order (`{}`)",
-            schema.args,
-            schema.names.join(", "),
-            schema.text
-        )),
-        _ => Ok(schema.args),
-    }
-}
-
-/// A forward on the first rows of the job's data, checked against the
-/// loss and the targets.
-fn trial(
-    module: &Module,
-    spec: &UncheckedJobSpec,
-    x: &Tensor,
-    y: &Tensor,
-    label_max: Option<i64>,
-    inputs: usize,
-) -> Result<(), String> {
-    module
-        .set_train(false)
-        .map_err(|e| first_line(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward_packed(x, inputs)).map_err(|e| {
-        format!(
-            "the model cannot take a batch of the dataset (shape {:?}, {:?}): {}",
-            x.size(),
-            x.kind(),
-            first_line(&e.to_string())
-        )
-    })?;
-    let rows = x.size()[0];
-    if out.size().first() != Some(&rows) {
-        return Err(format!(
-            "the model returned shape {:?} for a batch of {rows}: the first dimension must be the batch",
-            out.size()
-        ));
-    }
-    match spec.loss() {
-        Loss::CrossEntropy => {
-            let classes = *out.size().last().unwrap_or(&0);
-            let labels = label_max.unwrap_or(0);
-            if out.dim() < 2 || classes <= labels {
-                return Err(format!(
-                    "the model's output {:?} does not fit the dataset's classes: labels go up to {labels}, so cross_entropy needs at least {} scores per sample in the last dimension",
-                    out.size(),
-                    labels + 1
-                ));
-            }
-            if !out.is_floating_point() {
-                return Err(format!(
-                    "the model's output is {:?}; cross_entropy needs floating-point scores",
-                    out.kind()
-                ));
-            }
-        }
-        Loss::Mse => {
-            if out.numel() != y.numel() {
-                return Err(format!(
-                    "the model's output {:?} does not match the targets {:?} (mse compares them element by element)",
-                    out.size(),
-                    y.size()
-                ));
-            }
-        }
-    }
-    crate::replica::loss_of(spec, &out.to_kind(Kind::Float), y)
-        .map(drop)
-        .map_err(|e| {
-            format!(
-                "the loss cannot be computed on the model's output: {}",
-                first_line(&e.to_string())
-            )
-        })?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -399,9 +221,9 @@ mod tests {
     fn inspect_two(inputs: Option<&[&str]>) -> InspectionResult {
         let dir = modules();
         let data = dir.join("two-inputs.npz");
-        let x = Tensor::rand([40, 64], (Kind::Float, tch::Device::Cpu));
-        let mask = Tensor::ones([40, 64], (Kind::Int64, tch::Device::Cpu));
-        let y = Tensor::arange(40, (Kind::Int64, tch::Device::Cpu)).remainder(10);
+        let x = Tensor::rand([40, 64], (tch::Kind::Float, tch::Device::Cpu));
+        let mask = Tensor::ones([40, 64], (tch::Kind::Int64, tch::Device::Cpu));
+        let y = Tensor::arange(40, (tch::Kind::Int64, tch::Device::Cpu)).remainder(10);
         Tensor::write_npz(&[("x", &x), ("mask", &mask), ("y", &y)], &data).unwrap();
         let model = dir.join("two.pt");
         let url = format!("file://{}", model.display());
@@ -411,7 +233,7 @@ mod tests {
         }
         let mut f = trainyard_common::spec::FileData::at(format!("file://{}", data.display()));
         f.inputs = inputs.map(|i| i.iter().map(|s| s.to_string()).collect());
-        spec.dataset = Some(DatasetSpec::File(f));
+        spec.dataset = Some(trainyard_common::spec::DatasetSpec::File(f));
         let ins = Inspection {
             job_id: uuid::Uuid::nil(),
             url,

@@ -39,7 +39,7 @@ pub mod reports;
 pub mod warm;
 
 use crate::role::Role;
-use crate::sandbox::{ScriptTask, RUNTIME_MB};
+use crate::sandbox::RUNTIME_MB;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -49,6 +49,7 @@ use trainyard_common::checkpoint::output_key;
 use trainyard_common::cluster::{LogLevel, RoleOutcome, WorkerPeer};
 use trainyard_common::spec::script::DEFAULT_SCRIPT_SECONDS;
 use trainyard_common::spec::{input_name, ScriptSpec};
+use trainyard_confined::protocol::ScriptTask;
 use trainyard_sandbox::{Ending, Limits};
 
 /// Longest log line kept from a script, characters.
@@ -301,7 +302,7 @@ fn prepare(
         &task.env,
     );
     let spares = warm::spares();
-    let go = warm::go_line(&task.env, &task.args, &task.cwd);
+    let go = trainyard_confined::protocol::spare::go_line(&task.env, &task.args, &task.cwd);
     let (child, warm_start) = match spares.take((job, slot), fingerprint, &go, &|| role.stopping())
     {
         Some(child) => (child, true),

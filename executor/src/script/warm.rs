@@ -6,7 +6,7 @@
 //! next generation of the same job on the same device: a process confined
 //! exactly as the next rank will be (same folders, runtime, limits,
 //! identity), started from the Python runtime with a small launcher
-//! ([`LAUNCHER`]) that imports `torch`, `torch.distributed` and what
+//! (`trainyard_confined::protocol::spare::LAUNCHER`) that imports `torch`, `torch.distributed` and what
 //! DistributedDataParallel's constructor imports, says it is
 //! ready on its stdout and waits on its stdin. When the next generation
 //! starts a rank there, the executor takes the spare and writes one line:
@@ -33,40 +33,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trainyard_common::spec::script::TORCHRUN_ENV;
+use trainyard_confined::protocol::spare::{LAUNCHER, READY};
 use trainyard_sandbox::spawn::{Child, Spec};
 use uuid::Uuid;
-
-/// What a spare runs: imports the heavy modules, says it is ready, and
-/// becomes the rank once it reads its environment.
-pub const LAUNCHER: &str = r#"import sys, os
-try:
-    import torch, torch.distributed, torch.nn
-    import torch.nn.parallel
-    # What DistributedDataParallel's constructor imports (TorchDynamo,
-    # SymPy): most of a DDP script's start after `import torch`.
-    import torch._dynamo
-    import numpy
-except Exception:
-    pass
-sys.stdout.write("trainyard-warm-ready\n")
-sys.stdout.flush()
-import json, runpy
-_go = sys.stdin.readline()
-if not _go:
-    raise SystemExit(0)
-_go = json.loads(_go)
-os.environ.clear()
-os.environ.update(_go["env"])
-os.chdir(_go["cwd"])
-sys.argv = list(_go["argv"])
-_entry = os.path.abspath(sys.argv[0])
-sys.path[0] = os.path.dirname(_entry)
-del _go, json
-runpy.run_path(_entry, run_name="__main__")
-"#;
-
-/// The line a ready spare writes.
-const READY: &[u8] = b"trainyard-warm-ready\n";
 
 /// Whether environment variable `name` may change from one generation to
 /// the next (and is read only once the script runs), so that a spare
@@ -100,16 +69,6 @@ pub fn fingerprint(parts: &[String], env: &[(String, String)]) -> u64 {
         }
     }
     h.finish()
-}
-
-/// The go line: the rank's environment, argument vector and folder.
-pub fn go_line(env: &[(String, String)], argv: &[String], cwd: &std::path::Path) -> String {
-    let env: serde_json::Map<String, serde_json::Value> = env
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    // Compact JSON has no raw newline: one line.
-    serde_json::json!({"env": env, "argv": argv, "cwd": cwd}).to_string() + "\n"
 }
 
 /// A spare process.
@@ -381,14 +340,15 @@ mod tests {
         assert_ne!(fingerprint(&parts, &a), fingerprint(&other, &a));
     }
 
-    /// A confined spare (the executor binary beside the test's, the
+    /// A confined spare (`trainyard-confined` beside the test's, the
     /// default Python runtime) runs a script as `python train.py --x` would:
     /// the go line's environment (not the one it started with), its
     /// arguments, `__main__`, the script's folder first on the module path,
     /// and still confined. A spare for another fingerprint is not used.
     #[test]
     fn a_spare_becomes_the_rank_with_its_environment_arguments_and_folder() {
-        use crate::sandbox::{Sandbox, ScriptTask};
+        use crate::sandbox::Sandbox;
+        use trainyard_confined::protocol::{spare::go_line, ScriptTask};
         let sandbox = Sandbox::for_tests();
         let spares = Spares::new();
         let job = Uuid::new_v4();
@@ -466,19 +426,5 @@ mod tests {
         spares.forget(job);
         assert_eq!(spares.held(), 0);
         sandbox.forget_job(job);
-    }
-
-    #[test]
-    fn the_go_line_is_one_line_of_json() {
-        let line = go_line(
-            &env(&[("A", "x\ny"), ("B", "\"q\"")]),
-            &["train.py".into(), "--n\n2".into()],
-            std::path::Path::new("/code"),
-        );
-        assert_eq!(line.matches('\n').count(), 1);
-        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
-        assert_eq!(v["env"]["A"], "x\ny");
-        assert_eq!(v["argv"][1], "--n\n2");
-        assert_eq!(v["cwd"], "/code");
     }
 }

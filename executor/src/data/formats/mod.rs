@@ -51,7 +51,7 @@ impl Columns {
 /// A multi-input model's inputs of one unit, `[n, inputs, …]`: each of
 /// the same shape, all as float32 when one is floating-point, else as
 /// booleans when all are, else as int64 (see
-/// [`crate::replica::script::Module::forward_packed`], which hands them
+/// [`trainyard_confined::torchscript::Module::forward_packed`], which hands them
 /// to the forward one by one).
 pub(crate) fn stack_inputs(
     url: &str,

@@ -6,13 +6,9 @@
 //! with the last line it wrote to stderr. [`Remote`] is the module as a
 //! [`Net`] for evaluation.
 
-use super::frames::{meta, read_frame, size_of, tensor_bytes, write_frame, Load, Reply, Request};
 use super::mirror::mirror;
 use super::timed::Timed;
 use crate::data::Batch;
-use crate::replica::model::Net;
-use crate::replica::shm::{self, Shared};
-use crate::replica::tensors::ModelTensors;
 use crate::replica::TrainError;
 use crate::sandbox::{Sandbox, RUNTIME_MB};
 use std::io::Read;
@@ -22,6 +18,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 use trainyard_common::spec::UncheckedJobSpec;
+use trainyard_confined::model::Net;
+use trainyard_confined::protocol::frames::{
+    meta, read_frame, size_of, tensor_bytes, write_frame, Load, Reply, Request,
+};
+use trainyard_confined::shm::{self, Shared};
+use trainyard_confined::tensors::ModelTensors;
 use trainyard_sandbox::spawn::Child;
 use trainyard_sandbox::{Ending, Limits};
 use trainyard_shutdown::Shutdown;
@@ -130,7 +132,14 @@ impl Conversation {
             spec: spec.clone(),
         };
         let (mut child, stdin) = sandbox
-            .start("model", &ws, &load, limits, Some(memfd.as_raw_fd()), device)
+            .start(
+                trainyard_confined::protocol::Kind::Model,
+                &ws,
+                &load,
+                limits,
+                Some(memfd.as_raw_fd()),
+                device,
+            )
             .map_err(fail)?;
         let (Some(stdout), Some(stderr)) = (child.stdout(), child.stderr()) else {
             child.kill();

@@ -4,9 +4,9 @@
 //! must be float32 (the replica binds them to its flat vector), and the
 //! frozen values must fill their payload exactly.
 
-use super::frames::{size_of, Meta};
-use crate::replica::tensors::ModelTensors;
 use tch::{Kind, Tensor};
+use trainyard_confined::protocol::frames::{size_of, Meta};
+use trainyard_confined::tensors::ModelTensors;
 
 /// Tensors a model may have (names, and so the header, stay bounded).
 const MAX_TENSORS: usize = 100_000;

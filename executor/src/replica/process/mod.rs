@@ -2,13 +2,13 @@
 //!
 //! A module is code: its operators may read files, loop forever or crash
 //! libtorch. So a replica never loads one in the executor's process. It
-//! starts a child (the executor's binary, `--sandboxed model`) that
+//! starts a child (`trainyard-confined model`, [`trainyard_confined::serve`]) that
 //! confines itself ([`crate::sandbox`]) before it loads the module, and
 //! keeps it for the replica's life. The role's thread stays in the
 //! executor with everything the child must not hold: the job's data, the
 //! data plane, the object store and its keys, the join token.
 //!
-//! The two share one sealed memfd ([`super::shm`]): the flat vector of
+//! The two share one sealed memfd ([`trainyard_confined::shm`]): the flat vector of
 //! the replica (the module's parameters, then its buffers) and, after it,
 //! the gradient. The child's module parameters are views of that memory
 //! (on a CPU; on a GPU the child copies them in before each call), so an
@@ -22,26 +22,18 @@
 //! its core is free again; one that crashes or outgrows its memory ends
 //! its job with the signal or limit, never the executor.
 //!
-//! Frames, both ways: a `u32` length and a JSON header, then a `u64`
-//! length and that many payload bytes (tensors, raw, in the header's
-//! order).
+//! Frames, both ways, are the confined crate's
+//! ([`trainyard_confined::protocol::frames`]), the one place that says
+//! what crosses the boundary.
 //!
-//! **Files.** `frames` is that protocol (the calls, the answers, tensors
-//! in them and the checks of the sizes the other side gives); `timed` the
-//! pipe I/O with its deadline and stop signal; `mirror` the executor's
-//! checked copy of the tensors the child describes; `conversation` the
-//! executor's side (start, calls, the child's ending) and `child` the
-//! child's. Each uses only files before it in this list.
+//! **Files.** `timed` is the pipe I/O with its deadline and stop signal;
+//! `mirror` the executor's checked copy of the tensors the child
+//! describes; `conversation` the executor's side (start, calls, the
+//! child's ending). Each uses only files before it in this list.
 
-mod child;
 mod conversation;
-mod frames;
 mod mirror;
 mod timed;
 
-#[cfg(test)]
-mod tests;
-
-pub use child::serve;
 pub use conversation::{lock, Conversation, Host, Process, Remote, Started, STOP_GRACE};
-pub use frames::{Load, Meta};
+pub use trainyard_confined::protocol::frames::{Load, Meta};

@@ -5,9 +5,9 @@
 //! the error kind says which (`TimedOut`, `ConnectionAborted`), so the
 //! child's ending can be named.
 
-use crate::replica::shm;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
+use trainyard_confined::shm;
 use trainyard_shutdown::Shutdown;
 
 /// A reader/writer over a non-blocking pipe that gives up at a deadline

@@ -1,7 +1,7 @@
 //! Memory a replica shares with its model process, and waiting on that
 //! process's pipes.
 //!
-//! A user's module runs in a child ([`super::process`]); its parameters
+//! A user's module runs in a child ([`crate::serve`]); its parameters
 //! and their gradients live in one memfd both processes map, so a step
 //! moves no weights through a pipe. The executor makes the memfd and gives
 //! it to the child as fd 3 ([`trainyard_sandbox::spawn::Spec::fd3`]); once
@@ -10,7 +10,7 @@
 //! child (untrusted) can change the values, never the size: a mapping
 //! that outlives its file's end would fault the executor (SIGBUS).
 //!
-//! This module and [`super::script`] hold the executor's `unsafe` code.
+//! This module and [`crate::torchscript`] hold this crate's `unsafe` code.
 #![allow(unsafe_code)]
 
 use nix::libc;

@@ -12,7 +12,7 @@
 //! stays int64 in checkpoints' consumers, the final weights and the saved
 //! module.
 
-use super::script::Module;
+use crate::torchscript::Module;
 use tch::{Kind, Tensor};
 use trainyard_common::model::{ParamInfo, TensorKind};
 

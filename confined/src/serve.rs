@@ -1,18 +1,18 @@
 //! The child's side of a module process, run confined
-//! (`--sandboxed model`): it loads the module, describes its tensors,
+//! (`trainyard-confined model`): it loads the module, describes its tensors,
 //! maps the shared memory and makes its parameters views of it (on a GPU,
 //! copies in before each call), then answers steps, forwards and saves
 //! until its stdin closes. A libtorch panic in a call is an answer
 //! (`Failed`), not the end of the child.
 
-use super::frames::{
+use crate::core::{seeded_rng, Core};
+use crate::model::{Net, Script};
+use crate::protocol::frames::{
     meta, read_frame, size_of, tensor_bytes, tensor_of, write_frame, Load, Reply, Request,
 };
-use crate::replica::model::{Net, Script};
-use crate::replica::script::Module;
-use crate::replica::shm::Shared;
-use crate::replica::tensors::{first_line, ModelTensors};
-use crate::replica::{seeded_rng, Core};
+use crate::shm::Shared;
+use crate::tensors::{first_line, ModelTensors};
+use crate::torchscript::Module;
 use std::io::{BufRead, Write};
 use tch::{Kind, Tensor};
 use trainyard_common::spec::UncheckedJobSpec;

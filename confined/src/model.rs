@@ -24,25 +24,25 @@ pub trait Net: Send {
     }
 
     /// The TorchScript module behind it, if it is a user's.
-    fn script(&self) -> Option<&super::script::Module> {
+    fn script(&self) -> Option<&crate::torchscript::Module> {
         None
     }
 }
 
-/// A user's TorchScript module ([`super::script::Module`]) as a [`Net`]:
+/// A user's TorchScript module ([`crate::torchscript::Module`]) as a [`Net`]:
 /// forwards in training mode while training and in evaluation mode
 /// (dropout off, BatchNorm on its running statistics) while evaluating.
 pub struct Script {
-    module: super::script::Module,
+    module: crate::torchscript::Module,
     train: std::sync::atomic::AtomicBool,
     /// Tensor arguments of its forward (see
-    /// [`super::script::Module::forward_packed`]).
+    /// [`crate::torchscript::Module::forward_packed`]).
     inputs: usize,
 }
 
 impl Script {
     /// The loaded module, put in training mode.
-    pub fn new(module: super::script::Module) -> Result<Script, tch::TchError> {
+    pub fn new(module: crate::torchscript::Module) -> Result<Script, tch::TchError> {
         module.set_train(true)?;
         let inputs = module.schema()?.tensor_args;
         Ok(Script {
@@ -53,7 +53,7 @@ impl Script {
     }
 
     /// The module (its tensors, to save it).
-    pub fn module(&self) -> &super::script::Module {
+    pub fn module(&self) -> &crate::torchscript::Module {
         &self.module
     }
 }
@@ -73,7 +73,7 @@ impl Net for Script {
         self.module.forward_packed(xs, self.inputs)
     }
 
-    fn script(&self) -> Option<&super::script::Module> {
+    fn script(&self) -> Option<&crate::torchscript::Module> {
         Some(&self.module)
     }
 }

@@ -7,7 +7,7 @@
 //! sizes of the tensors it describes are bounded and checked here, before
 //! anything is allocated for them.
 
-use crate::replica::tensors::dtype_name;
+use crate::tensors::dtype_name;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -45,52 +45,79 @@ pub struct Meta {
 /// A call of the executor to the child.
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub(super) enum Request {
+pub enum Request {
+    /// Map the shared memory (fd 3), now sized to `bytes`: the flat
+    /// vector, then the gradient.
     Map {
+        /// Its size.
         bytes: u64,
     },
+    /// A forward and backward on the batch in the payload (`x`, then
+    /// `y`); the gradient goes into the shared memory, the buffers with it
+    /// when `state` (rank 0).
     Step {
+        /// The inputs.
         x: Meta,
+        /// The targets.
         y: Meta,
+        /// Rows of the batch.
         samples: u64,
+        /// Whether the buffers ride with the gradient.
         state: bool,
     },
+    /// A forward only (evaluation, or a training-mode forward).
     Forward {
+        /// The inputs (the payload).
         x: Meta,
+        /// Training mode.
         train: bool,
     },
+    /// Save the trained module (TorchScript) into the scratch folder.
     Save,
 }
 
 /// The child's answer to a load or a call.
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub(super) enum Reply {
+pub enum Reply {
+    /// The module is loaded: its tensors, in `state_dict()` order.
     Loaded {
+        /// Trainable parameters.
         trainable: Vec<Meta>,
+        /// Buffers (running statistics).
         buffers: Vec<Meta>,
+        /// Parameters that do not train.
         frozen: Vec<Meta>,
+        /// Names that share a tensor with another (`alias`, `of`).
         aliases: Vec<(String, String)>,
     },
+    /// The shared memory is mapped; the parameters are views of it.
     Mapped,
     /// The loss's bits: JSON has no NaN, and a diverged loss must arrive
     /// as one (the replica names it).
     Stepped {
+        /// `f64::to_bits` of the summed loss.
         loss_bits: u64,
     },
+    /// The forward's output (the payload).
     Output {
+        /// Its shape and dtype.
         out: Meta,
     },
+    /// The module is saved (TorchScript, in the scratch folder).
     Saved {
+        /// Its size.
         bytes: u64,
     },
+    /// The call failed (a libtorch error or panic): the child goes on.
     Failed {
+        /// Why.
         reason: String,
     },
 }
 
 /// The tch kind of PyTorch's dtype name.
-pub(super) fn kind_of(dtype: &str) -> Option<Kind> {
+pub fn kind_of(dtype: &str) -> Option<Kind> {
     [
         Kind::Float,
         Kind::Double,
@@ -108,7 +135,7 @@ pub(super) fn kind_of(dtype: &str) -> Option<Kind> {
 }
 
 /// The header entry of tensor `t`, named `name`.
-pub(super) fn meta(name: &str, t: &Tensor) -> Meta {
+pub fn meta(name: &str, t: &Tensor) -> Meta {
     Meta {
         name: name.to_owned(),
         shape: t.size(),
@@ -117,7 +144,7 @@ pub(super) fn meta(name: &str, t: &Tensor) -> Meta {
 }
 
 /// Elements and bytes of `m`, checked (a header is untrusted).
-pub(super) fn size_of(m: &Meta) -> Result<(usize, usize, Kind), String> {
+pub fn size_of(m: &Meta) -> Result<(usize, usize, Kind), String> {
     let kind = kind_of(&m.dtype).ok_or_else(|| format!("unknown dtype {:?}", m.dtype))?;
     if m.shape.len() > 16 || m.name.len() > 4096 {
         return Err(format!("tensor {:?} has an unreadable shape", m.name));
@@ -136,7 +163,7 @@ pub(super) fn size_of(m: &Meta) -> Result<(usize, usize, Kind), String> {
 }
 
 /// A tensor's bytes, raw, for a payload.
-pub(super) fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
     let t = t.to_device(tch::Device::Cpu).contiguous();
     let n = t.numel() * t.kind().elt_size_in_bytes();
     let mut out = vec![0u8; n];
@@ -145,7 +172,7 @@ pub(super) fn tensor_bytes(t: &Tensor) -> Vec<u8> {
 }
 
 /// The tensor `m` describes, from its payload bytes (checked).
-pub(super) fn tensor_of(m: &Meta, bytes: &[u8]) -> Result<Tensor, String> {
+pub fn tensor_of(m: &Meta, bytes: &[u8]) -> Result<Tensor, String> {
     let (_, n, kind) = size_of(m)?;
     if n != bytes.len() {
         return Err("a tensor of the wrong length".into());
@@ -154,7 +181,7 @@ pub(super) fn tensor_of(m: &Meta, bytes: &[u8]) -> Result<Tensor, String> {
 }
 
 /// Writes one frame: the header, then the payload parts in order.
-pub(super) fn write_frame<H: Serialize>(
+pub fn write_frame<H: Serialize>(
     w: &mut dyn Write,
     header: &H,
     payload: &[&[u8]],
@@ -172,7 +199,7 @@ pub(super) fn write_frame<H: Serialize>(
 
 /// Reads one frame, refusing a header over [`MAX_HEADER`] or a payload
 /// over `max_payload` before reading it.
-pub(super) fn read_frame<H: for<'de> Deserialize<'de>>(
+pub fn read_frame<H: for<'de> Deserialize<'de>>(
     r: &mut dyn Read,
     max_payload: usize,
 ) -> std::io::Result<(H, Vec<u8>)> {

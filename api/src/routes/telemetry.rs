@@ -506,10 +506,10 @@ fn result_of(outcome: &RoleOutcome) -> (JobState, String, EventData) {
                         "trained {steps} steps: {loss}, held-out accuracy {:.1}%",
                         a * 100.0
                     ),
-                    None => format!(
-                        "trained {steps} steps: {loss}, held-out loss {:.4}",
-                        eval_loss.unwrap_or(f64::NAN)
-                    ),
+                    None => match eval_loss.filter(|l| l.is_finite()) {
+                        Some(l) => format!("trained {steps} steps: {loss}, held-out loss {l:.4}"),
+                        None => format!("trained {steps} steps: {loss}, no held-out evaluation"),
+                    },
                 },
                 EventData::Result(Outcome::Trained {
                     steps: *steps,

@@ -191,7 +191,23 @@ impl Dataset {
                 Ok(Arc::new(Sharded::open(&s, &e, fetcher, mb)?.into_eval()))
             };
             if f.is_sharded() {
-                let s = Arc::new(Sharded::open(spec, f, fetcher, mb)?);
+                let s = Sharded::open(spec, f, fetcher, mb)?;
+                if f.eval_url.is_none() && spec.eval_fraction > 0.0 && s.eval_len() == 0 {
+                    // One unit (a Parquet file of one row group, as polars
+                    // and pyarrow write a table smaller than their row
+                    // group size) gives
+                    // nothing to hold out by units: its rows are split in
+                    // memory instead, as a whole file's are (the budget
+                    // check already fit the unit twice).
+                    if let Some((x, y)) = s.single_unit()? {
+                        return Dataset::split_rows(
+                            spec,
+                            check(spec, Data::Tensors { x, y })?,
+                            true,
+                        );
+                    }
+                }
+                let s = Arc::new(s);
                 return Ok(Dataset {
                     data: Data::Text(Tensor::new()),
                     train: Vec::new(),
@@ -248,7 +264,16 @@ impl Dataset {
             }
             _ => generated(spec)?,
         };
-        let data = check(spec, data)?;
+        Dataset::split_rows(spec, check(spec, data)?, hold_out)
+    }
+
+    /// `data` in memory, its held-out rows (`spec.eval_fraction` of them
+    /// when `hold_out`) drawn by the seed.
+    fn split_rows(
+        spec: &UncheckedJobSpec,
+        data: Data,
+        hold_out: bool,
+    ) -> Result<Dataset, DataError> {
         let n = match &data {
             Data::Tensors { x, .. } => x.size()[0] as usize,
             // Windows start anywhere a full window fits.

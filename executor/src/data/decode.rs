@@ -69,6 +69,20 @@ impl Sharded {
         Ok(Some((loss / rows, classify.then_some(correct / rows))))
     }
 
+    /// The whole set decoded (features, targets) when it is one unit of
+    /// one shard without images: too coarse to hold anything out by units.
+    /// `None` otherwise.
+    pub(super) fn single_unit(&self) -> Result<Option<(Tensor, Tensor)>, DataError> {
+        let [shard] = self.set.shards.as_slice() else {
+            return Ok(None);
+        };
+        if shard.units.len() != 1 {
+            return Ok(None);
+        }
+        let unit = self.decode(shard, 0, false, &self.columns)?;
+        Ok(unit.images.is_empty().then_some((unit.x, unit.y)))
+    }
+
     /// Unit `u` of `shard`, decoded and checked against the model.
     pub(super) fn decode(
         &self,

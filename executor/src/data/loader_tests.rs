@@ -209,6 +209,69 @@ fn parquet_row_groups_through_a_manifest_and_an_eval_url() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One Parquet file of one row group (what polars and pyarrow write for
+/// a small table) cannot be held out from by row groups: its rows are
+/// split instead, so `eval_fraction` holds and the held-out set is there.
+#[test]
+fn a_parquet_file_of_one_row_group_still_holds_rows_out() {
+    let dir = scratch("one-group");
+    write_parquet(&dir, &[40], 1 << 20);
+    let url = format!("file://{}/part-000.parquet", dir.display());
+    let s = spec(
+        json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"], "y_column": "label"}),
+        1,
+    );
+    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 32, "0.2 of 40 rows held out");
+    let (x, y) = d.eval_batch(&s).expect("a held-out set");
+    assert_eq!((x.size()[0], y.size()[0]), (8, 8));
+    let (_, count) = epoch(&d, &s, &[1]);
+    assert_eq!(count, 32);
+    // Without a held-out fraction it streams as before.
+    let mut all = s.clone();
+    all.eval_fraction = 0.0;
+    let d = Dataset::load(&all, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 40);
+    assert!(d.stats().is_some(), "streamed");
+}
+
+/// The same through a file polars wrote with its defaults (zstd, one row
+/// group): 64 scalar feature columns and an integer label column, as a
+/// user's `df.write_parquet` of a table of pixels gives.
+#[test]
+fn a_polars_table_of_scalar_columns_holds_rows_out() {
+    let dir = scratch("polars-scalars");
+    let file = dir.join("digits.parquet");
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import sys, numpy as np, polars as pl\n\
+             r = np.random.default_rng(0)\n\
+             cols = {f'px{i}': r.random(100) * 16 for i in range(64)}\n\
+             cols['digit'] = r.integers(0, 10, 100)\n\
+             pl.DataFrame(cols).write_parquet(sys.argv[1])\n",
+        ])
+        .arg(&file)
+        .status()
+        .expect("python with polars (scripts/test's venv)");
+    assert!(ok.success());
+    let x: Vec<String> = (0..64).map(|i| format!("px{i}")).collect();
+    let mut s = spec_for(
+        json!({"kind": "file", "url": format!("file://{}", file.display()),
+               "x_columns": x, "y_column": "digit"}),
+        json!({"kind": "mlp", "inputs": 64, "hidden": [8], "outputs": 10}),
+        0.1,
+    );
+    s.batch_size = Some(10);
+    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 90);
+    let (x, y) = d.eval_batch(&s).expect("a held-out set");
+    assert_eq!(x.size(), [10, 64]);
+    assert!(x.isfinite().all().int64_value(&[]) == 1);
+    assert!(y.max().int64_value(&[]) < 10 && y.min().int64_value(&[]) >= 0);
+}
+
 #[test]
 fn a_budget_too_small_says_what_to_change() {
     let dir = scratch("budget");

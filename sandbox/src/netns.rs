@@ -85,25 +85,12 @@ pub fn rank_of(addr: Ipv4Addr) -> Option<(u64, u32)> {
     (r < MAX_RANKS).then_some((g, r))
 }
 
-/// The nftables rules of a rank's namespace: a connection into the block
-/// to a rank not `here` is redirected to the relay; what crosses the hub
-/// (`ty0`) with the ranks `here` is left untracked (no connection
-/// tracking, hence no NAT): it is the collective's bulk path and has
-/// nothing to redirect. Traffic on loopback (the rank with its own relay,
-/// whose replies must be translated back) stays tracked.
+/// The nftables rules of a rank's namespace.
 fn ruleset() -> String {
     format!(
         "table ip trainyard {{\n\
          \tset here {{\n\
          \t\ttype ipv4_addr;\n\
-         \t}}\n\
-         \tchain untracked_out {{\n\
-         \t\ttype filter hook output priority raw; policy accept;\n\
-         \t\toifname {INTERFACE} ip daddr @here notrack\n\
-         \t}}\n\
-         \tchain untracked_in {{\n\
-         \t\ttype filter hook prerouting priority raw; policy accept;\n\
-         \t\tiifname {INTERFACE} ip saddr @here notrack\n\
          \t}}\n\
          \tchain relay {{\n\
          \t\ttype nat hook output priority -100; policy accept;\n\

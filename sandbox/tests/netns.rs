@@ -167,6 +167,64 @@ fn the_relay_learns_where_a_rank_connection_was_headed_and_reaches_the_rank() {
     assert_eq!(&got, b"hello");
 }
 
+/// A connection that went to the relay because its peer was not here yet
+/// (a rank's TCPStore connection, when rank 0's slot starts later) stays
+/// on the relay once the peer is here: the redirect is kept per connection
+/// by connection tracking, so no later packet of it may skip tracking.
+#[test]
+fn a_relayed_connection_stays_relayed_when_its_peer_arrives() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    if !root() {
+        return;
+    }
+    let ns = Netns::create("test-late", None).unwrap();
+    ns.set_rank(1, 0).unwrap();
+    let relay = ns
+        .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
+        .unwrap();
+    let peer = netns::rank_address(1, 1);
+    // The rank: a plain (unmarked) connection to its peer, echoing lines.
+    let mut rank = Command::new("ip")
+        .args(["netns", "exec", ns.name(), "python3", "-c"])
+        .arg(
+            "import socket, sys\n\
+             c = socket.create_connection((sys.argv[1], 4321))\n\
+             for line in sys.stdin:\n    \
+                 c.sendall(line.encode())\n    \
+                 print(c.recv(100).decode().strip(), flush=True)\n",
+        )
+        .arg(peer.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut s, _) = relay.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut to_rank = rank.stdin.take().unwrap();
+    let mut from_rank = std::io::BufReader::new(rank.stdout.take().unwrap());
+    let mut round_trip = |word: &str| -> String {
+        writeln!(to_rank, "{word}").unwrap();
+        let mut got = [0u8; 64];
+        let n = s
+            .read(&mut got)
+            .unwrap_or_else(|e| panic!("the relay did not get {word:?}: {e}"));
+        s.write_all(&got[..n]).unwrap();
+        let mut line = String::new();
+        from_rank.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    };
+    assert_eq!(round_trip("before"), "before");
+    ns.add_here(&[peer]).unwrap();
+    assert_eq!(
+        round_trip("after"),
+        "after",
+        "the connection left the relay"
+    );
+    let _ = rank.kill();
+    let _ = rank.wait();
+}
+
 #[test]
 fn ranks_of_one_generation_on_one_host_meet_over_their_jobs_hub_and_no_one_else_does() {
     if !root() {

@@ -173,11 +173,11 @@ pub enum DivergenceAction {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StaleUpdates {
-    /// The learning rate of a stale update (default `plain`).
+    /// The learning rate of a stale update (default `share`).
     #[serde(default)]
     pub lr: StaleLr,
     /// The momentum (optimizer `momentum`) under asynchrony (default
-    /// `compensate`).
+    /// `as_given`).
     #[serde(default)]
     pub momentum: AsyncMomentum,
     /// Delay compensation's λ (DC-ASGD, Zheng et al. 2017; 0–10, default
@@ -210,8 +210,8 @@ pub enum AsyncBuffers {
 impl Default for StaleUpdates {
     fn default() -> Self {
         StaleUpdates {
-            lr: StaleLr::Plain,
-            momentum: AsyncMomentum::Compensate,
+            lr: StaleLr::Share,
+            momentum: AsyncMomentum::AsGiven,
             delay_compensation: 0.0,
             buffers: AsyncBuffers::Recompute,
         }
@@ -222,9 +222,17 @@ impl Default for StaleUpdates {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StaleLr {
-    /// The schedule's `lr`, whatever the staleness: each push is a full
-    /// step of one worker's batch.
+    /// `lr / M` for `M` workers: `M` pushes, one from each worker, move
+    /// the values as far as one sync step over their batches together, so
+    /// every sample weighs what it weighs in the sync job of the same spec
+    /// (and the straggler's pushes no more than the others'); `lr / √M`
+    /// for Adam and AdamW, whose step follows the gradient's
+    /// signal-to-noise ratio (the square-root scaling rule).
     #[default]
+    Share,
+    /// The schedule's `lr`, whatever the staleness: each push is a full
+    /// step of one worker's batch, so the values move `M` times as far
+    /// per sample as in the sync job.
     Plain,
     /// `lr / (1 + s)` (staleness-aware async SGD, Zhang et al. 2016): a
     /// straggler's gradient, many versions old, takes a small step. With
@@ -238,13 +246,16 @@ pub enum StaleLr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AsyncMomentum {
+    /// The spec's momentum as it is.
+    #[default]
+    AsGiven,
     /// The spec's momentum less what asynchrony adds by itself
     /// (Mitliagkas et al. 2016, "Asynchrony begets momentum": `1 − 1/(1 + s̄)`
-    /// for a mean staleness `s̄`), at least 0.
-    #[default]
+    /// for a mean staleness `s̄`), at least 0. It cuts the push's
+    /// effective rate `lr/(1 − μ)` several times: a full-rate push (`lr:
+    /// plain`) is then tamer, and most recipes under-train
+    /// (docs/users/parameter-server.md).
     Compensate,
-    /// The spec's momentum as it is.
-    AsGiven,
 }
 
 /// How the platform judges a role that is alive but not progressing.

@@ -74,6 +74,9 @@ pub(super) struct Rules {
     /// The spec's momentum, for a `momentum` optimizer (what an out-of-sync
     /// update compensates).
     pub(super) momentum: Option<f64>,
+    /// Whether the optimizer scales its step by the gradient's running
+    /// magnitude (Adam, AdamW): `share` takes a square root's part then.
+    pub(super) adaptive: bool,
 }
 
 impl Rules {
@@ -85,6 +88,7 @@ impl Rules {
             clip: o.grad_clip,
             stale: spec.stale_updates.unwrap_or_default(),
             momentum: (o.kind == OptimizerKind::Momentum).then(|| o.momentum.unwrap_or(0.9)),
+            adaptive: matches!(o.kind, OptimizerKind::Adam | OptimizerKind::Adamw),
         }
     }
 }
@@ -493,7 +497,8 @@ impl Shard {
                 // zeros in their place.
                 let carries_state = from == 0;
                 let mean = self.mean_staleness.record(staleness);
-                let lr = push.lr * stale::lr_factor(rules.stale.lr, staleness);
+                let lr = push.lr
+                    * stale::lr_factor(rules.stale.lr, staleness, self.expected, rules.adaptive);
                 // As f32, the optimizer's and the wire's precision: the
                 // standby applies the same bits.
                 let momentum = rules

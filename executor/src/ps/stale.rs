@@ -5,21 +5,23 @@
 //! out of sync; the property tests below check them on their own, and
 //! docs/users/parameter-server.md says what each costs.
 //!
-//! * **Learning rate** (`stale_updates.lr`): `plain` (the default)
-//!   applies every update at the schedule's rate; `scale` at `lr / (1 +
-//!   s)` (Zhang et al. 2016), so that a straggler's gradient, many versions
-//!   old, takes a small step. Pushes are typically about `M` versions stale
-//!   with `M` workers, so `scale` shrinks every step about `M + 1` times:
-//!   measured on the async matrix it under-trains with 4 workers (3 points
-//!   below sync on BatchNorm's CNN), where `plain` with the momentum
-//!   compensated holds within a point.
+//! * **Learning rate** (`stale_updates.lr`): `share` applies each push at
+//!   `lr / M` for `M` workers (`lr / √M` for Adam and AdamW), so that one
+//!   push from every worker moves the values as one sync step over their
+//!   batches does: each sample weighs what it weighs in the sync job
+//!   (Goyal et al. 2017's linear rule for SGD, Malladi et al. 2022's
+//!   square-root rule for Adam); `plain` applies every push at the
+//!   schedule's rate (`M` times sync's per sample); `scale` at `lr / (1 +
+//!   s)` (Zhang et al. 2016). `share` is the default.
 //! * **Momentum** (`stale_updates.momentum`, a `momentum` optimizer):
 //!   asynchrony by itself acts like momentum `1 − 1/(1 + s̄)` (Mitliagkas et
-//!   al. 2016, "Asynchrony begets momentum"); `compensate` (the default)
-//!   applies the spec's momentum less that, at least 0, so that the
-//!   momentum the weights feel stays the one the user chose. This is the
-//!   rule that keeps SGD with momentum 0.9 at a constant rate from
-//!   collapsing to chance in async mode.
+//!   al. 2016, "Asynchrony begets momentum"); `compensate` applies the
+//!   spec's momentum less that, at least 0. It cuts the push's effective
+//!   rate `lr / (1 − μ)` several times: it kept one model under SGD with
+//!   momentum 0.9 at a constant rate and no clip from collapsing to
+//!   chance, lost another 33 points there, and under-trained every recipe
+//!   with a clip (a residual CNN 4–5 points below sync). The default is
+//!   `as_given`.
 //! * **Delay compensation** (`stale_updates.delay_compensation` = λ > 0,
 //!   DC-ASGD, Zheng et al. 2017): the gradient `g`, computed on the values
 //!   `w'` of its version, becomes `g + λ·g⊙g⊙(w − w')`, a first-order
@@ -57,9 +59,13 @@ impl MeanStaleness {
 }
 
 /// The factor on the schedule's learning rate of an update `s` versions
-/// stale.
-pub fn lr_factor(rule: StaleLr, s: u64) -> f64 {
+/// stale, in a generation of `workers` workers, for an `adaptive`
+/// optimizer (Adam, AdamW) or not.
+pub fn lr_factor(rule: StaleLr, s: u64, workers: u32, adaptive: bool) -> f64 {
+    let m = f64::from(workers.max(1));
     match rule {
+        StaleLr::Share if adaptive => 1.0 / m.sqrt(),
+        StaleLr::Share => 1.0 / m,
         StaleLr::Scale => 1.0 / (1.0 + s as f64),
         StaleLr::Plain => 1.0,
     }
@@ -96,15 +102,36 @@ mod tests {
         /// `scale` is Zhang's 1/(1+s): never above 1, 1 for a fresh
         /// gradient, smaller the staler; `plain` is 1.
         #[test]
-        fn stale_rates_only_ever_damp(s in 0u64..1000, t in 0u64..1000) {
-            let f = lr_factor(StaleLr::Scale, s);
-            prop_assert!(f > 0.0 && f <= 1.0);
-            prop_assert_eq!(f, 1.0 / (1.0 + s as f64));
-            prop_assert_eq!(lr_factor(StaleLr::Scale, 0), 1.0);
-            if s <= t {
-                prop_assert!(lr_factor(StaleLr::Scale, t) <= f);
+        fn stale_rates_only_ever_damp(s in 0u64..1000, t in 0u64..1000, m in 1u32..64) {
+            for adaptive in [false, true] {
+                let f = lr_factor(StaleLr::Scale, s, m, adaptive);
+                prop_assert!(f > 0.0 && f <= 1.0);
+                prop_assert_eq!(f, 1.0 / (1.0 + s as f64));
+                prop_assert_eq!(lr_factor(StaleLr::Scale, 0, m, adaptive), 1.0);
+                if s <= t {
+                    prop_assert!(lr_factor(StaleLr::Scale, t, m, adaptive) <= f);
+                }
+                prop_assert_eq!(lr_factor(StaleLr::Plain, s, m, adaptive), 1.0);
             }
-            prop_assert_eq!(lr_factor(StaleLr::Plain, s), 1.0);
+        }
+
+        /// `share`: one push from each of `M` workers moves the values by
+        /// the schedule's rate once (SGD's rate is linear in the batch),
+        /// whatever their staleness; Adam's takes `1/√M` (its square-root
+        /// rule); never above the full rate; a lone worker (or none
+        /// counted) takes the full rate.
+        #[test]
+        fn shares_of_a_round_sum_to_one_step(s in 0u64..1000, m in 1u32..64) {
+            let f = lr_factor(StaleLr::Share, s, m, false);
+            prop_assert!((f * f64::from(m) - 1.0).abs() < 1e-12);
+            prop_assert_eq!(f, lr_factor(StaleLr::Share, 0, m, false));
+            let a = lr_factor(StaleLr::Share, s, m, true);
+            prop_assert!((a * a * f64::from(m) - 1.0).abs() < 1e-12);
+            prop_assert!(f <= a && a <= 1.0);
+            for adaptive in [false, true] {
+                prop_assert_eq!(lr_factor(StaleLr::Share, s, 1, adaptive), 1.0);
+                prop_assert_eq!(lr_factor(StaleLr::Share, s, 0, adaptive), 1.0);
+            }
         }
 
         /// The compensated momentum plus asynchrony's own is the spec's

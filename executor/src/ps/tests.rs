@@ -932,7 +932,8 @@ fn a_shard_refuses_a_buffer_range_before_a_parameter_range() {
     );
 }
 
-/// Out of sync, a stale push is applied by the job's `stale_updates`: a
+/// Out of sync, a stale push is applied by the job's `stale_updates`:
+/// `share`'s rate `lr / M` with the spec's momentum (the defaults), a
 /// `momentum` optimizer's momentum less asynchrony's own (the mean
 /// staleness so far), `scale`'s rate `lr / (1 + s)`, DC-ASGD's term
 /// against the values the push was computed on; each exactly as the same
@@ -945,16 +946,26 @@ fn a_stale_async_push_is_applied_by_the_staleness_aware_rules() {
     let plane = DataPlane::bind("127.0.0.1:0").unwrap();
     let optimizer = json!({"kind": "momentum", "lr": 0.05, "momentum": 0.9});
     let a = assignment_with(&plane, RoleKind::Ps, json!("async"), optimizer);
-    for (lr_rule, lambda) in [(StaleLr::Plain, 0.0), (StaleLr::Scale, 0.5)] {
+    let workers = a.workers.len() as u32;
+    assert!(workers > 1, "a share is a part of a step");
+    for (lr_rule, mu_rule, lambda) in [
+        (StaleLr::Share, AsyncMomentum::AsGiven, 0.0),
+        (StaleLr::Plain, AsyncMomentum::Compensate, 0.0),
+        (StaleLr::Scale, AsyncMomentum::Compensate, 0.5),
+    ] {
         let rules = Rules {
             stale: trainyard_common::spec::StaleUpdates {
                 lr: lr_rule,
+                momentum: mu_rule,
                 delay_compensation: lambda,
                 ..Default::default()
             },
             ..Rules::of(&a.spec)
         };
         assert_eq!(rules.momentum, Some(0.9));
+        if (lr_rule, mu_rule) == (StaleLr::Share, AsyncMomentum::AsGiven) {
+            assert_eq!(rules.stale, Rules::of(&a.spec).stale, "the defaults");
+        }
         let mut shard = seeded(&a, &initial());
         let mut reference = initial()[..HEAD].to_vec();
         let mut opt = SliceOptimizer::new(a.spec.optimizer(), HEAD);
@@ -967,8 +978,9 @@ fn a_stale_async_push_is_applied_by_the_staleness_aware_rules() {
             assert_eq!(t.produced, Some(i as u64 + 1));
             let s = i as u64 - at;
             let m = mean.record(s);
-            let mu = momentum(AsyncMomentum::Compensate, 0.9, m) as f32;
+            let mu = momentum(mu_rule, 0.9, m) as f32;
             let lr = match lr_rule {
+                StaleLr::Share => 0.05 / f64::from(workers),
                 StaleLr::Plain => 0.05,
                 StaleLr::Scale => 0.05 / (1.0 + s as f64),
             };

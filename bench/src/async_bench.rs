@@ -1,10 +1,10 @@
 //! The asynchronous-PS matrix benchmark: every cell of
 //! [`trainyard_e2e::async_matrix::full`] (six users' models × SGD with
-//! momentum and Adam × 2 and 4 workers × sync, async, bounded τ=2 and
-//! τ=4), each out-of-sync job's accuracy (PyTorch, eval mode, held-out
+//! momentum and Adam, and three strangers' models with their own recipes,
+//! × 2 and 4 workers × sync, async, bounded τ=2 and τ=4), each out-of-sync job's accuracy (PyTorch, eval mode, held-out
 //! rows) against its sync job's, and the cells within 2 points against
-//! the same cells under the rules before staleness awareness
-//! (`stale_updates: {lr: plain, momentum: as_given, buffers: as_pushed}`).
+//! the same cells under the defaults before `share` (`stale_updates: {lr:
+//! plain, momentum: compensate}`).
 //! Then the speed of each mode: the residual CNN under SGD with momentum,
 //! 2 workers, one job at a time, on executors whose worker rank 1 is a
 //! straggler (`TRAINYARD_SLOW_WORKER=1:MS`, it sleeps after each step) and
@@ -16,16 +16,22 @@
 //! `async-bench --speed-only`: only the speed figures.
 //! `async-bench --cells SUBSTRING`: only the cells whose name contains it.
 //! `async-bench --recipes a,b`: other recipes (`sgd_constant`: SGD with
-//! momentum at a constant rate, no clip). `async-bench --before JSON`:
-//! another baseline's `stale_updates`.
+//! momentum at a constant rate, no clip; `adam_beta1`, `adamw_beta1`: Adam
+//! and AdamW with β₁ 0.2, what compensating asynchrony's own momentum
+//! would leave of 0.9). `async-bench --models a,b`: other models (with
+//! `--recipes`: each model under each recipe). `async-bench --before
+//! JSON`: another baseline's `stale_updates`; `--no-baseline`: none.
 
 use std::time::Instant;
 use trainyard_bench::figure::{Better, Figure};
 use trainyard_e2e::async_matrix::{self, full, judge, matrix, Cell, Mode};
 use trainyard_e2e::{Platform, Proc};
 
-/// The rules before staleness awareness.
-const BEFORE: &str = r#"{"lr": "plain", "momentum": "as_given", "buffers": "as_pushed"}"#;
+/// The defaults before `share` (each push at the schedule's full rate,
+/// the momentum compensated for asynchrony's own). `--before` takes
+/// others: `{"lr": "plain", "momentum": "as_given", "buffers":
+/// "as_pushed"}` are the rules before any staleness awareness.
+const BEFORE: &str = r#"{"lr": "plain", "momentum": "compensate"}"#;
 
 fn main() {
     // The platform's binaries are this one's neighbours (release, under
@@ -48,15 +54,17 @@ fn main() {
     let filter = arg("--cells");
     let before = arg("--before").unwrap_or_else(|| BEFORE.to_string());
     let started = Instant::now();
-    let cells = match arg("--recipes") {
-        Some(r) => {
-            let recipes: Vec<&'static str> = r
-                .split(',')
-                .map(|s| &*Box::leak(s.to_string().into_boxed_str()))
-                .collect();
-            matrix(&async_matrix::MODELS, &recipes)
-        }
-        None => full(),
+    let list = |s: String| -> Vec<&'static str> {
+        s.split(',')
+            .map(|s| &*Box::leak(s.to_string().into_boxed_str()))
+            .collect()
+    };
+    let cells = match (arg("--recipes"), arg("--models")) {
+        (None, None) => full(),
+        (recipes, models) => matrix(
+            &models.map_or(async_matrix::MODELS.to_vec(), list),
+            &recipes.map_or(async_matrix::RECIPES.to_vec(), list),
+        ),
     };
     let mut cells: Vec<Cell> = cells
         .into_iter()
@@ -65,7 +73,7 @@ fn main() {
     // The baseline: each out-of-sync cell under the rules before.
     let baseline: Vec<Cell> = cells
         .iter()
-        .filter(|c| c.mode != Mode::Sync)
+        .filter(|c| c.mode != Mode::Sync && !args.iter().any(|a| a == "--no-baseline"))
         .map(|c| Cell {
             stale_updates: Some(before.clone()),
             ..c.clone()

@@ -3,13 +3,18 @@
 //! [`trainyard_e2e::async_matrix`] that `./scripts/test` runs (the whole
 //! of it is `async-bench`'s). A residual CNN with BatchNorm, GroupNorm and
 //! dropout under SGD with momentum 0.9, weight decay, warm-up cosine and
-//! a clip — the recipe whose async and bounded runs collapsed before the
-//! staleness-aware rules — in sync, async and bounded τ=2 with 2 workers,
-//! the same at a constant rate without the clip (whose async job fell to
-//! chance, 7.6 %, under the rules before) in sync and async, and
-//! BatchNorm's CNN under Adam in sync and async with 4 workers; each
-//! downloaded `model.pt` evaluated by PyTorch in eval mode on 500 digits
-//! no job saw, each out-of-sync job within 2 points of its sync job.
+//! a clip in sync, async and bounded τ=2 with 2 workers, the same at a
+//! constant rate with the clip in sync and async, and BatchNorm's CNN
+//! under Adam in sync and async with 4 workers; and strangers' models with
+//! the recipes their users picked — a residual CNN with a GroupNorm stem
+//! and BatchNorm in its branch under the SGD recipe (4–5 points below
+//! sync out of sync under the rules before `stale_updates.lr: share`) and
+//! a LayerNorm MLP under Adam — in sync, async and bounded τ=2 with 2
+//! workers. Each downloaded
+//! `model.pt` is evaluated by PyTorch in eval mode on 500 digits no job
+//! saw, each out-of-sync job within 2 points of its sync job; PyTorch's
+//! own training of each model and recipe, made in the same run, is printed
+//! beside them.
 
 use std::time::Instant;
 use trainyard_e2e::async_matrix::{self, judge, subset};

@@ -6,14 +6,20 @@ submits the file; the platform trains it and hands back the trained module
 the Python side of the tests that hold the platform to that promise:
 
 - `write DIR`: writes the five models of the matrix (and the dropout-free
-  CNN of the exactness and resume tests) as TorchScript files, and splits
-  the digits dataset into `train.npz` (what the jobs get) and `test.npz`
-  (rows no job ever sees);
+  CNN of the exactness and resume tests, and the asynchronous-PS matrix's
+  residual CNNs, token model and LayerNorm MLP) as TorchScript files, and
+  splits the digits dataset into `train.npz` (what the jobs get) and
+  `test.npz` (rows no job ever sees), with the same rows as int64 token
+  ids in `train_ids.npz` and `test_ids.npz`;
 - `reference DIR RECIPE`: trains each model with plain PyTorch on the same
   recipe as the jobs (the same initial module, optimizer, learning rate
   schedule, global batch, epochs, the job's own training split in the
   executor's order, and again in the orders of other seeds) and evaluates
   it on `test.npz`, all models in one process;
+- `reference-cells DIR CELLS`: PyTorch's own training of each cell's model
+  and job-spec optimizer (momentum, Adam, AdamW; weight decay, warm-up
+  cosine, clip) as one worker with the global batch, evaluated on the
+  model's test rows (the asynchronous-PS matrix, tests/support/async_matrix.rs);
 - `evaluate DIR CELLS`: evaluates downloaded results on `test.npz` in eval
   mode under no_grad, once through `torch.jit.load(model.pt)` and once by
   loading `model.safetensors` into a fresh instance of the Python class
@@ -91,6 +97,58 @@ class ResCnn(nn.Module):
         r = F.relu(self.gn(self.conv_a(h)))
         h = F.relu(h + self.bn_b(self.conv_b(r)))
         return self.head(self.drop(F.max_pool2d(h, 2).flatten(1)))
+
+
+class ResGn(nn.Module):
+    """A residual CNN of another shape (issue 48's stranger's model): a
+    GroupNorm stem to 32 channels, a residual block whose branch is conv,
+    BatchNorm, ReLU, conv, BatchNorm, global mean pooling and dropout
+    before the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 32, 3, padding=1)
+        self.gn = nn.GroupNorm(4, 32)
+        self.conv_a = nn.Conv2d(32, 32, 3, padding=1)
+        self.bn_a = nn.BatchNorm2d(32)
+        self.conv_b = nn.Conv2d(32, 32, 3, padding=1)
+        self.bn_b = nn.BatchNorm2d(32)
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = F.relu(self.gn(self.stem(x.reshape(-1, 1, 8, 8))))
+        r = self.bn_b(self.conv_b(F.relu(self.bn_a(self.conv_a(h)))))
+        h = F.relu(h + r)
+        return self.head(self.drop(h.mean((2, 3))))
+
+
+class Tokens(nn.Module):
+    """Token ids (int64: each pixel's position and value, 64 × 17 ids)
+    through an embedding, mean pooled, and a small classifier: a model fed
+    integers, not floats (its data is `train_ids.npz`)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.emb = nn.Embedding(64 * 17, width)
+        self.fc = nn.Linear(width, 64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, ids):
+        return self.head(F.relu(self.fc(self.emb(ids).mean(1))))
+
+
+class LnMlp(nn.Module):
+    """An MLP with LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.norm = nn.LayerNorm(128)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(F.relu(self.norm(self.fc1(x))))
 
 
 class Attention(nn.Module):
@@ -182,6 +240,9 @@ def build(name):
         "frozen_tied": FrozenTied,
         "counted": Counted,
         "res_cnn": ResCnn,
+        "res_gn": ResGn,
+        "tokens": Tokens,
+        "ln_mlp": LnMlp,
         # The exactness and resume tests: BatchNorm on, no dropout, so a
         # run is a deterministic function of the data order.
         "bn_cnn_exact": lambda: BnCnn(0.0),
@@ -189,7 +250,22 @@ def build(name):
 
 
 MATRIX = ["bn_cnn", "attention", "recurrent", "frozen_tied", "counted"]
-ALL = MATRIX + ["bn_cnn_exact", "res_cnn"]
+ALL = MATRIX + ["bn_cnn_exact", "res_cnn", "res_gn", "tokens", "ln_mlp"]
+
+# Models fed token ids (`train_ids.npz`, `test_ids.npz`), not pixels.
+IDS = {"tokens"}
+
+
+def ids_of(x):
+    """Pixels (0..1 in steps of 1/16) as token ids: position × 17 + value
+    (0..16), int64."""
+    v = np.clip(np.rint(np.asarray(x, dtype=np.float64) * 16), 0, 16).astype(np.int64)
+    return v + 17 * np.arange(v.shape[1], dtype=np.int64)
+
+
+def data_files(name):
+    """The (train, test) files of model `name`."""
+    return ("train_ids.npz", "test_ids.npz") if name in IDS else ("train.npz", "test.npz")
 
 # ---- The executor's data split and order (executor/src/replica) ----
 
@@ -225,7 +301,8 @@ def steps(train, seed, epochs, batch):
 
 def load(path):
     d = np.load(path)
-    x = torch.from_numpy(np.asarray(d["x"])).float().reshape(len(d["x"]), -1)
+    x = torch.from_numpy(np.asarray(d["x"])).reshape(len(d["x"]), -1)
+    x = x if x.dtype == torch.int64 else x.float()
     y = torch.from_numpy(np.asarray(d["y"])).long().flatten()
     return x, y
 
@@ -241,6 +318,9 @@ def write(out):
     test, train = perm[:500], perm[500:]
     np.savez(os.path.join(out, "train.npz"), x=x[train], y=y[train])
     np.savez(os.path.join(out, "test.npz"), x=x[test], y=y[test])
+    ids = ids_of(x.reshape(len(x), -1))
+    np.savez(os.path.join(out, "train_ids.npz"), x=ids[train], y=y[train])
+    np.savez(os.path.join(out, "test_ids.npz"), x=ids[test], y=y[test])
     files = {}
     for name in ALL:
         path = os.path.join(out, f"{name}.pt")
@@ -253,19 +333,35 @@ def write(out):
 
 
 def optimizer(recipe, params):
+    """The recipe's optimizer: `sgd` and `adam` (the matrix of
+    user_models.rs), or a job spec's `momentum`, `adam` and `adamw` with
+    its weight decay and momentum (the PS matrix)."""
     o = recipe["optimizer"]
+    wd = o.get("weight_decay", 0.0)
     if o["kind"] == "sgd":
-        return torch.optim.SGD(params, lr=o["lr"])
+        return torch.optim.SGD(params, lr=o["lr"], weight_decay=wd)
+    if o["kind"] == "momentum":
+        return torch.optim.SGD(params, lr=o["lr"], momentum=o.get("momentum", 0.9), weight_decay=wd)
     if o["kind"] == "adam":
-        return torch.optim.Adam(params, lr=o["lr"], eps=1e-8)
+        return torch.optim.Adam(params, lr=o["lr"], eps=1e-8, weight_decay=wd)
+    if o["kind"] == "adamw":
+        return torch.optim.AdamW(params, lr=o["lr"], eps=1e-8, weight_decay=wd)
     raise ValueError(f"optimizer {o['kind']} is not part of these tests")
 
 
 def learning_rate(recipe, step, total):
     """`progress::learning_rate` at 1-based `step` of `total`: constant, or
     (schedule "cosine") a cosine decay from the rate to 0 with no warm-up
-    (`warmup_cosine` with `warmup_steps` 0)."""
+    (`warmup_cosine` with `warmup_steps` 0), or a spec's `warmup_cosine`
+    in the optimizer (`optimizer.schedule`)."""
     lr = recipe["optimizer"]["lr"]
+    sched = recipe["optimizer"].get("schedule")
+    if isinstance(sched, dict) and sched.get("kind") == "warmup_cosine":
+        warmup = sched.get("warmup_steps", 0)
+        if step <= warmup:
+            return lr * step / max(warmup, 1)
+        t = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * lr * (1.0 + math.cos(math.pi * min(t, 1.0)))
     if recipe.get("schedule", "constant") == "constant":
         return lr
     return 0.5 * lr * (1.0 + math.cos(math.pi * min(step / max(total, 1), 1.0)))
@@ -292,6 +388,9 @@ def train(module, recipe, x, y, order=None):
         opt.zero_grad(set_to_none=True)
         loss = F.nll_loss(F.log_softmax(module(x[i]), -1), y[i])
         loss.backward()
+        clip = recipe["optimizer"].get("grad_clip")
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
     return module
 
@@ -339,6 +438,25 @@ def reference(out, recipe):
     return result
 
 
+def reference_cells(out, cells):
+    """PyTorch's own training of each cell's model and recipe, as one
+    worker with the cell's global batch: {"cell", "model", "optimizer" (the
+    job spec's), "batch", "epochs", "seed", "eval_fraction", "orders"};
+    the mean accuracy over the data orders on the model's test rows."""
+    result = {}
+    for c in cells:
+        name = c["model"]
+        train_file, test_file = data_files(name)
+        x, y = load(os.path.join(out, train_file))
+        tx, ty = load(os.path.join(out, test_file))
+        runs = []
+        for order in c.get("orders", [c["seed"]]):
+            m = train(torch.jit.load(os.path.join(out, f"{name}.pt")), c, x, y, order)
+            runs.append(evaluate(m, tx, ty)["accuracy"])
+        result[c["cell"]] = {"runs": runs, "accuracy": sum(runs) / len(runs)}
+    return result
+
+
 def structure(model, tensors):
     """Problems of a downloaded state dict against `model.state_dict()`:
     names, shapes and dtypes must be exactly the module's."""
@@ -375,12 +493,12 @@ def invariants(name, initial, tensors):
 
 def evaluate_cells(out, cells):
     """Each cell: {"cell", "model", "pt", "safetensors"}."""
-    tx, ty = load(os.path.join(out, "test.npz"))
     result = {}
     for c in cells:
         r = {"problems": []}
         try:
             name = c["model"]
+            tx, ty = load(os.path.join(out, data_files(name)[1]))
             initial = torch.jit.load(os.path.join(out, f"{name}.pt")).state_dict()
             tensors = load_file(c["safetensors"])
             r["problems"] += structure(build(name), tensors)
@@ -495,6 +613,8 @@ def main():
         result = write(out)
     elif command == "reference":
         result = reference(out, json.load(open(sys.argv[3])))
+    elif command == "reference-cells":
+        result = reference_cells(out, json.load(open(sys.argv[3])))
     elif command == "evaluate":
         result = evaluate_cells(out, json.load(open(sys.argv[3])))
     elif command == "exact":

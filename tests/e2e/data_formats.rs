@@ -553,3 +553,94 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A user's table as polars writes it — 64 scalar feature columns
+/// (`px0`…`px63`), an integer label column (`digit`), zstd, in row groups
+/// of 500 rows (4 groups) and in polars' default single group — trains
+/// with a held-out fraction, and the held-out accuracy the job reports is
+/// the one PyTorch measures on the downloaded weights over the same rows
+/// (the executor's seeded split of the file's rows): never NaN, never a
+/// whole row group held out in place of a tenth.
+#[test]
+fn a_polars_table_reports_the_held_out_accuracy_pytorch_measures() {
+    let p = Platform::builder("polars-held-out").start();
+    let _execs: Vec<Proc> = (0..2).map(|i| p.executor(&format!("polars-{i}"))).collect();
+    let dir = p.file("polars");
+    std::fs::create_dir_all(&dir).unwrap();
+    let digits = repo_root().join("data/digits.npz");
+    let out = Command::new(std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into()))
+        .args([
+            "-c",
+            "import sys, numpy as np, polars as pl, pyarrow.parquet as pq\n\
+             d = np.load(sys.argv[1])\n\
+             x, y = np.asarray(d['x'], np.float32).reshape(len(d['x']), -1), np.asarray(d['y']).reshape(-1)\n\
+             cols = {f'px{i}': x[:, i] for i in range(64)}\n\
+             cols['digit'] = y.astype(np.int64)\n\
+             df = pl.DataFrame(cols)\n\
+             df.write_parquet(sys.argv[2] + '/groups.parquet', row_group_size=500)\n\
+             df.write_parquet(sys.argv[2] + '/single.parquet')\n\
+             print(pq.ParquetFile(sys.argv[2] + '/groups.parquet').num_row_groups, \
+                   pq.ParquetFile(sys.argv[2] + '/single.parquet').num_row_groups)\n",
+        ])
+        .arg(&digits)
+        .arg(&dir)
+        .output()
+        .expect("python with polars (scripts/test's venv)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "4 1");
+    let columns: Vec<String> = (0..64).map(|i| format!("px{i}")).collect();
+    let spec = |file: &str, strategy: &str| {
+        let mut s = json!({
+            "name": format!("polars-{file}-{strategy}"),
+            "model": {"kind": "mlp", "inputs": 64, "hidden": [64], "outputs": 10},
+            "dataset": {"kind": "file", "url": format!("file://{}/{file}.parquet", dir.display()),
+                        "x_columns": columns, "y_column": "digit"},
+            "loss": "cross_entropy",
+            "optimizer": {"kind": "adam", "lr": 0.003},
+            "batch_size": 32,
+            "epochs": 8,
+            "eval_fraction": 0.1,
+            "seed": SEED,
+            "strategy": "allreduce",
+            "workers": {"min": 1, "max": 1},
+            "resources": {"memory_mb": 256},
+        });
+        if strategy == "ps" {
+            s["strategy"] = json!("parameter_server");
+            s["parameter_servers"] = json!(1);
+        }
+        s
+    };
+    let mut lines = Vec::new();
+    for (file, strategy) in [("groups", "ring"), ("single", "ps")] {
+        let s = spec(file, strategy);
+        let id = p.submit(&s);
+        let job = p.wait_end(&id, Duration::from_secs(600));
+        assert_eq!(
+            job.state,
+            JobState::Succeeded,
+            "{file} {strategy}: {}",
+            job.state_reason
+        );
+        let reported = p.result_accuracy(&id) * 100.0;
+        // The file's rows are digits.npz's in its order: the same split.
+        let e = p.pytorch_evaluation(&id, &s, &digits, &dir.join(&id));
+        let measured = e.accuracy * 100.0;
+        lines.push(format!(
+            "{file} ({strategy}): reported {reported:.2} %, PyTorch {measured:.2} % on {} rows",
+            e.correct.len()
+        ));
+        assert_eq!(
+            e.correct.len(),
+            180,
+            "a tenth of 1797 rows held out: {lines:?}"
+        );
+        assert!(measured > MEANINGFUL, "{lines:?}");
+        assert!((reported - measured).abs() < 0.6, "{lines:?}");
+    }
+    println!("{}", lines.join("\n"));
+}

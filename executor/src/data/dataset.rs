@@ -192,14 +192,14 @@ impl Dataset {
             };
             if f.is_sharded() {
                 let s = Sharded::open(spec, f, fetcher, mb)?;
-                if f.eval_url.is_none() && spec.eval_fraction > 0.0 && s.eval_len() == 0 {
-                    // One unit (a Parquet file of one row group, as polars
-                    // and pyarrow write a table smaller than their row
-                    // group size) gives
-                    // nothing to hold out by units: its rows are split in
-                    // memory instead, as a whole file's are (the budget
-                    // check already fit the unit twice).
-                    if let Some((x, y)) = s.single_unit()? {
+                if f.eval_url.is_none() && spec.eval_fraction > 0.0 {
+                    // A few units (a Parquet file of one or a few row
+                    // groups, as polars and pyarrow write a table smaller
+                    // than their row group size) hold out a whole unit or
+                    // none, far from the fraction asked for: a small set's
+                    // rows are split in memory instead, as a whole file's
+                    // are.
+                    if let Some((x, y)) = s.small_set()? {
                         return Dataset::split_rows(
                             spec,
                             check(spec, Data::Tensors { x, y })?,

@@ -16,6 +16,11 @@ use crate::storage::Source;
 use tch::{Kind, Tensor};
 use trainyard_common::spec::FileFormat;
 
+/// Units (or shards) below which a set's held-out rows are drawn row by
+/// row ([`Sharded::small_set`]): with 10 units the nearest whole number
+/// misses a fraction by at most 5 points.
+pub const ROW_SPLIT_BELOW: usize = 10;
+
 /// Held-out loss and accuracy of one batch (the replica's evaluation).
 pub type EvalFn<'a> = dyn FnMut(&(Tensor, Tensor)) -> (f64, Option<f64>) + 'a;
 
@@ -69,18 +74,47 @@ impl Sharded {
         Ok(Some((loss / rows, classify.then_some(correct / rows))))
     }
 
-    /// The whole set decoded (features, targets) when it is one unit of
-    /// one shard without images: too coarse to hold anything out by units.
-    /// `None` otherwise.
-    pub(super) fn single_unit(&self) -> Result<Option<(Tensor, Tensor)>, DataError> {
+    /// The whole set decoded (features, targets) when it is too coarse to
+    /// hold rows out by units — one file of fewer than [`ROW_SPLIT_BELOW`]
+    /// units (a Parquet file of a few row groups, as polars and pyarrow
+    /// write a small table), where the nearest whole number of
+    /// units misses `eval_fraction` by far (1 of 2 is half) — and small
+    /// enough to hold in memory (within the units' budget), without
+    /// images. `None` otherwise: the units are held out as they are.
+    pub(super) fn small_set(&self) -> Result<Option<(Tensor, Tensor)>, DataError> {
+        // Several shards are held out whole, as a sharded set is meant to
+        // stream: only one file's few row groups are this coarse.
         let [shard] = self.set.shards.as_slice() else {
             return Ok(None);
         };
-        if shard.units.len() != 1 {
+        if shard.units.is_empty() || shard.units.len() >= ROW_SPLIT_BELOW {
             return Ok(None);
         }
-        let unit = self.decode(shard, 0, false, &self.columns)?;
-        Ok(unit.images.is_empty().then_some((unit.x, unit.y)))
+        let row_bytes = shard.features.unwrap_or(1) * 8 + 16;
+        if shard.samples.saturating_mul(row_bytes) > self.unit_budget {
+            return Ok(None);
+        }
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        for u in 0..shard.units.len() {
+            let unit = self.decode(shard, u, false, &self.columns)?;
+            if !unit.images.is_empty() {
+                return Ok(None);
+            }
+            xs.push(unit.x);
+            ys.push(unit.y);
+        }
+        if xs.len() == 1 {
+            return Ok(xs.pop().zip(ys.pop()));
+        }
+        let cat = |t: &[Tensor]| {
+            Tensor::f_cat(t, 0).map_err(|e| {
+                DataError::Shape(format!(
+                    "the row groups of {} differ in shape: {e}",
+                    shard.url
+                ))
+            })
+        };
+        Ok(Some((cat(&xs)?, cat(&ys)?)))
     }
 
     /// Unit `u` of `shard`, decoded and checked against the model.

@@ -235,9 +235,44 @@ fn a_parquet_file_of_one_row_group_still_holds_rows_out() {
     assert!(d.stats().is_some(), "streamed");
 }
 
+/// A file of a few row groups (3 of 34 rows) holds rows out too: whole
+/// groups would hold out 34 of 100 rows where 20 were asked for.
+#[test]
+fn a_parquet_file_of_a_few_row_groups_holds_the_fraction_out() {
+    let dir = scratch("few-groups");
+    write_parquet(&dir, &[100], 34);
+    let url = format!("file://{}/part-000.parquet", dir.display());
+    let s = spec(
+        json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"], "y_column": "label"}),
+        1,
+    );
+    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    assert_eq!(
+        d.train_len(),
+        80,
+        "0.2 of 100 rows held out, not a group of 34"
+    );
+    let (x, _) = d.eval_batch(&s).expect("a held-out set");
+    assert_eq!(x.size()[0], 20);
+    let (_, count) = epoch(&d, &s, &[1]);
+    assert_eq!(count, 80);
+    // Ten groups are fine enough to hold out by groups: it streams.
+    let dir = scratch("ten-groups");
+    write_parquet(&dir, &[100], 10);
+    let url = format!("file://{}/part-000.parquet", dir.display());
+    let s = spec(
+        json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"], "y_column": "label"}),
+        1,
+    );
+    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 80);
+    assert!(d.stats().is_some(), "streamed");
+}
+
 /// The same through a file polars wrote with its defaults (zstd, one row
 /// group): 64 scalar feature columns and an integer label column, as a
-/// user's `df.write_parquet` of a table of pixels gives.
+/// user's `df.write_parquet` of a table of pixels gives; and again in
+/// row groups of 30 rows (4 groups).
 #[test]
 fn a_polars_table_of_scalar_columns_holds_rows_out() {
     let dir = scratch("polars-scalars");
@@ -250,26 +285,30 @@ fn a_polars_table_of_scalar_columns_holds_rows_out() {
              r = np.random.default_rng(0)\n\
              cols = {f'px{i}': r.random(100) * 16 for i in range(64)}\n\
              cols['digit'] = r.integers(0, 10, 100)\n\
-             pl.DataFrame(cols).write_parquet(sys.argv[1])\n",
+             pl.DataFrame(cols).write_parquet(sys.argv[1])\n\
+             pl.DataFrame(cols).write_parquet(sys.argv[2], row_group_size=30)\n",
         ])
         .arg(&file)
+        .arg(dir.join("groups.parquet"))
         .status()
         .expect("python with polars (scripts/test's venv)");
     assert!(ok.success());
     let x: Vec<String> = (0..64).map(|i| format!("px{i}")).collect();
-    let mut s = spec_for(
-        json!({"kind": "file", "url": format!("file://{}", file.display()),
-               "x_columns": x, "y_column": "digit"}),
-        json!({"kind": "mlp", "inputs": 64, "hidden": [8], "outputs": 10}),
-        0.1,
-    );
-    s.batch_size = Some(10);
-    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
-    assert_eq!(d.train_len(), 90);
-    let (x, y) = d.eval_batch(&s).expect("a held-out set");
-    assert_eq!(x.size(), [10, 64]);
-    assert!(x.isfinite().all().int64_value(&[]) == 1);
-    assert!(y.max().int64_value(&[]) < 10 && y.min().int64_value(&[]) >= 0);
+    for name in ["digits.parquet", "groups.parquet"] {
+        let mut s = spec_for(
+            json!({"kind": "file", "url": format!("file://{}", dir.join(name).display()),
+                   "x_columns": x, "y_column": "digit"}),
+            json!({"kind": "mlp", "inputs": 64, "hidden": [8], "outputs": 10}),
+            0.1,
+        );
+        s.batch_size = Some(10);
+        let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+        assert_eq!(d.train_len(), 90, "{name}");
+        let (x, y) = d.eval_batch(&s).expect("a held-out set");
+        assert_eq!(x.size(), [10, 64], "{name}");
+        assert!(x.isfinite().all().int64_value(&[]) == 1);
+        assert!(y.max().int64_value(&[]) < 10 && y.min().int64_value(&[]) >= 0);
+    }
 }
 
 #[test]

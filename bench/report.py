@@ -414,14 +414,16 @@ table("script")
 
 # Scaling model.
 w("## Asynchronous parameter servers (`async-bench`)\n")
-w("Users' TorchScript models (`tests/python/user_models.py`: a residual CNN with BatchNorm, GroupNorm and dropout "
-  "and a BatchNorm CNN; in full mode issue 20's five and the residual CNN) trained by one PS shard under SGD with "
-  "momentum 0.9 (weight decay, warm-up cosine, clip 1.0) and Adam, with 2 and 4 workers, in `async`, `bounded` τ=2 "
-  "and τ=4; each downloaded `model.pt` evaluated by PyTorch in eval mode on 500 digits no job saw, against the same "
-  "job in `sync` mode (its baseline); and the count of cells within 2 points against the same cells under the rules "
-  "before staleness awareness (`stale_updates: {lr: plain, momentum: as_given, buffers: as_pushed}`). Then each "
-  "mode's time from start to end against sync's, one job at a time, with alike workers and with worker 1 sleeping "
-  "40 ms after each step. Two jobs share the two cores in the matrix; the speed rows run alone.\n")
+w("Users' TorchScript models (`tests/python/user_models.py`: a residual CNN with BatchNorm, GroupNorm and dropout, "
+  "a residual CNN with a GroupNorm stem and BatchNorm in its branch, and a BatchNorm CNN; in full mode also issue 20's "
+  "five, an embedding over int64 token ids under AdamW and a LayerNorm MLP under Adam) trained by one PS shard under "
+  "SGD with momentum 0.9 (weight decay, warm-up cosine, clip 1.0) and Adam, a global batch of 64, with 2 and 4 "
+  "workers, in `async`, `bounded` τ=2 and τ=4; each downloaded `model.pt` evaluated by PyTorch in eval mode on 500 "
+  "digits no job saw, against the same job in `sync` mode (its baseline); and the count of cells within 2 points "
+  "against the same cells under the defaults before `stale_updates.lr: share` (`{lr: plain, momentum: "
+  "compensate}`). Then each mode's time from start to end against sync's, one job at a time, with alike workers and "
+  "with worker 1 sleeping 40 ms after each step. Two jobs share the two cores in the matrix; the speed rows run "
+  "alone.\n")
 table("async")
 
 w("## Scaling beyond one machine (a model, not a measurement)\n")

@@ -12,7 +12,7 @@
 //! its accuracy. Every figure is printed `name: value (baseline, ratio)`
 //! and recorded for the report.
 //!
-//! `async-bench --short`: the residual CNN and BatchNorm's CNN only.
+//! `async-bench --short`: the two residual CNNs and BatchNorm's CNN only.
 //! `async-bench --speed-only`: only the speed figures.
 //! `async-bench --cells SUBSTRING`: only the cells whose name contains it.
 //! `async-bench --recipes a,b`: other recipes (`sgd_constant`: SGD with
@@ -68,7 +68,7 @@ fn main() {
     };
     let mut cells: Vec<Cell> = cells
         .into_iter()
-        .filter(|c| !short || matches!(c.model, "res_cnn" | "bn_cnn"))
+        .filter(|c| !short || matches!(c.model, "res_cnn" | "res_gn" | "bn_cnn"))
         .collect();
     // The baseline: each out-of-sync cell under the rules before.
     let baseline: Vec<Cell> = cells

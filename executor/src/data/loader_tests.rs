@@ -239,14 +239,18 @@ fn a_parquet_file_of_one_row_group_still_holds_rows_out() {
 /// groups would hold out 34 of 100 rows where 20 were asked for.
 #[test]
 fn a_parquet_file_of_a_few_row_groups_holds_the_fraction_out() {
-    let dir = scratch("few-groups");
-    write_parquet(&dir, &[100], 34);
-    let url = format!("file://{}/part-000.parquet", dir.display());
-    let s = spec(
-        json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"], "y_column": "label"}),
-        1,
-    );
-    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    // One file of 100 rows in groups of `group` rows.
+    let load = |name: &str, group: usize| {
+        let dir = scratch(name);
+        write_parquet(&dir, &[100], group);
+        let url = format!("file://{}/part-000.parquet", dir.display());
+        let s = spec(
+            json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"], "y_column": "label"}),
+            1,
+        );
+        (Dataset::load(&s, &Fetcher::local_only()).unwrap(), s)
+    };
+    let (d, s) = load("few-groups", 34);
     assert_eq!(
         d.train_len(),
         80,
@@ -257,14 +261,7 @@ fn a_parquet_file_of_a_few_row_groups_holds_the_fraction_out() {
     let (_, count) = epoch(&d, &s, &[1]);
     assert_eq!(count, 80);
     // Ten groups are fine enough to hold out by groups: it streams.
-    let dir = scratch("ten-groups");
-    write_parquet(&dir, &[100], 10);
-    let url = format!("file://{}/part-000.parquet", dir.display());
-    let s = spec(
-        json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"], "y_column": "label"}),
-        1,
-    );
-    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    let (d, _) = load("ten-groups", 10);
     assert_eq!(d.train_len(), 80);
     assert!(d.stats().is_some(), "streamed");
 }

@@ -16,9 +16,9 @@ use crate::storage::Source;
 use tch::{Kind, Tensor};
 use trainyard_common::spec::FileFormat;
 
-/// Units (or shards) below which a set's held-out rows are drawn row by
-/// row ([`Sharded::small_set`]): with 10 units the nearest whole number
-/// misses a fraction by at most 5 points.
+/// Row groups of one file below which its held-out rows are drawn row by
+/// row ([`Sharded::small_set`]): with 10 the nearest whole number of
+/// groups misses a fraction by at most 5 points.
 pub const ROW_SPLIT_BELOW: usize = 10;
 
 /// Held-out loss and accuracy of one batch (the replica's evaluation).
@@ -79,8 +79,9 @@ impl Sharded {
     /// units (a Parquet file of a few row groups, as polars and pyarrow
     /// write a small table), where the nearest whole number of
     /// units misses `eval_fraction` by far (1 of 2 is half) — and small
-    /// enough to hold in memory (within the units' budget), without
-    /// images. `None` otherwise: the units are held out as they are.
+    /// enough to hold in memory (its decoded units within the units'
+    /// budget), without images. `None` otherwise: the units are held out
+    /// as they are.
     pub(super) fn small_set(&self) -> Result<Option<(Tensor, Tensor)>, DataError> {
         // Several shards are held out whole, as a sharded set is meant to
         // stream: only one file's few row groups are this coarse.
@@ -90,14 +91,22 @@ impl Sharded {
         if shard.units.is_empty() || shard.units.len() >= ROW_SPLIT_BELOW {
             return Ok(None);
         }
-        let row_bytes = shard.features.unwrap_or(1) * 8 + 16;
-        if shard.samples.saturating_mul(row_bytes) > self.unit_budget {
-            return Ok(None);
-        }
-        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        // Every unit is held at once: counted as decoded (a variable-length
+        // list's width is known only then), and given up on — back to
+        // holding out whole units — once they pass the units' budget. One
+        // unit at a time was fit by the budget check, so no more than the
+        // budget and one unit is ever held.
+        let (mut xs, mut ys, mut held) = (Vec::new(), Vec::new(), 0u64);
         for u in 0..shard.units.len() {
             let unit = self.decode(shard, u, false, &self.columns)?;
             if !unit.images.is_empty() {
+                return Ok(None);
+            }
+            held += [&unit.x, &unit.y]
+                .iter()
+                .map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
+                .sum::<u64>();
+            if held > self.unit_budget {
                 return Ok(None);
             }
             xs.push(unit.x);

@@ -266,6 +266,58 @@ fn a_parquet_file_of_a_few_row_groups_holds_the_fraction_out() {
     assert!(d.stats().is_some(), "streamed");
 }
 
+/// A file of a few row groups whose features are a variable-length list
+/// (pyarrow's default `list<double>`, whose width the metadata does not
+/// give) is split by rows too: the groups are counted as decoded.
+#[test]
+fn a_few_row_groups_of_variable_lists_hold_rows_out() {
+    let dir = scratch("variable-groups");
+    let file = dir.join("lists.parquet");
+    let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import sys, pyarrow as pa, pyarrow.parquet as pq\n\
+             x = [[float(i % 7), float(i % 3), 1.0, 0.5] for i in range(100)]\n\
+             t = pa.table({'x': pa.array(x), 'y': pa.array([i % 2 for i in range(100)])})\n\
+             pq.write_table(t, sys.argv[1], row_group_size=34)\n\
+             assert pq.ParquetFile(sys.argv[1]).num_row_groups == 3\n",
+        ])
+        .arg(&file)
+        .status()
+        .expect("python with pyarrow (scripts/test's venv)");
+    assert!(ok.success());
+    let s = spec(
+        json!({"kind": "file", "url": format!("file://{}", file.display()), "format": "parquet"}),
+        1,
+    );
+    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    assert_eq!(d.train_len(), 80, "0.2 of 100 rows held out");
+}
+
+/// A file of a few row groups that does not fit the data memory budget at
+/// once is not gathered: it streams and holds out whole groups (9 groups
+/// of 60 000 rows, 13 MB decoded, against the least budget, 16 MiB, whose
+/// units' share is about 8.4 MB).
+#[test]
+fn a_few_row_groups_past_the_budget_still_stream() {
+    let dir = scratch("big-groups");
+    write_parquet(&dir, &[540_000], 60_000);
+    let url = format!("file://{}/part-000.parquet", dir.display());
+    let s = spec(
+        json!({"kind": "file", "url": url, "format": "parquet", "x_columns": ["pixels"],
+               "y_column": "label", "memory_mb": 16, "shuffle_buffer": 16}),
+        1,
+    );
+    let d = Dataset::load(&s, &Fetcher::local_only()).unwrap();
+    assert!(d.stats().is_some(), "streamed");
+    assert_eq!(
+        d.train_len(),
+        540_000 - 2 * 60_000,
+        "two whole groups held out"
+    );
+}
+
 /// The same through a file polars wrote with its defaults (zstd, one row
 /// group): 64 scalar feature columns and an integer label column, as a
 /// user's `df.write_parquet` of a table of pixels gives; and again in

@@ -516,8 +516,22 @@ pub fn probe() -> Result<(), String> {
     Ok(())
 }
 
+/// How long an empty hub of this view is left to the executor that made
+/// it before a sweep may take it for a leftover.
+pub const HUB_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long ago hub `name` was made (its namespace file's time), if it
+/// can be read.
+fn hub_age(name: &str) -> Option<std::time::Duration> {
+    let made = std::fs::metadata(Path::new(NETNS_DIR).join(name))
+        .ok()?
+        .modified()
+        .ok()?;
+    made.elapsed().ok()
+}
+
 /// Removes the namespaces an executor that is gone left behind (its pid is
-/// in their names).
+/// in their names), and the empty hubs that have stood past [`HUB_GRACE`].
 pub fn sweep_stale() {
     for e in std::fs::read_dir(NETNS_DIR).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -530,7 +544,9 @@ pub fn sweep_stale() {
             let view_of = hub.rsplit('-').next().unwrap_or_default();
             if view_of != view() && !view_alive(view_of) {
                 let _ = std::fs::remove_file(Path::new(NETNS_DIR).join(&name));
-            } else {
+            } else if hub_age(&name).is_some_and(|a| a >= HUB_GRACE) {
+                // A hub made a moment ago is empty until its maker attaches
+                // its slot: only one that has stood a while is a leftover.
                 remove_hub_if_empty(&name, std::time::Duration::ZERO);
             }
             continue;

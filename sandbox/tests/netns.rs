@@ -225,6 +225,23 @@ fn a_relayed_connection_stays_relayed_when_its_peer_arrives() {
     let _ = rank.wait();
 }
 
+/// A hub just made is empty until its maker attaches a slot: a sweep by
+/// another executor (or its probe) in that moment leaves it alone, so the
+/// slot still joins it. (Sweeping every empty hub took such a hub away
+/// under a concurrent test: `Invalid "netns" value`.)
+#[test]
+fn a_sweep_leaves_a_hub_just_made_to_its_maker() {
+    if !root() {
+        return;
+    }
+    let tag = format!("s{}", std::process::id());
+    let hub = Hub::ensure(&tag).unwrap();
+    netns::sweep_stale();
+    let slot = Netns::create(&format!("{tag}-0"), Some(&hub)).expect("the hub survived the sweep");
+    drop(slot);
+    assert!(Hub::remove_if_empty(&tag, Duration::from_secs(5)));
+}
+
 #[test]
 fn ranks_of_one_generation_on_one_host_meet_over_their_jobs_hub_and_no_one_else_does() {
     if !root() {

@@ -599,7 +599,7 @@ fn cli_runs_lists_shows_and_cancels_sweeps() {
     .expect("2 executors register");
     // Long enough (seconds) that the sweep's controller, which looks every
     // half second, judges the trials at their rungs while they run.
-    let mut base = digits("cli-sweep", 3000);
+    let mut base = digits("cli-sweep", 12_000);
     base.as_object_mut().unwrap().remove("checkpoint");
     let spec = json!({
         "name": "cli-sweep",

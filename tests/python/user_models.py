@@ -442,7 +442,8 @@ def reference_cells(out, cells):
     """PyTorch's own training of each cell's model and recipe, as one
     worker with the cell's global batch: {"cell", "model", "optimizer" (the
     job spec's), "batch", "epochs", "seed", "eval_fraction", "orders"};
-    the mean accuracy over the data orders on the model's test rows."""
+    one run per seed of "orders", each split and ordered as a job of that
+    seed; the mean accuracy on the model's test rows."""
     result = {}
     for c in cells:
         name = c["model"]
@@ -451,7 +452,9 @@ def reference_cells(out, cells):
         tx, ty = load(os.path.join(out, test_file))
         runs = []
         for order in c.get("orders", [c["seed"]]):
-            m = train(torch.jit.load(os.path.join(out, f"{name}.pt")), c, x, y, order)
+            # As a job of seed `order`: its held-out rows and its order.
+            job = dict(c, seed=order)
+            m = train(torch.jit.load(os.path.join(out, f"{name}.pt")), job, x, y, order)
             runs.append(evaluate(m, tx, ty)["accuracy"])
         result[c["cell"]] = {"runs": runs, "accuracy": sum(runs) / len(runs)}
     return result

@@ -9,9 +9,12 @@
 //! strings and `#[cfg(test)]` items (test modules may reach anywhere). A
 //! dependency of module `p::s…` on `p::t…` is an edge `s → t` among the
 //! children of `p`; a module using its parent's items, or a parent its
-//! children's, is the ordinary tree and no edge. Each set of siblings (the
-//! crate's top-level modules, the children of each module directory) must
-//! form a graph without cycles.
+//! children's, is the ordinary tree and no edge — unless the parent's item
+//! is a re-export (`pub use child::Item`, or `pub use child::*` of an item
+//! the child defines): then the path is followed to the child that holds
+//! it, so a circle cannot hide behind a re-export. Each set of siblings
+//! (the crate's top-level modules, the children of each module directory)
+//! must form a graph without cycles.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -68,6 +71,45 @@ fn a_circle_is_found() {
     assert_eq!(circles_of(&tree), vec!["crate: a → b → c → a".to_owned()]);
     let fixed = vec![tree[0].clone(), tree[1].clone(), tree[2].clone()];
     assert!(circles_of(&fixed).is_empty());
+}
+
+/// A circle through a re-export is found: `b` names `A` through its
+/// parent, which re-exports it from `a`, by name or by a glob, and `a`
+/// uses `b`. A re-export of a module's own item, used by that module,
+/// closes nothing.
+#[test]
+fn a_circle_through_a_re_export_is_found() {
+    let file = |p: &str, s: &str| (PathBuf::from(p), s.to_owned());
+    for export in [
+        "pub use a::A;",
+        "pub use self::a::*;",
+        "pub(crate) use a::{A, other};",
+    ] {
+        let tree = vec![
+            file("lib.rs", "pub mod spec;"),
+            file(
+                "spec/mod.rs",
+                &format!("mod a; mod b; {export}\npub struct Top;"),
+            ),
+            file(
+                "spec/a.rs",
+                "pub struct A { b: super::b::B }\npub fn other() {}",
+            ),
+            file("spec/b.rs", "pub struct B(super::A, super::Top);"),
+        ];
+        assert_eq!(
+            circles_of(&tree),
+            vec!["spec: a → b → a".to_owned()],
+            "{export}"
+        );
+    }
+    let own = vec![
+        file("lib.rs", "pub mod spec;"),
+        file("spec/mod.rs", "mod a; mod b; pub use a::A;"),
+        file("spec/a.rs", "pub struct A;\nimpl super::A { fn f() {} }"),
+        file("spec/b.rs", "pub struct B(super::A);"),
+    ];
+    assert!(circles_of(&own).is_empty(), "{:?}", circles_of(&own));
 }
 
 /// The `members = [...]` of the workspace manifest.
@@ -136,6 +178,7 @@ fn circles_of(files: &[(PathBuf, String)]) -> Vec<String> {
         }
         cleaned.push((module, code));
     }
+    let exports = Exports::of(&cleaned, &modules);
     let mut graph = Graph::new();
     for (module, code) in &cleaned {
         if test_modules
@@ -145,6 +188,8 @@ fn circles_of(files: &[(PathBuf, String)]) -> Vec<String> {
             continue;
         }
         for target in mentioned_paths(module, code) {
+            // `super::Name` re-exported from a sibling is that sibling's.
+            let target = exports.resolve(&target, &modules);
             let common = module
                 .iter()
                 .zip(&target)
@@ -174,6 +219,154 @@ fn circles_of(files: &[(PathBuf, String)]) -> Vec<String> {
         };
         for cycle in cycles(edges) {
             out.push(format!("{name}: {}", cycle.join(" → ")));
+        }
+    }
+    out
+}
+
+/// What each module re-exports (`pub use`, `pub(crate) use`) from a
+/// module below it, and the items each module defines, so that a path to
+/// a re-exported name can be followed to the module that holds it.
+#[derive(Default)]
+struct Exports {
+    /// Module → name → the module the name is taken from.
+    named: BTreeMap<ModPath, BTreeMap<String, ModPath>>,
+    /// Module → the modules below it whose items it re-exports (`*`).
+    globs: BTreeMap<ModPath, Vec<ModPath>>,
+    /// Module → the names of the `pub` items it defines.
+    defined: BTreeMap<ModPath, BTreeSet<String>>,
+}
+
+impl Exports {
+    fn of(cleaned: &[(ModPath, String)], modules: &HashSet<ModPath>) -> Exports {
+        let mut e = Exports::default();
+        for (module, code) in cleaned {
+            e.defined
+                .insert(module.clone(), defined_names(code).into_iter().collect());
+            let b = code.as_bytes();
+            for key in ["pub use ", "pub(crate) use ", "pub(super) use "] {
+                let mut from = 0;
+                while let Some(at) = code[from..].find(key) {
+                    let start = from + at;
+                    from = start + key.len();
+                    if ident_before(b, start) {
+                        continue;
+                    }
+                    let (paths, end) = use_tree(code, from);
+                    let glob = code[end..].trim_start().starts_with('*');
+                    for p in paths {
+                        let Some(abs) = absolute(module, &p, modules) else {
+                            continue;
+                        };
+                        // Only what comes from below: a re-export of a
+                        // parent's or a sibling's item is an ordinary use.
+                        if abs.len() <= module.len() || !abs.starts_with(module) {
+                            continue;
+                        }
+                        if glob || modules.contains(&abs) && p.len() == 1 {
+                            if modules.contains(&abs) {
+                                e.globs.entry(module.clone()).or_default().push(abs);
+                            }
+                        } else if let Some((name, holder)) = abs.split_last() {
+                            e.named
+                                .entry(module.clone())
+                                .or_default()
+                                .insert(name.clone(), holder.to_vec());
+                        }
+                    }
+                }
+            }
+        }
+        e
+    }
+
+    /// `path` with a re-exported name replaced by the path of the module
+    /// that holds it (followed through chains of re-exports).
+    fn resolve(&self, path: &ModPath, modules: &HashSet<ModPath>) -> ModPath {
+        let mut path = path.clone();
+        for _ in 0..8 {
+            // The deepest module the path names, and the name after it.
+            let Some(k) = (0..path.len())
+                .rev()
+                .find(|&k| modules.contains(&path[..k].to_vec()))
+            else {
+                return path;
+            };
+            let (module, name) = (path[..k].to_vec(), &path[k]);
+            if self.defined.get(&module).is_some_and(|d| d.contains(name)) {
+                return path;
+            }
+            let holder = self
+                .named
+                .get(&module)
+                .and_then(|n| n.get(name))
+                .cloned()
+                .or_else(|| {
+                    self.globs.get(&module)?.iter().find_map(|g| {
+                        let holds = self.defined.get(g).is_some_and(|d| d.contains(name))
+                            || self.named.get(g).is_some_and(|n| n.contains_key(name))
+                            || self.globs.contains_key(g);
+                        holds.then(|| g.clone())
+                    })
+                });
+            match holder {
+                Some(h) if h != module => path = [h, path[k..].to_vec()].concat(),
+                _ => return path,
+            }
+        }
+        path
+    }
+}
+
+/// `p`, a path in a `use` of module `module`, from the crate root; `None`
+/// for another crate's.
+fn absolute(module: &ModPath, p: &ModPath, modules: &HashSet<ModPath>) -> Option<ModPath> {
+    let first = p.first()?;
+    match first.as_str() {
+        "crate" => Some(p[1..].to_vec()),
+        "self" => Some([module.clone(), p[1..].to_vec()].concat()),
+        "super" => {
+            let mut base = module.clone();
+            let mut rest = &p[..];
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+            Some([base, rest.to_vec()].concat())
+        }
+        _ => {
+            let mut child = module.clone();
+            child.push(first.clone());
+            modules
+                .contains(&child)
+                .then(|| [module.clone(), p.clone()].concat())
+        }
+    }
+}
+
+/// The names of the `pub` (or `pub(crate)`) items `code` defines at any
+/// depth: structs, enums, unions, traits, functions, types, constants,
+/// statics and modules.
+fn defined_names(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let words: Vec<&str> = code
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '(' || c == ')'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    for w in words.windows(3) {
+        let is_pub = w[0] == "pub" || w[0].starts_with("pub(");
+        let kind = matches!(
+            w[1],
+            "struct" | "enum" | "union" | "trait" | "fn" | "type" | "const" | "static" | "mod"
+        );
+        if is_pub && kind {
+            let name: String = w[2]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
         }
     }
     out

@@ -3,7 +3,7 @@
 //!
 //! A [`Provisioner`] is what can make executors appear and go away: the
 //! [`local`](crate::local) one starts `trainyard-executor` processes on
-//! this machine; a Kubernetes one (designed in `docs/kubernetes.md`, not
+//! this machine; a Kubernetes one (designed in `docs/operators/kubernetes.md`, not
 //! shipped) would scale a Deployment. The [`Fleet`] runs inside the
 //! scheduler's leader round. Each round it:
 //!
@@ -30,6 +30,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
+use trainyard_common::api::{ProvisionedState, ProvisionerEventKind};
 use trainyard_common::event::Provisioning;
 use trainyard_common::EventData;
 use uuid::Uuid;
@@ -172,7 +173,7 @@ impl Fleet {
             if self.provisioner.adopt(&name, pid) {
                 self.members.insert(name.clone(), Member::starting(true));
                 self.event(
-                    "adopted",
+                    ProvisionerEventKind::Adopted,
                     Some(&name),
                     None,
                     &format!(
@@ -181,10 +182,15 @@ impl Fleet {
                     json!({ "pid": pid }),
                 )
                 .await?;
-                self.set_state(&name, "running", None).await?;
-            } else {
-                self.set_state(&name, "gone", Some("not running when a new leader looked"))
+                self.set_state(&name, ProvisionedState::Running, None)
                     .await?;
+            } else {
+                self.set_state(
+                    &name,
+                    ProvisionedState::Gone,
+                    Some("not running when a new leader looked"),
+                )
+                .await?;
             }
         }
         Ok(())
@@ -334,8 +340,14 @@ impl Fleet {
         for (job, why) in &decision.blocked {
             if self.told.get(job) != Some(why) {
                 self.told.insert(*job, why.clone());
-                self.event("blocked", None, Some(*job), why, json!({}))
-                    .await?;
+                self.event(
+                    ProvisionerEventKind::Blocked,
+                    None,
+                    Some(*job),
+                    why,
+                    json!({}),
+                )
+                .await?;
                 job_event(&self.db, *job, why, Provisioning::Blocked).await?;
             }
         }
@@ -391,7 +403,8 @@ impl Fleet {
                 }
                 Err(e) => {
                     let why = format!("starting an executor failed: {e}");
-                    self.event("failed", None, None, &why, json!({})).await?;
+                    self.event(ProvisionerEventKind::Failed, None, None, &why, json!({}))
+                        .await?;
                     self.back_off();
                     break;
                 }
@@ -423,7 +436,7 @@ impl Fleet {
             self.config.limits.max_executors
         );
         self.event(
-            "start",
+            ProvisionerEventKind::Start,
             None,
             None,
             &why,
@@ -457,9 +470,16 @@ impl Fleet {
                 killed: false,
             };
         }
-        self.event("release", Some(name), None, why, json!({}))
-            .await?;
-        self.set_state(name, "stopping", Some(why)).await
+        self.event(
+            ProvisionerEventKind::Release,
+            Some(name),
+            None,
+            why,
+            json!({}),
+        )
+        .await?;
+        self.set_state(name, ProvisionedState::Stopping, Some(why))
+            .await
     }
 
     /// Processes that ended: recorded, and forgotten.
@@ -471,13 +491,24 @@ impl Fleet {
             match m.phase {
                 Phase::Stopping { killed: false, .. } => {
                     let why = format!("{name} drained and exited ({how})");
-                    self.event("stopped", Some(&name), None, &why, json!({}))
+                    self.event(
+                        ProvisionerEventKind::Stopped,
+                        Some(&name),
+                        None,
+                        &why,
+                        json!({}),
+                    )
+                    .await?;
+                    self.set_state(&name, ProvisionedState::Stopped, Some(&why))
                         .await?;
-                    self.set_state(&name, "stopped", Some(&why)).await?;
                 }
                 Phase::Stopping { killed: true, .. } => {
-                    self.set_state(&name, "stopped", Some(&format!("killed ({how})")))
-                        .await?;
+                    self.set_state(
+                        &name,
+                        ProvisionedState::Stopped,
+                        Some(&format!("killed ({how})")),
+                    )
+                    .await?;
                 }
                 Phase::Starting { .. } if !m.registered => {
                     let why = format!(
@@ -485,13 +516,21 @@ impl Fleet {
                         self.provisioner.log_of(&name)
                     );
                     self.failed(&name, &why).await?;
-                    self.set_state(&name, "failed", Some(&why)).await?;
+                    self.set_state(&name, ProvisionedState::Failed, Some(&why))
+                        .await?;
                 }
                 _ => {
                     let why = format!("{name} exited unexpectedly ({how})");
-                    self.event("exited", Some(&name), None, &why, json!({}))
+                    self.event(
+                        ProvisionerEventKind::Exited,
+                        Some(&name),
+                        None,
+                        &why,
+                        json!({}),
+                    )
+                    .await?;
+                    self.set_state(&name, ProvisionedState::Exited, Some(&why))
                         .await?;
-                    self.set_state(&name, "exited", Some(&why)).await?;
                 }
             }
         }
@@ -502,7 +541,7 @@ impl Fleet {
         self.back_off();
         tracing::warn!(executor = name, "provisioner: {why}");
         self.event(
-            "failed",
+            ProvisionerEventKind::Failed,
             Some(name),
             None,
             why,
@@ -573,19 +612,19 @@ impl Fleet {
 
     async fn event(
         &self,
-        kind: &str,
+        kind: ProvisionerEventKind,
         executor: Option<&str>,
         job: Option<Uuid>,
         reason: &str,
         data: serde_json::Value,
     ) -> Result<(), sqlx::Error> {
-        tracing::info!(kind, executor, "provisioner: {reason}");
+        tracing::info!(kind = kind.as_str(), executor, "provisioner: {reason}");
         sqlx::query(
             "INSERT INTO provisioner_events (provisioner, kind, executor_name, job_id, reason, data)
              VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(self.provisioner.kind())
-        .bind(kind)
+        .bind(kind.as_str())
         .bind(executor)
         .bind(job)
         .bind(reason)
@@ -598,17 +637,18 @@ impl Fleet {
     async fn set_state(
         &self,
         name: &str,
-        state: &str,
+        state: ProvisionedState,
         reason: Option<&str>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE provisioned_executors SET state = $2, reason = coalesce($3, reason),
-                    stopped_at = CASE WHEN $2 IN ('stopped', 'exited', 'failed', 'gone') THEN clock_timestamp() ELSE stopped_at END
+                    stopped_at = CASE WHEN $4 THEN stopped_at ELSE clock_timestamp() END
              WHERE name = $1",
         )
         .bind(name)
-        .bind(state)
+        .bind(state.as_str())
         .bind(reason)
+        .bind(state.is_live())
         .execute(&self.db)
         .await?;
         Ok(())

@@ -1,18 +1,24 @@
 //! Who may call an executor endpoint: the executor itself, by the
 //! credential it got at registration (stored as a SHA-256 hash in its row),
-//! and for drain and leave also an admin. Used by the executor routes and
-//! by the role reports of the telemetry routes.
+//! and for drain and leave also an admin. The routes take it as an
+//! extractor, [`OwnExecutor`] or [`ExecutorOrAdmin`]: the route's `{id}`
+//! checked against the caller's credential, with the executor's row.
+//! Used by the executor routes, the suspect reports and the role reports
+//! of the telemetry routes.
 
 use crate::auth::{bearer, constant_time_eq, hash_token as hash};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::ExecutorId;
 use crate::AppState;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
 /// The columns an executor is read from.
-pub const EXECUTOR_COLUMNS: &str = "id, name, address, state, resources, labels, sandbox, token_hash, registered_at, last_heartbeat_at,
+pub const EXECUTOR_COLUMNS: &str = "id, name, address, state, resources, labels, sandbox, environments, token_hash, registered_at, last_heartbeat_at,
      extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS since";
 
 /// Executor `id`'s row of [`EXECUTOR_COLUMNS`], or a 404.
@@ -29,7 +35,7 @@ pub async fn executor_row(st: &AppState, id: Uuid) -> ApiResult<PgRow> {
 /// Checks the executor's own credential (or, for drain and leave, an
 /// admin's token) and returns its row. A user's token is a 403 there; any
 /// other credential a 401.
-pub async fn authorize(
+async fn authorize(
     st: &AppState,
     headers: &HeaderMap,
     id: Uuid,
@@ -57,8 +63,41 @@ pub async fn authorize(
     Ok(row)
 }
 
-/// Checks an executor's own credential. Reports are accepted even from an
-/// executor declared lost since: what it measured is still true.
-pub async fn authorize_executor(st: &AppState, headers: &HeaderMap, id: Uuid) -> ApiResult<()> {
-    authorize(st, headers, id, false).await.map(drop)
+/// An executor route called by that executor, with its own credential:
+/// its id and its row ([`EXECUTOR_COLUMNS`]). A bad `{id}` is a 400, an
+/// unknown one a 404, any other credential a 401.
+pub struct OwnExecutor {
+    /// The executor's id.
+    pub id: Uuid,
+    /// Its row.
+    pub row: PgRow,
+}
+
+/// An executor route called by that executor or by an admin (drain,
+/// leave): as [`OwnExecutor`], and a user's token is a 403.
+pub struct ExecutorOrAdmin {
+    /// The executor's id.
+    pub id: Uuid,
+    /// Its row.
+    pub row: PgRow,
+}
+
+impl FromRequestParts<AppState> for OwnExecutor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
+        let ExecutorId(id) = ExecutorId::from_request_parts(parts, st).await?;
+        let row = authorize(st, &parts.headers, id, false).await?;
+        Ok(OwnExecutor { id, row })
+    }
+}
+
+impl FromRequestParts<AppState> for ExecutorOrAdmin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
+        let ExecutorId(id) = ExecutorId::from_request_parts(parts, st).await?;
+        let row = authorize(st, &parts.headers, id, true).await?;
+        Ok(ExecutorOrAdmin { id, row })
+    }
 }

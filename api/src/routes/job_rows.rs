@@ -1,6 +1,8 @@
 //! A job's row as the API shows it ([`Job`]): the columns read, the
-//! decoding, and the lookups by id with their 404; and [`stream_object`],
-//! a stored object (a job's model, an output) streamed as an attachment.
+//! decoding, and the lookups by id with their 404; [`log_page`], one
+//! keyset page of a job's append-only log (its events, its log lines);
+//! and [`stream_object`], a stored object (a job's model, an output)
+//! streamed as an attachment.
 
 use crate::error::{ApiError, ApiResult};
 use sqlx::postgres::PgRow;
@@ -14,6 +16,40 @@ use uuid::Uuid;
 /// The columns a [`Job`] is read from (the API-load benchmark runs the same
 /// SQL through `pgbench` as its baseline).
 pub const JOB_COLUMNS: &str = "id, name, owner, spec, state, state_reason, generation, strategy, created_at, updated_at, started_at, finished_at, data_policy -> 'artifacts' AS artifacts, sweep_id, sweep_trial";
+
+/// One page of job `job`'s rows of `table` (an append-only log keyed by
+/// `id`): `columns` of those after `q.after`, at most `q.limit` (default
+/// `default`, at most `max`), each decoded by `decode`; with the id the
+/// next page starts after, when there are more.
+pub async fn log_page<T>(
+    db: &sqlx::PgPool,
+    (table, columns): (&'static str, &'static str),
+    job: Uuid,
+    q: &super::params::AfterQuery,
+    (default, max): (i64, i64),
+    decode: impl Fn(&PgRow) -> ApiResult<T>,
+) -> ApiResult<(Vec<T>, Option<i64>)> {
+    let limit = super::params::parse_limit(q.limit.as_deref(), default, max)?;
+    let after = super::params::parse_after(q.after.as_deref())?;
+    ensure_job(db, job).await?;
+    let rows = sqlx::query(&format!(
+        "SELECT id, {columns} FROM {table} WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3"
+    ))
+    .bind(job)
+    .bind(after)
+    .bind(limit + 1)
+    .fetch_all(db)
+    .await?;
+    let more = rows.len() as i64 > limit;
+    let page = rows.iter().take(limit as usize);
+    let last = page
+        .clone()
+        .last()
+        .map(|r| r.try_get::<i64, _>("id"))
+        .transpose()?;
+    let items = page.map(decode).collect::<ApiResult<Vec<T>>>()?;
+    Ok((items, last.filter(|_| more)))
+}
 
 /// Job `id`'s stored spec, read by [`JobSpec::from_stored`]. Where one
 /// job is asked for, a spec that does not read is the server's fault (a

@@ -6,9 +6,9 @@
 //! jobs arrive. Submits are idempotent under an `Idempotency-Key` header.
 
 use super::job_rows::record_submitted;
-use super::job_rows::{ensure_job, fetch_job, job_from_row, job_not_found};
+use super::job_rows::{fetch_job, job_from_row, job_not_found, log_page};
 pub use super::job_rows::{insert_job_sql, INSERT_SUBMITTED_EVENT, JOB_COLUMNS};
-use super::params::{parse_after, parse_limit, AfterQuery};
+use super::params::{parse_limit, AfterQuery};
 use crate::auth::Principal;
 use crate::checkpointing;
 use crate::data_policy;
@@ -471,23 +471,13 @@ pub async fn events(
     JobId(id): JobId,
     QueryParams(q): QueryParams<AfterQuery>,
 ) -> ApiResult<Json<EventPage>> {
-    let limit = parse_limit(q.limit.as_deref(), DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE)?;
-    let after = parse_after(q.after.as_deref())?;
-    ensure_job(&st.db, id).await?;
-    let rows = sqlx::query(
-        "SELECT id, at, kind, from_state, to_state, reason, data
-         FROM job_events WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-    )
-    .bind(id)
-    .bind(after)
-    .bind(limit + 1)
-    .fetch_all(&st.db)
-    .await?;
-    let more = rows.len() as i64 > limit;
-    let events = rows
-        .iter()
-        .take(limit as usize)
-        .map(|r| {
+    let (events, next_after) = log_page(
+        &st.db,
+        ("job_events", "at, kind, from_state, to_state, reason, data"),
+        id,
+        &q,
+        (DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE),
+        |r| {
             Ok(JobEvent {
                 id: r.try_get("id")?,
                 at: r.try_get("at")?,
@@ -497,13 +487,9 @@ pub async fn events(
                 reason: r.try_get("reason")?,
                 data: r.try_get("data")?,
             })
-        })
-        .collect::<ApiResult<Vec<_>>>()?;
-    let next_after = if more {
-        events.last().map(|e| e.id)
-    } else {
-        None
-    };
+        },
+    )
+    .await?;
     Ok(Json(EventPage { events, next_after }))
 }
 

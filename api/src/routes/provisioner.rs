@@ -16,6 +16,7 @@ use sqlx::Row;
 pub use trainyard_common::api::{
     ProvisionedExecutor, ProvisionerEvent, ProvisionerSettings, ProvisionerStatus,
 };
+use trainyard_common::api::{ProvisionedState, ProvisionerEventKind};
 use utoipa::IntoParams;
 
 /// Query of `GET /v1/provisioner`.
@@ -57,7 +58,7 @@ pub async fn status(
     for r in rows {
         executors.push(ProvisionedExecutor {
             name: r.try_get("name")?,
-            state: r.try_get("state")?,
+            state: stored(ProvisionedState::parse, r.try_get("state")?)?,
             pid: r.try_get("pid")?,
             host: r.try_get("host")?,
             executor_id: r.try_get("executor_id")?,
@@ -78,7 +79,7 @@ pub async fn status(
         events.push(ProvisionerEvent {
             id: r.try_get("id")?,
             at: r.try_get("at")?,
-            kind: r.try_get("kind")?,
+            kind: stored(ProvisionerEventKind::parse, r.try_get("kind")?)?,
             executor: r.try_get("executor_name")?,
             job_id: r.try_get("job_id")?,
             reason: r.try_get("reason")?,
@@ -90,4 +91,14 @@ pub async fn status(
         executors,
         events,
     }))
+}
+
+/// A stored name read back as its enum (the table's `CHECK` allows no
+/// other).
+fn stored<T>(parse: fn(&str) -> Option<T>, name: String) -> ApiResult<T> {
+    parse(&name).ok_or_else(|| {
+        crate::error::ApiError::Internal(anyhow::anyhow!(
+            "the database holds an unknown provisioner name {name:?}"
+        ))
+    })
 }

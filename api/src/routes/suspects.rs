@@ -9,14 +9,13 @@
 //! suspect's data-plane address and its heartbeat's age — never from the
 //! report alone, and the job's `suspect` event records the decision.
 
-use super::access::authorize;
+use super::access::OwnExecutor;
 use super::executors::gone_if_removed;
 use super::params::{parse_body, text};
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{ExecutorId, JsonBytes};
+use crate::extract::JsonBytes;
 use crate::AppState;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
 use std::time::Duration;
 use trainyard_common::cluster::{SuspectAnswer, SuspectReport, MAX_SUSPECT_REASON_CHARS};
@@ -46,11 +45,9 @@ use trainyard_scheduler::service::suspect::{judge, JudgeError};
 )]
 pub async fn report(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    ExecutorId(id): ExecutorId,
+    OwnExecutor { id, row }: OwnExecutor,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<SuspectAnswer>> {
-    let row = authorize(&st, &headers, id, false).await?;
     gone_if_removed(&row)?;
     let mut report: SuspectReport = parse_body(&body)?;
     if report.reason.chars().count() > MAX_SUSPECT_REASON_CHARS {

@@ -18,17 +18,16 @@
 //! job that has already ended (a retry whose answer was lost) changes
 //! nothing: a job has one result.
 
-use super::access::authorize_executor;
-use super::job_rows::{ensure_job, stored_spec};
-use super::params::{parse_after, parse_body, parse_bounded, parse_limit, text, AfterQuery};
+use super::access::OwnExecutor;
+use super::job_rows::{ensure_job, log_page, stored_spec};
+use super::params::{parse_body, parse_bounded, text, AfterQuery};
 use crate::checkpointing;
 use crate::divergence;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{ExecutorId, JobId, JsonBytes, QueryParams};
+use crate::extract::{JobId, JsonBytes, QueryParams};
 use crate::fencing;
 use crate::AppState;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -38,10 +37,10 @@ pub use trainyard_common::api::{
     JobLogLine, LogPage, MetricSample, MetricSeries, RankProgress, ReportAck,
 };
 use trainyard_common::cluster::{
-    LogLevel, LogLine, MetricPoint, RoleKey, RoleKind, RoleOutcome, RoleReport, MAX_REPORT_ITEMS,
-    MODEL_CRASH_TRIES,
+    LogLevel, LogLine, MetricPoint, PackagesPhase, RoleKey, RoleKind, RoleOutcome, RoleReport,
+    MAX_PACKAGES_DETAIL, MAX_PACKAGES_PHASES, MAX_REPORT_ITEMS, MODEL_CRASH_TRIES,
 };
-use trainyard_common::event::{Crash, Outcome};
+use trainyard_common::event::{Crash, Outcome, PackagesEvent};
 use trainyard_common::spec::script::DEFAULT_SCRIPT_RESTARTS;
 use trainyard_common::{EventData, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
@@ -76,11 +75,9 @@ fn finite(x: Option<f64>) -> Option<f64> {
 )]
 pub async fn report(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    ExecutorId(executor): ExecutorId,
+    OwnExecutor { id: executor, .. }: OwnExecutor,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<ReportAck>> {
-    authorize_executor(&st, &headers, executor).await?;
     let r: RoleReport = parse_body(&body)?;
     check_report(&r)?;
     let key = r.key;
@@ -92,6 +89,7 @@ pub async fn report(
     let mut tx = st.db.begin().await?;
     let metrics_stored = store_metrics(&mut tx, &key, &r.metrics).await?;
     let logs_stored = store_logs(&mut tx, executor, &key, &r.logs).await?;
+    store_packages(&mut tx, executor, &key, &r.packages).await?;
     // Rank 0's curve is the job's: judged before the outcome, so a loss
     // that diverged in the last steps fails the job that then reports its
     // end (the outcome is then ignored: the job has ended).
@@ -143,7 +141,84 @@ fn check_report(r: &RoleReport) -> ApiResult<()> {
             "must be at least 1",
         ));
     }
+    if r.packages.len() > MAX_PACKAGES_PHASES {
+        return Err(ApiError::invalid_field(
+            "packages",
+            format!("at most {MAX_PACKAGES_PHASES} phases per report"),
+        ));
+    }
+    for (i, p) in r.packages.iter().enumerate() {
+        if p.detail.chars().count() > MAX_PACKAGES_DETAIL {
+            return Err(ApiError::invalid_field(
+                &format!("packages[{i}].detail"),
+                format!("at most {MAX_PACKAGES_DETAIL} characters"),
+            ));
+        }
+        if p.seconds.is_some_and(|s| !s.is_finite() || s < 0.0) {
+            return Err(ApiError::invalid_field(
+                &format!("packages[{i}].seconds"),
+                "must be a finite number of seconds, at least 0",
+            ));
+        }
+        if p.environment.as_ref().is_some_and(|e| {
+            e.is_empty() || e.len() > 64 || !e.chars().all(|c| c.is_ascii_hexdigit())
+        }) {
+            return Err(ApiError::invalid_field(
+                &format!("packages[{i}].environment"),
+                "must be 1 to 64 hexadecimal digits",
+            ));
+        }
+    }
     checkpointing::validate(&r.key, &r.checkpoints)
+}
+
+/// Stores a rank's package phases as `packages` events of its job: one per
+/// rank, generation and stage, so a retried report adds none.
+async fn store_packages(
+    tx: &mut PgConnection,
+    executor: Uuid,
+    key: &RoleKey,
+    phases: &[PackagesPhase],
+) -> ApiResult<()> {
+    if phases.is_empty() || key.role != RoleKind::Worker {
+        return Ok(());
+    }
+    // A role's reports are sent one at a time (a retry after the last
+    // answered): the check below sees the phases its earlier ones stored.
+    for p in phases {
+        let seen: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_events WHERE job_id = $1 AND kind = 'packages'
+                AND (data->>'rank')::int = $2 AND (data->>'generation')::bigint = $3 AND data->>'stage' = $4)",
+        )
+        .bind(key.job_id)
+        .bind(key.index as i32)
+        .bind(key.generation)
+        .bind(p.stage.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        if seen {
+            continue;
+        }
+        let took = p
+            .seconds
+            .map(|s| format!(" ({s:.1} s)"))
+            .unwrap_or_default();
+        let why = format!(
+            "rank {} packages {}: {}{took}",
+            key.index,
+            p.stage.as_str(),
+            p.detail
+        );
+        let data = EventData::Packages(PackagesEvent {
+            rank: key.index,
+            generation: key.generation,
+            executor,
+            phase: p.clone(),
+        });
+        lifecycle::event(&mut *tx, key.job_id, &data, &why).await?;
+    }
+    lifecycle::notify(&mut *tx, key.job_id).await?;
+    Ok(())
 }
 
 /// Stores a worker's step metrics (a PS role's are ignored); returns how
@@ -726,20 +801,16 @@ pub async fn logs(
     JobId(id): JobId,
     QueryParams(q): QueryParams<AfterQuery>,
 ) -> ApiResult<Json<LogPage>> {
-    let limit = parse_limit(q.limit.as_deref(), 500, 1000)?;
-    let after = parse_after(q.after.as_deref())?;
-    ensure_job(&st.db, id).await?;
-    let rows = sqlx::query("SELECT id, at, executor_id, role, index, generation, level, message FROM job_logs WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3")
-        .bind(id)
-        .bind(after)
-        .bind(limit + 1)
-        .fetch_all(&st.db)
-        .await?;
-    let more = rows.len() as i64 > limit;
-    let lines = rows
-        .iter()
-        .take(limit as usize)
-        .map(|r| {
+    let (lines, next_after) = log_page(
+        &st.db,
+        (
+            "job_logs",
+            "at, executor_id, role, index, generation, level, message",
+        ),
+        id,
+        &q,
+        (500, 1000),
+        |r| {
             Ok(JobLogLine {
                 id: r.try_get("id")?,
                 at: r.try_get("at")?,
@@ -750,12 +821,8 @@ pub async fn logs(
                 level: r.try_get("level")?,
                 message: r.try_get("message")?,
             })
-        })
-        .collect::<ApiResult<Vec<_>>>()?;
-    let next_after = if more {
-        lines.last().map(|l| l.id)
-    } else {
-        None
-    };
+        },
+    )
+    .await?;
     Ok(Json(LogPage { lines, next_after }))
 }

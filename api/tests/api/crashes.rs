@@ -6,20 +6,10 @@
 //! the cause and the tries.
 
 use crate::executors::{holder_of_rank, place_ring_job, register};
-use crate::helpers::{assert_problem, digits_spec, spawn_app_with, TestApp};
+use crate::helpers::{assert_problem, digits_spec, executor_post, spawn_app_with, TestApp};
 use serde_json::{json, Value};
 use trainyard_common::cluster::MODEL_CRASH_TRIES;
 use trainyard_common::event::{Crash, EventData, EventKind};
-
-async fn post(
-    app: &TestApp,
-    (id, token): (&str, &str),
-    what: &str,
-    body: &Value,
-) -> reqwest::Response {
-    app.post_as(&format!("/v1/executors/{id}/{what}"), token, body)
-        .await
-}
 
 async fn job(app: &TestApp, id: &str) -> Value {
     app.get_json(&format!("/v1/jobs/{id}")).await
@@ -68,11 +58,11 @@ async fn a_crashing_model_is_tried_again_then_fails_its_job() {
         let generation = i64::from(attempt);
         let key = json!({"job_id": id, "generation": generation, "role": "worker", "index": 0});
         // The role runs (its executor says so), then its model crashes.
-        let r = post(&app, me, "heartbeat", &json!({"roles": [key]})).await;
+        let r = executor_post(&app, me, "heartbeat", &json!({"roles": [key]})).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
         wait_state(&app, &id, "running").await;
         let crash = json!({"key": key, "outcome": {"crashed": {"reason": signal}}});
-        let r = post(&app, me, "reports", &crash).await;
+        let r = executor_post(&app, me, "reports", &crash).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
         let ack: Value = r.json().await.unwrap();
         assert_eq!(ack["outcome_applied"], true, "{ack}");
@@ -110,14 +100,14 @@ async fn a_crashing_model_is_tried_again_then_fails_its_job() {
 
         // A second delivery of the same crash (its answer was lost) is the
         // old generation's: refused, and no second try is spent.
-        let again = post(&app, me, "reports", &crash).await;
+        let again = executor_post(&app, me, "reports", &crash).await;
         assert_problem(again, 409, None).await;
         assert_eq!(crashes(&app, &id).await.len(), attempt as usize);
 
         // The new generation's reports are its holder's.
         let next =
             json!({"job_id": id, "generation": generation + 1, "role": "worker", "index": 0});
-        let r = post(
+        let r = executor_post(
             &app,
             me,
             "reports",
@@ -131,7 +121,7 @@ async fn a_crashing_model_is_tried_again_then_fails_its_job() {
     // The crash that uses up the tries fails the job with its cause.
     let last = i64::from(MODEL_CRASH_TRIES);
     let key = json!({"job_id": id, "generation": last, "role": "worker", "index": 0});
-    let r = post(
+    let r = executor_post(
         &app,
         me,
         "reports",

@@ -4,6 +4,7 @@
 
 use crate::helpers::{digits_spec, spawn_app};
 use serde_json::json;
+use trainyard_common::api::{ProvisionedState, ProvisionerEventKind};
 use trainyard_common::cluster::ExecutorState;
 use trainyard_common::{EventKind, JobState};
 
@@ -90,6 +91,71 @@ async fn the_event_kinds_are_the_rust_kinds_and_no_other_can_be_stored() {
         &kinds[kinds.len() - EventKind::ALL.len()..],
         EventKind::ALL.map(|k| k.as_str())
     );
+}
+
+#[tokio::test]
+async fn the_provisioners_states_and_kinds_are_the_rust_ones_and_no_other_is_stored() {
+    let app = spawn_app().await;
+    for (i, s) in ProvisionedState::ALL.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO provisioned_executors (name, provisioner, host, state) VALUES ($1, 'local', 'h', $2)",
+        )
+        .bind(format!("p-{i}"))
+        .bind(s.as_str())
+        .execute(&app.db)
+        .await
+        .unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    let refused = sqlx::query(
+        "INSERT INTO provisioned_executors (name, provisioner, host, state) VALUES ('p-x', 'local', 'h', 'exploded')",
+    )
+    .execute(&app.db)
+    .await;
+    assert!(refused.is_err(), "an unknown state is refused");
+    for k in ProvisionerEventKind::ALL {
+        sqlx::query(
+            "INSERT INTO provisioner_events (provisioner, kind, reason) VALUES ('local', $1, 'test')",
+        )
+        .bind(k.as_str())
+        .execute(&app.db)
+        .await
+        .unwrap_or_else(|e| panic!("{k}: {e}"));
+    }
+    let refused = sqlx::query(
+        "INSERT INTO provisioner_events (provisioner, kind, reason) VALUES ('local', 'exploded', 'test')",
+    )
+    .execute(&app.db)
+    .await;
+    assert!(refused.is_err(), "an unknown kind is refused");
+    // Each reads back through the API as its name.
+    let status = app.get_json("/v1/provisioner?limit=100").await;
+    let mut kinds: Vec<String> = status["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    kinds.reverse();
+    assert_eq!(
+        kinds,
+        ProvisionerEventKind::ALL
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+    );
+    let mut states: Vec<String> = status["executors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap().to_owned())
+        .collect();
+    states.sort();
+    let mut ours: Vec<String> = ProvisionedState::ALL
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    ours.sort();
+    assert_eq!(states, ours);
 }
 
 #[tokio::test]

@@ -320,6 +320,23 @@ fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) 
     if let Some(n) = script.max_seconds {
         v.range("script.max_seconds", n, 1, MAX_SCRIPT_SECONDS);
     }
+    match &script.requirements {
+        Some(Requirements::File(url)) => v.url("script.requirements", url),
+        Some(Requirements::Lines(lines)) => {
+            if lines.is_empty() || lines.len() > MAX_REQUIREMENTS {
+                v.fail(
+                    "script.requirements",
+                    format!("must list 1 to {MAX_REQUIREMENTS} requirements"),
+                );
+            }
+            for (i, l) in lines.iter().enumerate().take(MAX_REQUIREMENTS) {
+                if let Some(why) = requirement_problem(l) {
+                    v.fail(format!("script.requirements[{i}]"), why);
+                }
+            }
+        }
+        None => {}
+    }
 
     if s.inputs.len() > MAX_INPUTS {
         v.fail("inputs", format!("at most {MAX_INPUTS} inputs"));

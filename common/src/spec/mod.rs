@@ -13,6 +13,10 @@
 //! * `limits` — the named bounds (`MAX_*`, [`URL_SCHEMES`]);
 //! * `input` — the wire types ([`UncheckedJobSpec`] and everything it nests) and
 //!   their defaults and derived values;
+//! * `script` — a script job's own part and its rules;
+//! * `workload` — the two kinds of job as the code that runs them sees
+//!   them ([`ModelJob`], a checked model job's accessors, a worker's
+//!   memory charge);
 //! * `tracking` — where a job's params, metrics and model are logged
 //!   (MLflow), and the checks of that field's form;
 //! * `check` — the rules behind [`JobSpec::parse`], collecting every
@@ -24,12 +28,14 @@ mod input;
 mod limits;
 pub mod script;
 pub mod tracking;
+mod workload;
 
 pub use check::input_name;
 pub use input::*;
 pub use limits::*;
-pub use script::{ModelJob, ScriptSpec};
+pub use script::ScriptSpec;
 pub use tracking::{MlflowTracking, Tracking};
+pub use workload::ModelJob;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -748,3 +748,59 @@ fn image_and_input_settings_are_checked_with_their_fields() {
     ))
     .is_ok());
 }
+
+#[test]
+fn a_scripts_requirements_name_index_packages_only() {
+    for ok in [
+        json!("artifact:requirements.txt"),
+        json!([
+            "tqdm==4.66.5",
+            "scikit-learn>=1.5,<2",
+            "pandas[parquet]; python_version >= '3.9'"
+        ]),
+    ] {
+        let s = parse(&with(ddp_script(), "script.requirements", ok.clone())).unwrap();
+        let back = serde_json::to_value(&s).unwrap();
+        assert_eq!(back["script"]["requirements"], ok, "{back}");
+    }
+    let bad = [
+        (json!("ftp://x/requirements.txt"), "script.requirements"),
+        (json!([]), "script.requirements"),
+        (json!(["tqdm", "-r /etc/passwd"]), "script.requirements[1]"),
+        (
+            json!(["--index-url http://evil/simple"]),
+            "script.requirements[0]",
+        ),
+        (json!(["-e ."]), "script.requirements[0]"),
+        (
+            json!(["evil @ file:///etc/passwd"]),
+            "script.requirements[0]",
+        ),
+        (
+            json!(["evil @ https://evil.example/evil.whl"]),
+            "script.requirements[0]",
+        ),
+        (
+            json!(["git+https://github.com/x/y"]),
+            "script.requirements[0]",
+        ),
+        (json!(["./local-package"]), "script.requirements[0]"),
+        (json!(["/abs/pkg.whl"]), "script.requirements[0]"),
+        (json!([""]), "script.requirements[0]"),
+        (json!(["tqdm\nnumpy"]), "script.requirements[0]"),
+    ];
+    for (value, field) in bad {
+        let e = parse(&with(ddp_script(), "script.requirements", value.clone())).unwrap_err();
+        assert_eq!(fields(&e), [field], "{value}: {e}");
+    }
+    let many: Vec<String> = (0..=script::MAX_REQUIREMENTS)
+        .map(|i| format!("p{i}"))
+        .collect();
+    let e = parse(&with(ddp_script(), "script.requirements", json!(many))).unwrap_err();
+    assert_eq!(fields(&e), ["script.requirements"]);
+    // A file's lines: comments, blanks and continuations dropped.
+    assert_eq!(
+        script::requirement_lines("# mine\ntqdm==4.66.5  # progress\n\nscikit-learn \\\n  >=1.5\n"),
+        ["tqdm==4.66.5", "scikit-learn    >=1.5"]
+    );
+}

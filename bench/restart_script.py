@@ -9,6 +9,10 @@ process id and torchrun's restart count:
 
 so the benchmark can kill a rank and time the first step of the next
 generation the same way under torchrun and under Trainyard.
+
+`--loader` reads the batches through a DataLoader (`--workers` worker
+processes) from a dataset whose items each take `--item-ms` to load, as
+files on a disk do; `--compile` trains `torch.compile(model)`.
 """
 
 import argparse
@@ -19,6 +23,23 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    """Random 8x8 images, each taking `ms` to "load"."""
+
+    def __init__(self, n, ms):
+        self.n, self.ms = n, ms
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.ms > 0:
+            time.sleep(self.ms / 1000)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(1, 8, 8, generator=g), int(torch.randint(0, 10, (1,), generator=g))
 
 
 def main():
@@ -28,6 +49,10 @@ def main():
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--print-every", type=int, default=1)
+    p.add_argument("--loader", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--item-ms", type=float, default=0.0)
+    p.add_argument("--compile", action="store_true")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -37,24 +62,30 @@ def main():
     os.makedirs(ckpt_dir, exist_ok=True)
     torch.manual_seed(rank)
 
-    model = DDP(
-        nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(16 * 64, 10),
-        )
+    net = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 64, 10),
     )
+    model = DDP(torch.compile(net) if args.compile else net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     ckpt = os.path.join(ckpt_dir, "last.pt")
     step = 0
     if os.path.exists(ckpt):
         state = torch.load(ckpt)
-        model.module.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = state["step"]
+    batches = None
+    if args.loader:
+        data = Slow(args.steps * args.batch, args.item_ms)
+        batches = iter(DataLoader(data, batch_size=args.batch, num_workers=args.workers))
     while step < args.steps:
-        x, y = torch.randn(args.batch, 1, 8, 8), torch.randint(0, 10, (args.batch,))
+        if batches is not None:
+            x, y = next(batches)
+        else:
+            x, y = torch.randn(args.batch, 1, 8, 8), torch.randint(0, 10, (args.batch,))
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
@@ -66,7 +97,7 @@ def main():
             )
         if rank == 0 and step % args.every == 0:
             tmp = ckpt + ".tmp"
-            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
             os.replace(tmp, ckpt)
         if args.sleep > 0:
             time.sleep(args.sleep)

@@ -97,6 +97,17 @@ ensure_pytest() {
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
     --force-reinstall "$ROOT/sdk/python"
+  ensure_uv
+}
+
+# UV_VERSION: the uv executors install scripts' own packages with (found
+# beside the runtime's Python, in the venv's bin/).
+UV_VERSION=0.13.9
+ensure_uv() {
+  if [ "$("$VENV/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+    log "installing uv==$UV_VERSION into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "uv==$UV_VERSION"
+  fi
 }
 
 # ensure_postgres_binaries: initdb/pg_ctl/psql from Debian's packages when missing.

@@ -8,6 +8,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::AppState;
 use sqlx::Row;
 use trainyard_common::artifact::{artifact_of, DataPolicy, ResolvedArtifact};
+use trainyard_common::spec::script::Requirements;
 use trainyard_common::spec::{DatasetSpec, ModelSpec};
 use trainyard_common::{JobSpec, UncheckedJobSpec, Violation};
 use uuid::Uuid;
@@ -31,6 +32,9 @@ pub fn data_urls(spec: &UncheckedJobSpec) -> Vec<(String, &str)> {
     }
     if let Some(s) = &spec.script {
         out.push(("script.code".into(), s.code.as_str()));
+        if let Some(Requirements::File(u)) = &s.requirements {
+            out.push(("script.requirements".into(), u.as_str()));
+        }
     }
     for (i, u) in spec.inputs.iter().enumerate() {
         out.push((format!("inputs[{i}]"), u.as_str()));
@@ -210,6 +214,9 @@ pub fn for_executor(
     }
     if let Some(s) = &mut spec.script {
         resolve("script.code", &mut s.code);
+        if let Some(Requirements::File(u)) = &mut s.requirements {
+            resolve("script.requirements", u);
+        }
     }
     for (i, u) in spec.inputs.iter_mut().enumerate() {
         resolve(&format!("inputs[{i}]"), u);

@@ -173,8 +173,8 @@ fn kill_and_time(
     }
 }
 
-/// torchrun's time, one run.
-fn torchrun(work: &Path) -> anyhow::Result<f64> {
+/// A folder of its own under `work` and the venv's `torchrun` to run there.
+fn torchrun_command(work: &Path) -> anyhow::Result<(PathBuf, Command)> {
     let dir = work.join(format!("torchrun-{}", Uuid::new_v4()));
     std::fs::create_dir_all(&dir)?;
     let torchrun = Path::new(&python())
@@ -182,6 +182,15 @@ fn torchrun(work: &Path) -> anyhow::Result<f64> {
         .context("no venv folder")?
         .join("torchrun");
     let mut cmd = Command::new(torchrun);
+    cmd.current_dir(&dir)
+        .env("OMP_NUM_THREADS", "1")
+        .stdin(Stdio::null());
+    Ok((dir, cmd))
+}
+
+/// torchrun's time, one run.
+fn torchrun(work: &Path) -> anyhow::Result<f64> {
+    let (dir, mut cmd) = torchrun_command(work)?;
     cmd.args([
         "--nnodes",
         "1",
@@ -194,10 +203,7 @@ fn torchrun(work: &Path) -> anyhow::Result<f64> {
         "--rdzv-endpoint",
         &format!("127.0.0.1:{}", free_port()?),
     ])
-    .arg(script())
-    .current_dir(&dir)
-    .env("OMP_NUM_THREADS", "1")
-    .stdin(Stdio::null());
+    .arg(script());
     // Its output (the ranks' and its own) is collected by `Proc`.
     let mut run = Proc::spawn(cmd)?;
     let took = kill_and_time(
@@ -293,54 +299,65 @@ impl Cluster {
 
     /// samples/s of one run of the script as a `world`-rank job.
     fn throughput(&self, world: u64, n: usize) -> anyhow::Result<f64> {
+        let run = Run::plain();
+        self.throughput_of(world, n, &run, None).map(|(t, _)| t)
+    }
+
+    /// samples/s of one `world`-rank job running the script with `run`'s
+    /// arguments (and `requirements`), and its log's lines.
+    fn throughput_of(
+        &self,
+        world: u64,
+        n: usize,
+        run: &Run,
+        requirements: Option<serde_json::Value>,
+    ) -> anyhow::Result<(f64, Vec<String>)> {
+        let mut script = json!({
+            "code": format!("file://{}", script().display()),
+            "args": run.args(),
+            "max_restarts": 0,
+        });
+        if let Some(r) = requirements {
+            script["requirements"] = r;
+        }
         let spec = json!({
             "name": format!("script-throughput-{world}-{n}"),
-            "script": {
-                "code": format!("file://{}", script().display()),
-                "args": [
-                    "--sleep", "0", "--batch", BATCH.to_string(), "--steps", STEPS.to_string(),
-                    // A line a step would pass the log's rate limit.
-                    "--print-every", "50",
-                ],
-                "max_restarts": 0,
-            },
+            "script": script,
             "workers": {"min": world, "max": world},
             "resources": {"memory_mb": 1024},
         });
-        let id = self.rt.block_on(self.client.submit_job(&spec, None))?.id;
+        // A client of its own: the cluster's may hold a connection the
+        // server closed while torchrun ran (its idle keep-alive timeout).
+        let client = Client::new(&self.server.url)?;
+        let id = self.rt.block_on(client.submit_job(&spec, None))?.id;
         let start = Instant::now();
         loop {
-            let job = self.rt.block_on(self.client.job(id))?;
+            let job = self.rt.block_on(client.job(id))?;
             if job.state.is_terminal() {
                 if job.state != trainyard_common::JobState::Succeeded {
                     bail!("job {id} ended: {:?} {:?}", job.state, job.state_reason);
                 }
                 break;
             }
-            if start.elapsed() > Duration::from_secs(600) {
+            if start.elapsed() > Duration::from_secs(900) {
                 bail!("job {id} did not finish");
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        let (mut after, mut at) = (None, std::collections::BTreeMap::new());
+        let mut after = None;
+        let mut lines = Vec::new();
         loop {
-            let page = self
-                .rt
-                .block_on(self.client.job_logs(id, after, Some(1000)))?;
-            for s in page.lines.iter().flat_map(|l| parse_all(&l.message)) {
-                if s.rank == 0 {
-                    at.insert(s.step, s.t);
-                }
-            }
+            let page = self.rt.block_on(client.job_logs(id, after, Some(1000)))?;
+            lines.extend(page.lines.iter().map(|l| l.message.clone()));
             match page.lines.last() {
                 Some(last) if page.lines.len() == 1000 => after = Some(last.id),
                 _ => break,
             }
         }
-        let (Some(t0), Some(t1)) = (at.get(&WARMUP), at.get(&STEPS)) else {
-            bail!("job {id}: rank 0's steps {WARMUP} and {STEPS} are not in its log");
-        };
-        Ok((STEPS - WARMUP) as f64 * BATCH as f64 * world as f64 / (t1 - t0))
+        let t = run
+            .samples_per_second(&lines, world)
+            .with_context(|| format!("job {id}"))?;
+        Ok((t, lines))
     }
 
     /// Trainyard's time, one run.
@@ -416,6 +433,229 @@ impl Cluster {
     }
 }
 
+/// One throughput run's script arguments and what it measures.
+struct Run {
+    extra: Vec<String>,
+    steps: u64,
+    warmup: u64,
+    batch: u64,
+    /// Whether the rate is the median of the printed windows' rates (each
+    /// `--print-every` steps) after the warm-up, not the mean over them
+    /// all: a steady state that a few seconds of something else on the
+    /// machine (an executor importing PyTorch into the next generation's
+    /// spare interpreter) do not move.
+    windows: bool,
+}
+
+impl Run {
+    /// The network layer's run: no loader, no compile.
+    fn plain() -> Run {
+        Run {
+            extra: Vec::new(),
+            steps: STEPS,
+            warmup: WARMUP,
+            batch: BATCH,
+            windows: false,
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--sleep",
+            "0",
+            "--batch",
+            &self.batch.to_string(),
+            "--steps",
+            &self.steps.to_string(),
+            // A line a step would pass the log's rate limit.
+            "--print-every",
+            "50",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    /// Rank 0's samples/s from step `warmup` to the last, by the script's
+    /// own clock, in `lines`.
+    fn samples_per_second(&self, lines: &[String], world: u64) -> anyhow::Result<f64> {
+        let at: std::collections::BTreeMap<u64, f64> = lines
+            .iter()
+            .flat_map(|l| parse_all(l))
+            .filter(|s| s.rank == 0)
+            .map(|s| (s.step, s.t))
+            .collect();
+        let (Some(t0), Some(t1)) = (at.get(&self.warmup), at.get(&self.steps)) else {
+            bail!(
+                "rank 0's steps {} and {} are not in its output",
+                self.warmup,
+                self.steps
+            );
+        };
+        let per_sample = self.batch as f64 * world as f64;
+        if self.windows {
+            let points: Vec<(u64, f64)> = at
+                .range(self.warmup..=self.steps)
+                .map(|(s, t)| (*s, *t))
+                .collect();
+            let rates: Vec<f64> = points
+                .windows(2)
+                .filter(|w| w[1].1 > w[0].1)
+                .map(|w| (w[1].0 - w[0].0) as f64 * per_sample / (w[1].1 - w[0].1))
+                .collect();
+            if rates.len() < 3 {
+                bail!("fewer than 3 printed windows after the warm-up");
+            }
+            return Ok(median(rates));
+        }
+        Ok((self.steps - self.warmup) as f64 * per_sample / (t1 - t0))
+    }
+}
+
+/// samples/s of `torchrun --standalone --nproc-per-node WORLD` running
+/// the script with `run`'s arguments.
+fn torchrun_throughput(work: &Path, world: u64, run: &Run) -> anyhow::Result<f64> {
+    let (dir, mut cmd) = torchrun_command(work)?;
+    cmd.args(["--standalone", "--nproc-per-node", &world.to_string()])
+        .arg(script())
+        .args(run.args())
+        .env("TORCHINDUCTOR_CACHE_DIR", dir.join("inductor"));
+    let mut p = Proc::spawn(cmd)?;
+    let code = p.wait_exit(Duration::from_secs(900))?;
+    let out = p.output();
+    let _ = std::fs::remove_dir_all(&dir);
+    if code != Some(0) {
+        bail!(
+            "torchrun exited {code:?}: {}",
+            out.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+        );
+    }
+    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    run.samples_per_second(&lines, world)
+}
+
+/// Scripts as people write them, under Trainyard and under torchrun in
+/// the same run: a `torch.compile`d model's samples/s; the speed-up
+/// DataLoader worker processes give over `num_workers=0` on a dataset
+/// whose items take 1 ms each to load; and a package environment's
+/// install time, cold (resolve, download, install) and cached (another job
+/// with the same requirements on the same executors).
+fn as_written(short: bool) -> anyhow::Result<()> {
+    let runs = if short { 1 } else { 3 };
+    let c = Cluster::start()?;
+    let work = c.server.work.clone();
+    let world = 2;
+
+    let compiled = Run {
+        extra: vec!["--compile".into()],
+        steps: 300,
+        warmup: 100,
+        batch: BATCH,
+        windows: false,
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for n in 0..runs {
+        let a = c.throughput_of(world, n, &compiled, None)?.0;
+        let b = torchrun_throughput(&work, world, &compiled)?;
+        eprintln!("compiled, run {n}: {a:.0} samples/s as a job, {b:.0} under torchrun");
+        ours.push(a);
+        theirs.push(b);
+    }
+    Figure::new(
+        "script",
+        format!("a torch.compile'd 2-rank DDP script's samples/s (batch {BATCH}, after 100 steps), median of {runs}"),
+        median(ours),
+        "samples/s",
+        "torchrun --standalone, the same script".to_owned(),
+        median(theirs),
+        Better::Higher,
+    )
+    .target(Target::AtLeast(1.0))
+    .emit();
+
+    let loader = |workers: u32| Run {
+        extra: vec![
+            "--loader".into(),
+            "--workers".into(),
+            workers.to_string(),
+            "--item-ms".into(),
+            "1".into(),
+        ],
+        // Steps are printed every 50: the rate is the median of 50-step
+        // windows after the first 100, under torchrun too.
+        steps: 900,
+        warmup: 100,
+        batch: 32,
+        windows: true,
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for n in 0..runs {
+        let a0 = c.throughput_of(world, n, &loader(0), None)?.0;
+        let a2 = c.throughput_of(world, n, &loader(2), None)?.0;
+        let b0 = torchrun_throughput(&work, world, &loader(0))?;
+        let b2 = torchrun_throughput(&work, world, &loader(2))?;
+        eprintln!(
+            "loader, run {n}: job {a0:.0} -> {a2:.0} samples/s with 2 workers, torchrun {b0:.0} -> {b2:.0}"
+        );
+        ours.push(a2 / a0);
+        theirs.push(b2 / b0);
+    }
+    Figure::new(
+        "script",
+        format!("DataLoader with 2 worker processes: speed-up over num_workers=0 of a 2-rank script job (batch 32, items of 1 ms to load; the median 50-step window after 100 steps), median of {runs}"),
+        median(ours),
+        "×",
+        "torchrun's speed-up, the same script".to_owned(),
+        median(theirs),
+        Better::Higher,
+    )
+    .target(Target::AtLeast(0.9))
+    .emit();
+
+    // A package environment: the first job installs it on each executor,
+    // the second finds it.
+    let requirements = json!(["tabulate==0.9.0", "tqdm==4.66.5"]);
+    let install_seconds = |lines: &[String], word: &str| -> Option<f64> {
+        let all: Vec<f64> = lines
+            .iter()
+            .filter(|l| l.contains(word))
+            .filter_map(|l| {
+                let s = l.split(" in ").nth(1)?;
+                s.split(" s").next()?.trim().parse().ok()
+            })
+            .collect();
+        all.into_iter().reduce(f64::max)
+    };
+    let quick = Run {
+        extra: Vec::new(),
+        steps: 100,
+        warmup: 50,
+        batch: 32,
+        windows: false,
+    };
+    let (_, cold) = c.throughput_of(world, 100, &quick, Some(requirements.clone()))?;
+    let (_, warm) = c.throughput_of(world, 101, &quick, Some(requirements))?;
+    let cold = install_seconds(&cold, "packages: environment")
+        .context("no install time in the first job's log")?;
+    let warm = install_seconds(&warm, "packages: this executor's environment")
+        .context("no cached time in the second job's log")?;
+    eprintln!("packages: {cold:.2} s cold, {warm:.3} s cached");
+    Figure::new(
+        "script",
+        "a script's package environment (tabulate, tqdm over the runtime): ready when cached (another job, same requirements), slowest rank".to_owned(),
+        warm,
+        "s",
+        "cold: resolved, downloaded and installed by uv, confined".to_owned(),
+        cold,
+        Better::Lower,
+    )
+    .emit();
+    c.server.stop();
+    Ok(())
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     match xs.len() {
@@ -434,9 +674,13 @@ fn main() -> anyhow::Result<()> {
         .to_path_buf();
     std::env::set_var("TRAINYARD_BIN_DIR", &exe_dir);
 
-    // `--throughput`: only the network layer's figures.
+    // `--throughput`: only the network layer's figures; `--as-written`:
+    // only the scripts-as-written figures.
     if std::env::args().any(|a| a == "--throughput") {
         return throughput(short);
+    }
+    if std::env::args().any(|a| a == "--as-written") {
+        return as_written(short);
     }
     let c = Cluster::start()?;
     let mut ours = Vec::new();
@@ -488,7 +732,8 @@ fn main() -> anyhow::Result<()> {
     .target(Target::AtMost(TARGET))
     .emit();
     c.server.stop();
-    throughput(short)
+    throughput(short)?;
+    as_written(short)
 }
 
 /// The network layer against no layer: the same script's samples/s as a

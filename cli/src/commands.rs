@@ -136,6 +136,7 @@ pub async fn executors(args: ExecutorsArgs) -> Result<u8, CliError> {
         "DEVICES",
         "RAM",
         "ROLES",
+        "PYTHON ENVS",
         "HEARTBEAT",
     ]
     .map(str::to_owned)];
@@ -179,6 +180,16 @@ pub async fn executors(args: ExecutorsArgs) -> Result<u8, CliError> {
             } else {
                 roles.join(" ")
             },
+            match e.environments {
+                Some(c) => format!(
+                    "{} ({} in use), {} of {}",
+                    c.environments,
+                    c.in_use,
+                    bytes(c.bytes as f64),
+                    bytes(c.budget_bytes as f64)
+                ),
+                None => "-".into(),
+            },
             format!("{:.1} s ago", e.seconds_since_heartbeat),
         ]);
     }
@@ -205,7 +216,7 @@ pub async fn provisioner(args: ProvisionerArgs) -> Result<u8, CliError> {
     for e in &s.executors {
         rows.push([
             e.name.clone(),
-            e.state.clone(),
+            e.state.to_string(),
             e.pid.map_or("-".into(), |p| p.to_string()),
             wire(&e.started_at),
             e.reason.clone().unwrap_or_else(|| "-".into()),

@@ -219,6 +219,7 @@ async fn an_executor_registers_beats_reports_drains_and_leaves() {
         logs: Vec::new(),
         outcome: None,
         checkpoints: Vec::new(),
+        packages: Vec::new(),
     };
     match exec.report(reg.id, &empty).await.unwrap() {
         Reported::Stored(ack) => assert_eq!(ack.metrics_stored, 0),

@@ -398,6 +398,10 @@ pub struct ExecutorInfo {
     /// How it confines users' code (`null`: it did not say, an executor
     /// from before sandboxes).
     pub sandbox: Option<crate::cluster::SandboxReport>,
+    /// Its cache of script jobs' Python environments, as its last
+    /// heartbeat listed it (`null`: it keeps none or has not said).
+    #[serde(default)]
+    pub environments: Option<crate::cluster::EnvironmentCache>,
     /// Roles assigned to it now.
     pub roles: Vec<RoleInfo>,
     /// When it registered.
@@ -457,13 +461,100 @@ pub struct ProvisionerSettings {
     pub executor_memory_mb: u64,
 }
 
+/// Declares a closed set of names stored as Postgres `text` (a `CHECK`
+/// lists the same names): the enum, its wire names, `ALL` and `parse`.
+macro_rules! text_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $wire:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vm])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The name on the wire and in the database.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $wire,)+
+                }
+            }
+
+            /// The value named `s`, if any.
+            pub fn parse(s: &str) -> Option<$name> {
+                $name::ALL.iter().copied().find(|v| v.as_str() == s)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// Where an executor the provisioner started is in its life
+    /// (`provisioned_executors.state`).
+    ProvisionedState {
+        /// Started; not registered yet.
+        Starting = "starting",
+        /// Registered and serving.
+        Running = "running",
+        /// Asked to drain and leave.
+        Stopping = "stopping",
+        /// Left after a stop.
+        Stopped = "stopped",
+        /// Exited without being asked.
+        Exited = "exited",
+        /// Could not start, or did not stop in time.
+        Failed = "failed",
+        /// Not running when a new leader looked for it.
+        Gone = "gone",
+    }
+}
+
+impl ProvisionedState {
+    /// Whether the executor may still be running.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            ProvisionedState::Starting | ProvisionedState::Running | ProvisionedState::Stopping
+        )
+    }
+}
+
+text_enum! {
+    /// What a provisioning decision was (`provisioner_events.kind`).
+    ProvisionerEventKind {
+        /// Executors started for waiting jobs.
+        Start = "start",
+        /// An idle executor released.
+        Release = "release",
+        /// A released executor has left.
+        Stopped = "stopped",
+        /// An executor exited on its own.
+        Exited = "exited",
+        /// A start or a stop failed.
+        Failed = "failed",
+        /// A job waits that no executor it may start can serve.
+        Blocked = "blocked",
+        /// An earlier leader's executor, still running, managed again.
+        Adopted = "adopted",
+    }
+}
+
 /// An executor the provisioner started.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ProvisionedExecutor {
     /// The name it registers under.
     pub name: String,
-    /// `starting`, `running`, `stopping`, `stopped`, `exited`, `failed` or `gone`.
-    pub state: String,
+    /// Where it is in its life.
+    pub state: ProvisionedState,
     /// Its process id on the provisioner's host.
     pub pid: Option<i32>,
     /// The machine that started it.
@@ -485,8 +576,8 @@ pub struct ProvisionerEvent {
     pub id: i64,
     /// When.
     pub at: chrono::DateTime<chrono::Utc>,
-    /// `start`, `release`, `stopped`, `exited`, `failed`, `blocked` or `adopted`.
-    pub kind: String,
+    /// What was decided or seen.
+    pub kind: ProvisionerEventKind,
     /// The executor concerned.
     pub executor: Option<String>,
     /// The job concerned (a `blocked` decision).

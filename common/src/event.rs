@@ -58,11 +58,14 @@ pub enum EventKind {
     /// An experiment tracker (MLflow) could not be reached or refused
     /// what was sent: a warning, the job trains on.
     Tracking,
+    /// A script job's own packages on one rank: resolving, installing,
+    /// ready (made or from the executor's cache), or failed.
+    Packages,
 }
 
 impl EventKind {
     /// Every kind, in the order the enum declares them.
-    pub const ALL: [EventKind; 15] = [
+    pub const ALL: [EventKind; 16] = [
         EventKind::Submitted,
         EventKind::Transition,
         EventKind::Strategy,
@@ -78,6 +81,7 @@ impl EventKind {
         EventKind::Crash,
         EventKind::Diverged,
         EventKind::Tracking,
+        EventKind::Packages,
     ];
 
     /// The name on the wire and in Postgres.
@@ -98,6 +102,7 @@ impl EventKind {
             EventKind::Crash => "crash",
             EventKind::Diverged => "diverged",
             EventKind::Tracking => "tracking",
+            EventKind::Packages => "packages",
         }
     }
 }
@@ -142,6 +147,8 @@ pub enum EventData {
     Diverged(Diverged),
     /// A tracker could not take the job's export.
     Tracking(TrackingWarning),
+    /// `packages`.
+    Packages(PackagesEvent),
 }
 
 /// `submitted`: how the job was stored.
@@ -463,6 +470,21 @@ pub struct TrackingWarning {
     pub action: String,
 }
 
+/// `packages`: a phase of installing a script job's own packages on one
+/// rank, as its executor reported it (the event's reason says it in words).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PackagesEvent {
+    /// The rank.
+    pub rank: u32,
+    /// The generation it was starting.
+    pub generation: i64,
+    /// The executor installing.
+    pub executor: Uuid,
+    /// The phase and its figures.
+    #[serde(flatten)]
+    pub phase: crate::cluster::PackagesPhase,
+}
+
 impl EventData {
     /// The kind this data is of.
     pub fn kind(&self) -> EventKind {
@@ -482,6 +504,7 @@ impl EventData {
             EventData::Crash(_) => EventKind::Crash,
             EventData::Diverged(_) => EventKind::Diverged,
             EventData::Tracking(_) => EventKind::Tracking,
+            EventData::Packages(_) => EventKind::Packages,
         }
     }
 
@@ -514,6 +537,7 @@ impl EventData {
             EventData::Crash(d) => json(d),
             EventData::Diverged(d) => json(d),
             EventData::Tracking(d) => json(d),
+            EventData::Packages(d) => json(d),
         }
     }
 
@@ -538,6 +562,7 @@ impl EventData {
             EventKind::Crash => EventData::Crash(de(data)?),
             EventKind::Diverged => EventData::Diverged(de(data)?),
             EventKind::Tracking => EventData::Tracking(de(data)?),
+            EventKind::Packages => EventData::Packages(de(data)?),
         })
     }
 }
@@ -679,6 +704,18 @@ mod tests {
                 uri: "http://127.0.0.1:5000".into(),
                 error: "connection refused".into(),
                 action: "retrying".into(),
+            }),
+            EventData::Packages(PackagesEvent {
+                rank: 1,
+                generation: 2,
+                executor: e,
+                phase: crate::cluster::PackagesPhase {
+                    stage: crate::cluster::PackagesStage::Ready,
+                    detail: "3 installed over the runtime".into(),
+                    packages: Some(3),
+                    seconds: Some(2.5),
+                    environment: Some("0123456789ab".into()),
+                },
             }),
         ]
     }

@@ -116,6 +116,32 @@ struct Cli {
     #[arg(long, env = "TRAINYARD_CACHE_MB", default_value_t = 2048)]
     cache_mb: u64,
 
+    /// The package index script jobs' own packages come from (their
+    /// `script.requirements`); the install reaches this index and nothing
+    /// else.
+    #[arg(long, env = "TRAINYARD_PACKAGE_INDEX", default_value = trainyard_executor::script::packages::DEFAULT_INDEX)]
+    package_index: String,
+
+    /// Another host the index serves its files from, `HOST[:PORT]`
+    /// (repeatable; `files.pythonhosted.org` goes with the public index).
+    #[arg(long = "package-host")]
+    package_hosts: Vec<String>,
+
+    /// The uv binary that installs scripts' packages. Default: `uv` beside
+    /// the default Python runtime, else on the PATH.
+    #[arg(long, env = "TRAINYARD_UV")]
+    uv: Option<std::path::PathBuf>,
+
+    /// Where scripts' package environments are kept. Default: beside the
+    /// cache tier's folder, `python-envs-<name>`.
+    #[arg(long, env = "TRAINYARD_ENV_DIR")]
+    env_dir: Option<std::path::PathBuf>,
+
+    /// Most bytes scripts' package environments may take, in MiB (the
+    /// least recently used ones not in use are removed first).
+    #[arg(long, env = "TRAINYARD_ENV_CACHE_MB", default_value_t = 20 * 1024)]
+    env_cache_mb: u64,
+
     /// Longest a drain (SIGTERM, SIGINT, SIGUSR1) may take, in seconds: the
     /// scheduler moving roles away, checkpoint uploads and report delivery.
     /// When it ends the executor exits, logging what the API did not
@@ -227,6 +253,24 @@ fn main() -> anyhow::Result<()> {
                 .join("executor-cache")
                 .join(name.replace(['/', ':'], "_"))
         });
+        let env_dir = cli.env_dir.clone().unwrap_or_else(|| {
+            // Beside the cache tier's folder.
+            cache_dir
+                .parent()
+                .unwrap_or(&cache_dir)
+                .join(format!("python-envs-{}", name.replace(['/', ':'], "_")))
+        });
+        trainyard_executor::script::packages::configure(
+            trainyard_executor::script::packages::Config::new(
+                cli.uv.clone(),
+                sandbox.python(None).map_err(anyhow::Error::msg)?,
+                &cli.package_index,
+                &cli.package_hosts,
+                env_dir,
+                cli.env_cache_mb,
+            )
+            .map_err(|e| anyhow::anyhow!("--package-index: {e}"))?,
+        );
         let cache = trainyard_store::cache::Cache::open(&cache_dir, cli.cache_mb << 20)
             .with_context(|| format!("opening the local cache in {}", cache_dir.display()))?;
         tracing::info!(dir = %cache_dir.display(), bytes = cache.size(), "local cache tier");

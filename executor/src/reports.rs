@@ -17,6 +17,8 @@ pub enum Item {
     Outcome(RoleOutcome),
     /// A checkpoint shard is in the object store.
     Checkpoint(ShardUploaded),
+    /// A phase of installing a script job's packages.
+    Packages(trainyard_common::cluster::PackagesPhase),
 }
 
 /// Where the roles' reports go: the control plane, seen from below.

@@ -50,6 +50,11 @@ impl Role {
         let _ = self.tx.send(Item::Log(level, msg));
     }
 
+    /// A phase of installing the job's packages (one of its events).
+    pub fn packages(&self, phase: trainyard_common::cluster::PackagesPhase) {
+        let _ = self.tx.send(Item::Packages(phase));
+    }
+
     /// Fails the job with `reason`.
     pub fn fail(&self, reason: String) {
         self.log(LogLevel::Error, reason.clone());

@@ -60,6 +60,10 @@ pub fn child_program(executable: &Path) -> Result<PathBuf, String> {
 /// code and the executor's own, counted by the memory cgroup once touched.
 pub const RUNTIME_MB: u64 = 1024;
 
+/// Where a confined script (and its install) sees its own temporary
+/// folder: its workspace's `scratch/tmp`, bound there.
+pub const SCRIPT_TMP: &str = trainyard_sandbox::spawn::PRIVATE_TMP;
+
 /// How users' code is run on this executor.
 #[derive(Debug)]
 pub struct Sandbox {
@@ -95,6 +99,11 @@ impl Sandbox {
             torch_threads,
             pythons: [("default".to_owned(), default_python())].into(),
         })
+    }
+
+    /// The folder its workspaces are made in.
+    pub fn folder(&self) -> &Path {
+        &self.root
     }
 
     /// With the Python runtimes `named` (`NAME=PATH`, an admin's
@@ -434,6 +443,16 @@ impl Sandbox {
         let (line, mut spec) = self.prepare(Kind::Script, ws, task, limits, None, device)?;
         if self.mode == Mode::On {
             spec.netns = netns;
+            // DataLoader workers' queues and shared tensors: a `/dev/shm`
+            // of the rank's own, as large as its memory, which it counts in.
+            spec.private_shm_mb = Some(limits.memory_mb);
+            // Its temporary folder is its scratch's `tmp/`, seen at a short
+            // path: `multiprocessing`'s Unix sockets need one under 108
+            // bytes, which a workspace's folders are not.
+            let tmp = ws.scratch().join("tmp");
+            std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+            self.give(&tmp)?;
+            spec.private_tmp = Some(tmp);
         }
         let line = match self.mode {
             Mode::Off => line,
@@ -443,6 +462,10 @@ impl Sandbox {
                 if let Some(c) = envelope.confinement.as_mut() {
                     c.read_only.extend(read_only);
                     c.read_write.extend(read_write);
+                    // Its private tmpfs and `/tmp` (the spec above), not the
+                    // host's.
+                    c.read_write.push(PathBuf::from("/dev/shm"));
+                    c.read_write.push(PathBuf::from(SCRIPT_TMP));
                     c.connect_tcp = None;
                     c.bind_tcp = None;
                 }
@@ -509,6 +532,8 @@ impl Sandbox {
             name: kind.name().into(),
             fd3,
             netns: None,
+            private_shm_mb: None,
+            private_tmp: None,
         };
         Ok((line, spec))
     }

@@ -8,8 +8,9 @@
 //! `/dev/zero`, `/dev/urandom`), the CPU topology libtorch sizes its thread
 //! pools from, the process's own `/proc/<pid>` (not another's), and the
 //! inputs the caller names. Read-write: the scratch folders it names.
-//! Everything else under `/` is refused, `/etc`, `/home`, `/root`, `/tmp`
-//! and the executor's cache and token files included.
+//! `/dev/null` may be written too. Everything else under `/` is refused,
+//! `/etc`, `/home`, `/root`, `/tmp` and the executor's cache and token
+//! files included.
 //!
 //! Network (ABI ≥ 4): TCP connect and bind only to the ports given. Scopes
 //! (ABI ≥ 6): no abstract Unix sockets and no signals outside the sandbox
@@ -113,6 +114,14 @@ pub fn restrict(c: &Confinement) -> Result<(), Error> {
         .map_err(e)?;
     created = created
         .add_rules(path_beneath_rules(&c.read_write, fs_all))
+        .map_err(e)?;
+    // Writing to the null device is reading nothing: programs open it
+    // read-write to discard output (`subprocess.DEVNULL`).
+    created = created
+        .add_rules(path_beneath_rules(
+            ["/dev/null"],
+            AccessFs::from_file(WANTED),
+        ))
         .map_err(e)?;
     let net = |ports: &Option<Vec<u16>>, access: AccessNet| -> Vec<_> {
         ports

@@ -66,6 +66,17 @@ pub struct Spec {
     /// The network namespace it joins before it executes anything
     /// ([`crate::netns::Netns::path`]; `None`: the parent's).
     pub netns: Option<PathBuf>,
+    /// A private `/dev/shm` of this many MiB: the child gets mount and IPC
+    /// namespaces of its own with a fresh tmpfs there, so POSIX semaphores
+    /// and shared tensors work and no other job's are visible (`None`: the
+    /// parent's mounts; the sandbox's Landlock rules still refuse the
+    /// host's `/dev/shm`).
+    pub private_shm_mb: Option<u64>,
+    /// A folder of the parent's bound on [`PRIVATE_TMP`] in the child's
+    /// own mount namespace: a short path for its temporary files, where
+    /// the Unix sockets `multiprocessing` makes fit (108 bytes), however
+    /// deep the folder is. `None`: nothing bound.
+    pub private_tmp: Option<PathBuf>,
 }
 
 /// One cgroup (v1) made for one child.
@@ -209,18 +220,17 @@ impl Child {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // Joining a namespace needs the parent's privileges, so a child
-        // that joins one drops to its identity itself, afterwards.
+        // Joining or making a namespace needs the parent's privileges, so
+        // a child that does drops to its identity itself, afterwards.
         let netns = match &spec.netns {
             Some(path) => Some(std::fs::File::open(path)?),
             None => None,
         };
-        match (&netns, spec.identity) {
-            (Some(ns), identity) => join_then_become(&mut cmd, ns, identity),
-            (None, Some(id)) => {
-                cmd.uid(id.uid).gid(id.gid);
-            }
-            (None, None) => {}
+        let mounts = Mounts::of(spec)?;
+        if netns.is_some() || mounts.is_some() {
+            enter_then_become(&mut cmd, netns.as_ref(), mounts, spec.identity);
+        } else if let Some(id) = spec.identity {
+            cmd.uid(id.uid).gid(id.gid);
         }
         if let Some(fd) = spec.fd3 {
             pass_as_fd3(&mut cmd, fd);
@@ -419,26 +429,118 @@ pub fn tail(mut r: impl Read, n: usize) -> String {
     String::from_utf8_lossy(&kept).into_owned()
 }
 
-/// Makes the child join the network namespace `ns`, then (when given)
-/// become `identity`, with no supplementary groups.
+/// Where a child sees [`Spec::private_tmp`]: an empty folder the parent
+/// makes on the host (nothing of the host is hidden by the bind, unlike
+/// `/tmp`, where the workspaces themselves may live).
+pub const PRIVATE_TMP: &str = "/run/trainyard-tmp";
+
+/// What a child's own mount namespace holds, made before the fork (no
+/// allocation between fork and exec).
+struct Mounts {
+    /// The tmpfs options of a private `/dev/shm` (its pages are charged to
+    /// the memory cgroup of the process that writes them: the child's).
+    shm: Option<std::ffi::CString>,
+    /// The folder bound on `/tmp`.
+    tmp: Option<std::ffi::CString>,
+}
+
+impl Mounts {
+    fn of(spec: &Spec) -> std::io::Result<Option<Mounts>> {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = |e: std::ffi::NulError| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+        let shm = spec
+            .private_shm_mb
+            .map(|mb| format!("size={}m,mode=1777,nr_inodes=65536", mb.max(1)))
+            .map(std::ffi::CString::new)
+            .transpose()
+            .map_err(bad)?;
+        let tmp = spec
+            .private_tmp
+            .as_ref()
+            .map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()))
+            .transpose()
+            .map_err(bad)?;
+        if tmp.is_some() {
+            std::fs::create_dir_all(PRIVATE_TMP)?;
+        }
+        Ok((shm.is_some() || tmp.is_some()).then_some(Mounts { shm, tmp }))
+    }
+}
+
+/// Makes the child join the network namespace `ns` and, given `mounts`,
+/// enter mount and IPC namespaces of its own with a fresh tmpfs on
+/// `/dev/shm` and its folder bound on [`PRIVATE_TMP`]; then (when given) become
+/// `identity`, with no supplementary groups.
 #[allow(unsafe_code)]
-fn join_then_become(cmd: &mut Command, ns: &std::fs::File, identity: Option<Identity>) {
+fn enter_then_become(
+    cmd: &mut Command,
+    ns: Option<&std::fs::File>,
+    mounts: Option<Mounts>,
+    identity: Option<Identity>,
+) {
     use std::os::fd::AsRawFd;
-    let fd = ns.as_raw_fd();
-    // SAFETY: between fork and exec only setns, setgroups, setgid and
-    // setuid run, all async-signal-safe system calls, on a descriptor
-    // the parent keeps open until the child is started.
+    let fd = ns.map(|f| f.as_raw_fd());
+    // SAFETY: between fork and exec only setns, unshare, mount, setgroups,
+    // setgid and setuid run, all async-signal-safe system calls, on a
+    // descriptor the parent keeps open until the child is started and on
+    // strings made before the fork (moved into the closure).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
+            let fail = || Err(std::io::Error::last_os_error());
+            if let Some(fd) = fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return fail();
+                }
+            }
+            if let Some(m) = &mounts {
+                if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) != 0 {
+                    return fail();
+                }
+                // Nothing mounted here reaches the host's mount table.
+                let root = c"/";
+                if libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return fail();
+                }
+                if let Some(options) = &m.shm {
+                    let (tmpfs, target) = (c"tmpfs", c"/dev/shm");
+                    if libc::mount(
+                        tmpfs.as_ptr(),
+                        target.as_ptr(),
+                        tmpfs.as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        options.as_ptr().cast(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                }
+                if let Some(folder) = &m.tmp {
+                    let target = c"/run/trainyard-tmp";
+                    if libc::mount(
+                        folder.as_ptr(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                }
             }
             if let Some(id) = identity {
                 if libc::setgroups(0, std::ptr::null()) != 0
                     || libc::setgid(id.gid) != 0
                     || libc::setuid(id.uid) != 0
                 {
-                    return Err(std::io::Error::last_os_error());
+                    return fail();
                 }
             }
             Ok(())

@@ -21,6 +21,8 @@ fn spec(limits: Limits, identity: Option<Identity>) -> Spec {
         name: "probe".into(),
         fd3: None,
         netns: None,
+        private_shm_mb: None,
+        private_tmp: None,
     }
 }
 
@@ -133,6 +135,8 @@ fn files_outside_the_inputs_and_scratch_cannot_be_read_or_written() {
         "{own:?}"
     );
     assert!(probe(Some(&c), json!({"write": t.p("scratch/out")})).ok);
+    // The null device takes writes (programs discard output there).
+    assert!(probe(Some(&c), json!({"write": "/dev/null"})).ok);
     assert!(Path::new(&t.p("scratch/out")).exists());
 
     denied(&probe(Some(&c), json!({"read": t.p("secret/token")})));
@@ -340,4 +344,73 @@ fn crashes_and_hangs_end_the_child_alone_with_their_cause() {
     .unwrap();
     assert_eq!(ending, Ending::Killed);
     assert!(asked.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_private_dev_shm_hides_the_hosts_and_other_childrens_and_is_bounded() {
+    if !root() {
+        return; // mount and IPC namespaces need the executor's privileges
+    }
+    let t = Tree::new("shm");
+    let host = format!("/dev/shm/trainyard-host-{}", std::process::id());
+    std::fs::write(&host, "another job's shared tensor").unwrap();
+    let mut c = t.confinement();
+    c.read_write.push("/dev/shm".into());
+    c.limits.memory_mb = 256;
+    let private = |mb: u64| Spec {
+        private_shm_mb: Some(mb),
+        ..spec(c.limits, None)
+    };
+    // Control: without a private one, the host's is there to read.
+    assert!(probe(None, json!({"read": host})).ok);
+    // The rank's own is empty, writable, and another child's is not seen.
+    let listed = probe_as(Some(&c), json!({"list": "/dev/shm"}), &private(64));
+    assert!(listed.ok && listed.detail == "0 entries", "{listed:?}");
+    let read = probe_as(Some(&c), json!({"read": host}), &private(64));
+    assert!(!read.ok && read.detail.contains("No such file"), "{read:?}");
+    let mine = "/dev/shm/sem.mp-rank";
+    assert!(probe_as(Some(&c), json!({"write": mine}), &private(64)).ok);
+    assert!(
+        !Path::new(mine).exists(),
+        "a private write reached the host"
+    );
+    let other = probe_as(Some(&c), json!({"list": "/dev/shm"}), &private(64));
+    assert_eq!(other.detail, "0 entries", "{other:?}");
+    // Bounded by its size (the executor sizes it at the rank's memory).
+    let big = probe_as(
+        Some(&c),
+        json!({"file_size": ["/dev/shm/big", 96]}),
+        &private(64),
+    );
+    assert!(big.detail.contains("No space left"), "{big:?}");
+    // Its temporary folder is a folder of its own, bound at a short path:
+    // what it writes there lands in that folder, and nothing else is.
+    use trainyard_sandbox::spawn::PRIVATE_TMP;
+    let own_tmp = t.root.join("scratch/tmp");
+    std::fs::create_dir_all(&own_tmp).unwrap();
+    std::fs::write(own_tmp.join("mine"), "x").unwrap();
+    let mut ct = c.clone();
+    ct.read_write.push(PRIVATE_TMP.into());
+    let with_tmp = Spec {
+        private_tmp: Some(own_tmp.clone()),
+        ..private(64)
+    };
+    let listed = probe_as(Some(&ct), json!({"list": PRIVATE_TMP}), &with_tmp);
+    assert_eq!(listed.detail, "1 entries", "{listed:?}");
+    let sock = format!("{PRIVATE_TMP}/pymp-x");
+    assert!(probe_as(Some(&ct), json!({"write": sock}), &with_tmp).ok);
+    assert!(own_tmp.join("pymp-x").exists());
+    assert!(!Path::new(&sock).exists(), "the bind reached the host");
+    // Its workspace (under the host's /tmp here) is still where it was.
+    let own = probe_as(
+        Some(&ct),
+        json!({"read": t.p("inputs/data.txt")}),
+        &with_tmp,
+    );
+    assert!(own.ok, "{own:?}");
+    // Without one, Landlock keeps the host's out of reach.
+    let plain = t.confinement();
+    denied(&probe(Some(&plain), json!({"read": host})));
+    denied(&probe(Some(&plain), json!({"write": "/dev/shm/x"})));
+    let _ = std::fs::remove_file(&host);
 }

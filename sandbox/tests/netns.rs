@@ -41,6 +41,8 @@ fn probe(ns: Option<&Netns>, attempt: Value) -> (bool, String) {
         name: "netns-probe".into(),
         fd3: None,
         netns: ns.map(|n| n.path().to_owned()),
+        private_shm_mb: None,
+        private_tmp: None,
     };
     let task = json!({ "confinement": confinement(), "attempt": attempt }).to_string() + "\n";
     let (_, out, err) = run(

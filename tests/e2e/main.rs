@@ -17,6 +17,7 @@ mod provisioner;
 mod replicas;
 mod sandbox;
 mod scripts;
+mod scripts_as_written;
 mod server_lifecycle;
 mod sharded;
 mod sharing;

@@ -8,7 +8,7 @@
 //! scheduler declared lost, or that left, gets 410 Gone and must register
 //! again.
 
-use super::access::{authorize, executor_row, EXECUTOR_COLUMNS};
+use super::access::{executor_row, ExecutorOrAdmin, OwnExecutor, EXECUTOR_COLUMNS};
 use super::job_rows::{fetch_job, stored_spec};
 use super::params::{parse_body, text};
 use crate::auth::{bearer, constant_time_eq, hash_token as hash};
@@ -69,6 +69,11 @@ fn info_from_row(r: &PgRow, roles: Vec<RoleInfo>) -> ApiResult<ExecutorInfo> {
         labels: serde_json::from_value(r.try_get("labels")?).map_err(internal)?,
         sandbox: r
             .try_get::<Option<serde_json::Value>, _>("sandbox")?
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(internal)?,
+        environments: r
+            .try_get::<Option<serde_json::Value>, _>("environments")?
             .map(serde_json::from_value)
             .transpose()
             .map_err(internal)?,
@@ -316,11 +321,9 @@ async fn record_progress(
 )]
 pub async fn heartbeat(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    ExecutorId(id): ExecutorId,
+    OwnExecutor { id, row }: OwnExecutor,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<HeartbeatResponse>> {
-    let row = authorize(&st, &headers, id, false).await?;
     let state = gone_if_removed(&row)?;
     let mut req: HeartbeatRequest = parse_body(&body)?;
     if req.roles.len() > MAX_REPORTED_ROLES {
@@ -338,6 +341,11 @@ pub async fn heartbeat(
     req.roles.sort();
     req.roles.dedup();
     let held = serde_json::to_value(&req.held).map_err(|e| ApiError::Internal(e.into()))?;
+    let environments = req
+        .environments
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| ApiError::Internal(e.into()))?;
     let progress = progress_rows(&req)?;
     // As `assignments` rows name them (the scheduler compares the two).
     let reported: serde_json::Value = req
@@ -347,7 +355,8 @@ pub async fn heartbeat(
         .collect();
     // Only live or draining executors are refreshed: a lost one stays lost.
     let changed: Option<bool> = sqlx::query_scalar(
-        "UPDATE executors e SET last_heartbeat_at = clock_timestamp(), reported = $2, held = $3
+        "UPDATE executors e SET last_heartbeat_at = clock_timestamp(), reported = $2, held = $3,
+                environments = coalesce($4, e.environments)
          FROM (SELECT reported AS old, held AS old_held FROM executors WHERE id = $1) o
          WHERE e.id = $1 AND e.state IN ('live', 'draining')
          RETURNING o.old IS DISTINCT FROM $2 OR o.old_held IS DISTINCT FROM $3",
@@ -355,6 +364,7 @@ pub async fn heartbeat(
     .bind(id)
     .bind(&reported)
     .bind(&held)
+    .bind(environments)
     .fetch_optional(&st.db)
     .await?;
     match changed {
@@ -627,10 +637,8 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
 )]
 pub async fn drain(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    ExecutorId(id): ExecutorId,
+    ExecutorOrAdmin { id, row }: ExecutorOrAdmin,
 ) -> ApiResult<Json<ExecutorInfo>> {
-    let row = authorize(&st, &headers, id, true).await?;
     gone_if_removed(&row)?;
     sqlx::query("UPDATE executors SET state = 'draining', state_changed_at = clock_timestamp() WHERE id = $1 AND state = 'live'")
         .bind(id)
@@ -658,10 +666,8 @@ pub async fn drain(
 )]
 pub async fn leave(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    ExecutorId(id): ExecutorId,
+    ExecutorOrAdmin { id, row }: ExecutorOrAdmin,
 ) -> ApiResult<Json<ExecutorInfo>> {
-    let row = authorize(&st, &headers, id, true).await?;
     gone_if_removed(&row)?;
     let mut tx = st.db.begin().await?;
     sqlx::query("SELECT 1 FROM executors WHERE id = $1 FOR UPDATE")
@@ -716,11 +722,9 @@ pub async fn leave(
 )]
 pub async fn inspection(
     State(st): State<AppState>,
-    headers: HeaderMap,
-    ExecutorId(id): ExecutorId,
+    OwnExecutor { id, .. }: OwnExecutor,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<Job>> {
-    authorize(&st, &headers, id, false).await?;
     let report: InspectionReport = parse_body(&body)?;
     let mut tx = st.db.begin().await?;
     let row: Option<(JobState, Option<Uuid>, serde_json::Value)> =

@@ -179,3 +179,15 @@ pub async fn assert_problem(r: Response, status: u16, field: Option<&str>) -> Va
     }
     body
 }
+
+/// `POST /v1/executors/{id}/{what}` with `body`, as executor `id` with its
+/// `token`.
+pub async fn executor_post(
+    app: &TestApp,
+    (id, token): (&str, &str),
+    what: &str,
+    body: &Value,
+) -> Response {
+    app.post_as(&format!("/v1/executors/{id}/{what}"), token, body)
+        .await
+}

@@ -13,6 +13,7 @@ mod helpers;
 mod jobs;
 mod models;
 mod openapi;
+mod packages;
 mod provisioner;
 mod schema;
 mod scripts;

@@ -32,6 +32,26 @@ pub struct HeartbeatRequest {
     /// places no other job on them until they are gone from this list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldDevice>,
+    /// Its cache of script jobs' Python environments (absent: it keeps
+    /// none, or did not say; the last one reported stays listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environments: Option<EnvironmentCache>,
+}
+
+/// An executor's cache of Python environments (a script job's own
+/// packages, installed over a runtime): on its disk, bounded, evicted
+/// least recently used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentCache {
+    /// Environments kept.
+    pub environments: u32,
+    /// Those that ranks are running in now (never evicted).
+    pub in_use: u32,
+    /// Bytes they take on its disk.
+    pub bytes: u64,
+    /// Most bytes they may take (`--env-cache-mb`).
+    pub budget_bytes: u64,
 }
 
 /// A device a stopped role still holds (at most [`MAX_REPORTED_ROLES`] in

@@ -341,4 +341,64 @@ pub struct RoleReport {
     /// Checkpoint shards this role has finished uploading.
     #[serde(default)]
     pub checkpoints: Vec<crate::checkpoint::ShardUploaded>,
+    /// Phases of installing a script job's own packages before this rank
+    /// started (at most [`MAX_PACKAGES_PHASES`]); each is a `packages`
+    /// event of the job, once per rank, generation and stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<PackagesPhase>,
+}
+
+/// Most package phases one report may carry.
+pub const MAX_PACKAGES_PHASES: usize = 16;
+/// Longest `detail` of a package phase, characters.
+pub const MAX_PACKAGES_DETAIL: usize = 2048;
+
+/// A phase of installing a script job's own packages on one rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PackagesPhase {
+    /// Which phase.
+    pub stage: PackagesStage,
+    /// What was asked or done, in words (at most 2048 characters).
+    pub detail: String,
+    /// Packages installed over the runtime (`ready`, `cached`) or to be
+    /// installed (`installing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<u32>,
+    /// Seconds the phase took, from the rank's request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// The environment's key (a prefix of the SHA-256 of the resolved set
+    /// and the runtime): the same for every rank given the same set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+}
+
+/// The phases of a job's packages on a rank, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PackagesStage {
+    /// The resolver runs against the package index.
+    Resolving,
+    /// What the runtime lacks is downloaded and installed.
+    Installing,
+    /// A new environment is ready.
+    Ready,
+    /// The executor had the environment already.
+    Cached,
+    /// Resolution or installation failed: the job fails.
+    Failed,
+}
+
+impl PackagesStage {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PackagesStage::Resolving => "resolving",
+            PackagesStage::Installing => "installing",
+            PackagesStage::Ready => "ready",
+            PackagesStage::Cached => "cached",
+            PackagesStage::Failed => "failed",
+        }
+    }
 }

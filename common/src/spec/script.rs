@@ -63,10 +63,15 @@ pub const TORCHRUN_ENV: [&str; 16] = [
 
 /// Variables a spec may not set besides [`TORCHRUN_ENV`]: the sandbox's
 /// own (folders, the loader's and Python's search paths).
-pub const RESERVED_ENV: [&str; 9] = [
+pub const RESERVED_ENV: [&str; 14] = [
     "PATH",
     "HOME",
     "TMPDIR",
+    "XDG_CACHE_HOME",
+    "HF_HOME",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "MPLCONFIGDIR",
     "LD_PRELOAD",
     "LD_LIBRARY_PATH",
     "LD_AUDIT",
@@ -112,6 +117,72 @@ pub struct ScriptSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = 3600)]
     pub max_seconds: Option<u64>,
+    /// The script's own Python packages, which each executor installs with
+    /// uv into an environment layered over its runtime (the runtime's
+    /// torch is kept): a requirements file (`artifact:NAME`, or an
+    /// admin-allowed URL) or a list of requirement lines (`"tqdm==4.66.5"`).
+    /// Not given: the code archive's own `requirements.txt`, or the
+    /// `dependencies` its `pyproject.toml` declares. Only packages from
+    /// the executors' package index: no options, paths or direct URLs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<Requirements>,
+}
+
+/// A script's own packages ([`ScriptSpec::requirements`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Requirements {
+    /// A requirements file: `artifact:NAME` or an admin-allowed URL.
+    #[schema(example = "artifact:requirements.txt")]
+    File(String),
+    /// Requirement lines, as in a requirements file.
+    #[schema(example = json!(["tqdm==4.66.5", "scikit-learn>=1.5"]))]
+    Lines(Vec<String>),
+}
+
+/// Most requirement lines a script may name.
+pub const MAX_REQUIREMENTS: usize = 200;
+/// Longest requirement line, bytes.
+pub const MAX_REQUIREMENT_BYTES: usize = 400;
+
+/// Why `line` (one line of a requirements file, comments and blank lines
+/// already dropped) is not taken, if it is not: only packages from the
+/// executors' index, so nothing of a requirement can name a host file, an
+/// index or another host.
+pub fn requirement_problem(line: &str) -> Option<&'static str> {
+    let line = line.trim();
+    if line.is_empty() {
+        return Some("must name a package");
+    }
+    if line.len() > MAX_REQUIREMENT_BYTES || line.chars().any(char::is_control) {
+        return Some("must be at most 400 bytes, without control characters");
+    }
+    if line.starts_with('-') {
+        return Some("options (-r, -c, -e, --index-url, --find-links, …) are not taken: the executor's admin chooses the package index");
+    }
+    let lower = line.to_ascii_lowercase();
+    if line.contains('@') || lower.contains("file:") || lower.contains("://") {
+        return Some("direct references (`name @ URL`, `file:`, VCS URLs) are not taken: name a package of the index, with a version if you like (`tqdm==4.66.5`)");
+    }
+    if !line.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Some("must start with a package name (local paths are not taken)");
+    }
+    None
+}
+
+/// The requirement lines of a requirements file's `text`: without blank
+/// lines, comments (`# …`, and after ` #`) and line continuations.
+pub fn requirement_lines(text: &str) -> Vec<String> {
+    text.replace("\\\n", " ")
+        .lines()
+        .map(|l| match l.find(" #") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
 }
 
 impl ScriptSpec {
@@ -215,92 +286,6 @@ pub fn env_key_problem(key: &str) -> Option<String> {
         return Some("is set by the sandbox".into());
     }
     None
-}
-
-/// What a model job trains, every part present: a checked job has either
-/// all of them or a script ([`super::UncheckedJobSpec::model_job`]).
-#[derive(Debug, Clone, Copy)]
-pub struct ModelJob<'a> {
-    /// The model.
-    pub model: &'a super::ModelSpec,
-    /// Its data.
-    pub dataset: &'a super::DatasetSpec,
-    /// Its loss.
-    pub loss: super::Loss,
-    /// Its optimizer.
-    pub optimizer: &'a super::OptimizerSpec,
-    /// Samples per worker per step.
-    pub batch_size: u32,
-}
-
-impl super::UncheckedJobSpec {
-    /// The model job's parts; `None` for a script job (or a spec missing
-    /// one, which no checked spec is).
-    pub fn model_job(&self) -> Option<ModelJob<'_>> {
-        Some(ModelJob {
-            model: self.model.as_ref()?,
-            dataset: self.dataset.as_ref()?,
-            loss: self.loss?,
-            optimizer: self.optimizer.as_ref()?,
-            batch_size: self.batch_size?,
-        })
-    }
-
-    /// Whether it runs a user's script.
-    pub fn is_script(&self) -> bool {
-        self.script.is_some()
-    }
-
-    /// Memory one worker is charged on its device, MiB: its
-    /// `resources.memory_mb`, and for a script job on the CPU its spare
-    /// interpreter's too ([`SPARE_INTERPRETER_MB`]), which lives in the
-    /// executor's RAM, the CPU device's memory. A CUDA worker is charged
-    /// its GPU's memory only, which a spare (started before any CUDA
-    /// call) does not use.
-    pub fn worker_memory_mb(&self) -> u64 {
-        let spare = if self.is_script() && self.resources.device == super::Device::Cpu {
-            SPARE_INTERPRETER_MB
-        } else {
-            0
-        };
-        self.resources.memory_mb.saturating_add(spare)
-    }
-}
-
-/// A model job's parts. [`super::JobSpec::parse`] guarantees that a spec
-/// without a `script` has every one of them, so these are for the code
-/// that runs model jobs only (the executor's replicas, shards and
-/// inspection, on a checked spec); a script job's path never calls them,
-/// and code that may see either kind reads the `Option` fields or
-/// [`super::UncheckedJobSpec::model_job`].
-impl super::UncheckedJobSpec {
-    const MODEL_JOB: &'static str =
-        "a checked spec without a script is a model job with all its parts";
-
-    /// The model.
-    pub fn model(&self) -> &super::ModelSpec {
-        self.model.as_ref().expect(Self::MODEL_JOB)
-    }
-
-    /// The dataset.
-    pub fn dataset(&self) -> &super::DatasetSpec {
-        self.dataset.as_ref().expect(Self::MODEL_JOB)
-    }
-
-    /// The loss.
-    pub fn loss(&self) -> super::Loss {
-        self.loss.expect(Self::MODEL_JOB)
-    }
-
-    /// The optimizer.
-    pub fn optimizer(&self) -> &super::OptimizerSpec {
-        self.optimizer.as_ref().expect(Self::MODEL_JOB)
-    }
-
-    /// Samples per worker per step.
-    pub fn batch_size(&self) -> u32 {
-        self.batch_size.expect(Self::MODEL_JOB)
-    }
 }
 
 /// The first port of the range a script job's rendezvous port (its

@@ -194,12 +194,18 @@ async fn heartbeat(
 ) -> Result<bool, Beat> {
     let before = roles.running();
     let held = roles.held();
+    // Walking the environments' folder blocks (now and then).
+    let environments = tokio::task::spawn_blocking(crate::script::packages::cache_report)
+        .await
+        .ok()
+        .flatten();
     // Not held by the API while a device is held: its release is news.
     let body = HeartbeatRequest {
         roles: before.clone(),
         wait_ms: (long_poll && held.is_empty()).then_some(s.interval.as_millis() as u64),
         progress: roles.progress(),
         held,
+        environments,
     };
     match client.heartbeat(s.id, &body).await {
         Ok(hb) => {

@@ -15,7 +15,9 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::mpsc::UnboundedReceiver as Items;
 use trainyard_client::{Client, Reported};
-use trainyard_common::cluster::{InspectionReport, LogLine, RoleKey, RoleReport};
+use trainyard_common::cluster::{
+    InspectionReport, LogLine, RoleKey, RoleReport, MAX_PACKAGES_PHASES,
+};
 use uuid::Uuid;
 
 /// How often buffered items are sent.
@@ -170,6 +172,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
         logs: Vec::new(),
         outcome: None,
         checkpoints: Vec::new(),
+        packages: Vec::new(),
     };
     let mut seq = 0u64;
     let mut open = true;
@@ -204,6 +207,11 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 }
                 Ok(Some(Item::Outcome(o))) => pending.outcome = Some(o),
                 Ok(Some(Item::Checkpoint(c))) => pending.checkpoints.push(c),
+                Ok(Some(Item::Packages(p))) => {
+                    pending.packages.push(p);
+                    // A phase is news: the job's events show it now.
+                    break;
+                }
                 Ok(None) => open = false,
                 Err(_) => break,
             }
@@ -213,6 +221,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             && pending.logs.is_empty()
             && pending.outcome.is_none()
             && pending.checkpoints.is_empty()
+            && pending.packages.is_empty()
         {
             if !open {
                 return;
@@ -233,6 +242,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
             // Shard reports go first: the API commits a checkpoint before
             // the job's end (at_end) is applied.
             checkpoints: pending.checkpoints.clone(),
+            packages: pending.packages[..pending.packages.len().min(MAX_PACKAGES_PHASES)].to_vec(),
         };
         let answer = match client.report(executor, &slice).await {
             // The credential this role started under is no longer one the
@@ -255,6 +265,8 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 failures = 0;
                 pending.metrics.drain(..nm);
                 pending.logs.drain(..nl);
+                let phases = slice.packages.len();
+                pending.packages.drain(..phases);
                 let sent = std::mem::take(&mut pending.checkpoints).len();
                 sink.uploads.done(sent);
                 if last {
@@ -276,6 +288,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 | !pending.logs.is_empty()
                 | pending.outcome.is_some()
                 | !pending.checkpoints.is_empty()
+                | !pending.packages.is_empty()
         {
             // The role has ended: nothing new to wait for, but a failed send
             // still waits its backoff instead of spinning.

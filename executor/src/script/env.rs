@@ -21,8 +21,10 @@ pub struct Folders<'a> {
     pub checkpoints: &'a Path,
     /// Its outputs (read-write; rank 0's are the job's outputs).
     pub outputs: &'a Path,
-    /// Its scratch (home and temporary folder).
+    /// Its scratch (home).
     pub scratch: &'a Path,
+    /// Its temporary folder, as it sees it.
+    pub tmp: &'a Path,
     /// The file `trainyard.report()` appends to.
     pub reports: &'a Path,
 }
@@ -151,8 +153,26 @@ pub fn environment(
         ("TRAINYARD_OUTPUT_DIR", dir(folders.outputs)),
         ("TRAINYARD_CODE_DIR", dir(folders.code)),
         ("TRAINYARD_REPORT_FILE", dir(folders.reports)),
+        // What libraries expect of a home: caches and temporary files in
+        // the rank's own scratch (kept across the job's restarts on this
+        // executor, so a warm restart does not compile its kernels again),
+        // never shared with another job.
         ("HOME", dir(folders.scratch)),
-        ("TMPDIR", dir(folders.scratch)),
+        ("TMPDIR", dir(folders.tmp)),
+        ("XDG_CACHE_HOME", dir(&folders.scratch.join(".cache"))),
+        ("HF_HOME", dir(&folders.scratch.join(".cache/huggingface"))),
+        (
+            "TORCHINDUCTOR_CACHE_DIR",
+            dir(&folders.scratch.join(".cache/torchinductor")),
+        ),
+        (
+            "TRITON_CACHE_DIR",
+            dir(&folders.scratch.join(".cache/triton")),
+        ),
+        (
+            "MPLCONFIGDIR",
+            dir(&folders.scratch.join(".config/matplotlib")),
+        ),
         ("USER", "trainyard".to_owned()),
         ("LOGNAME", "trainyard".to_owned()),
         ("PATH", "/usr/local/bin:/usr/bin:/bin".to_owned()),
@@ -198,6 +218,7 @@ mod tests {
             checkpoints: p,
             outputs: p,
             scratch: p,
+            tmp: p,
             reports: p,
         };
         let place = Place {
@@ -243,6 +264,19 @@ mod tests {
         assert_eq!(get("TORCHELASTIC_MAX_RESTARTS"), "3");
         assert_eq!(get("OMP_NUM_THREADS"), "2");
         assert_eq!(get("SEED"), "1");
+        for k in [
+            "HOME",
+            "TMPDIR",
+            "XDG_CACHE_HOME",
+            "HF_HOME",
+            "TORCHINDUCTOR_CACHE_DIR",
+        ] {
+            assert!(
+                get(k).starts_with("/w"),
+                "{k} in the rank's scratch: {}",
+                get(k)
+            );
+        }
         let one = env_of(&peers, 1, 3);
         assert_eq!(one["LOCAL_RANK"], "1");
         assert_eq!(one["LOCAL_WORLD_SIZE"], "2");

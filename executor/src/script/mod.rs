@@ -34,8 +34,12 @@
 pub mod checkpoints;
 pub mod code;
 pub mod env;
+pub mod packages;
+pub mod proxy;
 pub mod relay;
+pub mod repeats;
 pub mod reports;
+pub mod toolchain;
 pub mod warm;
 
 use crate::role::Role;
@@ -46,7 +50,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trainyard_common::checkpoint::output_key;
-use trainyard_common::cluster::{LogLevel, RoleOutcome, WorkerPeer};
+use trainyard_common::cluster::{
+    LogLevel, PackagesPhase, PackagesStage, RoleOutcome, WorkerPeer, MAX_PACKAGES_DETAIL,
+};
 use trainyard_common::spec::script::DEFAULT_SCRIPT_SECONDS;
 use trainyard_common::spec::{input_name, ScriptSpec};
 use trainyard_confined::protocol::ScriptTask;
@@ -128,6 +134,11 @@ struct Started {
     /// Metrics it reported that are not stored, already named in the log.
     unknown: std::collections::BTreeSet<String>,
     rank: u32,
+    /// Whether its script reported anything (`trainyard.report()`) in
+    /// this try.
+    reported: bool,
+    /// Its packages' environment (in use while it runs).
+    _env: Option<packages::Env>,
     checkpoints: PathBuf,
     /// Its workspace (removed when dropped, after the process ended).
     _ws: crate::sandbox::Workspace,
@@ -145,9 +156,8 @@ fn prepare(
     let sandbox = &role.ctx.sandbox;
     let job = a.key.job_id;
     let refused = Failure::Refused;
-    let python = sandbox.python(script.python.as_deref()).map_err(refused)?;
-    let mut runtime = runtime_folders(python).map_err(Failure::Refused)?;
-    runtime.extend(network_folders());
+    let base = sandbox.python(script.python.as_deref()).map_err(refused)?;
+
     // The slot's folders outlive the generation (a spare interpreter for
     // the next one is confined to them before its rank exists).
     let slot = a.device.unwrap_or(0);
@@ -176,6 +186,73 @@ fn prepare(
             .map_err(|e| Failure::Refused(e.to_string()))?;
         std::fs::rename(&part, &code_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
     }
+    // The job's own packages, in an environment over the runtime, made
+    // (or found) before the rank starts.
+    let fetch_file = |url: &str| match fetch(url, "script.requirements") {
+        Ok(f) => Ok(f.path),
+        Err(Failure::Refused(e) | Failure::Crashed(e) | Failure::OutOfTime(e)) => Err(e),
+    };
+    let env = match packages::wanted(script.requirements.as_ref(), &fetch_file, &code_dir)
+        .map_err(Failure::Refused)?
+    {
+        Some(wanted) => {
+            let base_runtime = runtime_folders(base).map_err(Failure::Refused)?;
+            let log = |line: String| role.log(LogLevel::Info, format!("rank {rank}: {line}"));
+            let phase = |p: PackagesPhase| role.packages(p);
+            let run = packages::Run {
+                sandbox,
+                python: base,
+                runtime: &base_runtime,
+                log: &log,
+                phase: &phase,
+                stopping: &|| role.stopping(),
+            };
+            let asked = Instant::now();
+            match packages::config(sandbox).ensure(&run, &wanted) {
+                Ok(env) => {
+                    if env.cached {
+                        let seconds = asked.elapsed().as_secs_f64();
+                        role.log(
+                            LogLevel::Info,
+                            format!(
+                                "rank {rank}: packages: this executor's environment for them ({} packages, ready in {seconds:.3} s)",
+                                env.packages,
+                            ),
+                        );
+                        phase(PackagesPhase {
+                            stage: PackagesStage::Cached,
+                            detail: format!("this executor's environment {} for them", env.key()),
+                            packages: Some(u32::try_from(env.packages).unwrap_or(u32::MAX)),
+                            seconds: Some(seconds),
+                            environment: Some(env.key().to_owned()),
+                        });
+                    }
+                    Some(env)
+                }
+                Err(packages::InstallError::Refused(why)) => {
+                    phase(PackagesPhase {
+                        stage: PackagesStage::Failed,
+                        detail: why.chars().take(MAX_PACKAGES_DETAIL).collect(),
+                        packages: None,
+                        seconds: Some(asked.elapsed().as_secs_f64()),
+                        environment: None,
+                    });
+                    return Err(Failure::Refused(why));
+                }
+                Err(packages::InstallError::Executor(why)) => return Err(Failure::Crashed(why)),
+                Err(packages::InstallError::Stopped) => {
+                    return Err(Failure::Crashed("stopped while installing packages".into()))
+                }
+            }
+        }
+        None => None,
+    };
+    let python = env.as_ref().map_or(base, |e| e.python.as_path());
+    let mut runtime = runtime_folders(python).map_err(Failure::Refused)?;
+    runtime.extend(network_folders());
+    // torch.compile's inductor runs the host's C++ compiler on the headers
+    // of the compiler, the system and Python (all read-only).
+    runtime.extend(toolchain::folders().iter().cloned());
     std::fs::create_dir_all(&input_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
     for (i, url) in a.spec.inputs.iter().enumerate() {
         let file = fetch(url, &format!("inputs[{i}]"))?;
@@ -271,12 +348,23 @@ fn prepare(
         interface,
         relayed: netns.is_some(),
     };
+    // Confined, its `/tmp` is its own (bound there); unconfined, a folder
+    // of its scratch.
+    let tmp = match netns {
+        Some(_) => PathBuf::from(crate::sandbox::SCRIPT_TMP),
+        None => {
+            let t = ws.scratch().join("tmp");
+            std::fs::create_dir_all(&t).map_err(|e| Failure::Crashed(e.to_string()))?;
+            t
+        }
+    };
     let folders = env::Folders {
         code: &code_dir,
         inputs: &input_dir,
         checkpoints: &checkpoints,
         outputs: &outputs,
         scratch: &home,
+        tmp: &tmp,
         reports: &report_file,
     };
     let library_path = std::env::var("LD_LIBRARY_PATH").ok();
@@ -351,6 +439,8 @@ fn prepare(
         reports: reports::Reports::new(report_file),
         unknown: Default::default(),
         rank,
+        reported: false,
+        _env: env,
         checkpoints,
         _ws: ws,
         outputs,
@@ -369,24 +459,12 @@ pub fn runtime_folders(python: &Path) -> Result<Vec<PathBuf>, String> {
     {
         return Ok(f);
     }
-    let out = std::process::Command::new(python)
-        .args([
-            "-I",
-            "-c",
-            "import sys, os; print('\\n'.join([os.path.realpath(sys.executable), sys.prefix, sys.base_prefix] + [p for p in sys.path if p]))",
-        ])
-        .env_clear()
-        .output()
-        .map_err(|e| format!("cannot run the Python runtime {}: {e}", python.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "the Python runtime {} does not start: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    let out = ask_python(
+        python,
+        "import sys, os, sysconfig; i = sysconfig.get_paths(); print('\\n'.join([os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, i['include'], i['platinclude']] + [p for p in sys.path if p]))",
+    )?;
     let mut folders: Vec<PathBuf> = vec![python.to_owned()];
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let p = PathBuf::from(line.trim());
         // The base prefix of a system Python is `/usr`: its library
         // folder is the runtime's, not the whole of `/usr`.
@@ -401,6 +479,24 @@ pub fn runtime_folders(python: &Path) -> Result<Vec<PathBuf>, String> {
         k.push((python.to_owned(), folders.clone()));
     }
     Ok(folders)
+}
+
+/// What the interpreter at `python` prints running `code` isolated (`-I`,
+/// no environment): the admin's runtime, asked unconfined.
+pub fn ask_python(python: &Path, code: &str) -> Result<String, String> {
+    let out = std::process::Command::new(python)
+        .args(["-I", "-c", code])
+        .env_clear()
+        .output()
+        .map_err(|e| format!("cannot run the Python runtime {}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the Python runtime {} does not start: {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// What gloo reads to pick its interface and transport: the network
@@ -492,6 +588,11 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
     if matches!(ending, Ending::TimedOut(_)) {
         return Err(Failure::OutOfTime(reason));
     }
+    if toolchain::folders().is_empty() && toolchain::wanted_by(&last) {
+        return Err(Failure::Refused(format!(
+            "torch.compile needs a C++ compiler on the executor, and this one has none (no c++ or g++ on its PATH); {reason}"
+        )));
+    }
     // A rank killed by a signal or a limit failed by itself: restart at
     // once. One that exited with an error may have seen its collective
     // break because a peer's executor died.
@@ -511,6 +612,13 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
                 return Ok(Ended::Stopped);
             }
         }
+    }
+    // Not a peer's loss: the script's own failure, which may be the one
+    // it had last time.
+    let job = role.assignment.key.job_id;
+    let slot = role.assignment.device.unwrap_or(0);
+    if let Some(twice) = repeats::same_again((job, slot), s.reported, &ending, &last) {
+        return Err(Failure::Refused(format!("{twice}; {reason}")));
     }
     Err(Failure::Crashed(reason))
 }
@@ -560,6 +668,7 @@ fn read_reports(role: &Role, s: &mut Started) -> bool {
         );
     }
     let mut asked = false;
+    s.reported |= !got.is_empty();
     for r in got {
         role.ctx.progress.step_done(r.step, 0.0);
         if let Some(c) = s.committer.as_mut() {

@@ -5,6 +5,12 @@ DistributedSampler, saves a checkpoint after every epoch and loads it when
 it is restarted, and rank 0 saves the trained weights. It runs the same
 under `torchrun --nproc-per-node 2 ddp_digits.py` and as a Trainyard script
 job; the folders come from the environment, with local defaults.
+
+The options are what people add to such a script every day: DataLoader
+worker processes (`--workers`, `--start-method`, `--persistent`),
+`torch.compile` (`--compile`), and packages of their own (`--progress`:
+tqdm's bar, `--sklearn`: scikit-learn's accuracy, `--table`: tabulate's
+summary). None changes what is trained.
 """
 
 import argparse
@@ -50,7 +56,18 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--data", default="digits-train.npz")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--start-method", default=None, choices=["fork", "spawn", "forkserver"])
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--sklearn", action="store_true")
+    p.add_argument("--table", action="store_true")
     args = p.parse_args()
+    if args.progress:
+        import tqdm
+
+        print(f"tqdm {tqdm.__version__} from {tqdm.__file__}", flush=True)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -65,15 +82,21 @@ def main():
     y = torch.from_numpy(np.asarray(d["y"])).long().flatten()
     data = TensorDataset(x, y)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
-    loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
+    extra = {}
+    if args.workers:
+        extra = {"num_workers": args.workers, "persistent_workers": args.persistent}
+        if args.start_method:
+            extra["multiprocessing_context"] = args.start_method
+    loader = DataLoader(data, batch_size=args.batch, sampler=sampler, **extra)
 
-    model = DDP(Net())
+    net = Net()
+    model = DDP(torch.compile(net) if args.compile else net)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start = 0
     ckpt = os.path.join(ckpt_dir, "last.pt")
     if os.path.exists(ckpt):
         state = torch.load(ckpt)
-        model.module.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = state["epoch"] + 1
         print(f"rank {rank}: resumed after epoch {state['epoch']}", flush=True)
@@ -82,7 +105,10 @@ def main():
         model.train()
         sampler.set_epoch(epoch)
         total, n = 0.0, 0
-        for xb, yb in loader:
+        batches = loader
+        if args.progress:
+            batches = tqdm.tqdm(loader, disable=rank != 0, mininterval=5)
+        for xb, yb in batches:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(xb), yb)
             loss.backward()
@@ -92,14 +118,28 @@ def main():
         # Rank 0 saves (DDP keeps the replicas equal); every rank loads.
         if rank == 0:
             tmp = ckpt + ".tmp"
-            state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch}
+            state = {"model": net.state_dict(), "opt": opt.state_dict(), "epoch": epoch}
             torch.save(state, tmp)
             os.replace(tmp, ckpt)
         report(epoch + 1, checkpoint=True, loss=total / max(n, 1), lr=args.lr, batches=n)
 
+    if rank == 0 and (args.sklearn or args.table):
+        net.eval()
+        with torch.no_grad():
+            predicted = net(x).argmax(1).numpy()
+        if args.sklearn:
+            import sklearn
+            from sklearn.metrics import accuracy_score
+
+            train_accuracy = accuracy_score(y.numpy(), predicted)
+            print(f"scikit-learn {sklearn.__version__}: train accuracy {train_accuracy:.4f}", flush=True)
+        if args.table:
+            from tabulate import tabulate
+
+            print(tabulate([["rows", len(y)], ["epochs", args.epochs]], headers=["what", "n"]), flush=True)
     if rank == 0:
         os.makedirs(out_dir, exist_ok=True)
-        torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt"))
+        torch.save(net.state_dict(), os.path.join(out_dir, "model.pt"))
     dist.destroy_process_group()
 
 

@@ -167,10 +167,15 @@ fn advertised(bound: std::net::SocketAddr, host: Option<&str>) -> String {
     }
 }
 
-fn parse_label(s: &str) -> Result<(String, String), String> {
+/// A `--label` or `--python` value without its `=`.
+#[derive(Debug, thiserror::Error)]
+#[error("expected key=value, got {0:?}")]
+struct NotKeyValue(String);
+
+fn parse_label(s: &str) -> Result<(String, String), NotKeyValue> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+        .ok_or_else(|| NotKeyValue(s.to_owned()))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -198,11 +203,9 @@ fn main() -> anyhow::Result<()> {
             cli.sandbox_dir.clone().unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("trainyard-sandbox-{}", std::process::id()))
             }),
-            sandbox::child_program(&std::env::current_exe().context("finding this executable")?)
-                .map_err(anyhow::Error::msg)?,
+            sandbox::child_program(&std::env::current_exe().context("finding this executable")?)?,
             cli.torch_threads,
-        )
-        .map_err(anyhow::Error::msg)?
+        )?
         .with_pythons(
             cli.pythons
                 .iter()
@@ -263,7 +266,7 @@ fn main() -> anyhow::Result<()> {
         trainyard_executor::script::packages::configure(
             trainyard_executor::script::packages::Config::new(
                 cli.uv.clone(),
-                sandbox.python(None).map_err(anyhow::Error::msg)?,
+                sandbox.python(None)?,
                 &cli.package_index,
                 &cli.package_hosts,
                 env_dir,

@@ -37,22 +37,120 @@ pub enum Mode {
     Off,
 }
 
+/// Why the sandbox could not run a child, or what ended it without an
+/// answer. Its text is the reason users read.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// This kernel cannot confine what was asked (`--sandbox on`).
+    #[error("{0}")]
+    Refused(String),
+    /// `trainyard-confined` is not beside the executor.
+    #[error("{} is missing: the executor starts users' code in it and does not run without it (install it beside {}; `cargo build --bins` builds both)", .program.display(), .executable.display())]
+    NoProgram {
+        /// Where it was looked for.
+        program: PathBuf,
+        /// The executor's binary.
+        executable: PathBuf,
+    },
+    /// The sandbox's user (`--sandbox-user`) does not exist.
+    #[error("{0}")]
+    User(String),
+    /// A script job names a runtime this executor does not have.
+    #[error("this executor has no Python runtime named {name:?} (it has: {})", .have.join(", "))]
+    NoPython {
+        /// The name asked for.
+        name: String,
+        /// The runtimes it has.
+        have: Vec<String>,
+    },
+    /// A folder or file of a child could not be made, given or copied.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The child did not start or did not take its task.
+    #[error("{what}: {source}")]
+    Start {
+        /// What was being started.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// A confined script rank without its network namespace.
+    #[error("a confined script rank needs its network namespace")]
+    NoNetns,
+    /// The child's task line could not be written or amended.
+    #[error("the sandboxed child's task: {0}")]
+    Task(#[from] serde_json::Error),
+    /// The child exited cleanly but its answer is not readable.
+    #[error("the sandboxed {kind} answered nothing readable ({source}): {last}")]
+    Unreadable {
+        /// What the child was.
+        kind: Kind,
+        /// Why its answer is not readable.
+        source: serde_json::Error,
+        /// The last line it wrote on stderr.
+        last: String,
+    },
+    /// The child ran out of its memory.
+    #[error("the {kind} {ending} ({asked_mb} MiB asked by resources.memory_mb, {RUNTIME_MB} MiB for the runtime)")]
+    Memory {
+        /// What the child was.
+        kind: Kind,
+        /// How it ended.
+        ending: Ending,
+        /// What the job asked for.
+        asked_mb: u64,
+    },
+    /// The child ended otherwise (a signal, a time limit, an exit code).
+    #[error("the {kind} {ending}{}", colon(.last))]
+    Ended {
+        /// What the child was.
+        kind: Kind,
+        /// How it ended.
+        ending: Ending,
+        /// The last line it wrote on stderr.
+        last: String,
+    },
+}
+
+/// `": LAST"`, or nothing where `last` is empty.
+fn colon(last: &str) -> String {
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!(": {last}")
+    }
+}
+
+impl SandboxError {
+    fn io(what: String) -> impl FnOnce(std::io::Error) -> SandboxError {
+        move |source| SandboxError::Io { what, source }
+    }
+
+    fn start(what: String) -> impl FnOnce(std::io::Error) -> SandboxError {
+        move |source| SandboxError::Start { what, source }
+    }
+}
+
 /// The program a confined child runs: the `trainyard-confined` crate's.
 pub const CHILD_PROGRAM: &str = "trainyard-confined";
 
 /// The confined child's program installed beside `executable` (the
 /// executor's): an executor without it cannot confine users' code and does
 /// not start.
-pub fn child_program(executable: &Path) -> Result<PathBuf, String> {
+pub fn child_program(executable: &Path) -> Result<PathBuf, SandboxError> {
     let program = executable.with_file_name(CHILD_PROGRAM);
     if program.is_file() {
         Ok(program)
     } else {
-        Err(format!(
-            "{} is missing: the executor starts users' code in it and does not run without it (install it beside {}; `cargo build --bins` builds both)",
-            program.display(),
-            executable.display()
-        ))
+        Err(SandboxError::NoProgram {
+            program,
+            executable: executable.to_owned(),
+        })
     }
 }
 
@@ -86,10 +184,15 @@ impl Sandbox {
         root: PathBuf,
         program: PathBuf,
         torch_threads: Option<i32>,
-    ) -> Result<Sandbox, String> {
-        let identity = user.map(Identity::named).transpose()?;
-        std::fs::create_dir_all(&root)
-            .map_err(|e| format!("sandbox folder {}: {e}", root.display()))?;
+    ) -> Result<Sandbox, SandboxError> {
+        let identity = user
+            .map(Identity::named)
+            .transpose()
+            .map_err(SandboxError::User)?;
+        std::fs::create_dir_all(&root).map_err(SandboxError::io(format!(
+            "sandbox folder {}",
+            root.display()
+        )))?;
         Ok(Sandbox {
             mode,
             identity,
@@ -114,14 +217,15 @@ impl Sandbox {
     }
 
     /// The interpreter of the runtime `name` (`None`: `default`).
-    pub fn python(&self, name: Option<&str>) -> Result<&Path, String> {
+    pub fn python(&self, name: Option<&str>) -> Result<&Path, SandboxError> {
         let name = name.unwrap_or("default");
-        self.pythons.get(name).map(PathBuf::as_path).ok_or_else(|| {
-            format!(
-                "this executor has no Python runtime named {name:?} (it has: {})",
-                self.pythons.keys().cloned().collect::<Vec<_>>().join(", ")
-            )
-        })
+        self.pythons
+            .get(name)
+            .map(PathBuf::as_path)
+            .ok_or_else(|| SandboxError::NoPython {
+                name: name.to_owned(),
+                have: self.pythons.keys().cloned().collect(),
+            })
     }
 
     /// The number of threads each child's libtorch (or script) may use.
@@ -257,7 +361,7 @@ impl Sandbox {
     }
 
     /// A fresh workspace named after `name` (removed when dropped).
-    pub fn workspace(&self, name: &str) -> Result<Workspace, String> {
+    pub fn workspace(&self, name: &str) -> Result<Workspace, SandboxError> {
         static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = self.root.join(format!("{name}-{n}"));
@@ -267,7 +371,7 @@ impl Sandbox {
 
     /// `dir` made a workspace: `inputs/` (the executor's) and `scratch/`
     /// (the sandbox user's); removed when dropped unless `keep`.
-    fn make_workspace(&self, dir: PathBuf, keep: bool) -> Result<Workspace, String> {
+    fn make_workspace(&self, dir: PathBuf, keep: bool) -> Result<Workspace, SandboxError> {
         let made = (|| {
             std::fs::create_dir_all(dir.join("inputs"))?;
             std::fs::create_dir_all(dir.join("scratch"))?;
@@ -277,16 +381,20 @@ impl Sandbox {
             }
             Ok::<_, std::io::Error>(())
         })();
-        made.map_err(|e| format!("sandbox workspace {}: {e}", dir.display()))?;
+        made.map_err(SandboxError::io(format!(
+            "sandbox workspace {}",
+            dir.display()
+        )))?;
         Ok(Workspace { dir, keep })
     }
 
     /// Folder `name` of job `job`'s own, kept across its generations on
     /// this executor (a script rank's checkpoints) and writable by the
     /// sandbox's user; removed by [`Sandbox::forget_job`].
-    pub fn job_folder(&self, job: uuid::Uuid, name: &str) -> Result<PathBuf, String> {
+    pub fn job_folder(&self, job: uuid::Uuid, name: &str) -> Result<PathBuf, SandboxError> {
         let dir = self.root.join("jobs").join(job.to_string()).join(name);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("job folder {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(SandboxError::io(format!("job folder {}", dir.display())))?;
         self.give(&dir)?;
         Ok(dir)
     }
@@ -300,7 +408,7 @@ impl Sandbox {
     /// executor (a script rank slot's code, inputs and scratch, which a
     /// spare interpreter is confined to before its rank exists); removed
     /// by [`Sandbox::forget_job`].
-    pub fn job_workspace(&self, job: uuid::Uuid, name: &str) -> Result<Workspace, String> {
+    pub fn job_workspace(&self, job: uuid::Uuid, name: &str) -> Result<Workspace, SandboxError> {
         self.make_workspace(
             self.root.join("jobs").join(job.to_string()).join(name),
             true,
@@ -308,10 +416,10 @@ impl Sandbox {
     }
 
     /// Makes `dir` the sandbox user's (when children run as one).
-    pub fn give(&self, dir: &Path) -> Result<(), String> {
+    pub fn give(&self, dir: &Path) -> Result<(), SandboxError> {
         if let Some(id) = self.identity {
             std::os::unix::fs::chown(dir, Some(id.uid), Some(id.gid))
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
+                .map_err(SandboxError::io(dir.display().to_string()))?;
         }
         Ok(())
     }
@@ -328,34 +436,30 @@ impl Sandbox {
         limits: Limits,
         timeout: Duration,
         stop: &dyn Fn() -> bool,
-    ) -> Result<R, String> {
+    ) -> Result<R, SandboxError> {
         if let Some(why) = self.refusal() {
-            return Err(why);
+            return Err(SandboxError::Refused(why));
         }
         let (line, spec) = self.prepare(kind, ws, task, limits, None, tch::Device::Cpu)?;
         let (ending, out, err) = run(&spec, line.as_bytes(), Some(timeout), stop, 64 << 20)
-            .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
+            .map_err(SandboxError::start(format!(
+                "cannot start the sandboxed {kind}"
+            )))?;
         let last = err
             .lines()
             .rev()
             .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
+            .unwrap_or("")
+            .to_owned();
         match ending {
-            Ending::Exited(0) => serde_json::from_slice(&out).map_err(|e| {
-                format!("the sandboxed {kind} answered nothing readable ({e}): {last}")
+            Ending::Exited(0) => serde_json::from_slice(&out)
+                .map_err(|source| SandboxError::Unreadable { kind, source, last }),
+            Ending::Memory { .. } => Err(SandboxError::Memory {
+                kind,
+                ending,
+                asked_mb: limits.memory_mb.saturating_sub(RUNTIME_MB),
             }),
-            Ending::Memory { .. } => Err(format!(
-                "the {kind} {ending} ({} MiB asked by resources.memory_mb, {RUNTIME_MB} MiB for the runtime)",
-                limits.memory_mb.saturating_sub(RUNTIME_MB)
-            )),
-            other => Err(format!(
-                "the {kind} {other}{}",
-                if last.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {last}")
-                }
-            )),
+            ending => Err(SandboxError::Ended { kind, ending, last }),
         }
     }
 }
@@ -373,21 +477,28 @@ impl Sandbox {
         limits: Limits,
         fd3: Option<std::os::fd::RawFd>,
         device: tch::Device,
-    ) -> Result<(trainyard_sandbox::spawn::Child, std::process::ChildStdin), String> {
+    ) -> Result<(trainyard_sandbox::spawn::Child, std::process::ChildStdin), SandboxError> {
         use std::io::Write;
         if let Some(why) = self.refusal() {
-            return Err(why);
+            return Err(SandboxError::Refused(why));
         }
         let (line, spec) = self.prepare(kind, ws, task, limits, fd3, device)?;
-        let mut child = trainyard_sandbox::spawn::Child::start(&spec)
-            .map_err(|e| format!("cannot start the sandboxed {kind}: {e}"))?;
+        let mut child = trainyard_sandbox::spawn::Child::start(&spec).map_err(
+            SandboxError::start(format!("cannot start the sandboxed {kind}")),
+        )?;
         let Some(mut stdin) = child.stdin() else {
             child.kill();
-            return Err(format!("the sandboxed {kind} has no stdin"));
+            return Err(SandboxError::Start {
+                what: format!("the sandboxed {kind}"),
+                source: std::io::Error::other("it has no stdin"),
+            });
         };
         if let Err(e) = stdin.write_all(line.as_bytes()) {
             child.kill();
-            return Err(format!("the sandboxed {kind} did not take its task: {e}"));
+            return Err(SandboxError::Start {
+                what: format!("the sandboxed {kind} did not take its task"),
+                source: e,
+            });
         }
         Ok((child, stdin))
     }
@@ -413,11 +524,12 @@ impl Sandbox {
         read_write: Vec<PathBuf>,
         device: tch::Device,
         netns: Option<PathBuf>,
-    ) -> Result<trainyard_sandbox::spawn::Child, String> {
+    ) -> Result<trainyard_sandbox::spawn::Child, SandboxError> {
         let (line, spec) =
             self.script_launch(ws, task, limits, read_only, read_write, device, netns)?;
-        let child = trainyard_sandbox::spawn::Child::spawn(&spec, line.as_bytes())
-            .map_err(|e| format!("cannot start the sandboxed script: {e}"))?;
+        let child = trainyard_sandbox::spawn::Child::spawn(&spec, line.as_bytes()).map_err(
+            SandboxError::start("cannot start the sandboxed script".to_owned()),
+        )?;
         Ok(child)
     }
 
@@ -433,12 +545,12 @@ impl Sandbox {
         read_write: Vec<PathBuf>,
         device: tch::Device,
         netns: Option<PathBuf>,
-    ) -> Result<(String, Spec), String> {
+    ) -> Result<(String, Spec), SandboxError> {
         if let Some(why) = self.script_refusal() {
-            return Err(why);
+            return Err(SandboxError::Refused(why));
         }
         if self.mode == Mode::On && netns.is_none() {
-            return Err("a confined script rank needs its network namespace".into());
+            return Err(SandboxError::NoNetns);
         }
         let (line, mut spec) = self.prepare(Kind::Script, ws, task, limits, None, device)?;
         if self.mode == Mode::On {
@@ -450,15 +562,14 @@ impl Sandbox {
             // path: `multiprocessing`'s Unix sockets need one under 108
             // bytes, which a workspace's folders are not.
             let tmp = ws.scratch().join("tmp");
-            std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+            std::fs::create_dir_all(&tmp).map_err(SandboxError::io(tmp.display().to_string()))?;
             self.give(&tmp)?;
             spec.private_tmp = Some(tmp);
         }
         let line = match self.mode {
             Mode::Off => line,
             Mode::On => {
-                let mut envelope: Envelope<serde_json::Value> =
-                    serde_json::from_str(&line).map_err(|e| e.to_string())?;
+                let mut envelope: Envelope<serde_json::Value> = serde_json::from_str(&line)?;
                 if let Some(c) = envelope.confinement.as_mut() {
                     c.read_only.extend(read_only);
                     c.read_write.extend(read_write);
@@ -469,7 +580,7 @@ impl Sandbox {
                     c.connect_tcp = None;
                     c.bind_tcp = None;
                 }
-                serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n"
+                serde_json::to_string(&envelope)? + "\n"
             }
         };
         Ok((line, spec))
@@ -502,7 +613,7 @@ impl Sandbox {
         limits: Limits,
         fd3: Option<std::os::fd::RawFd>,
         device: tch::Device,
-    ) -> Result<(String, Spec), String> {
+    ) -> Result<(String, Spec), SandboxError> {
         let confinement = (self.mode == Mode::On).then(|| {
             let mut read_write = vec![ws.scratch()];
             if device.is_cuda() {
@@ -522,7 +633,7 @@ impl Sandbox {
             parent: Some(std::process::id()),
             task,
         };
-        let line = serde_json::to_string(&envelope).map_err(|e| e.to_string())? + "\n";
+        let line = serde_json::to_string(&envelope)? + "\n";
         let spec = Spec {
             program: self.program.clone(),
             args: vec![kind.name().into()],
@@ -594,11 +705,13 @@ impl Workspace {
 
     /// Puts a copy of `src` (a hard link where the file system allows)
     /// into its inputs as `name`; the path the child reads it at.
-    pub fn input(&self, name: &str, src: &Path) -> Result<PathBuf, String> {
+    pub fn input(&self, name: &str, src: &Path) -> Result<PathBuf, SandboxError> {
         let dst = self.inputs().join(name);
         if std::fs::hard_link(src, &dst).is_err() {
-            std::fs::copy(src, &dst)
-                .map_err(|e| format!("copying {} into the sandbox: {e}", src.display()))?;
+            std::fs::copy(src, &dst).map_err(SandboxError::io(format!(
+                "copying {} into the sandbox",
+                src.display()
+            )))?;
         }
         Ok(dst)
     }
@@ -649,7 +762,7 @@ mod tests {
         assert_eq!(s.report().state, SandboxState::Unavailable);
         // Nothing is started: the refusal is the answer.
         let ws = s.workspace("refused").unwrap();
-        let r: Result<serde_json::Value, String> = s.run(
+        let r: Result<serde_json::Value, SandboxError> = s.run(
             Kind::Inspection,
             &ws,
             &0,
@@ -657,7 +770,10 @@ mod tests {
             Duration::from_secs(5),
             &|| false,
         );
-        assert_eq!(r.unwrap_err(), why);
+        assert!(
+            matches!(&r, Err(SandboxError::Refused(w)) if *w == why),
+            "{r:?}"
+        );
 
         let off = on_a_kernel(bare(), Mode::Off);
         assert_eq!(off.refusal(), None);
@@ -696,7 +812,11 @@ mod tests {
             tch::Device::Cpu,
             None,
         );
-        assert_eq!(started.err(), Some(why));
+        assert!(
+            matches!(&started, Err(SandboxError::Refused(w)) if *w == why),
+            "{:?}",
+            started.err()
+        );
         // Off: the admin's choice, said loudly.
         let off = on_a_kernel(status, Mode::Off);
         assert_eq!(off.script_refusal(), None);

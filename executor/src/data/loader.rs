@@ -236,7 +236,7 @@ impl<'a> Loader<'a> {
         let x = if !pictures.is_empty() {
             self.pixels
                 .finish_images(&pictures, &ids, epoch, true)
-                .map_err(DataError::Shape)?
+                .map_err(|e| DataError::Shape(e.to_string()))?
         } else if xs.len() == 1 {
             self.pixels.finish(xs.pop().expect("one"))
         } else {

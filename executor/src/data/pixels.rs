@@ -12,6 +12,56 @@
 //! and nothing is flipped, as torchvision's evaluation transforms do.
 
 use super::rng::Rng;
+
+/// Why an image could not be transformed as the spec's transforms say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransformError {
+    /// A resize past the largest side an image may have.
+    #[error("resizing {w}×{h} to {nw}×{nh} exceeds {max} pixels a side")]
+    TooLarge {
+        /// Its width.
+        w: u32,
+        /// Its height.
+        h: u32,
+        /// The width asked.
+        nw: u32,
+        /// The height asked.
+        nh: u32,
+        /// The most a side may have.
+        max: u32,
+    },
+    /// A center crop larger than the decoded image.
+    #[error("is {w}×{h}, smaller than center_crop {side}")]
+    SmallerThanCenterCrop {
+        /// Its width.
+        w: u32,
+        /// Its height.
+        h: u32,
+        /// The crop's side.
+        side: u32,
+    },
+    /// A random transform where only fixed ones run (decoding).
+    #[error("random transforms run per batch, not at decoding")]
+    RandomAtDecoding,
+    /// A batch's crop larger than an image.
+    #[error("an image is {w}×{h} where the transforms crop {side}×{side}; resize it to at least {side} first")]
+    SmallerThanCrop {
+        /// Its width.
+        w: i64,
+        /// Its height.
+        h: i64,
+        /// The crop's side.
+        side: i64,
+    },
+    /// Images of more than one size after the transforms.
+    #[error("images of sizes {first:?} and {other:?} (channels, height, width) after the transforms; every sample needs one size: end the transforms with a center_crop or random_crop (e.g. [{{\"resize\": 36}}, {{\"random_crop\": 32}}])")]
+    MixedSizes {
+        /// The first sample's size.
+        first: Vec<i64>,
+        /// Another's.
+        other: Vec<i64>,
+    },
+}
 use tch::{Kind, Tensor};
 use trainyard_common::spec::{DatasetSpec, Transform, UncheckedJobSpec};
 
@@ -115,7 +165,7 @@ impl Pixels {
         ids: &[u64],
         epoch: u64,
         train: bool,
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, TransformError> {
         let mut out = Vec::with_capacity(samples.len());
         for (s, &id) in samples.iter().zip(ids) {
             let mut rng = Rng::new(self.seed ^ 0xA11_6E57, epoch.wrapping_mul(0x9E37_79B9) ^ id);
@@ -125,9 +175,7 @@ impl Pixels {
                     Transform::RandomCrop(side) | Transform::CenterCrop(side) => {
                         let (h, w, side) = (s.size()[1], s.size()[2], i64::from(side));
                         if side > h || side > w {
-                            return Err(format!(
-                                "an image is {w}×{h} where the transforms crop {side}×{side}; resize it to at least {side} first"
-                            ));
+                            return Err(TransformError::SmallerThanCrop { w, h, side });
                         }
                         let (top, left) = if train && matches!(t, Transform::RandomCrop(_)) {
                             (
@@ -155,11 +203,10 @@ impl Pixels {
         }
         if let Some(first) = out.first() {
             if let Some(other) = out.iter().find(|o| o.size() != first.size()) {
-                return Err(format!(
-                    "images of sizes {:?} and {:?} (channels, height, width) after the transforms; every sample needs one size: end the transforms with a center_crop or random_crop (e.g. [{{\"resize\": 36}}, {{\"random_crop\": 32}}])",
-                    first.size(),
-                    other.size()
-                ));
+                return Err(TransformError::MixedSizes {
+                    first: first.size(),
+                    other: other.size(),
+                });
             }
         }
         Ok(self.finish(Tensor::stack(&out, 0)))
@@ -237,7 +284,10 @@ mod tests {
             "a center crop in evaluation"
         );
         let small = [Tensor::zeros([3, 1, 5], (Kind::Uint8, tch::Device::Cpu))];
-        let e = p.finish_images(&small, &[0], 0, true).unwrap_err();
+        let e = p
+            .finish_images(&small, &[0], 0, true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("resize it to at least 2"), "{e}");
         // (1 - mean) / std per channel.
         for (c, want) in [(0, 1.0), (1, 1.0), (2, 0.0)] {

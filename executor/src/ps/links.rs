@@ -3,6 +3,7 @@
 //! the pulls and pushes a step makes to every shard at once, each on a
 //! thread of its own ([`pull_all`], [`exchange_push`]).
 
+use super::shard::ShardMapError;
 use super::{from_wire, PS_TIMEOUT};
 use crate::data::Cursor;
 use crate::error::RoleError;
@@ -26,7 +27,7 @@ pub(super) struct ShardMap {
 
 impl ShardMap {
     /// The map of assignment `a`'s primaries over `replica`'s layout.
-    pub(super) fn new(a: &Assignment, replica: &Replica) -> Result<ShardMap, String> {
+    pub(super) fn new(a: &Assignment, replica: &Replica) -> Result<ShardMap, ShardMapError> {
         let layout = replica.layout();
         // The flat vector's buffers follow its trainable parameters.
         let trainable = replica.trainable_len();
@@ -37,32 +38,23 @@ impl ShardMap {
             let mut mine = Vec::new();
             for r in &p.ranges {
                 let Some((_, off, n)) = layout.iter().find(|(k, _, _)| *k == r.param) else {
-                    return Err(format!(
-                        "shard {} holds a range of {:?}, which this model does not have",
-                        p.shard, r.param
-                    ));
+                    return Err(ShardMapError::Unknown {
+                        shard: p.shard,
+                        param: r.param.clone(),
+                    });
                 };
                 if r.end as usize > *n || r.start >= r.end {
-                    return Err(format!(
-                        "shard {} holds {}[{}..{}] but the tensor has {n} values",
-                        p.shard, r.param, r.start, r.end
-                    ));
+                    return Err(ShardMapError::OutOfBounds {
+                        shard: p.shard,
+                        range: r.clone(),
+                        len: *n,
+                    });
                 }
                 if r.buffer != (*off >= trainable) {
-                    return Err(format!(
-                        "shard {} holds {}[{}..{}] as a {}, but this model's {} is a {}",
-                        p.shard,
-                        r.param,
-                        r.start,
-                        r.end,
-                        if r.buffer { "buffer" } else { "parameter" },
-                        r.param,
-                        if r.buffer {
-                            "trainable parameter"
-                        } else {
-                            "buffer"
-                        }
-                    ));
+                    return Err(ShardMapError::WrongKind {
+                        shard: p.shard,
+                        range: r.clone(),
+                    });
                 }
                 mine.push((off + r.start as usize, (r.end - r.start) as usize));
                 covered += (r.end - r.start) as usize;
@@ -70,10 +62,10 @@ impl ShardMap {
             pieces.push(mine);
         }
         if covered != replica.numel() {
-            return Err(format!(
-                "the shards hold {covered} values but the model has {}",
-                replica.numel()
-            ));
+            return Err(ShardMapError::Uncovered {
+                covered,
+                numel: replica.numel(),
+            });
         }
         let lens = pieces
             .iter()

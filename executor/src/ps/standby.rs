@@ -94,7 +94,50 @@ enum Undelivered {
     /// gets the whole state, on the same connection.
     Behind,
     /// The standby could not be reached or the connection failed.
-    Failed(String),
+    Failed(LinkError),
+}
+
+/// Why the connection to the standby failed (it is opened again).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LinkError {
+    /// The standby's address did not answer the handshake.
+    #[error("cannot reach the standby at {address}: {source}")]
+    Unreachable {
+        /// Where it was sought.
+        address: String,
+        /// Why.
+        source: trainyard_dataplane::handshake::HandshakeError,
+    },
+    /// The socket's options could not be set.
+    #[error("the standby's socket: {0}")]
+    Socket(std::io::Error),
+    /// A message could not be written or read.
+    #[error("the standby's connection: {0}")]
+    Wire(#[from] WireError),
+    /// No connection was open.
+    #[error("not connected")]
+    NotConnected,
+    /// An answer for another generation, or one with a payload.
+    #[error("the standby answered {kind:?} for generation {generation} with {len} bytes")]
+    Stray {
+        /// The message's kind.
+        kind: String,
+        /// Its generation.
+        generation: i64,
+        /// Its payload's bytes.
+        len: u64,
+    },
+    /// An answer other than the acknowledgement due.
+    #[error("the standby answered {reply} where version {want} was due")]
+    Unexpected {
+        /// The answer.
+        reply: String,
+        /// The version due.
+        want: u64,
+    },
+    /// The standby refused the whole state.
+    #[error("the standby refused the shard's state")]
+    Refused,
 }
 
 /// Why a message to the standby was not acknowledged.
@@ -102,7 +145,7 @@ enum Failed {
     /// It does not hold the state the message follows from.
     Rejected,
     /// The connection failed or the answer made no sense: reconnect.
-    Broken(String),
+    Broken(LinkError),
 }
 
 /// Who the replicator reports to.
@@ -166,7 +209,7 @@ impl StandbyLink {
 
     /// Opens the connection (the handshake proves the job's secret and
     /// names this generation).
-    fn connect(&mut self, stop: &Shutdown) -> Result<(), String> {
+    fn connect(&mut self, stop: &Shutdown) -> Result<(), LinkError> {
         let hello = Hello {
             job: self.job,
             generation: self.generation,
@@ -181,12 +224,15 @@ impl StandbyLink {
             Instant::now() + STANDBY_TIMEOUT,
             stop,
         )
-        .map_err(|e| format!("cannot reach the standby at {}: {e}", self.address))?;
+        .map_err(|source| LinkError::Unreachable {
+            address: self.address.clone(),
+            source,
+        })?;
         stream
             .set_read_timeout(Some(Duration::from_millis(50)))
             .and_then(|()| stream.set_write_timeout(Some(STANDBY_TIMEOUT)))
             .and_then(|()| stream.set_nodelay(true))
-            .map_err(|e| e.to_string())?;
+            .map_err(LinkError::Socket)?;
         self.stream = Some(stream);
         self.synced = false;
         Ok(())
@@ -224,7 +270,7 @@ impl StandbyLink {
     }
 
     /// Sends the whole state: the values, then each optimizer state tensor.
-    fn whole(&mut self, w: &WholeState, stop: &Shutdown) -> Result<Published, String> {
+    fn whole(&mut self, w: &WholeState, stop: &Shutdown) -> Result<Published, LinkError> {
         let parts = 1 + w.state.len();
         let p = &w.published;
         for (i, part) in std::iter::once(&w.weights[..])
@@ -239,7 +285,7 @@ impl StandbyLink {
                 parts: parts as u32,
             };
             self.call(&m, part, p.version, stop).map_err(|e| match e {
-                Failed::Rejected => "the standby refused the shard's state".to_string(),
+                Failed::Rejected => LinkError::Refused,
                 Failed::Broken(e) => e,
             })?;
         }
@@ -254,9 +300,9 @@ impl StandbyLink {
         want: u64,
         stop: &Shutdown,
     ) -> Result<(), Failed> {
-        let broken = |e: WireError| Failed::Broken(format!("the standby's connection: {e}"));
+        let broken = |e: WireError| Failed::Broken(LinkError::Wire(e));
         let Some(stream) = self.stream.as_mut() else {
-            return Err(Failed::Broken("not connected".into()));
+            return Err(Failed::Broken(LinkError::NotConnected));
         };
         ps::write_message(stream, self.generation, m, payload).map_err(broken)?;
         let mut r = Patient {
@@ -266,19 +312,19 @@ impl StandbyLink {
         };
         let reply = ps::read_message(&mut r).map_err(broken)?;
         if reply.generation != self.generation || reply.len != 0 {
-            return Err(Failed::Broken(format!(
-                "the standby answered {:?} for generation {} with {} bytes",
-                reply.message.kind(),
-                reply.generation,
-                reply.len
-            )));
+            return Err(Failed::Broken(LinkError::Stray {
+                kind: format!("{:?}", reply.message.kind()),
+                generation: reply.generation,
+                len: u64::from(reply.len),
+            }));
         }
         match reply.message {
             Message::Ack { version, .. } if version == want => Ok(()),
             Message::Rejected { .. } => Err(Failed::Rejected),
-            other => Err(Failed::Broken(format!(
-                "the standby answered {other:?} where version {want} was due"
-            ))),
+            other => Err(Failed::Broken(LinkError::Unexpected {
+                reply: format!("{other:?}"),
+                want,
+            })),
         }
     }
 }

@@ -900,7 +900,10 @@ fn a_shard_refuses_a_buffer_range_before_a_parameter_range() {
     let mut bad = ranges();
     bad.rotate_left(1);
     assert_eq!(shard::buffer_offset(&ranges()), Ok(HEAD));
-    let e = Shard::new(&a, bad.clone()).err().expect("refused");
+    let e = Shard::new(&a, bad.clone())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         e.contains("ranges[0] (bn.running_mean[0..5]) is a buffer range before the parameter range ranges[2] (w[0..40])"),
         "{e}"

@@ -97,7 +97,7 @@ pub fn work(
     // Rank 0's pushes carry its buffers (the shards take them as they
     // are); the others push zeros there. Ranks change between generations.
     rep.set_carries_state(rank == 0);
-    let map = ShardMap::new(a, rep).map_err(RoleError::ps_fatal)?;
+    let map = ShardMap::new(a, rep).map_err(|e| RoleError::ps_fatal(e.to_string()))?;
     let mut links = links::connect(a, rank, &map, stop)?;
     let shards = links.len();
     let generation = a.key.generation;

@@ -22,8 +22,8 @@
 //! limit that ended it.
 
 use crate::data::{Cursor, Dataset};
-use crate::sandbox::Sandbox;
-use crate::storage::Fetcher;
+use crate::sandbox::{Sandbox, SandboxError};
+use crate::storage::{Fetcher, StorageError};
 use tch::Tensor;
 use trainyard_common::cluster::{Inspection, InspectionResult};
 use trainyard_common::spec::UncheckedJobSpec;
@@ -51,8 +51,37 @@ pub fn inspect(
 ) -> InspectionResult {
     match prepare_and_run(ins, fetcher, sandbox, timeout, cancel, true) {
         Ok(found) => found,
-        Err(reason) => InspectionResult::Error(reason),
+        Err(e) => InspectionResult::Error(e.to_string()),
     }
+}
+
+/// Why an inspection found nothing: its text is the job's reason.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectionError {
+    /// The model's file could not be fetched.
+    #[error(transparent)]
+    Fetch(#[from] StorageError),
+    /// The URL names no file.
+    #[error("{0}: no such file")]
+    NoFile(String),
+    /// Its code calls what a model may not.
+    #[error(transparent)]
+    Screened(#[from] super::screen::ScreenError),
+    /// The job's data gave no trial batch.
+    #[error("dataset: {0}")]
+    Dataset(String),
+    /// The data loader stopped before the trial batch.
+    #[error("{0}")]
+    Loader(String),
+    /// The trial batch could not be written for the child.
+    #[error("writing the trial batch: {0}")]
+    Trial(#[from] tch::TchError),
+    /// The sandbox refused, or its workspace could not be made.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The confined child ended without an answer.
+    #[error("inspection of the model failed: {0}")]
+    Child(SandboxError),
 }
 
 fn prepare_and_run(
@@ -62,13 +91,13 @@ fn prepare_and_run(
     timeout: std::time::Duration,
     cancel: &Shutdown,
     screen: bool,
-) -> Result<InspectionResult, String> {
+) -> Result<InspectionResult, InspectionError> {
     if let Some(why) = sandbox.refusal() {
-        return Err(why);
+        return Err(SandboxError::Refused(why).into());
     }
-    let fetched = fetcher.materialize(&ins.url).map_err(|e| e.to_string())?;
+    let fetched = fetcher.materialize(&ins.url)?;
     if !fetched.is_file() {
-        return Err(format!("{}: no such file", ins.url));
+        return Err(InspectionError::NoFile(ins.url.clone()));
     }
     // Off only in the tests that show the sandbox holds without it.
     if screen {
@@ -81,8 +110,7 @@ fn prepare_and_run(
         Some(spec) => {
             let (x, y, label_max) = trial_batch(spec, fetcher)?;
             let batch = ws.inputs().join("trial.safetensors");
-            Tensor::write_safetensors(&[("x", &x), ("y", &y)], &batch)
-                .map_err(|e| format!("writing the trial batch: {e}"))?;
+            Tensor::write_safetensors(&[("x", &x), ("y", &y)], &batch)?;
             Some(Trial {
                 spec: Box::new(UncheckedJobSpec::clone(spec)),
                 batch,
@@ -109,7 +137,7 @@ fn prepare_and_run(
             timeout,
             &|| cancel.is_triggered(),
         )
-        .map_err(|e| format!("inspection of the model failed: {e}"))
+        .map_err(InspectionError::Child)
 }
 
 /// The first rows of the job's data, read by the executor's own decoders,
@@ -117,16 +145,18 @@ fn prepare_and_run(
 fn trial_batch(
     spec: &UncheckedJobSpec,
     fetcher: &Fetcher,
-) -> Result<(Tensor, Tensor, Option<i64>), String> {
-    let data = Dataset::load(spec, fetcher).map_err(|e| format!("dataset: {e}"))?;
+) -> Result<(Tensor, Tensor, Option<i64>), InspectionError> {
+    let data = Dataset::load(spec, fetcher).map_err(|e| InspectionError::Dataset(e.to_string()))?;
     let mut small = spec.clone();
     small.batch_size = Some(TRIAL_ROWS.min(data.train_len()).max(1) as u32);
     let batch = data
         .stream(&small, 0, 1, Cursor::default())
         .recv()
-        .map_err(|_| data.loader_failure())?;
+        .map_err(|_| InspectionError::Loader(data.loader_failure()))?;
     if batch.samples == 0 {
-        return Err("dataset: the training set holds no sample".into());
+        return Err(InspectionError::Dataset(
+            "the training set holds no sample".into(),
+        ));
     }
     Ok((batch.x, batch.y, data.label_max()))
 }
@@ -184,7 +214,7 @@ mod tests {
             &cancel,
             screen,
         )
-        .unwrap_or_else(InspectionResult::Error)
+        .unwrap_or_else(|e| InspectionResult::Error(e.to_string()))
     }
 
     fn refusal(name: &str) -> String {
@@ -250,7 +280,7 @@ mod tests {
             &Shutdown::new(),
             true,
         )
-        .unwrap_or_else(InspectionResult::Error)
+        .unwrap_or_else(|e| InspectionResult::Error(e.to_string()))
     }
 
     #[test]

@@ -33,37 +33,69 @@ pub const NAMESPACES: &[&str] = &[
 /// The most code an archive may hold (all its `code/` entries together).
 const MAX_CODE: u64 = 64 << 20;
 
+/// Why a module is refused before it is loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ScreenError {
+    /// The fetched file could not be read.
+    #[error("reading the model: {0}")]
+    Read(std::io::Error),
+    /// It is not a zip archive.
+    #[error("model.url is not a loadable TorchScript module: not a TorchScript archive ({0})")]
+    NotArchive(zip::result::ZipError),
+    /// An entry of the archive is damaged.
+    #[error("model.url: a damaged TorchScript archive ({0})")]
+    Damaged(zip::result::ZipError),
+    /// A code entry cannot be read as text.
+    #[error("model.url: cannot read {entry} in the archive ({source})")]
+    Unreadable {
+        /// The entry.
+        entry: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// More code than [`MAX_CODE`].
+    #[error("model.url: the archive's code is over {} MiB", MAX_CODE >> 20)]
+    TooMuchCode,
+    /// The module calls an operator that touches files or processes.
+    #[error("the model calls the operator {operator} in `{method}` ({entry}): operators that read or write files or reach other processes are not allowed")]
+    Forbidden {
+        /// The operator.
+        operator: String,
+        /// The method calling it.
+        method: String,
+        /// The code entry it is in.
+        entry: String,
+    },
+}
+
 /// Why a module is refused: the operator and where it is called.
-pub fn refused(path: &Path) -> Result<(), String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("reading the model: {e}"))?;
-    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|e| {
-        format!("model.url is not a loadable TorchScript module: not a TorchScript archive ({e})")
-    })?;
+pub fn refused(path: &Path) -> Result<(), ScreenError> {
+    let file = std::fs::File::open(path).map_err(ScreenError::Read)?;
+    let mut zip =
+        zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(ScreenError::NotArchive)?;
     let mut budget = MAX_CODE;
     for i in 0..zip.len() {
-        let mut entry = zip
-            .by_index(i)
-            .map_err(|e| format!("model.url: a damaged TorchScript archive ({e})"))?;
+        let mut entry = zip.by_index(i).map_err(ScreenError::Damaged)?;
         let name = entry.name().to_owned();
         if !name.ends_with(".py") || !name.contains("/code/") {
             continue;
         }
         let mut code = String::new();
-        (&mut entry)
-            .take(budget + 1)
-            .read_to_string(&mut code)
-            .map_err(|e| format!("model.url: cannot read {name} in the archive ({e})"))?;
-        budget = budget.checked_sub(code.len() as u64).ok_or_else(|| {
-            format!(
-                "model.url: the archive's code is over {} MiB",
-                MAX_CODE >> 20
-            )
-        })?;
-        if let Some((op, method)) = scan(&code) {
-            return Err(format!(
-                "the model calls the operator {op} in `{method}` ({name}): operators that read or \
-                 write files or reach other processes are not allowed"
-            ));
+        if let Err(source) = (&mut entry).take(budget + 1).read_to_string(&mut code) {
+            return Err(ScreenError::Unreadable {
+                entry: name,
+                source,
+            });
+        }
+        budget = budget
+            .checked_sub(code.len() as u64)
+            .ok_or(ScreenError::TooMuchCode)?;
+        if let Some((operator, method)) = scan(&code) {
+            return Err(ScreenError::Forbidden {
+                operator,
+                method,
+                entry: name,
+            });
         }
     }
     Ok(())

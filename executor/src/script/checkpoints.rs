@@ -10,7 +10,7 @@
 //! none yet, the `resume_from` job's; else emptied): every rank of a world
 //! starts from the same state, wherever it ran before.
 
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageError};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -70,11 +70,60 @@ fn sha256_of(path: &Path) -> std::io::Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
+/// Why a script's checkpoint was not committed, found or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The store could not list the job's checkpoints.
+    #[error("listing the job's checkpoints: {0}")]
+    List(StorageError),
+    /// A stored object could not be read.
+    #[error("reading {key}: {source}")]
+    Read {
+        /// Its key (or the checkpoint file's path).
+        key: String,
+        /// Why.
+        source: StorageError,
+    },
+    /// A manifest that does not parse.
+    #[error("{key} does not read as a manifest: {source}")]
+    Manifest {
+        /// Its key.
+        key: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A manifest naming a path outside the folder.
+    #[error("a checkpoint file's path {path:?} {why}")]
+    Path {
+        /// The path.
+        path: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The rank's folder could not be written.
+    #[error("restoring the checkpoint folder: {0}")]
+    Folder(std::io::Error),
+    /// A folder over a bound ([`MAX_FILES`], [`MAX_BYTES`], [`MAX_FILE`]).
+    #[error("{0}")]
+    TooLarge(String),
+    /// An object could not be stored.
+    #[error("storing {what}: {source}")]
+    Put {
+        /// What.
+        what: String,
+        /// Why.
+        source: StorageError,
+    },
+    /// The generation ended while the folder was being committed.
+    #[error("the generation ended during the commit")]
+    Stopped,
+}
+
 /// The latest committed checkpoint of `job`, if any.
-pub fn latest(store: &Storage, job: Uuid) -> Result<Option<Manifest>, String> {
+pub fn latest(store: &Storage, job: Uuid) -> Result<Option<Manifest>, CheckpointError> {
     let listed = store
         .list(&script_checkpoints_prefix(job))
-        .map_err(|e| format!("listing the job's checkpoints: {e}"))?;
+        .map_err(CheckpointError::List)?;
     let Some((key, _)) = listed
         .iter()
         .filter(|(k, _)| k.ends_with("/manifest.json"))
@@ -84,14 +133,24 @@ pub fn latest(store: &Storage, job: Uuid) -> Result<Option<Manifest>, String> {
     };
     let bytes = store
         .read_remote(key)
-        .map_err(|e| format!("reading {key}: {e}"))?;
+        .map_err(|source| CheckpointError::Read {
+            key: key.clone(),
+            source,
+        })?;
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| format!("{key} does not read as a manifest: {e}"))
+        .map_err(|source| CheckpointError::Manifest {
+            key: key.clone(),
+            source,
+        })
 }
 
 /// Checkpoint `n` of `job` (`None`: its latest), if committed.
-pub fn numbered(store: &Storage, job: Uuid, n: Option<u64>) -> Result<Option<Manifest>, String> {
+pub fn numbered(
+    store: &Storage,
+    job: Uuid,
+    n: Option<u64>,
+) -> Result<Option<Manifest>, CheckpointError> {
     let Some(n) = n else {
         return latest(store, job);
     };
@@ -99,11 +158,9 @@ pub fn numbered(store: &Storage, job: Uuid, n: Option<u64>) -> Result<Option<Man
     match store.read_remote(&key) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| format!("{key} does not read as a manifest: {e}")),
-        Err(crate::storage::StorageError::Store(trainyard_store::StoreError::NotFound(_))) => {
-            Ok(None)
-        }
-        Err(e) => Err(format!("reading {key}: {e}")),
+            .map_err(|source| CheckpointError::Manifest { key, source }),
+        Err(StorageError::Store(trainyard_store::StoreError::NotFound(_))) => Ok(None),
+        Err(source) => Err(CheckpointError::Read { key, source }),
     }
 }
 
@@ -114,8 +171,8 @@ pub fn restore(
     job: Uuid,
     m: Option<&Manifest>,
     dir: &Path,
-) -> Result<String, String> {
-    let io = |e: std::io::Error| format!("restoring the checkpoint folder: {e}");
+) -> Result<String, CheckpointError> {
+    let io = CheckpointError::Folder;
     let wanted: BTreeMap<&str, &ManifestFile> = m
         .map(|m| m.files.iter().map(|f| (f.path.as_str(), f)).collect())
         .unwrap_or_default();
@@ -138,7 +195,10 @@ pub fn restore(
         let key = format!("{}files/{}", script_checkpoint_dir(job, m.seq), f.path);
         let bytes = store
             .read(&key, Some(&f.sha256))
-            .map_err(|e| format!("reading checkpoint file {}: {e}", f.path))?;
+            .map_err(|source| CheckpointError::Read {
+                key: format!("checkpoint file {}", f.path),
+                source,
+            })?;
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent).map_err(io)?;
         }
@@ -155,9 +215,12 @@ pub fn restore(
     ))
 }
 
-fn safe_join(dir: &Path, rel: &str) -> Result<PathBuf, String> {
+fn safe_join(dir: &Path, rel: &str) -> Result<PathBuf, CheckpointError> {
     match trainyard_common::spec::script::relative_path_problem(rel) {
-        Some(why) => Err(format!("a checkpoint file's path {rel:?} {why}")),
+        Some(why) => Err(CheckpointError::Path {
+            path: rel.to_owned(),
+            why,
+        }),
         None => Ok(dir.join(rel)),
     }
 }
@@ -208,7 +271,7 @@ impl Committer {
         dir: &Path,
         stopping: &dyn Fn() -> bool,
         now_please: bool,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, CheckpointError> {
         let now = scan(dir);
         if now.is_empty() || now == self.committed {
             return Ok(None);
@@ -230,24 +293,24 @@ impl Committer {
         dir: &Path,
         snapshot: &Snapshot,
         stopping: &dyn Fn() -> bool,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, CheckpointError> {
         if snapshot.len() > MAX_FILES {
-            return Err(format!(
+            return Err(CheckpointError::TooLarge(format!(
                 "the checkpoint folder holds more than {MAX_FILES} files"
-            ));
+            )));
         }
         let total: u64 = snapshot.values().map(|(s, _)| s).sum();
         if total > MAX_BYTES {
-            return Err(format!(
+            return Err(CheckpointError::TooLarge(format!(
                 "the checkpoint folder holds more than {} GiB",
                 MAX_BYTES >> 30
-            ));
+            )));
         }
         if let Some((rel, (size, _))) = snapshot.iter().find(|(_, (s, _))| *s > MAX_FILE) {
-            return Err(format!(
+            return Err(CheckpointError::TooLarge(format!(
                 "checkpoint file {rel} holds {size} bytes, more than {} MiB",
                 MAX_FILE >> 20
-            ));
+            )));
         }
         // One file in memory at a time; a folder that changed meanwhile
         // (a save during the upload) is not committed: no manifest.
@@ -264,7 +327,10 @@ impl Committer {
             let size = bytes.len() as u64;
             store
                 .put(&format!("{at}files/{rel}"), bytes.into())
-                .map_err(|e| format!("storing checkpoint file {rel}: {e}"))?;
+                .map_err(|source| CheckpointError::Put {
+                    what: format!("checkpoint file {rel}"),
+                    source,
+                })?;
             files.push(ManifestFile {
                 path: rel.clone(),
                 size,
@@ -282,12 +348,18 @@ impl Committer {
             files,
         };
         if stopping() {
-            return Err("the generation ended during the commit".into());
+            return Err(CheckpointError::Stopped);
         }
-        let body = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
+        let body = serde_json::to_vec(&m).map_err(|source| CheckpointError::Manifest {
+            key: format!("{at}manifest.json"),
+            source,
+        })?;
         store
             .put(&format!("{at}manifest.json"), body.into())
-            .map_err(|e| format!("storing the checkpoint's manifest: {e}"))?;
+            .map_err(|source| CheckpointError::Put {
+                what: "the checkpoint's manifest".into(),
+                source,
+            })?;
         self.next = seq + 1;
         // The one that falls out of the newest `keep` goes.
         if seq > u64::from(self.keep) {
@@ -391,7 +463,7 @@ mod tests {
         write(&r0, "last.pt", "epoch 4");
         quiet();
         let e = c.look(&store, &r0, &|| true, false).unwrap_err();
-        assert!(e.contains("generation ended"), "{e}");
+        assert!(matches!(e, CheckpointError::Stopped), "{e}");
         assert_eq!(latest(&store, job).unwrap().unwrap().seq, 3);
         // No checkpoint: the folder is emptied.
         restore(&store, Uuid::now_v7(), None, &r1).unwrap();

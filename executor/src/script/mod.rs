@@ -111,17 +111,34 @@ enum Ended {
     Stopped,
 }
 
-/// Why a rank did not finish.
+/// Why a rank did not finish (or was not started): what the job does next
+/// follows from the kind, and the text is the reason users read.
+#[derive(Debug, thiserror::Error)]
 enum Failure {
     /// The job cannot run here at all (its code refused, no such runtime):
     /// a restart would not help.
+    #[error("{0}")]
     Refused(String),
     /// Its script failed: the job may restart it.
+    #[error("{0}")]
     Crashed(String),
     /// Its script ran past `script.max_seconds` and was killed: the job
     /// fails (a restart would run into the same limit, and a script that
     /// never ends must not hold its executors through every restart).
+    #[error("{0}")]
     OutOfTime(String),
+}
+
+impl Failure {
+    /// A failure of this executor or of the script: a restart may help.
+    fn crashed(e: impl std::fmt::Display) -> Failure {
+        Failure::Crashed(e.to_string())
+    }
+
+    /// What no restart can cure.
+    fn refused(e: impl std::fmt::Display) -> Failure {
+        Failure::Refused(e.to_string())
+    }
 }
 
 /// A started rank.
@@ -155,15 +172,16 @@ fn prepare(
     let a = &role.assignment;
     let sandbox = &role.ctx.sandbox;
     let job = a.key.job_id;
-    let refused = Failure::Refused;
-    let base = sandbox.python(script.python.as_deref()).map_err(refused)?;
+    let base = sandbox
+        .python(script.python.as_deref())
+        .map_err(Failure::refused)?;
 
     // The slot's folders outlive the generation (a spare interpreter for
     // the next one is confined to them before its rank exists).
     let slot = a.device.unwrap_or(0);
     let ws = sandbox
         .job_workspace(job, &format!("slot-{slot}"))
-        .map_err(Failure::Crashed)?;
+        .map_err(Failure::crashed)?;
     let code_dir = ws.inputs().join("code");
     let input_dir = ws.inputs().join("data");
     let fetch = |url: &str, what: &str| {
@@ -182,21 +200,22 @@ fn prepare(
         // Whole or not at all: a half-made folder is never reused.
         let part = ws.inputs().join("code.part");
         let _ = std::fs::remove_dir_all(&part);
-        code::materialize(&code, &name, packaging, &part, &entrypoint)
-            .map_err(|e| Failure::Refused(e.to_string()))?;
-        std::fs::rename(&part, &code_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
+        code::materialize(&code, &name, packaging, &part, &entrypoint).map_err(Failure::refused)?;
+        std::fs::rename(&part, &code_dir).map_err(Failure::crashed)?;
     }
     // The job's own packages, in an environment over the runtime, made
     // (or found) before the rank starts.
     let fetch_file = |url: &str| match fetch(url, "script.requirements") {
         Ok(f) => Ok(f.path),
-        Err(Failure::Refused(e) | Failure::Crashed(e) | Failure::OutOfTime(e)) => Err(e),
+        Err(Failure::Refused(e) | Failure::Crashed(e) | Failure::OutOfTime(e)) => {
+            Err(packages::RequirementsError::Fetch(e))
+        }
     };
     let env = match packages::wanted(script.requirements.as_ref(), &fetch_file, &code_dir)
-        .map_err(Failure::Refused)?
+        .map_err(Failure::refused)?
     {
         Some(wanted) => {
-            let base_runtime = runtime_folders(base).map_err(Failure::Refused)?;
+            let base_runtime = runtime_folders(base).map_err(Failure::refused)?;
             let log = |line: String| role.log(LogLevel::Info, format!("rank {rank}: {line}"));
             let phase = |p: PackagesPhase| role.packages(p);
             let run = packages::Run {
@@ -248,12 +267,12 @@ fn prepare(
         None => None,
     };
     let python = env.as_ref().map_or(base, |e| e.python.as_path());
-    let mut runtime = runtime_folders(python).map_err(Failure::Refused)?;
+    let mut runtime = runtime_folders(python).map_err(Failure::refused)?;
     runtime.extend(network_folders());
     // torch.compile's inductor runs the host's C++ compiler on the headers
     // of the compiler, the system and Python (all read-only).
     runtime.extend(toolchain::folders().iter().cloned());
-    std::fs::create_dir_all(&input_dir).map_err(|e| Failure::Crashed(e.to_string()))?;
+    std::fs::create_dir_all(&input_dir).map_err(Failure::crashed)?;
     for (i, url) in a.spec.inputs.iter().enumerate() {
         let file = fetch(url, &format!("inputs[{i}]"))?;
         let to = input_dir.join(input_name(url));
@@ -267,18 +286,18 @@ fn prepare(
     }
     let checkpoints = sandbox
         .job_folder(job, &format!("checkpoints-{slot}"))
-        .map_err(Failure::Crashed)?;
+        .map_err(Failure::crashed)?;
     // Every rank starts from the job's latest committed checkpoint.
     let store = role
         .storage
         .as_ref()
         .map_err(|e| Failure::Crashed(format!("cannot open the object store: {e}")))?;
-    let latest = checkpoints::latest(store, job).map_err(Failure::Crashed)?;
+    let latest = checkpoints::latest(store, job).map_err(Failure::crashed)?;
     // Before its own first commit, a job with `resume_from` starts from
     // that script job's checkpoint (at whatever world size it had).
     let (source, from) = match (&latest, a.spec.resume_from) {
         (None, Some(r)) => {
-            let m = checkpoints::numbered(store, r.job_id, r.step).map_err(Failure::Crashed)?;
+            let m = checkpoints::numbered(store, r.job_id, r.step).map_err(Failure::crashed)?;
             if m.is_none() {
                 return Err(Failure::Refused(format!(
                     "resume_from: job {} has no such committed checkpoint",
@@ -290,7 +309,7 @@ fn prepare(
         _ => (job, latest.clone()),
     };
     let restored = checkpoints::restore(store, source, from.as_ref(), &checkpoints)
-        .map_err(Failure::Crashed)?;
+        .map_err(Failure::crashed)?;
     let whose = if source == job {
         String::new()
     } else {
@@ -313,8 +332,8 @@ fn prepare(
         .scratch()
         .join(format!("reports-{}.jsonl", a.key.generation));
     for d in [&outputs, &home] {
-        std::fs::create_dir_all(d).map_err(|e| Failure::Crashed(e.to_string()))?;
-        sandbox.give(d).map_err(Failure::Crashed)?;
+        std::fs::create_dir_all(d).map_err(Failure::crashed)?;
+        sandbox.give(d).map_err(Failure::crashed)?;
     }
     // Its network (`--sandbox on`): the slot's namespace, whose only way
     // out is the relay to this generation's ranks.
@@ -323,8 +342,8 @@ fn prepare(
             if let Some(why) = sandbox.script_refusal() {
                 return Err(Failure::Refused(why));
             }
-            let relayed = relay::slot(job, slot).map_err(Failure::Crashed)?;
-            relayed.serve(role, rank, peers).map_err(Failure::Crashed)?;
+            let relayed = relay::slot(job, slot).map_err(Failure::crashed)?;
+            relayed.serve(role, rank, peers).map_err(Failure::crashed)?;
             Some(relayed.netns_path())
         }
         crate::sandbox::Mode::Off => None,
@@ -354,7 +373,7 @@ fn prepare(
         Some(_) => PathBuf::from(crate::sandbox::SCRIPT_TMP),
         None => {
             let t = ws.scratch().join("tmp");
-            std::fs::create_dir_all(&t).map_err(|e| Failure::Crashed(e.to_string()))?;
+            std::fs::create_dir_all(&t).map_err(Failure::crashed)?;
             t
         }
     };
@@ -380,7 +399,7 @@ fn prepare(
         memory_mb: a.spec.resources.memory_mb + RUNTIME_MB,
         ..Limits::default()
     };
-    let device = role.device().map_err(|e| Failure::Refused(e.to_string()))?;
+    let device = role.device().map_err(Failure::refused)?;
     let read_write = vec![checkpoints.clone()];
     let fingerprint = warm::fingerprint(
         &[
@@ -405,7 +424,7 @@ fn prepare(
                     device,
                     netns.clone(),
                 )
-                .map_err(Failure::Crashed)?,
+                .map_err(Failure::crashed)?,
             false,
         ),
     };
@@ -450,7 +469,7 @@ fn prepare(
 /// The folders the interpreter at `python` reads: its own file, its
 /// prefix and every folder on its module search path (asked of it,
 /// unconfined: the runtime is the admin's).
-pub fn runtime_folders(python: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn runtime_folders(python: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
     static KNOWN: Mutex<Vec<(PathBuf, Vec<PathBuf>)>> = Mutex::new(Vec::new());
     if let Some((_, f)) = KNOWN
         .lock()
@@ -481,20 +500,43 @@ pub fn runtime_folders(python: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(folders)
 }
 
+/// Why the admin's Python runtime could not be asked what it has.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// It could not be run at all.
+    #[error("cannot run the Python runtime {}: {source}", .python.display())]
+    Spawn {
+        /// The interpreter.
+        python: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It ran and failed.
+    #[error("the Python runtime {} does not start: {stderr}", .python.display())]
+    Failed {
+        /// The interpreter.
+        python: PathBuf,
+        /// What it wrote on stderr.
+        stderr: String,
+    },
+}
+
 /// What the interpreter at `python` prints running `code` isolated (`-I`,
 /// no environment): the admin's runtime, asked unconfined.
-pub fn ask_python(python: &Path, code: &str) -> Result<String, String> {
+pub fn ask_python(python: &Path, code: &str) -> Result<String, RuntimeError> {
     let out = std::process::Command::new(python)
         .args(["-I", "-c", code])
         .env_clear()
         .output()
-        .map_err(|e| format!("cannot run the Python runtime {}: {e}", python.display()))?;
+        .map_err(|source| RuntimeError::Spawn {
+            python: python.to_owned(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "the Python runtime {} does not start: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(RuntimeError::Failed {
+            python: python.to_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -770,21 +812,63 @@ fn forward(
     }
 }
 
+/// Why rank 0's outputs were not stored: the job fails with it.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// The object store could not be opened.
+    #[error("cannot open the object store: {0}")]
+    Store(Arc<crate::storage::StorageError>),
+    /// More than [`MAX_OUTPUT_FILES`].
+    #[error("more than {MAX_OUTPUT_FILES} output files")]
+    TooMany,
+    /// A name the store would keep under another.
+    #[error("output {0:?}: a name of letters, digits and . _ - + = @ , only")]
+    Name(String),
+    /// A file over [`MAX_OUTPUT_FILE`].
+    #[error("output {rel} is larger than {mib} MiB", mib = MAX_OUTPUT_FILE >> 20)]
+    TooLarge {
+        /// Its path under the outputs folder.
+        rel: String,
+    },
+    /// A file could not be read.
+    #[error("reading output {rel}: {source}")]
+    Read {
+        /// Its path under the outputs folder.
+        rel: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file could not be stored.
+    #[error("storing output {rel}: {source}")]
+    Put {
+        /// Its path under the outputs folder.
+        rel: String,
+        /// Why.
+        source: crate::storage::StorageError,
+    },
+}
+
 /// Rank 0's end: its outputs to the object store, then the job's result.
 fn finish(role: &Role, outputs: &Path) {
     let job = role.assignment.key.job_id;
     let stored = role
         .storage
         .as_ref()
-        .map_err(|e| format!("cannot open the object store: {e}"))
+        .map_err(|e| OutputError::Store(e.clone()))
         .and_then(|s| {
             let files = output_files(outputs)?;
             let mut bytes = 0u64;
             for (path, rel) in &files {
-                let data = std::fs::read(path).map_err(|e| format!("reading output {rel}: {e}"))?;
+                let data = std::fs::read(path).map_err(|source| OutputError::Read {
+                    rel: rel.clone(),
+                    source,
+                })?;
                 bytes += data.len() as u64;
                 s.put(&output_key(job, rel), data.into())
-                    .map_err(|e| format!("storing output {rel}: {e}"))?;
+                    .map_err(|source| OutputError::Put {
+                        rel: rel.clone(),
+                        source,
+                    })?;
             }
             Ok((files.len() as u64, bytes))
         });
@@ -799,7 +883,8 @@ fn finish(role: &Role, outputs: &Path) {
                 bytes,
             }
         }
-        Err(reason) => {
+        Err(e) => {
+            let reason = e.to_string();
             role.log(LogLevel::Error, reason.clone());
             RoleOutcome::Failed { reason }
         }
@@ -810,10 +895,10 @@ fn finish(role: &Role, outputs: &Path) {
 /// The regular files under `dir` with their paths relative to it, in
 /// order; links and special files are left out. Bounded in count and size,
 /// and named as the store keeps names.
-pub fn output_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+pub fn output_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, OutputError> {
     let files = checkpoints::scan(dir);
     if files.len() > MAX_OUTPUT_FILES {
-        return Err(format!("more than {MAX_OUTPUT_FILES} output files"));
+        return Err(OutputError::TooMany);
     }
     let mut out = Vec::new();
     for (rel, (size, _)) in files {
@@ -827,15 +912,10 @@ pub fn output_files(dir: &Path) -> Result<Vec<(PathBuf, String)>, String> {
                     .all(|c| c.is_ascii_alphanumeric() || "._-+=@,".contains(c))
         });
         if !plain {
-            return Err(format!(
-                "output {rel:?}: a name of letters, digits and . _ - + = @ , only"
-            ));
+            return Err(OutputError::Name(rel));
         }
         if size > MAX_OUTPUT_FILE {
-            return Err(format!(
-                "output {rel} is larger than {} MiB",
-                MAX_OUTPUT_FILE >> 20
-            ));
+            return Err(OutputError::TooLarge { rel });
         }
         out.push((dir.join(&rel), rel));
     }

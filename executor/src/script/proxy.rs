@@ -281,20 +281,30 @@ fn split_host(authority: &str, default: Option<u16>) -> Option<(String, u16)> {
     Some((host.to_ascii_lowercase(), port))
 }
 
+/// Why a package index's URL (`--package-index`) cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexUrlError {
+    /// Not `http://` or `https://`.
+    #[error("{0:?} is not an http(s) URL")]
+    NotHttp(String),
+    /// No host, or port 0.
+    #[error("{0:?} has no usable host")]
+    NoHost(String),
+}
+
 /// The destinations an index at `url` needs: its own host and port, and
 /// for the public index (`pypi.org`) the host it serves files from.
-pub fn index_destinations(url: &str) -> Result<Vec<Destination>, String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("{url:?} is not an http(s) URL"))?;
+pub fn index_destinations(url: &str) -> Result<Vec<Destination>, IndexUrlError> {
+    let not_http = || IndexUrlError::NotHttp(url.to_owned());
+    let (scheme, rest) = url.split_once("://").ok_or_else(not_http)?;
     let default = match scheme {
         "https" => 443,
         "http" => 80,
-        _ => return Err(format!("{url:?} is not an http(s) URL")),
+        _ => return Err(not_http()),
     };
     let authority = rest.split('/').next().unwrap_or_default();
     let dest = split_host(authority, Some(default))
-        .ok_or_else(|| format!("{url:?} has no usable host"))?;
+        .ok_or_else(|| IndexUrlError::NoHost(url.to_owned()))?;
     let mut out = vec![dest.clone()];
     if dest.0 == "pypi.org" {
         out.push(("files.pythonhosted.org".into(), 443));

@@ -102,6 +102,47 @@ pub struct Slot {
 
 type Key = (Uuid, u32);
 
+/// Why a slot's namespace or relay could not be made, or a relayed
+/// connection was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The namespace, its hub or its firewall could not be set up.
+    #[error("{0}")]
+    Namespace(String),
+    /// A socket or thread of the relay failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What, in words.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A connection the relay does not carry: its destination is not a
+    /// rank of this generation of the job.
+    #[error("{0}: refused")]
+    Refused(String),
+    /// The peer's executor could not be reached.
+    #[error("rank {rank} at {address}: {source}")]
+    Peer {
+        /// The peer's rank.
+        rank: u32,
+        /// Its executor's data-plane address.
+        address: String,
+        /// Why.
+        source: trainyard_dataplane::handshake::HandshakeError,
+    },
+    /// Nothing listens at the rank's port.
+    #[error("nothing listens at {0} in the rank's namespace")]
+    NotListening(SocketAddrV4),
+}
+
+impl RelayError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RelayError {
+        let what = what.into();
+        move |source| RelayError::Io { what, source }
+    }
+}
+
 fn slots() -> &'static Mutex<HashMap<Key, Arc<Slot>>> {
     static SLOTS: std::sync::OnceLock<Mutex<HashMap<Key, Arc<Slot>>>> = std::sync::OnceLock::new();
     SLOTS.get_or_init(Default::default)
@@ -113,19 +154,23 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The slot `slot` of `job` on this executor: its namespace is made (with
 /// its relay) the first time.
-pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
+pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, RelayError> {
     if let Some(s) = locked(slots()).get(&(job, slot)) {
         return Ok(s.clone());
     }
     let tag = tag_of(job);
-    let hub = Hub::ensure(&tag)?;
-    let netns = Arc::new(Netns::create(&format!("{tag}-{slot}"), Some(&hub))?);
+    let hub = Hub::ensure(&tag).map_err(RelayError::Namespace)?;
+    let netns = Arc::new(
+        Netns::create(&format!("{tag}-{slot}"), Some(&hub)).map_err(RelayError::Namespace)?,
+    );
     let listener = netns
         .listen(SocketAddrV4::new(Ipv4Addr::LOCALHOST, netns::RELAY_PORT))
-        .map_err(|e| format!("the relay's listener in the rank's namespace: {e}"))?;
+        .map_err(RelayError::io(
+            "the relay's listener in the rank's namespace",
+        ))?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| format!("the relay's listener: {e}"))?;
+        .map_err(RelayError::io("the relay's listener"))?;
     let made = Arc::new(Slot {
         netns,
         world: Default::default(),
@@ -140,7 +185,7 @@ pub fn slot(job: Uuid, slot: u32) -> Result<Arc<Slot>, String> {
     std::thread::Builder::new()
         .name(format!("relay-{slot}"))
         .spawn(move || listen(listener, world, closed, carried))
-        .map_err(|e| format!("the relay's thread: {e}"))?;
+        .map_err(RelayError::io("the relay's thread"))?;
     let mut all = locked(slots());
     Ok(all.entry((job, slot)).or_insert(made).clone())
 }
@@ -186,10 +231,13 @@ impl Slot {
     /// Makes the slot rank `rank` of `role`'s generation among `peers` (its
     /// address, the world the relay serves) and serves the connections its
     /// peers open to it until the role stops.
-    pub fn serve(&self, role: &Role, rank: u32, peers: &[&WorkerPeer]) -> Result<(), String> {
+    pub fn serve(&self, role: &Role, rank: u32, peers: &[&WorkerPeer]) -> Result<(), RelayError> {
         let a = &role.assignment;
         let generation = a.key.generation as u64;
-        let me = self.netns.set_rank(generation, rank)?;
+        let me = self
+            .netns
+            .set_rank(generation, rank)
+            .map_err(RelayError::Namespace)?;
         // The slots of this generation on this host (any executor's) and
         // this one reach each other over the hub.
         for other in netns::job_slots(&tag_of(a.key.job_id)) {
@@ -203,7 +251,9 @@ impl Slot {
                 g == generation % netns::GENERATIONS && peers.iter().any(|p| p.rank == r)
             });
             if same {
-                self.netns.add_here(&[addr])?;
+                self.netns
+                    .add_here(&[addr])
+                    .map_err(RelayError::Namespace)?;
                 // Best effort: that slot may be going away.
                 let _ = netns::add_here_in(&other, &[me]);
             }
@@ -247,7 +297,7 @@ impl Slot {
                     });
                 }
             })
-            .map_err(|e| format!("the relay's thread: {e}"))?;
+            .map_err(RelayError::io("the relay's thread"))?;
         Ok(())
     }
 }
@@ -287,25 +337,27 @@ fn listen(
 }
 
 /// Carries a connection the rank opened to the peer it names.
-fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), String> {
+fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), RelayError> {
     rank_side
         .set_nonblocking(false)
-        .map_err(|e| e.to_string())?;
-    let to = netns::original_destination(&rank_side).map_err(|e| e.to_string())?;
+        .map_err(RelayError::io("the rank's connection"))?;
+    let to = netns::original_destination(&rank_side)
+        .map_err(RelayError::io("the connection's destination"))?;
     let (generation, target) = netns::rank_of(*to.ip())
-        .ok_or_else(|| format!("{to} is not a rank of the job: refused"))?;
-    let w = world.ok_or("the slot serves no generation: refused")?;
+        .ok_or_else(|| RelayError::Refused(format!("{to} is not a rank of the job")))?;
+    let w = world.ok_or_else(|| RelayError::Refused("the slot serves no generation".into()))?;
     if w.stop.is_triggered() {
-        return Err("the rank's generation has ended: refused".into());
+        return Err(RelayError::Refused(
+            "the rank's generation has ended".into(),
+        ));
     }
     if generation != (w.generation as u64) % netns::GENERATIONS {
-        return Err(format!("{to} is another generation's: refused"));
+        return Err(RelayError::Refused(format!("{to} is another generation's")));
     }
-    let peer = w
-        .peers
-        .iter()
-        .find(|p| p.rank == target)
-        .ok_or_else(|| format!("rank {target} is not in the job's world: refused"))?;
+    let peer =
+        w.peers.iter().find(|p| p.rank == target).ok_or_else(|| {
+            RelayError::Refused(format!("rank {target} is not in the job's world"))
+        })?;
     // A peer on this executor is reached directly; its generation is
     // checked here, as the data plane's handshake would.
     let local = locked(slots()).values().find_map(|s| {
@@ -337,9 +389,13 @@ fn leave(rank_side: TcpStream, world: Option<World>) -> Result<(), String> {
                 deadline,
                 &w.stop,
             )
-            .map_err(|e| format!("rank {target} at {}: {e}", peer.address))?;
+            .map_err(|source| RelayError::Peer {
+                rank: target,
+                address: peer.address.clone(),
+                source,
+            })?;
             s.write_all(&to.port().to_be_bytes())
-                .map_err(|e| e.to_string())?;
+                .map_err(RelayError::io("the relayed port"))?;
             s
         }
     };
@@ -354,13 +410,13 @@ fn arrive(
     netns: &Netns,
     me: Ipv4Addr,
     stop: &Shutdown,
-) -> Result<(), String> {
+) -> Result<(), RelayError> {
     let mut port = [0u8; 2];
     peer_side
         .set_read_timeout(Some(trainyard_dataplane::plane::HANDSHAKE_TIMEOUT))
         .and_then(|_| peer_side.read_exact(&mut port))
         .and_then(|_| peer_side.set_read_timeout(None))
-        .map_err(|e| format!("the relayed port: {e}"))?;
+        .map_err(RelayError::io("the relayed port"))?;
     let rank_side = reach(netns, SocketAddrV4::new(me, u16::from_be_bytes(port)), stop)?;
     pipe(peer_side, rank_side);
     Ok(())
@@ -369,7 +425,7 @@ fn arrive(
 /// A connection to `addr` (the rank's address, a port) in `netns`,
 /// retried while nothing listens there yet (the rank may not have
 /// started).
-fn reach(netns: &Netns, addr: SocketAddrV4, stop: &Shutdown) -> Result<TcpStream, String> {
+fn reach(netns: &Netns, addr: SocketAddrV4, stop: &Shutdown) -> Result<TcpStream, RelayError> {
     let deadline = Instant::now() + REACH_LIMIT;
     let mut pause = Duration::from_millis(5);
     loop {
@@ -377,11 +433,16 @@ fn reach(netns: &Netns, addr: SocketAddrV4, stop: &Shutdown) -> Result<TcpStream
             Ok(s) => return Ok(s),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 if Instant::now() + pause > deadline || stop.sleep(pause) {
-                    return Err(format!("nothing listens at {addr} in the rank's namespace"));
+                    return Err(RelayError::NotListening(addr));
                 }
                 pause = (pause * 2).min(Duration::from_millis(200));
             }
-            Err(e) => return Err(format!("{addr} in the rank's namespace: {e}")),
+            Err(e) => {
+                return Err(RelayError::Io {
+                    what: format!("{addr} in the rank's namespace"),
+                    source: e,
+                })
+            }
         }
     }
 }

@@ -60,6 +60,25 @@ const KNOWN: [&str; 5] = [
     "samples_per_sec",
 ];
 
+/// A line of the reports file that is not a report.
+#[derive(Debug, thiserror::Error)]
+pub enum BadReport {
+    /// Longer than [`MAX_LINE`].
+    #[error("a report line longer than {MAX_LINE} bytes")]
+    TooLong,
+    /// Not a report's JSON.
+    #[error("a report line that is not a report ({0})")]
+    NotReport(#[from] serde_json::Error),
+    /// A step before the last one reported.
+    #[error("step {step} reported after step {after}")]
+    WentBack {
+        /// The step reported.
+        step: u64,
+        /// The step reported before it.
+        after: u64,
+    },
+}
+
 impl Reports {
     /// A reader of `path` (which may not exist yet).
     pub fn new(path: PathBuf) -> Reports {
@@ -74,7 +93,7 @@ impl Reports {
 
     /// The reports appended since the last call, and the lines that were
     /// not reports (bad JSON, too long, a step that went back).
-    pub fn poll(&mut self) -> (Vec<Report>, Vec<String>) {
+    pub fn poll(&mut self) -> (Vec<Report>, Vec<BadReport>) {
         let (mut out, mut bad) = (Vec::new(), Vec::new());
         let Ok(mut f) = std::fs::File::open(&self.path) else {
             return (out, bad);
@@ -97,23 +116,21 @@ impl Reports {
         }
         if self.partial.len() > MAX_LINE {
             self.partial.clear();
-            bad.push(format!("a report line longer than {MAX_LINE} bytes"));
+            bad.push(BadReport::TooLong);
         }
         (out, bad)
     }
 
-    fn parse(&mut self, line: &[u8]) -> Result<Report, String> {
+    fn parse(&mut self, line: &[u8]) -> Result<Report, BadReport> {
         if line.len() > MAX_LINE {
-            return Err(format!("a report line longer than {MAX_LINE} bytes"));
+            return Err(BadReport::TooLong);
         }
-        let l: Line = serde_json::from_slice(line)
-            .map_err(|e| format!("a report line that is not a report ({e})"))?;
-        if self.last_step.is_some_and(|s| l.step < s) {
-            return Err(format!(
-                "step {} reported after step {}",
-                l.step,
-                self.last_step.unwrap_or(0)
-            ));
+        let l: Line = serde_json::from_slice(line)?;
+        if let Some(after) = self.last_step.filter(|s| l.step < *s) {
+            return Err(BadReport::WentBack {
+                step: l.step,
+                after,
+            });
         }
         self.last_step = Some(l.step);
         let get = |k: &str| l.metrics.get(k).copied().filter(|v| v.is_finite());
@@ -161,7 +178,8 @@ mod tests {
         let path = std::env::temp_dir().join(format!("ty-reports-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let mut r = Reports::new(path.clone());
-        assert_eq!(r.poll(), (vec![], vec![]));
+        let (got, bad) = r.poll();
+        assert!(got.is_empty() && bad.is_empty());
         let mut f = std::fs::File::create(&path).unwrap();
         f.write_all(
             concat!(
@@ -188,7 +206,10 @@ mod tests {
         assert_eq!(got.iter().map(|g| g.step).collect::<Vec<_>>(), [2, 3]);
         assert!(got[0].checkpoint && got[0].point.is_none());
         assert_eq!(bad.len(), 3, "{bad:?}");
-        assert!(bad[1].contains("step 1 reported after step 2"), "{bad:?}");
+        assert!(
+            bad[1].to_string().contains("step 1 reported after step 2"),
+            "{bad:?}"
+        );
         let _ = std::fs::remove_file(&path);
     }
 }

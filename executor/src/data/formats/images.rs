@@ -11,6 +11,7 @@
 //! bytes decoded, checked before the decoder allocates.
 
 use super::unreadable;
+use crate::data::pixels::TransformError;
 use crate::data::samples::DataError;
 use image::imageops::FilterType;
 use image::{DynamicImage, ImageFormat, ImageReader, Limits};
@@ -115,7 +116,7 @@ pub fn decode(url: &str, name: &str, bytes: &[u8], r: &ImageRecipe) -> Result<De
         DynamicImage::ImageRgb8(img.to_rgb8())
     };
     for t in &r.fixed {
-        img = apply(img, *t).map_err(what)?;
+        img = apply(img, *t).map_err(|e| what(e.to_string()))?;
     }
     let (width, height) = (img.width(), img.height());
     let hw = (width * height) as usize;
@@ -147,7 +148,7 @@ fn luma(rgb: &image::RgbImage) -> image::GrayImage {
 }
 
 /// One deterministic transform.
-fn apply(img: DynamicImage, t: Transform) -> Result<DynamicImage, String> {
+fn apply(img: DynamicImage, t: Transform) -> Result<DynamicImage, TransformError> {
     let (w, h) = (img.width(), img.height());
     match t {
         Transform::Resize(n) => {
@@ -165,15 +166,19 @@ fn apply(img: DynamicImage, t: Transform) -> Result<DynamicImage, String> {
                 )
             };
             if nw.max(nh) > MAX_SIDE {
-                return Err(format!(
-                    "resizing {w}×{h} to {nw}×{nh} exceeds {MAX_SIDE} pixels a side"
-                ));
+                return Err(TransformError::TooLarge {
+                    w,
+                    h,
+                    nw,
+                    nh,
+                    max: MAX_SIDE,
+                });
             }
             Ok(img.resize_exact(nw.max(1), nh.max(1), FilterType::Triangle))
         }
         Transform::CenterCrop(n) => {
             if n > w || n > h {
-                return Err(format!("is {w}×{h}, smaller than center_crop {n}"));
+                return Err(TransformError::SmallerThanCenterCrop { w, h, side: n });
             }
             // torchvision rounds the offset as Python does (ties to even).
             let x = (f64::from(w - n) / 2.0).round_ties_even() as u32;
@@ -181,7 +186,7 @@ fn apply(img: DynamicImage, t: Transform) -> Result<DynamicImage, String> {
             Ok(img.crop_imm(x, y, n, n))
         }
         Transform::RandomCrop(_) | Transform::HorizontalFlip(_) => {
-            Err("random transforms run per batch, not at decoding".into())
+            Err(TransformError::RandomAtDecoding)
         }
     }
 }

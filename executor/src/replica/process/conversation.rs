@@ -115,8 +115,9 @@ impl Conversation {
         if let Some(why) = sandbox.refusal() {
             return Err(fail(why));
         }
-        let ws = sandbox.workspace("model").map_err(fail)?;
-        let model = ws.input("model.pt", model).map_err(fail)?;
+        let confined = |e: crate::sandbox::SandboxError| TrainError::Model(e.to_string());
+        let ws = sandbox.workspace("model").map_err(confined)?;
+        let model = ws.input("model.pt", model).map_err(confined)?;
         let memfd = shm::memfd().map_err(|e| fail(format!("shared memory: {e}")))?;
         let limits = Limits {
             memory_mb: spec.resources.memory_mb.saturating_add(RUNTIME_MB),
@@ -140,7 +141,7 @@ impl Conversation {
                 Some(memfd.as_raw_fd()),
                 device,
             )
-            .map_err(fail)?;
+            .map_err(confined)?;
         let (Some(stdout), Some(stderr)) = (child.stdout(), child.stderr()) else {
             child.kill();
             return Err(fail("the model process has no pipes".into()));
@@ -181,7 +182,7 @@ impl Conversation {
         else {
             return Err(c.unexpected());
         };
-        let wrong = |e: String| {
+        let wrong = |e: &dyn std::fmt::Display| {
             fail(format!(
                 "the model process described its tensors wrongly: {e}"
             ))
@@ -190,7 +191,7 @@ impl Conversation {
         // the child's, and the child is not trusted.
         let mut numel = 0usize;
         for m in trainable.iter().chain(&buffers) {
-            numel = numel.saturating_add(size_of(m).map_err(wrong)?.0);
+            numel = numel.saturating_add(size_of(m).map_err(|e| wrong(&e))?.0);
         }
         let bytes = numel.checked_mul(8).filter(|b| *b <= cap).ok_or_else(|| {
             fail(format!(
@@ -199,7 +200,7 @@ impl Conversation {
             ))
         })?;
         let tensors =
-            mirror(&trainable, &buffers, &frozen, aliases, &frozen_bytes).map_err(wrong)?;
+            mirror(&trainable, &buffers, &frozen, aliases, &frozen_bytes).map_err(|e| wrong(&e))?;
         let memory =
             Shared::seal_and_map(memfd, bytes).map_err(|e| fail(format!("shared memory: {e}")))?;
         let (weights, grad) = (memory.f32s(0, numel), memory.f32s(numel, numel));

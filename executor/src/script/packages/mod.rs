@@ -45,7 +45,8 @@ mod wanted;
 
 pub use cache::cache_report;
 pub use wanted::{
-    normalize, pins, to_install, wanted, Wanted, MAX_LOCK_FILE, MAX_REQUIREMENTS_FILE,
+    normalize, pins, to_install, wanted, PyprojectProblem, RequirementsError, Wanted,
+    MAX_LOCK_FILE, MAX_REQUIREMENTS_FILE,
 };
 
 use super::proxy::{self, Destination};
@@ -92,7 +93,7 @@ impl Config {
         extra_hosts: &[String],
         dir: PathBuf,
         budget_mb: u64,
-    ) -> Result<Config, String> {
+    ) -> Result<Config, proxy::IndexUrlError> {
         let mut allowed = proxy::index_destinations(index)?;
         for h in extra_hosts {
             allowed.extend(proxy::index_destinations(&format!("https://{h}/"))?);
@@ -225,7 +226,7 @@ struct Runtime {
     id: String,
 }
 
-fn runtime_of(python: &Path) -> Result<Runtime, String> {
+fn runtime_of(python: &Path) -> Result<Runtime, super::RuntimeError> {
     static KNOWN: Mutex<BTreeMap<PathBuf, Runtime>> = Mutex::new(BTreeMap::new());
     if let Some(r) = KNOWN.lock().ok().and_then(|k| k.get(python).cloned()) {
         return Ok(r);
@@ -295,7 +296,7 @@ impl Config {
     /// or resolved and installed now (logging the phase and its time).
     pub fn ensure(&self, run: &Run<'_>, wanted: &Wanted) -> Result<Env, InstallError> {
         let exec = |e: std::io::Error| InstallError::Executor(format!("python environments: {e}"));
-        let runtime = runtime_of(run.python).map_err(InstallError::Executor)?;
+        let runtime = runtime_of(run.python).map_err(|e| InstallError::Executor(e.to_string()))?;
         let asked = match wanted {
             Wanted::Lines(l) => l.join("\n"),
             Wanted::Pyproject(p) => std::fs::read_to_string(p).map_err(exec)?,
@@ -388,11 +389,13 @@ impl Config {
             .map(|v| format!("torch=={v}\n"))
             .unwrap_or_default();
         std::fs::write(work.join("constraints.txt"), constraints).map_err(exec)?;
-        run.sandbox.give(&work).map_err(InstallError::Executor)?;
+        run.sandbox
+            .give(&work)
+            .map_err(|e| InstallError::Executor(e.to_string()))?;
         for d in ["home", "tmp", "cache"] {
             run.sandbox
                 .give(&work.join(d))
-                .map_err(InstallError::Executor)?;
+                .map_err(|e| InstallError::Executor(e.to_string()))?;
         }
         let net = Network::open(self, run.sandbox)?;
         let python = run.python.display().to_string();
@@ -481,7 +484,8 @@ impl Config {
             env_dir.display().to_string(),
         ])?;
         // The runtime's packages after the environment's own.
-        let site = env_site_packages(&env_dir).map_err(InstallError::Executor)?;
+        let site =
+            env_site_packages(&env_dir).map_err(|e| InstallError::Executor(e.to_string()))?;
         std::fs::write(
             site.join("_trainyard_runtime.pth"),
             runtime.site.join("\n") + "\n",
@@ -542,14 +546,21 @@ impl Config {
 }
 
 /// The site-packages folder of the virtual environment at `env`.
-fn env_site_packages(env: &Path) -> Result<PathBuf, String> {
+fn env_site_packages(env: &Path) -> Result<PathBuf, std::io::Error> {
     let lib = env.join("lib");
+    let in_lib =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", lib.display()));
     std::fs::read_dir(&lib)
-        .map_err(|e| format!("{}: {e}", lib.display()))?
+        .map_err(in_lib)?
         .flatten()
         .map(|e| e.path().join("site-packages"))
         .find(|p| p.is_dir())
-        .ok_or_else(|| format!("no site-packages in {}", lib.display()))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no site-packages in {}", lib.display()),
+            )
+        })
 }
 
 struct RemoveOnDrop(PathBuf);

@@ -99,7 +99,7 @@ impl Config {
                 tch::Device::Cpu,
                 net.netns.as_ref().map(|n| n.path().to_owned()),
             )
-            .map_err(InstallError::Executor)?;
+            .map_err(|e| InstallError::Executor(e.to_string()))?;
         let tail: Arc<Mutex<Vec<String>>> = Arc::default();
         let mut readers = Vec::new();
         for stream in [
@@ -168,7 +168,7 @@ impl Network {
     pub(super) fn open(config: &Config, sandbox: &Sandbox) -> Result<Network, InstallError> {
         let ws = sandbox
             .workspace("packages")
-            .map_err(InstallError::Executor)?;
+            .map_err(|e| InstallError::Executor(e.to_string()))?;
         if sandbox.mode() == crate::sandbox::Mode::Off {
             return Ok(Network {
                 ws,

@@ -44,39 +44,126 @@ impl Wanted {
     }
 }
 
-/// What the job asks for: its spec's `requirements` (`fetch` brings a
+/// Why a job's requirements are refused: the error names the field or
+/// file and the line.
+#[derive(Debug, thiserror::Error)]
+pub enum RequirementsError {
+    /// The spec's requirements file could not be fetched.
+    #[error("{0}")]
+    Fetch(String),
+    /// More lines than [`MAX_REQUIREMENTS`].
+    #[error("{what}: at most {MAX_REQUIREMENTS} requirements, it has {have}")]
+    TooMany {
+        /// The field or file.
+        what: &'static str,
+        /// Its requirements.
+        have: usize,
+    },
+    /// A line that is not a plain requirement of the index.
+    #[error("{what}: {line:?} {why}")]
+    Line {
+        /// The field or file.
+        what: &'static str,
+        /// The line.
+        line: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The file could not be read.
+    #[error("{what}: {source}")]
+    Read {
+        /// The file.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file over its size bound.
+    #[error("{what}: larger than {bound}")]
+    TooLarge {
+        /// The file.
+        what: &'static str,
+        /// The bound, in words.
+        bound: String,
+    },
+    /// The code's `pyproject.toml` cannot be installed from.
+    #[error("pyproject.toml in script.code: {0}")]
+    Pyproject(#[from] PyprojectProblem),
+}
+
+/// Why a `pyproject.toml` cannot be installed from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PyprojectProblem {
+    /// It does not parse.
+    #[error("is not TOML: {0}")]
+    NotToml(String),
+    /// A dependency list that is not a list of strings.
+    #[error("{0} must be a list of strings")]
+    NotStrings(&'static str),
+    /// More dependencies than [`MAX_REQUIREMENTS`].
+    #[error("{what}: at most {MAX_REQUIREMENTS} requirements, it has {have}")]
+    TooMany {
+        /// The list.
+        what: &'static str,
+        /// Its entries.
+        have: usize,
+    },
+    /// A dependency that is not a plain requirement of the index.
+    #[error("{what}: {line:?} {why}")]
+    Line {
+        /// The list.
+        what: &'static str,
+        /// The entry.
+        line: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// It names package sources of its own ([`SOURCE_KEYS`]).
+    #[error("{table} {key} is not taken: packages come from the package index the executor's admin chose (name them in [project] dependencies)")]
+    Sources {
+        /// `[tool.uv]` or `[tool.uv.pip]`.
+        table: &'static str,
+        /// The key.
+        key: &'static str,
+    },
+}
+
+/// What a job asks for: its spec's `requirements` (`fetch` brings a
 /// file's), else its code folder's `requirements.txt` or `pyproject.toml`
 /// (`None`: nothing). The error names the field or file and the line.
 pub fn wanted(
     requirements: Option<&Requirements>,
-    fetch: &dyn Fn(&str) -> Result<PathBuf, String>,
+    fetch: &dyn Fn(&str) -> Result<PathBuf, RequirementsError>,
     code: &Path,
-) -> Result<Option<Wanted>, String> {
-    let checked = |text: &str, what: &str| -> Result<Wanted, String> {
+) -> Result<Option<Wanted>, RequirementsError> {
+    let checked = |text: &str, what: &'static str| -> Result<Wanted, RequirementsError> {
         let lines = requirement_lines(text);
         if lines.len() > MAX_REQUIREMENTS {
-            return Err(format!(
-                "{what}: at most {MAX_REQUIREMENTS} requirements, it has {}",
-                lines.len()
-            ));
+            return Err(RequirementsError::TooMany {
+                what,
+                have: lines.len(),
+            });
         }
         for l in &lines {
             if let Some(why) = requirement_problem(l) {
-                return Err(format!("{what}: {l:?} {why}"));
+                return Err(RequirementsError::Line {
+                    what,
+                    line: l.clone(),
+                    why,
+                });
             }
         }
         Ok(Wanted::Lines(lines))
     };
-    let read = |path: &Path, what: &str| -> Result<String, String> {
+    let read = |path: &Path, what: &'static str| -> Result<String, RequirementsError> {
         let mut text = String::new();
         std::fs::File::open(path)
             .and_then(|f| f.take(MAX_REQUIREMENTS_FILE + 1).read_to_string(&mut text))
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|source| RequirementsError::Read { what, source })?;
         if text.len() as u64 > MAX_REQUIREMENTS_FILE {
-            return Err(format!(
-                "{what}: larger than {} KiB",
-                MAX_REQUIREMENTS_FILE >> 10
-            ));
+            return Err(RequirementsError::TooLarge {
+                what,
+                bound: format!("{} KiB", MAX_REQUIREMENTS_FILE >> 10),
+            });
         }
         Ok(text)
     };
@@ -97,24 +184,24 @@ pub fn wanted(
                 checked(&read(&txt, what)?, what).map(Some)
             } else if toml.is_file() {
                 let text = read(&toml, "pyproject.toml in script.code")?;
-                let project = Pyproject::parse(&text)
-                    .map_err(|why| format!("pyproject.toml in script.code: {why}"))?;
+                let project = Pyproject::parse(&text)?;
                 let lock = code.join("uv.lock");
                 // A project that asks for nothing is not read further.
                 if lock.is_file() || project.declares_dependencies {
                     if let Some(why) = project.problem {
-                        return Err(format!("pyproject.toml in script.code: {why}"));
+                        return Err(why.into());
                     }
                 }
                 if lock.is_file() {
+                    let what = "uv.lock in script.code";
                     let bytes = std::fs::metadata(&lock)
-                        .map_err(|e| format!("uv.lock in script.code: {e}"))?
+                        .map_err(|source| RequirementsError::Read { what, source })?
                         .len();
                     if bytes > MAX_LOCK_FILE {
-                        return Err(format!(
-                            "uv.lock in script.code: larger than {} MiB",
-                            MAX_LOCK_FILE >> 20
-                        ));
+                        return Err(RequirementsError::TooLarge {
+                            what,
+                            bound: format!("{} MiB", MAX_LOCK_FILE >> 20),
+                        });
                     }
                     return Ok(Some(Wanted::Locked {
                         pyproject: toml,
@@ -139,7 +226,7 @@ struct Pyproject {
     declares_dependencies: bool,
     /// Why it cannot be installed from, where it cannot (it matters only
     /// where it is: a project with dependencies or a `uv.lock`).
-    problem: Option<String>,
+    problem: Option<PyprojectProblem>,
 }
 
 /// `[tool.uv]` (and `[tool.uv.pip]`) keys that say where packages come
@@ -163,10 +250,10 @@ impl Pyproject {
     /// of its build system) is not a plain requirement of the index (the
     /// rule of a requirements line, [`requirement_problem`]), or it names
     /// its own package sources ([`SOURCE_KEYS`]).
-    fn parse(text: &str) -> Result<Pyproject, String> {
+    fn parse(text: &str) -> Result<Pyproject, PyprojectProblem> {
         let doc: toml_edit::DocumentMut = text
             .parse()
-            .map_err(|e: toml_edit::TomlError| format!("is not TOML: {}", e.message()))?;
+            .map_err(|e: toml_edit::TomlError| PyprojectProblem::NotToml(e.message().to_owned()))?;
         let project = doc.get("project");
         let dynamic = project
             .and_then(|p| p.get("dynamic"))
@@ -179,18 +266,18 @@ impl Pyproject {
         })
     }
 
-    fn problem(doc: &toml_edit::DocumentMut) -> Result<(), String> {
-        let strings = |item: &toml_edit::Item, what: &str| -> Result<Vec<String>, String> {
+    fn problem(doc: &toml_edit::DocumentMut) -> Result<(), PyprojectProblem> {
+        let strings = |item: &toml_edit::Item, what: &'static str| {
             let Some(a) = item.as_array() else {
-                return Err(format!("{what} must be a list of strings"));
+                return Err(PyprojectProblem::NotStrings(what));
             };
             a.iter()
                 .map(|v| {
                     v.as_str()
                         .map(str::to_owned)
-                        .ok_or_else(|| format!("{what} must be a list of strings"))
+                        .ok_or(PyprojectProblem::NotStrings(what))
                 })
-                .collect()
+                .collect::<Result<Vec<String>, _>>()
         };
         let mut checked = Vec::new();
         let project = doc.get("project");
@@ -208,14 +295,18 @@ impl Pyproject {
         }
         for (what, lines) in &checked {
             if lines.len() > MAX_REQUIREMENTS {
-                return Err(format!(
-                    "{what}: at most {MAX_REQUIREMENTS} requirements, it has {}",
-                    lines.len()
-                ));
+                return Err(PyprojectProblem::TooMany {
+                    what,
+                    have: lines.len(),
+                });
             }
             for l in lines {
                 if let Some(why) = requirement_problem(l) {
-                    return Err(format!("{what}: {l:?} {why}"));
+                    return Err(PyprojectProblem::Line {
+                        what,
+                        line: l.clone(),
+                        why,
+                    });
                 }
             }
         }
@@ -225,10 +316,8 @@ impl Pyproject {
             (uv.and_then(|u| u.get("pip")), "[tool.uv.pip]"),
         ] {
             if let Some(t) = table.and_then(toml_edit::Item::as_table_like) {
-                if let Some(k) = SOURCE_KEYS.iter().find(|k| t.contains_key(k)) {
-                    return Err(format!(
-                        "{at} {k} is not taken: packages come from the package index the executor's admin chose (name them in [project] dependencies)"
-                    ));
+                if let Some(key) = SOURCE_KEYS.iter().find(|k| t.contains_key(k)) {
+                    return Err(PyprojectProblem::Sources { table: at, key });
                 }
             }
         }
@@ -341,7 +430,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("trainyard-wanted-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let no_fetch = |_: &str| -> Result<PathBuf, String> { Err("no".into()) };
+        let no_fetch = |_: &str| -> Result<PathBuf, RequirementsError> {
+            Err(RequirementsError::Fetch("no".into()))
+        };
         assert_eq!(wanted(None, &no_fetch, &dir).unwrap(), None);
         let lines = Requirements::Lines(vec!["tqdm==4.66.5".into()]);
         assert_eq!(
@@ -371,20 +462,21 @@ mod tests {
             "# mine\ntqdm\n-r /etc/passwd\n",
         )
         .unwrap();
-        let e = wanted(None, &no_fetch, &dir).unwrap_err();
+        let e = wanted(None, &no_fetch, &dir).unwrap_err().to_string();
         assert!(
             e.contains("requirements.txt") && e.contains("-r /etc/passwd"),
             "{e}"
         );
         let file = dir.join("req.txt");
         std::fs::write(&file, "x @ file:///etc/shadow\n").unwrap();
-        let fetch = |_: &str| -> Result<PathBuf, String> { Ok(file.clone()) };
+        let fetch = |_: &str| -> Result<PathBuf, RequirementsError> { Ok(file.clone()) };
         let e = wanted(
             Some(&Requirements::File("artifact:req.txt".into())),
             &fetch,
             &dir,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("script.requirements") && e.contains("direct references"),
             "{e}"
@@ -401,7 +493,7 @@ mod tests {
         .unwrap();
         assert_eq!(wanted(None, &no_fetch, &dir).unwrap(), None);
         std::fs::write(dir.join("uv.lock"), "version = 1\n").unwrap();
-        let e = wanted(None, &no_fetch, &dir).unwrap_err();
+        let e = wanted(None, &no_fetch, &dir).unwrap_err().to_string();
         assert!(
             e.contains("pyproject.toml in script.code: [tool.uv] sources"),
             "{e}"
@@ -412,7 +504,7 @@ mod tests {
             format!("[project]\nname = \"m\"\ndependencies = [\"x\"]\n{sourced}"),
         )
         .unwrap();
-        let e = wanted(None, &no_fetch, &dir).unwrap_err();
+        let e = wanted(None, &no_fetch, &dir).unwrap_err().to_string();
         assert!(e.contains("[tool.uv] sources is not taken"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -430,7 +522,8 @@ mod tests {
             let e = match Pyproject::parse(t) {
                 Ok(p) => p.problem.unwrap_or_else(|| panic!("{t:?} was taken")),
                 Err(e) => e,
-            };
+            }
+            .to_string();
             assert!(e.contains(want), "{t:?}: {e}");
         };
         refused("[project\n", "is not TOML");

@@ -45,7 +45,7 @@ mod wanted;
 
 pub use cache::cache_report;
 pub use wanted::{
-    normalize, pins, to_install, wanted, PyprojectProblem, RequirementsError, Wanted,
+    normalize, pins, to_install, wanted, LinesProblem, PyprojectProblem, RequirementsError, Wanted,
     MAX_LOCK_FILE, MAX_REQUIREMENTS_FILE,
 };
 

@@ -51,24 +51,9 @@ pub enum RequirementsError {
     /// The spec's requirements file could not be fetched.
     #[error("{0}")]
     Fetch(String),
-    /// More lines than [`MAX_REQUIREMENTS`].
-    #[error("{what}: at most {MAX_REQUIREMENTS} requirements, it has {have}")]
-    TooMany {
-        /// The field or file.
-        what: &'static str,
-        /// Its requirements.
-        have: usize,
-    },
-    /// A line that is not a plain requirement of the index.
-    #[error("{what}: {line:?} {why}")]
-    Line {
-        /// The field or file.
-        what: &'static str,
-        /// The line.
-        line: String,
-        /// What is wrong with it.
-        why: &'static str,
-    },
+    /// Its lines break the rule of a requirements line.
+    #[error(transparent)]
+    Lines(#[from] LinesProblem),
     /// The file could not be read.
     #[error("{what}: {source}")]
     Read {
@@ -99,24 +84,9 @@ pub enum PyprojectProblem {
     /// A dependency list that is not a list of strings.
     #[error("{0} must be a list of strings")]
     NotStrings(&'static str),
-    /// More dependencies than [`MAX_REQUIREMENTS`].
-    #[error("{what}: at most {MAX_REQUIREMENTS} requirements, it has {have}")]
-    TooMany {
-        /// The list.
-        what: &'static str,
-        /// Its entries.
-        have: usize,
-    },
-    /// A dependency that is not a plain requirement of the index.
-    #[error("{what}: {line:?} {why}")]
-    Line {
-        /// The list.
-        what: &'static str,
-        /// The entry.
-        line: String,
-        /// What is wrong with it.
-        why: &'static str,
-    },
+    /// Its dependencies break the rule of a requirements line.
+    #[error(transparent)]
+    Lines(#[from] LinesProblem),
     /// It names package sources of its own ([`SOURCE_KEYS`]).
     #[error("{table} {key} is not taken: packages come from the package index the executor's admin chose (name them in [project] dependencies)")]
     Sources {
@@ -125,6 +95,51 @@ pub enum PyprojectProblem {
         /// The key.
         key: &'static str,
     },
+}
+
+/// Requirement lines (of a field, a file or a list in a project) that
+/// break [`requirement_problem`]'s rule or are too many.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinesProblem {
+    /// More than [`MAX_REQUIREMENTS`].
+    #[error("{what}: at most {MAX_REQUIREMENTS} requirements, it has {have}")]
+    TooMany {
+        /// Where they are.
+        what: &'static str,
+        /// How many.
+        have: usize,
+    },
+    /// One that is not a plain requirement of the index.
+    #[error("{what}: {line:?} {why}")]
+    Line {
+        /// Where it is.
+        what: &'static str,
+        /// The line.
+        line: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+/// Holds `lines` (of `what`) to the rule of a requirements line.
+fn check_lines(lines: &[String], what: &'static str) -> Result<(), LinesProblem> {
+    if lines.len() > MAX_REQUIREMENTS {
+        return Err(LinesProblem::TooMany {
+            what,
+            have: lines.len(),
+        });
+    }
+    match lines
+        .iter()
+        .find_map(|l| requirement_problem(l).map(|why| (l, why)))
+    {
+        Some((line, why)) => Err(LinesProblem::Line {
+            what,
+            line: line.clone(),
+            why,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// What a job asks for: its spec's `requirements` (`fetch` brings a
@@ -137,21 +152,7 @@ pub fn wanted(
 ) -> Result<Option<Wanted>, RequirementsError> {
     let checked = |text: &str, what: &'static str| -> Result<Wanted, RequirementsError> {
         let lines = requirement_lines(text);
-        if lines.len() > MAX_REQUIREMENTS {
-            return Err(RequirementsError::TooMany {
-                what,
-                have: lines.len(),
-            });
-        }
-        for l in &lines {
-            if let Some(why) = requirement_problem(l) {
-                return Err(RequirementsError::Line {
-                    what,
-                    line: l.clone(),
-                    why,
-                });
-            }
-        }
+        check_lines(&lines, what)?;
         Ok(Wanted::Lines(lines))
     };
     let read = |path: &Path, what: &'static str| -> Result<String, RequirementsError> {
@@ -294,21 +295,7 @@ impl Pyproject {
             ));
         }
         for (what, lines) in &checked {
-            if lines.len() > MAX_REQUIREMENTS {
-                return Err(PyprojectProblem::TooMany {
-                    what,
-                    have: lines.len(),
-                });
-            }
-            for l in lines {
-                if let Some(why) = requirement_problem(l) {
-                    return Err(PyprojectProblem::Line {
-                        what,
-                        line: l.clone(),
-                        why,
-                    });
-                }
-            }
+            check_lines(lines, what)?;
         }
         let uv = doc.get("tool").and_then(|t| t.get("uv"));
         for (table, at) in [

@@ -295,28 +295,20 @@ impl Config {
     /// The environment for `wanted` over `run`'s runtime: from the cache,
     /// or resolved and installed now (logging the phase and its time).
     pub fn ensure(&self, run: &Run<'_>, wanted: &Wanted) -> Result<Env, InstallError> {
-        let exec = |e: std::io::Error| InstallError::Executor(format!("python environments: {e}"));
         let runtime = runtime_of(run.python).map_err(|e| InstallError::Executor(e.to_string()))?;
-        let asked = match wanted {
-            Wanted::Lines(l) => l.join("\n"),
-            Wanted::Pyproject(p) => std::fs::read_to_string(p).map_err(exec)?,
-            Wanted::Locked { pyproject, lock } => {
-                std::fs::read_to_string(pyproject).map_err(exec)?
-                    + "\n\0\n"
-                    + &std::fs::read_to_string(lock).map_err(exec)?
-            }
-        };
-        let kind = match wanted {
-            Wanted::Lines(_) => "lines",
-            Wanted::Pyproject(_) => "pyproject",
-            Wanted::Locked { .. } => "uv.lock",
-        };
-        let input_key = sha(&["v1", &runtime.id, &self.index, kind, &asked]);
+        let input_key = sha(&[
+            "v1",
+            &runtime.id,
+            &self.index,
+            wanted.kind(),
+            &asked_text(wanted)?,
+        ]);
         let lock = key_lock(&input_key);
         let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
         for d in ["envs", "inputs", "work"] {
             std::fs::create_dir_all(self.dir.join(d)).map_err(exec)?;
         }
+        // What these inputs resolved to last time.
         let input_file = self.dir.join("inputs").join(&input_key);
         if let Ok(key) = std::fs::read_to_string(&input_file) {
             if let Some(env) = self.cached(key.trim()) {
@@ -350,108 +342,10 @@ impl Config {
                 .join(format!("{}-{}-{n}", &input_key[..16], std::process::id()));
         let _ = std::fs::remove_dir_all(&work);
         let _cleanup = RemoveOnDrop(work.clone());
-        for d in ["home", "tmp", "cache"] {
-            std::fs::create_dir_all(work.join(d)).map_err(exec)?;
-        }
-        let input = match wanted {
-            Wanted::Lines(l) => {
-                let p = work.join("requirements.in");
-                std::fs::write(&p, l.join("\n") + "\n").map_err(exec)?;
-                p
-            }
-            Wanted::Pyproject(p) => {
-                let dir = work.join("project");
-                std::fs::create_dir_all(&dir).map_err(exec)?;
-                let to = dir.join("pyproject.toml");
-                std::fs::copy(p, &to).map_err(exec)?;
-                to
-            }
-            Wanted::Locked { pyproject, lock } => {
-                // Exported below, once uv can run confined.
-                let dir = work.join("project");
-                std::fs::create_dir_all(&dir).map_err(exec)?;
-                std::fs::copy(pyproject, dir.join("pyproject.toml")).map_err(exec)?;
-                std::fs::copy(lock, dir.join("uv.lock")).map_err(exec)?;
-                work.join("requirements.in")
-            }
-        };
-        // The runtime's versions are the resolver's preferences (uv reads
-        // an existing output file as such); its torch is a constraint.
-        let preferred: String = runtime
-            .installed
-            .iter()
-            .map(|(n, v)| format!("{n}=={v}\n"))
-            .collect();
-        std::fs::write(work.join("resolved.txt"), preferred).map_err(exec)?;
-        let constraints = runtime
-            .installed
-            .get("torch")
-            .map(|v| format!("torch=={v}\n"))
-            .unwrap_or_default();
-        std::fs::write(work.join("constraints.txt"), constraints).map_err(exec)?;
-        run.sandbox
-            .give(&work)
-            .map_err(|e| InstallError::Executor(e.to_string()))?;
-        for d in ["home", "tmp", "cache"] {
-            run.sandbox
-                .give(&work.join(d))
-                .map_err(|e| InstallError::Executor(e.to_string()))?;
-        }
+        let input = stage(run, &runtime, wanted, &work)?;
         let net = Network::open(self, run.sandbox)?;
-        let python = run.python.display().to_string();
         let uv_run = |args: Vec<String>| self.uv_confined(run, uv, &work, &net, args);
-        if let Wanted::Locked { .. } = wanted {
-            // The lock's own set, for this platform's markers to pick from;
-            // offline: it names every version already.
-            uv_run(vec![
-                "export".into(),
-                "--frozen".into(),
-                "--offline".into(),
-                "--no-hashes".into(),
-                "--no-emit-project".into(),
-                "--no-header".into(),
-                "--project".into(),
-                "project".into(),
-                "--output-file".into(),
-                "exported.txt".into(),
-            ])?;
-            let text = std::fs::read_to_string(work.join("exported.txt")).map_err(exec)?;
-            let lines = requirement_lines(&text);
-            for l in &lines {
-                if let Some(why) = requirement_problem(l) {
-                    return Err(InstallError::Refused(format!(
-                        "uv.lock in script.code: {l:?} {why}"
-                    )));
-                }
-            }
-            std::fs::write(&input, lines.join("\n") + "\n").map_err(exec)?;
-        }
-        uv_run(vec![
-            "pip".into(),
-            "compile".into(),
-            input.display().to_string(),
-            "--constraint".into(),
-            "constraints.txt".into(),
-            "--output-file".into(),
-            "resolved.txt".into(),
-            "--python".into(),
-            python.clone(),
-            "--index-url".into(),
-            self.index.clone(),
-            // Sources are refused when the project is read (`Pyproject`);
-            // uv ignores any it would still find. (Not on `export`: a
-            // frozen lock is read as it is, and its lines are checked.)
-            "--no-sources".into(),
-            "--no-header".into(),
-            "--no-annotate".into(),
-        ])?;
-        let text = std::fs::read_to_string(work.join("resolved.txt")).map_err(exec)?;
-        if let Some(l) = unpinned(&text) {
-            return Err(InstallError::Refused(format!(
-                "the resolved set has {l:?}, which is not a package of the index at a version (direct references, file: and VCS URLs are not taken)"
-            )));
-        }
-        let resolved = pins(&text);
+        let resolved = self.resolve(run, &uv_run, wanted, &input, &work)?;
         let pinned: Vec<String> = resolved.iter().map(|(n, v)| format!("{n}=={v}")).collect();
         let key = sha(&["v1", &runtime.id, &pinned.join("\n")]);
         std::fs::write(&input_file, &key).map_err(exec)?;
@@ -474,49 +368,7 @@ impl Config {
                 environment: Some(key[..ENV_KEY_SHOWN].to_owned()),
             });
         };
-        let env_dir = work.join("env");
-        uv_run(vec![
-            "venv".into(),
-            "--relocatable".into(),
-            "--quiet".into(),
-            "--python".into(),
-            python,
-            env_dir.display().to_string(),
-        ])?;
-        // The runtime's packages after the environment's own.
-        let site =
-            env_site_packages(&env_dir).map_err(|e| InstallError::Executor(e.to_string()))?;
-        std::fs::write(
-            site.join("_trainyard_runtime.pth"),
-            runtime.site.join("\n") + "\n",
-        )
-        .map_err(exec)?;
-        if !install.is_empty() {
-            let installing = format!(
-                "installing {} over the runtime: {}",
-                install.len(),
-                install
-                    .iter()
-                    .map(|(n, v)| format!("{n}=={v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            announce(PackagesStage::Installing, installing);
-            let list: String = install.iter().map(|(n, v)| format!("{n}=={v}\n")).collect();
-            std::fs::write(work.join("install.txt"), list).map_err(exec)?;
-            uv_run(vec![
-                "pip".into(),
-                "install".into(),
-                "--python".into(),
-                env_dir.join("bin/python").display().to_string(),
-                "--requirement".into(),
-                "install.txt".into(),
-                "--no-deps".into(),
-                "--no-sources".into(),
-                "--index-url".into(),
-                self.index.clone(),
-            ])?;
-        }
+        let env_dir = self.build(run, &uv_run, &runtime, &install, &work, &announce)?;
         drop(net);
         std::fs::write(env_dir.join(".trainyard-ready"), pinned.join("\n")).map_err(exec)?;
         let target = self.envs().join(&key);
@@ -543,6 +395,207 @@ impl Config {
         env.packages = install.len();
         Ok(env)
     }
+
+    /// The pins `wanted` resolves to over the runtime (whose versions are
+    /// the resolver's preferences and whose torch is a constraint), from
+    /// the staged `input` in `work`: a lock's own set, else uv's
+    /// resolution from the index.
+    fn resolve(
+        &self,
+        run: &Run<'_>,
+        uv_run: &dyn Fn(Vec<String>) -> Result<(), InstallError>,
+        wanted: &Wanted,
+        input: &Path,
+        work: &Path,
+    ) -> Result<Vec<(String, String)>, InstallError> {
+        if let Wanted::Locked { .. } = wanted {
+            // The lock's own set, for this platform's markers to pick from;
+            // offline: it names every version already.
+            uv_run(args(&[
+                "export",
+                "--frozen",
+                "--offline",
+                "--no-hashes",
+                "--no-emit-project",
+                "--no-header",
+                "--project",
+                "project",
+                "--output-file",
+                "exported.txt",
+            ]))?;
+            let text = std::fs::read_to_string(work.join("exported.txt")).map_err(exec)?;
+            let lines = requirement_lines(&text);
+            for l in &lines {
+                if let Some(why) = requirement_problem(l) {
+                    return Err(InstallError::Refused(format!(
+                        "uv.lock in script.code: {l:?} {why}"
+                    )));
+                }
+            }
+            std::fs::write(input, lines.join("\n") + "\n").map_err(exec)?;
+        }
+        let mut compile = args(&["pip", "compile"]);
+        compile.push(input.display().to_string());
+        compile.extend(args(&[
+            "--constraint",
+            "constraints.txt",
+            "--output-file",
+            "resolved.txt",
+            "--python",
+        ]));
+        compile.push(run.python.display().to_string());
+        compile.push("--index-url".into());
+        compile.push(self.index.clone());
+        // Sources are refused when the project is read (`Pyproject`); uv
+        // ignores any it would still find. (Not on `export`: a frozen lock
+        // is read as it is, and its lines are checked.)
+        compile.extend(args(&["--no-sources", "--no-header", "--no-annotate"]));
+        uv_run(compile)?;
+        let text = std::fs::read_to_string(work.join("resolved.txt")).map_err(exec)?;
+        if let Some(l) = unpinned(&text) {
+            return Err(InstallError::Refused(format!(
+                "the resolved set has {l:?}, which is not a package of the index at a version (direct references, file: and VCS URLs are not taken)"
+            )));
+        }
+        Ok(pins(&text))
+    }
+
+    /// A virtual environment in `work/env` over the runtime, with
+    /// `install` (what of the resolved set the runtime lacks) installed
+    /// from the index; its folder.
+    fn build(
+        &self,
+        run: &Run<'_>,
+        uv_run: &dyn Fn(Vec<String>) -> Result<(), InstallError>,
+        runtime: &Runtime,
+        install: &[(String, String)],
+        work: &Path,
+        announce: &dyn Fn(PackagesStage, String),
+    ) -> Result<PathBuf, InstallError> {
+        let env_dir = work.join("env");
+        let mut venv = args(&["venv", "--relocatable", "--quiet", "--python"]);
+        venv.push(run.python.display().to_string());
+        venv.push(env_dir.display().to_string());
+        uv_run(venv)?;
+        // The runtime's packages after the environment's own.
+        let site =
+            env_site_packages(&env_dir).map_err(|e| InstallError::Executor(e.to_string()))?;
+        std::fs::write(
+            site.join("_trainyard_runtime.pth"),
+            runtime.site.join("\n") + "\n",
+        )
+        .map_err(exec)?;
+        if install.is_empty() {
+            return Ok(env_dir);
+        }
+        let listed: Vec<String> = install.iter().map(|(n, v)| format!("{n}=={v}")).collect();
+        announce(
+            PackagesStage::Installing,
+            format!(
+                "installing {} over the runtime: {}",
+                install.len(),
+                listed.join(", ")
+            ),
+        );
+        std::fs::write(work.join("install.txt"), listed.join("\n") + "\n").map_err(exec)?;
+        let mut pip = args(&["pip", "install", "--python"]);
+        pip.push(env_dir.join("bin/python").display().to_string());
+        pip.extend(args(&[
+            "--requirement",
+            "install.txt",
+            "--no-deps",
+            "--no-sources",
+            "--index-url",
+        ]));
+        pip.push(self.index.clone());
+        uv_run(pip)?;
+        Ok(env_dir)
+    }
+}
+
+/// This executor's failure to keep its environments (its disk).
+fn exec(e: std::io::Error) -> InstallError {
+    InstallError::Executor(format!("python environments: {e}"))
+}
+
+/// Owned command-line arguments.
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// What the job asked, as text (its lines, or its project and lock
+/// files): with the runtime and the index, what names its resolution.
+fn asked_text(wanted: &Wanted) -> Result<String, InstallError> {
+    Ok(match wanted {
+        Wanted::Lines(l) => l.join("\n"),
+        Wanted::Pyproject(p) => std::fs::read_to_string(p).map_err(exec)?,
+        Wanted::Locked { pyproject, lock } => {
+            std::fs::read_to_string(pyproject).map_err(exec)?
+                + "\n\0\n"
+                + &std::fs::read_to_string(lock).map_err(exec)?
+        }
+    })
+}
+
+/// `work` made for uv (its home, temporary folder and cache, the sandbox
+/// user's), with what `wanted` gives it to resolve and the runtime's
+/// preferences and constraints; the input uv compiles.
+fn stage(
+    run: &Run<'_>,
+    runtime: &Runtime,
+    wanted: &Wanted,
+    work: &Path,
+) -> Result<PathBuf, InstallError> {
+    for d in ["home", "tmp", "cache"] {
+        std::fs::create_dir_all(work.join(d)).map_err(exec)?;
+    }
+    let input = match wanted {
+        Wanted::Lines(l) => {
+            let p = work.join("requirements.in");
+            std::fs::write(&p, l.join("\n") + "\n").map_err(exec)?;
+            p
+        }
+        Wanted::Pyproject(p) => {
+            let dir = work.join("project");
+            std::fs::create_dir_all(&dir).map_err(exec)?;
+            let to = dir.join("pyproject.toml");
+            std::fs::copy(p, &to).map_err(exec)?;
+            to
+        }
+        Wanted::Locked { pyproject, lock } => {
+            // Exported by `resolve`, once uv can run confined.
+            let dir = work.join("project");
+            std::fs::create_dir_all(&dir).map_err(exec)?;
+            std::fs::copy(pyproject, dir.join("pyproject.toml")).map_err(exec)?;
+            std::fs::copy(lock, dir.join("uv.lock")).map_err(exec)?;
+            work.join("requirements.in")
+        }
+    };
+    // The runtime's versions are the resolver's preferences (uv reads an
+    // existing output file as such); its torch is a constraint.
+    let preferred: String = runtime
+        .installed
+        .iter()
+        .map(|(n, v)| format!("{n}=={v}\n"))
+        .collect();
+    std::fs::write(work.join("resolved.txt"), preferred).map_err(exec)?;
+    let constraints = runtime
+        .installed
+        .get("torch")
+        .map(|v| format!("torch=={v}\n"))
+        .unwrap_or_default();
+    std::fs::write(work.join("constraints.txt"), constraints).map_err(exec)?;
+    for d in [
+        work.to_owned(),
+        work.join("home"),
+        work.join("tmp"),
+        work.join("cache"),
+    ] {
+        run.sandbox
+            .give(&d)
+            .map_err(|e| InstallError::Executor(e.to_string()))?;
+    }
+    Ok(input)
 }
 
 /// The site-packages folder of the virtual environment at `env`.

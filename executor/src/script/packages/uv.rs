@@ -100,32 +100,7 @@ impl Config {
                 net.netns.as_ref().map(|n| n.path().to_owned()),
             )
             .map_err(|e| InstallError::Executor(e.to_string()))?;
-        let tail: Arc<Mutex<Vec<String>>> = Arc::default();
-        let mut readers = Vec::new();
-        for stream in [
-            child.stdout().map(|o| Box::new(o) as Box<dyn Read + Send>),
-            child.stderr().map(|e| Box::new(e) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tail = tail.clone();
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let line: String = line.chars().take(super::super::MAX_LINE_CHARS).collect();
-                    if let Ok(mut t) = tail.lock() {
-                        t.push(line);
-                        let over = t.len().saturating_sub(200);
-                        t.drain(..over);
-                    }
-                }
-            }));
-        }
-        let ending = child.wait(Some(UV_LIMIT), run.stopping);
-        for r in readers {
-            let _ = r.join();
-        }
-        let lines = tail.lock().map(|t| t.clone()).unwrap_or_default();
+        let (ending, lines) = wait_with_output(&mut child, run.stopping);
         for l in lines.iter().take(50) {
             (run.log)(format!("packages: {l}"));
         }
@@ -153,6 +128,42 @@ impl Config {
             lines[start..].join("\n")
         )))
     }
+}
+
+/// Waits (at most [`UV_LIMIT`], or until `stopping`) for `child` to end
+/// while reading its stdout and stderr; how it ended, and the last 200
+/// lines it wrote (each cut at the log's longest line).
+fn wait_with_output(
+    child: &mut trainyard_sandbox::spawn::Child,
+    stopping: &(dyn Fn() -> bool + Sync),
+) -> (Ending, Vec<String>) {
+    let tail: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut readers = Vec::new();
+    for stream in [
+        child.stdout().map(|o| Box::new(o) as Box<dyn Read + Send>),
+        child.stderr().map(|e| Box::new(e) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let tail = tail.clone();
+        readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let line: String = line.chars().take(super::super::MAX_LINE_CHARS).collect();
+                if let Ok(mut t) = tail.lock() {
+                    t.push(line);
+                    let over = t.len().saturating_sub(200);
+                    t.drain(..over);
+                }
+            }
+        }));
+    }
+    let ending = child.wait(Some(UV_LIMIT), stopping);
+    for r in readers {
+        let _ = r.join();
+    }
+    let lines = tail.lock().map(|t| t.clone()).unwrap_or_default();
+    (ending, lines)
 }
 
 /// The network of one install: with the sandbox on, a namespace of its

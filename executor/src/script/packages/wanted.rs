@@ -35,6 +35,15 @@ pub enum Wanted {
 }
 
 impl Wanted {
+    /// Its kind, in a word (part of what names its resolution).
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Wanted::Lines(_) => "lines",
+            Wanted::Pyproject(_) => "pyproject",
+            Wanted::Locked { .. } => "uv.lock",
+        }
+    }
+
     pub(super) fn describe(&self) -> String {
         match self {
             Wanted::Lines(l) => format!("{} requirement(s)", l.len()),

@@ -210,6 +210,17 @@ impl PsStep {
     }
 }
 
+/// The worker that catches the shards up ([`catch_up`]): its last sync
+/// step, its assignment and rank, its model, its stop signal and its log.
+pub(super) struct CatchingUp<'a> {
+    pub(super) last_step: &'a Option<LastStep>,
+    pub(super) a: &'a Assignment,
+    pub(super) rank: u32,
+    pub(super) rep: &'a Replica,
+    pub(super) stop: &'a Shutdown,
+    pub(super) log: &'a dyn Fn(LogLevel, String),
+}
+
 /// Sync: brings the shards that are a version behind the others (a lost
 /// primary's promoted standby) to the others' version by pushing them
 /// this worker's gradient of that version again — or, where this worker
@@ -219,17 +230,19 @@ impl PsStep {
 /// it pulled from the shards, so the round leaves them as they are).
 /// Returns the version all shards are to be pulled at. The shards are at
 /// most one version apart.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn catch_up(
     ps: &mut PsStep,
     ex: &Exchange,
-    last_step: &Option<LastStep>,
-    a: &Assignment,
-    rank: u32,
-    rep: &Replica,
-    stop: &Shutdown,
-    log: &dyn Fn(LogLevel, String),
+    w: CatchingUp<'_>,
 ) -> Result<u64, RoleError> {
+    let CatchingUp {
+        last_step,
+        a,
+        rank,
+        rep,
+        stop,
+        log,
+    } = w;
     let (links, map) = (&mut ps.links, &ps.map);
     let world = a.workers.len() as u32;
     let total = rep.total_steps(world);

@@ -23,10 +23,11 @@
 //! versions.
 
 use super::consistency::{self, AfterPull, AfterPush};
-use super::links::{self, PushReply, ShardMap};
-use super::step::{catch_up, LastStep, PsStep};
+use super::links::{self, Exchange, PushReply, ShardMap};
+use super::step::{catch_up, CatchingUp, LastStep, PsStep};
 use super::to_wire;
 use crate::context::Context;
+use crate::data::{Batch, Cursor};
 use crate::error::{guarded, RoleError};
 use crate::replica::progress::{self, accuracy_suffix, ProgressLine};
 use crate::replica::{self, Replica};
@@ -73,175 +74,296 @@ pub fn work(
     replica: &mut Option<Replica>,
     last_step: &mut Option<LastStep>,
 ) -> Result<Option<replica::Outcome>, RoleError> {
-    let WorkerEnv {
-        a,
-        rank,
-        device,
-        stop,
-        tx,
-        ctx,
-        host,
-    } = *env;
-    let log = |level, msg: String| {
-        tracing::info!(job = %a.key.job_id, "{msg}");
-        let _ = tx.send(Item::Log(level, msg));
-    };
-    let world = a.workers.len() as u32;
-    let consistency = a.spec.consistency_mode();
     if replica.is_none() {
-        *replica = Some(Replica::new(&a.spec, device, &ctx.fetcher, host)?);
+        *replica = Some(Replica::new(
+            &env.a.spec,
+            env.device,
+            &env.ctx.fetcher,
+            env.host,
+        )?);
     }
     let Some(rep) = replica.as_mut() else {
         return Err(RoleError::ps_fatal("no replica"));
     };
-    // Rank 0's pushes carry its buffers (the shards take them as they
-    // are); the others push zeros there. Ranks change between generations.
-    rep.set_carries_state(rank == 0);
-    let map = ShardMap::new(a, rep).map_err(|e| RoleError::ps_fatal(e.to_string()))?;
-    let mut links = links::connect(a, rank, &map, stop)?;
-    let shards = links.len();
-    let generation = a.key.generation;
-    // Rank 0 seeds empty shards: at the start with the seeded
-    // initialisation, after a PS executor was lost with the newest weights
-    // it pulled.
-    if rank == 0 {
-        let flat = rep.read_range(0, rep.numel());
-        for (s, link) in links.iter_mut().enumerate() {
-            let init = Message::Init {
-                version: rep.step,
-                cursor: to_wire(rep.cursor),
-            };
-            let reply = link.call(&init, &map.gather(s, &flat), 0, stop)?;
-            let took = matches!(
-                reply,
-                Message::Ack {
-                    values_taken: true,
-                    ..
-                }
-            );
-            if took && rep.step > 0 {
-                log(
-                    LogLevel::Info,
-                    format!("PS shard {s} had no values: restored from this worker's newest pull (version {})", rep.step),
-                );
-            }
+    let mut worker = Worker::start(env, rep, last_step)?;
+    while worker.step()? == Step::Busy {}
+    worker.finish()
+}
+
+/// What one [`Worker::step`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// A step was trained, or the shards were caught up, or a stale push
+    /// is to be recomputed: more to do.
+    Busy,
+    /// The worker's share of the job is trained.
+    Done,
+}
+
+/// One generation of a PS worker: its links to the shards, its place in
+/// the data, and what it has reported.
+struct Worker<'e> {
+    env: &'e WorkerEnv<'e>,
+    rep: &'e mut Replica,
+    last_step: &'e mut Option<LastStep>,
+    consistency: Consistency,
+    world: u32,
+    ps: PsStep,
+    /// This worker's own place in the data (async and bounded).
+    local: Cursor,
+    /// Where `batches` streams from.
+    stream_at: Cursor,
+    batches: std::sync::mpsc::Receiver<Batch>,
+    data_stats: Option<std::sync::Arc<crate::data::DataStats>>,
+    seen: crate::ring::train::DataSeen,
+    /// Pushes rejected as stale, in all and since the last report.
+    rejected: u64,
+    rejected_since: u32,
+    /// Rank 0 decides when the shards checkpoint: it marks one step's
+    /// pushes (kept over re-pushes of that step) and every shard
+    /// checkpoints the values that step produces.
+    policy: Policy,
+    flag: Option<NonZeroU64>,
+    asked: bool,
+    line: ProgressLine,
+    mixed_warned: bool,
+}
+
+/// A trained batch on its way to the shards: what the step reports.
+struct Computed {
+    samples: usize,
+    loss: f64,
+    lr: f64,
+    data_seconds: f64,
+    compute_seconds: f64,
+}
+
+impl<'e> Worker<'e> {
+    /// Connects to the shards (rank 0 seeds empty ones) and places the
+    /// worker in the data.
+    fn start(
+        env: &'e WorkerEnv<'e>,
+        rep: &'e mut Replica,
+        last_step: &'e mut Option<LastStep>,
+    ) -> Result<Worker<'e>, RoleError> {
+        let WorkerEnv {
+            a, rank, stop, ctx, ..
+        } = *env;
+        let world = a.workers.len() as u32;
+        let consistency = a.spec.consistency_mode();
+        // Rank 0's pushes carry its buffers (the shards take them as they
+        // are); the others push zeros there. Ranks change between
+        // generations.
+        rep.set_carries_state(rank == 0);
+        let map = ShardMap::new(a, rep).map_err(|e| RoleError::ps_fatal(e.to_string()))?;
+        let mut links = links::connect(a, rank, &map, stop)?;
+        let shards = links.len();
+        if rank == 0 {
+            seed_empty_shards(env, rep, &map, &mut links)?;
         }
+        // A benchmark knob (slow-links-bench measures the step with and
+        // without the overlap): `TRAINYARD_PS_PREFETCH=off` turns
+        // prefetching off where the consistency would allow it; it never
+        // turns it on.
+        let prefetch = consistency::prefetches(consistency, world)
+            && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
+        let cursor = rep.cursor;
+        let batches = rep.batches(rank, world, cursor);
+        let data_stats = rep.data_stats();
+        let worker = Worker {
+            env,
+            consistency,
+            world,
+            ps: PsStep::new(links, map, prefetch),
+            local: cursor,
+            stream_at: cursor,
+            batches,
+            data_stats,
+            seen: Default::default(),
+            rejected: 0,
+            rejected_since: 0,
+            policy: Policy::new(a.spec.checkpoint, ctx.drain.clone())
+                .asked_by(ctx.checkpoint_wanted.clone()),
+            flag: None,
+            asked: false,
+            line: ProgressLine::default(),
+            mixed_warned: false,
+            rep,
+            last_step,
+        };
+        worker.log(
+            LogLevel::Info,
+            format!(
+                "worker {rank} of {world} starts with {shards} PS shard(s), {consistency:?} (generation {})",
+                a.key.generation
+            ),
+        );
+        Ok(worker)
     }
-    // A benchmark knob (slow-links-bench measures the step with and
-    // without the overlap): `TRAINYARD_PS_PREFETCH=off` turns prefetching
-    // off where the consistency would allow it; it never turns it on.
-    let prefetch = consistency::prefetches(consistency, world)
-        && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
-    let mut ps = PsStep::new(links, map, prefetch);
-    let mut local = rep.cursor;
-    let mut stream_at = rep.cursor;
-    let mut batches = rep.batches(rank, world, stream_at);
-    let data_stats = rep.data_stats();
-    let mut seen = crate::ring::train::DataSeen::default();
-    let mut rejected = 0u64;
-    let mut rejected_since = 0u32;
-    // Rank 0 decides when the shards checkpoint: it marks one step's pushes
-    // (kept over re-pushes of that step) and every shard checkpoints the
-    // values that step produces.
-    let mut policy =
-        Policy::new(a.spec.checkpoint, ctx.drain.clone()).asked_by(ctx.checkpoint_wanted.clone());
-    let mut flag: Option<NonZeroU64> = None;
-    let mut asked = false;
-    let mut line = ProgressLine::default();
-    let mut mixed_warned = false;
-    log(
-        LogLevel::Info,
-        format!(
-            "worker {rank} of {world} starts with {shards} PS shard(s), {consistency:?} (generation {generation})"
-        ),
-    );
-    loop {
+
+    fn log(&self, level: LogLevel, msg: String) {
+        send_log(self.env, level, msg);
+    }
+
+    /// Pulls every shard, trains one batch and pushes its gradient.
+    fn step(&mut self) -> Result<Step, RoleError> {
+        let WorkerEnv { stop, ctx, .. } = *self.env;
         if stop.is_triggered() {
             return Err(RoleError::Stopped);
         }
         // Pull every shard at once.
         let pulled = Instant::now();
         ctx.progress.enter(StepPhase::Comm);
-        let ex = ps.pull(rep, stop)?;
-        let mut comm = pulled.elapsed().as_secs_f64();
-        let mut comm_bytes = ex.bytes;
+        let ex = self.ps.pull(self.rep, stop)?;
+        let pull_seconds = pulled.elapsed().as_secs_f64();
         let version = ex.versions[0];
-        match consistency::after_pull(consistency, &ex.versions) {
+        if !self.shards_agree(&ex)? {
+            return Ok(Step::Busy);
+        }
+        if self.consistency == Consistency::Sync {
+            self.rep.step = version;
+            self.rep.cursor = ex.cursor;
+        } else {
+            self.rep.cursor = self.local;
+        }
+        if self.rep.finished() {
+            return Ok(Step::Done);
+        }
+        let (b, computed, grad) = self.compute()?;
+        let pushed = Instant::now();
+        ctx.progress.enter(StepPhase::Comm);
+        let Some((staleness, push_bytes)) = self.push(&ex, &b, &computed, &grad)? else {
+            // Too stale somewhere: re-pull and recompute this share for
+            // the shards that refused it.
+            return Ok(Step::Busy);
+        };
+        let comm = pull_seconds + pushed.elapsed().as_secs_f64();
+        let comm_bytes = ex.bytes + push_bytes;
+        if self.consistency != Consistency::Sync {
+            self.rep.step += 1;
+            self.local = b.next;
+        }
+        self.rep.set_last_loss(computed.loss);
+        self.report(version, &computed, (comm, comm_bytes), staleness);
+        if let Some(d) = ctx.hooks.slow_worker(self.env.rank) {
+            stop.sleep(d);
+        }
+        Ok(Step::Busy)
+    }
+
+    /// Whether the shards' versions let this worker train (the version of
+    /// shard 0's values); a shard a lost primary left a version behind
+    /// gets this version's gradients again first.
+    fn shards_agree(&mut self, ex: &Exchange) -> Result<bool, RoleError> {
+        match consistency::after_pull(self.consistency, &ex.versions) {
             AfterPull::Train => {}
             AfterPull::CatchUp { .. } => {
-                // A lost primary left its shard a version behind the
-                // others: it gets this version's gradients again, then all
-                // are pulled at the same version.
-                let hi = catch_up(&mut ps, &ex, last_step, a, rank, rep, stop, &log)?;
-                ps.expect_all(hi);
-                continue;
+                // All are then pulled at the same version.
+                let env = self.env;
+                let log = |level, msg| send_log(env, level, msg);
+                let hi = catch_up(
+                    &mut self.ps,
+                    ex,
+                    CatchingUp {
+                        last_step: self.last_step,
+                        a: env.a,
+                        rank: env.rank,
+                        rep: self.rep,
+                        stop: env.stop,
+                        log: &log,
+                    },
+                )?;
+                self.ps.expect_all(hi);
+                return Ok(false);
             }
             AfterPull::Mixed => {
-                if !mixed_warned {
-                    mixed_warned = true;
-                    log(
+                if !self.mixed_warned {
+                    self.mixed_warned = true;
+                    self.log(
                         LogLevel::Warn,
                         format!(
-                            "worker {rank}: the PS shards are at versions {:?}, more than one apart (a shard restored from a checkpoint): training goes on from shard 0's version",
-                            ex.versions
+                            "worker {}: the PS shards are at versions {:?}, more than one apart (a shard restored from a checkpoint): training goes on from shard 0's version",
+                            self.env.rank, ex.versions
                         ),
                     );
                 }
             }
         }
-        if consistency == Consistency::Sync {
-            rep.step = version;
-            rep.cursor = ex.cursor;
-        } else {
-            rep.cursor = local;
-        }
-        let total = rep.total_steps(world);
-        if rep.finished() {
-            break;
-        }
-        if rep.cursor != stream_at {
-            stream_at = rep.cursor;
-            batches = rep.batches(rank, world, stream_at);
+        Ok(true)
+    }
+
+    /// The next batch of this worker's share, and its loss and gradient.
+    fn compute(&mut self) -> Result<(Batch, Computed, Vec<f32>), RoleError> {
+        let WorkerEnv {
+            a, rank, stop, ctx, ..
+        } = *self.env;
+        let total = self.rep.total_steps(self.world);
+        if self.rep.cursor != self.stream_at {
+            self.stream_at = self.rep.cursor;
+            self.batches = self.rep.batches(rank, self.world, self.stream_at);
         }
         let waited = Instant::now();
         ctx.progress.enter(StepPhase::Data);
-        let Ok(b) = batches.recv() else {
-            return Err(RoleError::ps_fatal(rep.loader_failure()));
+        let Ok(b) = self.batches.recv() else {
+            return Err(RoleError::ps_fatal(self.rep.loader_failure()));
         };
-        stream_at = b.next;
+        self.stream_at = b.next;
         let data_seconds = waited.elapsed().as_secs_f64();
         ctx.progress.enter(StepPhase::Compute);
         let computed = Instant::now();
-        let computed_grad = ps.gradient(rep, &b, stop);
-        let (loss_sum, grad) = computed_grad?;
-        let compute = computed.elapsed().as_secs_f64();
+        let (loss_sum, grad) = self.ps.gradient(self.rep, &b, stop)?;
+        let compute_seconds = computed.elapsed().as_secs_f64();
         let loss = loss_sum / b.samples.max(1) as f64;
-        progress::check_finite(loss, rep.step + 1)?;
-        let lr = progress::learning_rate(&a.spec, rep.step + 1, total);
-        if rank == 0 && flag.is_none() {
-            let step = consistency::step_done(consistency, version, rep.step + 1);
-            if policy.due(step, policy.vote() || asked, step >= total) {
-                flag = NonZeroU64::new(step);
-                policy.written(step);
-                asked = false;
+        progress::check_finite(loss, self.rep.step + 1)?;
+        let lr = progress::learning_rate(&a.spec, self.rep.step + 1, total);
+        let c = Computed {
+            samples: b.samples,
+            loss,
+            lr,
+            data_seconds,
+            compute_seconds,
+        };
+        Ok((b, c, grad))
+    }
+
+    /// Pushes `grad` of batch `b` to every shard that has not taken it
+    /// (rank 0 marking the step the shards checkpoint, when one is due);
+    /// the staleness it met and the bytes it sent, or `None` where a shard
+    /// refused it as too stale and the share is to be recomputed.
+    fn push(
+        &mut self,
+        ex: &Exchange,
+        b: &Batch,
+        c: &Computed,
+        grad: &[f32],
+    ) -> Result<Option<(u64, u64)>, RoleError> {
+        let version = ex.versions[0];
+        if self.env.rank == 0 && self.flag.is_none() {
+            let total = self.rep.total_steps(self.world);
+            let step = consistency::step_done(self.consistency, version, self.rep.step + 1);
+            if self
+                .policy
+                .due(step, self.policy.vote() || self.asked, step >= total)
+            {
+                self.flag = NonZeroU64::new(step);
+                self.policy.written(step);
+                self.asked = false;
             }
         }
-        let pushed = Instant::now();
-        ctx.progress.enter(StepPhase::Comm);
         let header = PushHeader {
             // Each shard's copy carries the version pulled from it.
             computed_at: version,
             samples: b.samples as u64,
-            lr,
+            lr: c.lr,
             next_cursor: to_wire(b.next),
-            checkpoint: flag,
+            checkpoint: self.flag,
         };
-        let out = ps.push(&ex, &grad, header, stop);
-        if consistency == Consistency::Sync {
-            *last_step = Some(out.last);
+        let out = self.ps.push(ex, grad, header, self.env.stop);
+        if self.consistency == Consistency::Sync {
+            *self.last_step = Some(out.last);
         }
         let acks = out.acks?;
-        asked |= acks.iter().any(|r| {
+        self.asked |= acks.iter().any(|r| {
             matches!(
                 r,
                 PushReply::Ack {
@@ -250,14 +372,12 @@ pub fn work(
                 }
             )
         });
-        comm += pushed.elapsed().as_secs_f64();
-        comm_bytes += out.bytes;
         let rejects = acks.iter().filter(|r| !r.accepted()).count() as u32;
-        rejected += u64::from(rejects);
-        rejected_since += rejects;
+        self.rejected += u64::from(rejects);
+        self.rejected_since += rejects;
         // How many versions the shard had moved on since the pull (an
         // applied push bumps the version by one; sync pushes wait, so 0).
-        let staleness = if consistency == Consistency::Sync {
+        let staleness = if self.consistency == Consistency::Sync {
             0
         } else {
             acks.iter()
@@ -266,91 +386,150 @@ pub fn work(
                 .max()
                 .unwrap_or(0)
         };
-        if ps.settle(consistency, &ex) == AfterPush::Retry {
-            // Too stale somewhere: re-pull and recompute this share for
-            // the shards that refused it.
-            continue;
+        if self.ps.settle(self.consistency, ex) == AfterPush::Retry {
+            return Ok(None);
         }
-        flag = None;
-        if consistency != Consistency::Sync {
-            rep.step += 1;
-            local = b.next;
-        }
-        rep.set_last_loss(loss);
-        let step_done = consistency::step_done(consistency, version, rep.step);
+        self.flag = None;
+        Ok(Some((staleness, out.bytes)))
+    }
+
+    /// Reports the step done: its metrics (held-out figures where an
+    /// evaluation is due) and, from rank 0, a progress line now and then.
+    fn report(&mut self, version: u64, c: &Computed, comm: (f64, u64), staleness: u64) {
+        let WorkerEnv { rank, tx, ctx, .. } = *self.env;
+        let (comm_seconds, comm_bytes) = comm;
+        let total = self.rep.total_steps(self.world);
+        let step_done = consistency::step_done(self.consistency, version, self.rep.step);
         let mut stats = progress::step_stats(
             step_done,
-            loss,
-            lr,
+            c.loss,
+            c.lr,
             progress::Timings {
-                samples: b.samples,
-                data_seconds,
-                compute_seconds: compute,
-                comm_seconds: comm,
+                samples: c.samples,
+                data_seconds: c.data_seconds,
+                compute_seconds: c.compute_seconds,
+                comm_seconds,
                 comm_bytes,
             },
         );
         stats.staleness = Some(u32::try_from(staleness).unwrap_or(u32::MAX));
-        if let Some(d) = &data_stats {
-            seen.fill(d, &mut stats);
+        if let Some(d) = &self.data_stats {
+            self.seen.fill(d, &mut stats);
         }
-        stats.rejected = std::mem::take(&mut rejected_since);
-        ctx.progress.step_done(stats.step, comm);
+        stats.rejected = std::mem::take(&mut self.rejected_since);
+        ctx.progress.step_done(stats.step, comm_seconds);
         if progress::evaluation_due(rank, stats.step, total, false) {
             ctx.progress.enter(StepPhase::Eval);
-            (stats.eval_loss, stats.eval_accuracy) = rep.evaluate_now();
+            (stats.eval_loss, stats.eval_accuracy) = self.rep.evaluate_now();
             ctx.progress.enter(StepPhase::Data);
         }
         // Every worker reports (its rank keys the row); the curve is rank 0's.
         let _ = tx.send(Item::Metric(stats));
-        if rank == 0 && line.due(&stats) {
-            log(
+        if rank == 0 && self.line.due(&stats) {
+            self.log(
                 LogLevel::Info,
                 format!(
-                    "step {}: loss {loss:.4}, pull+push {:.1} ms of {:.1} ms, {rejected} push(es) rejected so far{}",
+                    "step {}: loss {:.4}, pull+push {:.1} ms of {:.1} ms, {} push(es) rejected so far{}",
                     stats.step,
-                    comm * 1e3,
-                    (data_seconds + compute + comm) * 1e3,
+                    c.loss,
+                    comm_seconds * 1e3,
+                    (c.data_seconds + c.compute_seconds + comm_seconds) * 1e3,
+                    self.rejected,
                     accuracy_suffix(stats.eval_accuracy)
                 ),
             );
         }
-        if let Some(d) = ctx.hooks.slow_worker(rank) {
-            stop.sleep(d);
+    }
+
+    /// After the last step: rank 0 pulls the final weights (out of sync:
+    /// afresh, its buffers recomputed on them) and evaluates them; the
+    /// job's outcome, rank 0's only.
+    fn finish(self) -> Result<Option<replica::Outcome>, RoleError> {
+        let WorkerEnv { a, rank, stop, .. } = *self.env;
+        self.log(
+            LogLevel::Info,
+            format!(
+                "worker {rank} done at step {}; {} push(es) were rejected as stale",
+                self.rep.step, self.rejected
+            ),
+        );
+        if rank != 0 {
+            return Ok(None);
         }
+        let Worker {
+            rep,
+            mut ps,
+            consistency,
+            world,
+            ..
+        } = self;
+        if consistency != Consistency::Sync {
+            // The prefetched values miss the last pushes: the final
+            // weights are pulled afresh.
+            ps.pull_fresh(rep, stop)?;
+            // The buffers rank 0 pushed were gathered on older weights
+            // than these: they are recomputed on them, so that the model
+            // evaluates in eval mode as its weights deserve.
+            let rules = a.spec.stale_updates.unwrap_or_default();
+            let used = if rules.buffers == AsyncBuffers::Recompute {
+                rep.recalibrate_buffers(rank, world, RECALIBRATION_BATCHES)?
+            } else {
+                0
+            };
+            if used > 0 {
+                send_log(
+                    self.env,
+                    LogLevel::Info,
+                    format!("worker 0: the model's buffers (BatchNorm statistics) recomputed on the final weights over {used} training batches"),
+                );
+            }
+        }
+        rep.evaluate_now();
+        Ok(Some(rep.outcome()))
     }
-    log(
-        LogLevel::Info,
-        format!(
-            "worker {rank} done at step {}; {rejected} push(es) were rejected as stale",
-            rep.step
-        ),
-    );
-    if rank != 0 {
-        return Ok(None);
-    }
-    if consistency != Consistency::Sync {
-        // The prefetched values miss the last pushes: the final weights are
-        // pulled afresh.
-        ps.pull_fresh(rep, stop)?;
-        // The buffers rank 0 pushed were gathered on older weights than
-        // these: they are recomputed on them, so that the model evaluates
-        // in eval mode as its weights deserve.
-        let rules = a.spec.stale_updates.unwrap_or_default();
-        let used = if rules.buffers == AsyncBuffers::Recompute {
-            rep.recalibrate_buffers(rank, world, RECALIBRATION_BATCHES)?
-        } else {
-            0
+}
+
+/// A line of the job's log (and this executor's).
+fn send_log(env: &WorkerEnv, level: LogLevel, msg: String) {
+    tracing::info!(job = %env.a.key.job_id, "{msg}");
+    let _ = env.tx.send(Item::Log(level, msg));
+}
+
+/// Rank 0 seeds empty shards: at the start with the seeded
+/// initialisation, after a PS executor was lost with the newest weights
+/// it pulled.
+fn seed_empty_shards(
+    env: &WorkerEnv,
+    rep: &Replica,
+    map: &ShardMap,
+    links: &mut [links::Link],
+) -> Result<(), RoleError> {
+    let flat = rep.read_range(0, rep.numel());
+    for (s, link) in links.iter_mut().enumerate() {
+        let init = Message::Init {
+            version: rep.step,
+            cursor: to_wire(rep.cursor),
         };
-        if used > 0 {
-            log(
+        let reply = link.call(&init, &map.gather(s, &flat), 0, env.stop)?;
+        let took = matches!(
+            reply,
+            Message::Ack {
+                values_taken: true,
+                ..
+            }
+        );
+        if took && rep.step > 0 {
+            send_log(
+                env,
                 LogLevel::Info,
-                format!("worker 0: the model's buffers (BatchNorm statistics) recomputed on the final weights over {used} training batches"),
+                format!(
+                    "PS shard {s} had no values: restored from this worker's newest pull (version {})",
+                    rep.step
+                ),
             );
         }
     }
-    rep.evaluate_now();
-    Ok(Some(rep.outcome()))
+    Ok(())
 }
 
 /// What a PS worker leaves for the next generation on its device.

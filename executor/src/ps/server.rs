@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
-use trainyard_common::cluster::{Assignment, LogLevel, RoleOutcome};
+use trainyard_common::cluster::{Assignment, LogLevel, PsPeer, Range, RoleOutcome};
 use trainyard_dataplane::frame::Patient;
 use trainyard_dataplane::ps::{self, Message, PushHeader, WireError};
 use trainyard_dataplane::{DataPlane, EndpointKey, EndpointRole};
@@ -45,6 +45,23 @@ struct Served {
     drain: Drain,
 }
 
+/// A shard role's side of the executor: its assignment, stop signal,
+/// reports and shared context.
+#[derive(Clone, Copy)]
+struct Role<'a> {
+    a: &'a Assignment,
+    stop: &'a Shutdown,
+    tx: &'a UnboundedSender<Item>,
+    ctx: &'a Context,
+}
+
+impl Role<'_> {
+    fn log(&self, level: LogLevel, msg: String) {
+        tracing::info!(job = %self.a.key.job_id, "{msg}");
+        let _ = self.tx.send(Item::Log(level, msg));
+    }
+}
+
 /// Runs shard `a.key.index` of a job for one generation; returns its state
 /// for the next one.
 pub fn serve_shard(
@@ -56,98 +73,33 @@ pub fn serve_shard(
     storage: OpenedStorage,
     ctx: &Context,
 ) -> Option<Shard> {
-    let log = |level, msg: String| {
-        tracing::info!(job = %a.key.job_id, "{msg}");
-        let _ = tx.send(Item::Log(level, msg));
-    };
+    let role = Role { a, stop, tx, ctx };
     let primaries = a.primaries();
     let numel: u64 = primaries.iter().map(|p| shard_len(&p.ranges) as u64).sum();
     let Some(me) = primaries.iter().find(|p| p.shard == a.key.index) else {
-        log(
+        role.log(
             LogLevel::Error,
             format!("shard {} is not in its own assignment", a.key.index),
         );
         return parked;
     };
-    let len = shard_len(&me.ranges);
-    // Only the same ranges carry over (values of other parameters would
-    // otherwise be served under these names).
-    let mut shard = match parked {
-        Some(s) if s.ranges == me.ranges => s,
-        parked => match Shard::new(a, me.ranges.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                // No generation can serve these ranges: the job fails.
-                let reason = format!("PS shard {}'s assignment: {e}", a.key.index);
-                log(LogLevel::Error, reason.clone());
-                let _ = tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
-                return parked;
-            }
-        },
+    let mut parked = parked;
+    let Some(mut shard) = take_over(role, &mut parked, &me.ranges) else {
+        return parked;
     };
-    if std::mem::take(&mut shard.was_standby) && shard.weights.is_none() {
-        // Promoted before its primary ever reached it: whatever the
-        // primary applied is gone; the values come from the newest
-        // checkpoint, else from rank 0's newest pull.
-        log(
-            LogLevel::Error,
-            format!(
-                "PS shard {} was promoted from a standby that never received the shard's state (generation {}): updates its primary applied are lost; the shard restarts from the newest checkpoint or rank 0's newest pull",
-                a.key.index, a.key.generation
-            ),
-        );
-    }
-    // A shard without values (a new PS executor, or the whole fleet was
-    // lost) takes its ranges from the newest committed checkpoint.
-    if let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
-    {
-        let states = FlatOptimizer::state_tensors(a.spec.optimizer().kind);
-        match crate::storage::checkpoint::load(st, at, &me.ranges, numel, states) {
-            Ok(l) => {
-                shard.restore(&l);
-                log(
-                    LogLevel::Info,
-                    format!(
-                        "PS shard {} restored from the checkpoint of step {} (job {})",
-                        a.key.index, l.step, at.job_id
-                    ),
-                );
-            }
-            Err(e) => log(
-                LogLevel::Warn,
-                format!(
-                    "PS shard {}: cannot restore from the checkpoint of step {}: {e}",
-                    a.key.index, at.step
-                ),
-            ),
-        }
-    }
-    let uploader = match &storage {
-        Ok(st) => Some(Uploader::start(
-            st.clone(),
-            a.key.job_id,
-            tx.clone(),
-            ctx.uploads.clone(),
-            ctx.hooks.upload_delay,
-        )),
-        Err(e) => {
-            log(
-                LogLevel::Warn,
-                format!("no checkpoints: the object store cannot be opened: {e}"),
-            );
-            None
-        }
-    };
+    restore_if_empty(role, &mut shard, &me.ranges, numel, &storage);
+    let uploader = start_uploader(role, &storage);
     let standby = a.standby_of(a.key.index);
     // A new membership: the half-summed version of the old one is dropped;
     // a new standby (or a new connection to the old one) gets the whole
     // state before anything more is published.
     shard.begin(a.key.generation, a.workers.len() as u32, standby.is_some());
-    log(
+    role.log(
         LogLevel::Info,
         format!(
-            "PS shard {} serves {len} values ({} ranges) for {} worker(s), {:?}, at version {}{}{} (generation {})",
+            "PS shard {} serves {} values ({} ranges) for {} worker(s), {:?}, at version {}{}{} (generation {})",
             a.key.index,
+            shard_len(&me.ranges),
             me.ranges.len(),
             shard.expected,
             a.spec.consistency_mode(),
@@ -168,6 +120,142 @@ pub fn serve_shard(
         uploader,
         drain: ctx.drain.clone(),
     };
+    let link = serve(role, plane, &served, standby);
+    let Served {
+        shard,
+        uploader,
+        bytes_in,
+        bytes_out,
+        ..
+    } = served;
+    if let Some(u) = uploader {
+        u.flush(Duration::from_secs(60));
+    }
+    let shard = shard.into_inner();
+    role.log(
+        LogLevel::Info,
+        shard.stats_line(
+            a.key.index,
+            bytes_in.load(Ordering::Relaxed),
+            bytes_out.load(Ordering::Relaxed),
+        ),
+    );
+    if let Some(link) = link {
+        role.log(
+            LogLevel::Info,
+            format!(
+                "PS shard {}: its standby acknowledged {} message(s), {} attempt(s) failed (generation {})",
+                a.key.index, link.acked, link.failures, a.key.generation
+            ),
+        );
+    }
+    Some(shard)
+}
+
+/// A shard without values (a new PS executor, or the whole fleet was
+/// lost) takes its `ranges` from the newest committed checkpoint.
+fn restore_if_empty(
+    role: Role<'_>,
+    shard: &mut Shard,
+    ranges: &[Range],
+    numel: u64,
+    storage: &OpenedStorage,
+) {
+    let a = role.a;
+    let (None, Some(at), Ok(st)) = (shard.weights.as_ref(), a.resume.as_ref(), storage.as_ref())
+    else {
+        return;
+    };
+    let states = FlatOptimizer::state_tensors(a.spec.optimizer().kind);
+    match crate::storage::checkpoint::load(st, at, ranges, numel, states) {
+        Ok(l) => {
+            shard.restore(&l);
+            role.log(
+                LogLevel::Info,
+                format!(
+                    "PS shard {} restored from the checkpoint of step {} (job {})",
+                    a.key.index, l.step, at.job_id
+                ),
+            );
+        }
+        Err(e) => role.log(
+            LogLevel::Warn,
+            format!(
+                "PS shard {}: cannot restore from the checkpoint of step {}: {e}",
+                a.key.index, at.step
+            ),
+        ),
+    }
+}
+
+/// The uploader of the shard's checkpoints (`None`, said in the log,
+/// where the object store cannot be opened).
+fn start_uploader(role: Role<'_>, storage: &OpenedStorage) -> Option<Uploader> {
+    match storage {
+        Ok(st) => Some(Uploader::start(
+            st.clone(),
+            role.a.key.job_id,
+            role.tx.clone(),
+            role.ctx.uploads.clone(),
+            role.ctx.hooks.upload_delay,
+        )),
+        Err(e) => {
+            role.log(
+                LogLevel::Warn,
+                format!("no checkpoints: the object store cannot be opened: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// The shard this generation serves: the `parked` one where it holds the
+/// same `ranges` (values of other parameters would otherwise be served
+/// under these names), else a new empty one; `None` (the parked shard
+/// left where it was) where no generation can serve these ranges, and the
+/// job is failed.
+fn take_over(role: Role<'_>, parked: &mut Option<Shard>, ranges: &[Range]) -> Option<Shard> {
+    let a = role.a;
+    let mut shard = match parked.take() {
+        Some(s) if s.ranges == ranges => s,
+        other => {
+            *parked = other;
+            match Shard::new(a, ranges.to_vec()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let reason = format!("PS shard {}'s assignment: {e}", a.key.index);
+                    role.log(LogLevel::Error, reason.clone());
+                    let _ = role.tx.send(Item::Outcome(RoleOutcome::Failed { reason }));
+                    return None;
+                }
+            }
+        }
+    };
+    if std::mem::take(&mut shard.was_standby) && shard.weights.is_none() {
+        // Promoted before its primary ever reached it: whatever the
+        // primary applied is gone; the values come from the newest
+        // checkpoint, else from rank 0's newest pull.
+        role.log(
+            LogLevel::Error,
+            format!(
+                "PS shard {} was promoted from a standby that never received the shard's state (generation {}): updates its primary applied are lost; the shard restarts from the newest checkpoint or rank 0's newest pull",
+                a.key.index, a.key.generation
+            ),
+        );
+    }
+    Some(shard)
+}
+
+/// Serves the workers' connections (each on a thread of its own) until
+/// `stop`, with a replicator beside them where the shard has a `standby`;
+/// the standby's link once it is done, for its counters.
+fn serve(
+    role: Role<'_>,
+    plane: &DataPlane,
+    served: &Served,
+    standby: Option<&PsPeer>,
+) -> Option<StandbyLink> {
+    let Role { a, stop, tx, ctx } = role;
     let report = Reporting {
         index: a.key.index,
         job: a.key.job_id,
@@ -187,8 +275,7 @@ pub fn serve_shard(
     );
     let generation = a.key.generation;
     let mut last_log = Instant::now();
-    let link = std::thread::scope(|scope| {
-        let served = &served;
+    std::thread::scope(|scope| {
         let replicator = standby.map(|p| {
             let (link, report) = (StandbyLink::new(a, p), &report);
             scope.spawn(move || standby::replicate(&served.shard, link, report, stop))
@@ -226,42 +313,12 @@ pub fn serve_shard(
                     served.bytes_in.load(Ordering::Relaxed),
                     served.bytes_out.load(Ordering::Relaxed),
                 );
-                log(LogLevel::Info, line);
+                role.log(LogLevel::Info, line);
             }
         }
         served.shard.changed();
         replicator.and_then(|r| r.join().ok())
-    });
-    drop(endpoint);
-    let Served {
-        shard,
-        uploader,
-        bytes_in,
-        bytes_out,
-        ..
-    } = served;
-    if let Some(u) = uploader {
-        u.flush(Duration::from_secs(60));
-    }
-    let shard = shard.into_inner();
-    log(
-        LogLevel::Info,
-        shard.stats_line(
-            a.key.index,
-            bytes_in.load(Ordering::Relaxed),
-            bytes_out.load(Ordering::Relaxed),
-        ),
-    );
-    if let Some(link) = link {
-        log(
-            LogLevel::Info,
-            format!(
-                "PS shard {}: its standby acknowledged {} message(s), {} attempt(s) failed (generation {})",
-                a.key.index, link.acked, link.failures, a.key.generation
-            ),
-        );
-    }
-    Some(shard)
+    })
 }
 
 /// Serves one worker's connection until it closes or `stop`.

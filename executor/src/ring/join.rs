@@ -18,6 +18,24 @@ use trainyard_shutdown::Shutdown;
 /// Loads a committed checkpoint into a new replica.
 pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), RoleError>;
 
+/// What a member needs to make a replica of its own: the job's spec, its
+/// device, the executor's fetcher and model host, the role's stop signal,
+/// and how to load the committed checkpoint (a job that resumes).
+pub struct Joining<'a> {
+    /// The job's spec.
+    pub spec: &'a UncheckedJobSpec,
+    /// Where the replica computes.
+    pub device: tch::Device,
+    /// Where the model and data come from.
+    pub fetcher: &'a Fetcher,
+    /// Where a user's module runs.
+    pub host: &'a Host,
+    /// The role's stop signal.
+    pub stop: &'a Shutdown,
+    /// Loads the committed checkpoint, for a job that resumes.
+    pub resume: Option<Resume<'a>>,
+}
+
 /// Brings the members of a (new) ring to one state: the members share
 /// whether they hold a replica and at which step, and the most advanced one
 /// (the lowest rank among equals; rank 0 if nobody has one) broadcasts its
@@ -25,17 +43,19 @@ pub type Resume<'a> = &'a dyn Fn(&mut Replica) -> Result<(), RoleError>;
 /// them or lags. The replica is created in `slot` if it is empty and
 /// stays there whatever happens; returns the rank that sent the state, if
 /// one did.
-#[allow(clippy::too_many_arguments)]
 pub fn join(
     ring: &mut Ring,
     slot: &mut Option<Replica>,
-    spec: &UncheckedJobSpec,
-    device: tch::Device,
-    fetcher: &Fetcher,
-    host: &Host,
-    stop: &Shutdown,
-    resume: Option<Resume<'_>>,
+    with: Joining<'_>,
 ) -> Result<Option<u32>, RoleError> {
+    let Joining {
+        spec,
+        device,
+        fetcher,
+        host,
+        stop,
+        resume,
+    } = with;
     let have = slot.as_ref().map_or([0, 0], |r| [1, r.step]);
     let mut all = ring.allgather_u64(&have, stop)?;
     // Nobody holds the job's state (a new job, or its whole fleet was

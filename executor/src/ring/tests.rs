@@ -220,12 +220,14 @@ fn train_ring(s: &UncheckedJobSpec, world: usize) -> Vec<Outcome> {
                     let source = join(
                         &mut ring,
                         &mut slot,
-                        s,
-                        tch::Device::Cpu,
-                        &Fetcher::local_only(),
-                        &Host::for_tests(),
-                        &stop,
-                        None,
+                        super::join::Joining {
+                            spec: s,
+                            device: tch::Device::Cpu,
+                            fetcher: &Fetcher::local_only(),
+                            host: &Host::for_tests(),
+                            stop: &stop,
+                            resume: None,
+                        },
                     )
                     .unwrap();
                     assert_eq!(source, None, "equal fresh replicas need no broadcast");

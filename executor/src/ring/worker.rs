@@ -9,12 +9,12 @@
 //! generation, whose role on the same device takes it over ([`Kept`]). A
 //! drained rank leaves a whole checkpoint on its way out.
 
-use super::join::join;
+use super::join::{join, Joining, Resume};
 use super::train::{train_with, write_slice};
 use super::{COLLECTIVE_TIMEOUT, RING_CONNECT_TIMEOUT};
 use crate::error::{guarded, RoleError};
 use crate::replica::progress::{accuracy_suffix, ProgressLine, StepStats};
-use crate::replica::Replica;
+use crate::replica::{Outcome, Replica};
 use crate::reports::Item;
 use crate::role::Role;
 use crate::storage::checkpoint::Checkpointing;
@@ -52,145 +52,30 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
         collective_timeout: COLLECTIVE_TIMEOUT,
     };
     let mut ckpt = role.checkpointing();
-    // A drained rank leaves a whole checkpoint (it holds the whole state).
-    let drain_checkpoint = |replica: &Option<Replica>, ckpt: &mut Option<Checkpointing>| {
-        let (Some(r), Some(c)) = (replica.as_ref(), ckpt.as_mut()) else {
-            return;
-        };
-        if !role.ctx.drain.is_draining() || c.policy.last_step() == Some(r.step) || r.step == 0 {
-            return;
-        }
-        role.log(
-            LogLevel::Info,
-            format!("draining: writing a checkpoint of step {}", r.step),
-        );
-        write_slice(r, c, 0, 1);
-        c.uploader.flush(Duration::from_secs(60));
+    let me = Rank {
+        role,
+        rank,
+        world,
+        device,
     };
-    let slow = role.ctx.hooks.slow_worker(rank);
     // Trained to the end (and stays around to be joined).
     let mut done = false;
     loop {
         if role.stopping() {
-            drain_checkpoint(&replica, &mut ckpt);
+            drain_checkpoint(role, &replica, &mut ckpt);
             return Kept { replica, broke_at };
         }
-        let mut ring = if world == 1 {
-            Ring::solo()
-        } else {
-            match Ring::connect(&role.plane, &config, &role.stop) {
-                Ok(r) => r,
-                Err(e) => {
-                    if !role.stopping() && !done {
-                        role.log(LogLevel::Warn, format!("{e}; retrying"));
-                        role.ctx.suspects.check(a, format!("ring rank {rank}: {e}"));
-                    }
-                    if role.stop.retry_pause() {
-                        return Kept { replica, broke_at };
-                    }
-                    continue;
-                }
+        let Some(mut ring) = me.connect(&config, done) else {
+            if role.stop.retry_pause() {
+                return Kept { replica, broke_at };
             }
+            continue;
         };
-        let result = guarded(|| {
-            let load = |r: &mut Replica| role.resume_into(r);
-            let source = join(
-                &mut ring,
-                &mut replica,
-                &a.spec,
-                device,
-                &role.ctx.fetcher,
-                &role.host(),
-                &role.stop,
-                a.resume.as_ref().map(|_| &load as super::join::Resume<'_>),
-            )?;
-            let Some(r) = replica.as_mut() else {
-                return Err(RoleError::Assignment("no replica after joining".into()));
-            };
-            match source.filter(|_| world > 1) {
-                Some(s) if s != rank => role.log(
-                    LogLevel::Info,
-                    format!(
-                        "received weights and optimizer state of step {} from rank {s}",
-                        r.step
-                    ),
-                ),
-                Some(_) => role.log(
-                    LogLevel::Info,
-                    format!(
-                        "sent weights and optimizer state of step {} to the ring",
-                        r.step
-                    ),
-                ),
-                None => {}
-            }
-            r.progress = role.ctx.progress.clone();
-            let mut line = ProgressLine::default();
-            let mut on_step = |s: &StepStats| {
-                if let Some(d) = slow {
-                    role.stop.sleep(d);
-                }
-                if let Some(t) = broke_at.take() {
-                    role.log(
-                        LogLevel::Info,
-                        format!(
-                            "ring of {world} rebuilt (generation {}): first step {} ran {:.2} s after the previous ring broke",
-                            a.key.generation,
-                            s.step,
-                            t.elapsed().as_secs_f64()
-                        ),
-                    );
-                }
-                if rank != 0 {
-                    return;
-                }
-                let _ = role.tx.send(Item::Metric(*s));
-                if let Some(e) = s.epoch_done {
-                    let _ = role.tx.send(Item::Log(
-                        LogLevel::Info,
-                        format!(
-                            "epoch {} consumed {} samples, sample-id hash {:016x}",
-                            e.epoch, e.samples, e.id_hash
-                        ),
-                    ));
-                }
-                if line.due(s) {
-                    let _ = role.tx.send(Item::Log(
-                        LogLevel::Info,
-                        format!(
-                            "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms ({:.2} GB/s bus){}",
-                            s.step,
-                            s.loss,
-                            s.samples_per_sec,
-                            s.comm_seconds * 1e3,
-                            s.comm_bytes as f64 / s.comm_seconds.max(1e-9) / 1e9,
-                            accuracy_suffix(s.eval_accuracy)
-                        ),
-                    ));
-                }
-            };
-            train_with(r, &mut ring, &role.stop, &mut on_step, ckpt.as_mut())
-        });
+        let result = guarded(|| me.train(&mut ring, &mut replica, &mut broke_at, ckpt.as_mut()));
         match result {
             Ok(out) => {
                 if !done {
-                    let bw = ring.stats().bytes_sent.load(Ordering::Relaxed);
-                    role.log(
-                        LogLevel::Info,
-                        format!(
-                            "rank {rank} of {world} done at step {}: weights sha256 {} ({} MiB sent on the ring)",
-                            out.steps,
-                            out.weights_sha256,
-                            bw >> 20
-                        ),
-                    );
-                    if rank == 0 {
-                        // The final checkpoint is in before the job ends.
-                        if let Some(c) = ckpt.as_ref() {
-                            c.uploader.flush(Duration::from_secs(120));
-                        }
-                        role.finish(&out, replica.as_ref());
-                    }
+                    me.done(&ring, &out, replica.as_ref(), ckpt.as_ref());
                 }
                 done = true;
                 // The finished replica is kept: a generation that arrives
@@ -208,12 +93,12 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 }
             }
             Err(RoleError::Stopped) => {
-                drain_checkpoint(&replica, &mut ckpt);
+                drain_checkpoint(role, &replica, &mut ckpt);
                 return Kept { replica, broke_at };
             }
             Err(e) if e.is_transient() => {
                 if role.stopping() {
-                    drain_checkpoint(&replica, &mut ckpt);
+                    drain_checkpoint(role, &replica, &mut ckpt);
                     return Kept { replica, broke_at };
                 }
                 broke_at.get_or_insert_with(Instant::now);
@@ -237,6 +122,185 @@ pub fn run(role: &Role, rank: u32, peers: &[&WorkerPeer], device: tch::Device, k
                 role.end(&e);
                 return Kept::default();
             }
+        }
+    }
+}
+
+/// A drained rank leaves a whole checkpoint (it holds the whole state).
+fn drain_checkpoint(role: &Role, replica: &Option<Replica>, ckpt: &mut Option<Checkpointing>) {
+    let (Some(r), Some(c)) = (replica.as_ref(), ckpt.as_mut()) else {
+        return;
+    };
+    if !role.ctx.drain.is_draining() || c.policy.last_step() == Some(r.step) || r.step == 0 {
+        return;
+    }
+    role.log(
+        LogLevel::Info,
+        format!("draining: writing a checkpoint of step {}", r.step),
+    );
+    write_slice(r, c, 0, 1);
+    c.uploader.flush(Duration::from_secs(60));
+}
+
+/// This rank of the job's ring.
+struct Rank<'a> {
+    role: &'a Role,
+    rank: u32,
+    world: u32,
+    device: tch::Device,
+}
+
+impl Rank<'_> {
+    /// This generation's ring (a ring of one alone); `None` where it could
+    /// not be connected (said, and the peers checked, unless the rank is
+    /// stopping or done).
+    fn connect(&self, config: &RingConfig, done: bool) -> Option<Ring> {
+        if self.world == 1 {
+            return Some(Ring::solo());
+        }
+        let role = self.role;
+        match Ring::connect(&role.plane, config, &role.stop) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                if !role.stopping() && !done {
+                    role.log(LogLevel::Warn, format!("{e}; retrying"));
+                    role.ctx
+                        .suspects
+                        .check(&role.assignment, format!("ring rank {}: {e}", self.rank));
+                }
+                None
+            }
+        }
+    }
+
+    /// Joins the ring's state (the replica made, loaded or received) and
+    /// trains to the end of the job, reporting each step.
+    fn train(
+        &self,
+        ring: &mut Ring,
+        replica: &mut Option<Replica>,
+        broke_at: &mut Option<Instant>,
+        ckpt: Option<&mut Checkpointing>,
+    ) -> Result<Outcome, RoleError> {
+        let role = self.role;
+        let a = &role.assignment;
+        let load = |r: &mut Replica| role.resume_into(r);
+        let host = role.host();
+        let source = join(
+            ring,
+            replica,
+            Joining {
+                spec: &a.spec,
+                device: self.device,
+                fetcher: &role.ctx.fetcher,
+                host: &host,
+                stop: &role.stop,
+                resume: a.resume.as_ref().map(|_| &load as Resume<'_>),
+            },
+        )?;
+        let Some(r) = replica.as_mut() else {
+            return Err(RoleError::Assignment("no replica after joining".into()));
+        };
+        match source.filter(|_| self.world > 1) {
+            Some(s) if s != self.rank => role.log(
+                LogLevel::Info,
+                format!(
+                    "received weights and optimizer state of step {} from rank {s}",
+                    r.step
+                ),
+            ),
+            Some(_) => role.log(
+                LogLevel::Info,
+                format!(
+                    "sent weights and optimizer state of step {} to the ring",
+                    r.step
+                ),
+            ),
+            None => {}
+        }
+        r.progress = role.ctx.progress.clone();
+        let mut line = ProgressLine::default();
+        let slow = role.ctx.hooks.slow_worker(self.rank);
+        let mut on_step = |s: &StepStats| {
+            if let Some(d) = slow {
+                role.stop.sleep(d);
+            }
+            if let Some(t) = broke_at.take() {
+                role.log(
+                    LogLevel::Info,
+                    format!(
+                        "ring of {} rebuilt (generation {}): first step {} ran {:.2} s after the previous ring broke",
+                        self.world,
+                        a.key.generation,
+                        s.step,
+                        t.elapsed().as_secs_f64()
+                    ),
+                );
+            }
+            if self.rank == 0 {
+                self.report(s, &mut line);
+            }
+        };
+        train_with(r, ring, &role.stop, &mut on_step, ckpt)
+    }
+
+    /// Rank 0's step: its metrics, an epoch's summary, a progress line
+    /// now and then.
+    fn report(&self, s: &StepStats, line: &mut ProgressLine) {
+        let tx = &self.role.tx;
+        let _ = tx.send(Item::Metric(*s));
+        if let Some(e) = s.epoch_done {
+            let _ = tx.send(Item::Log(
+                LogLevel::Info,
+                format!(
+                    "epoch {} consumed {} samples, sample-id hash {:016x}",
+                    e.epoch, e.samples, e.id_hash
+                ),
+            ));
+        }
+        if line.due(s) {
+            let _ = tx.send(Item::Log(
+                LogLevel::Info,
+                format!(
+                    "step {}: loss {:.4}, {:.0} samples/s, all-reduce {:.1} ms ({:.2} GB/s bus){}",
+                    s.step,
+                    s.loss,
+                    s.samples_per_sec,
+                    s.comm_seconds * 1e3,
+                    s.comm_bytes as f64 / s.comm_seconds.max(1e-9) / 1e9,
+                    accuracy_suffix(s.eval_accuracy)
+                ),
+            ));
+        }
+    }
+
+    /// The first time the rank finished: said, and rank 0 (once the final
+    /// checkpoint is in) writes the final weights and the job's outcome.
+    fn done(
+        &self,
+        ring: &Ring,
+        out: &Outcome,
+        replica: Option<&Replica>,
+        ckpt: Option<&Checkpointing>,
+    ) {
+        let bw = ring.stats().bytes_sent.load(Ordering::Relaxed);
+        self.role.log(
+            LogLevel::Info,
+            format!(
+                "rank {} of {} done at step {}: weights sha256 {} ({} MiB sent on the ring)",
+                self.rank,
+                self.world,
+                out.steps,
+                out.weights_sha256,
+                bw >> 20
+            ),
+        );
+        if self.rank == 0 {
+            // The final checkpoint is in before the job ends.
+            if let Some(c) = ckpt {
+                c.uploader.flush(Duration::from_secs(120));
+            }
+            self.role.finish(out, replica);
         }
     }
 }

@@ -156,6 +156,109 @@ impl Reporter for Sink {
     }
 }
 
+/// What a role has said that the API has not stored yet.
+struct Pending {
+    report: RoleReport,
+    /// The last log line's number.
+    seq: u64,
+    /// No step was reported yet.
+    first_step: bool,
+}
+
+impl Pending {
+    fn new(key: RoleKey) -> Pending {
+        Pending {
+            report: RoleReport {
+                key,
+                metrics: Vec::new(),
+                logs: Vec::new(),
+                outcome: None,
+                checkpoints: Vec::new(),
+                packages: Vec::new(),
+            },
+            seq: 0,
+            first_step: true,
+        }
+    }
+
+    /// Takes `item`; whether it is news to send at once.
+    fn take(&mut self, item: Item) -> bool {
+        let p = &mut self.report;
+        match item {
+            Item::Metric(m) => {
+                p.metrics.push(m);
+                // A role's first step goes out at once: after a recovery
+                // it is what says training resumed.
+                return std::mem::take(&mut self.first_step);
+            }
+            Item::Log(level, message) => {
+                self.seq += 1;
+                let at_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                p.logs.push(LogLine {
+                    seq: self.seq,
+                    at_ms,
+                    level,
+                    message,
+                });
+            }
+            Item::Outcome(o) => p.outcome = Some(o),
+            Item::Checkpoint(c) => p.checkpoints.push(c),
+            Item::Packages(phase) => {
+                p.packages.push(phase);
+                // A phase is news: the job's events show it now.
+                return true;
+            }
+        }
+        false
+    }
+
+    fn is_empty(&self) -> bool {
+        let p = &self.report;
+        p.metrics.is_empty()
+            && p.logs.is_empty()
+            && p.outcome.is_none()
+            && p.checkpoints.is_empty()
+            && p.packages.is_empty()
+    }
+
+    /// The oldest slice, and whether it holds all (the outcome goes with
+    /// the last one).
+    fn slice(&self) -> (RoleReport, bool) {
+        let p = &self.report;
+        let (nm, nl) = (
+            p.metrics.len().min(METRICS_PER_REPORT),
+            p.logs.len().min(LOGS_PER_REPORT),
+        );
+        let last = nm == p.metrics.len() && nl == p.logs.len();
+        let slice = RoleReport {
+            key: p.key,
+            metrics: p.metrics[..nm].to_vec(),
+            logs: p.logs[..nl].to_vec(),
+            outcome: if last { p.outcome.clone() } else { None },
+            // Shard reports go first: the API commits a checkpoint before
+            // the job's end (at_end) is applied.
+            checkpoints: p.checkpoints.clone(),
+            packages: p.packages[..p.packages.len().min(MAX_PACKAGES_PHASES)].to_vec(),
+        };
+        (slice, last)
+    }
+
+    /// `slice` was answered: what it carried is dropped; the checkpoints
+    /// it reported.
+    fn sent(&mut self, slice: &RoleReport, last: bool) -> usize {
+        let p = &mut self.report;
+        p.metrics.drain(..slice.metrics.len());
+        p.logs.drain(..slice.logs.len());
+        p.packages.drain(..slice.packages.len());
+        if last {
+            p.outcome = None;
+        }
+        std::mem::take(&mut p.checkpoints).len()
+    }
+}
+
 /// Delivers `items` for role `key` until the channel closes and all is sent.
 pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item>) {
     let guard = sink.deliveries.start();
@@ -166,84 +269,32 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
         sink.executor_id(),
         sink.client.with_own_token(sink.client.token()),
     );
-    let mut pending = RoleReport {
-        key,
-        metrics: Vec::new(),
-        logs: Vec::new(),
-        outcome: None,
-        checkpoints: Vec::new(),
-        packages: Vec::new(),
-    };
-    let mut seq = 0u64;
+    let mut pending = Pending::new(key);
     let mut open = true;
     let mut backoff = FLUSH_EVERY;
     // Failed attempts in a row (the retry policy's wait grows with them).
     let mut failures = 0u32;
-    let mut first_step = true;
     loop {
         let deadline = tokio::time::Instant::now() + backoff;
         while open {
             match tokio::time::timeout_at(deadline, items.recv()).await {
-                Ok(Some(Item::Metric(m))) => {
-                    pending.metrics.push(m);
-                    // A role's first step goes out at once: after a
-                    // recovery it is what says training resumed.
-                    if first_step {
-                        first_step = false;
+                Ok(Some(item)) => {
+                    if pending.take(item) {
                         break;
                     }
-                }
-                Ok(Some(Item::Log(level, message))) => {
-                    seq += 1;
-                    let at_ms = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as i64);
-                    pending.logs.push(LogLine {
-                        seq,
-                        at_ms,
-                        level,
-                        message,
-                    });
-                }
-                Ok(Some(Item::Outcome(o))) => pending.outcome = Some(o),
-                Ok(Some(Item::Checkpoint(c))) => pending.checkpoints.push(c),
-                Ok(Some(Item::Packages(p))) => {
-                    pending.packages.push(p);
-                    // A phase is news: the job's events show it now.
-                    break;
                 }
                 Ok(None) => open = false,
                 Err(_) => break,
             }
         }
-        guard.holds(&pending);
-        if pending.metrics.is_empty()
-            && pending.logs.is_empty()
-            && pending.outcome.is_none()
-            && pending.checkpoints.is_empty()
-            && pending.packages.is_empty()
-        {
+        guard.holds(&pending.report);
+        if pending.is_empty() {
             if !open {
                 return;
             }
             continue;
         }
-        // The oldest slice; the outcome goes with the last one.
-        let (nm, nl) = (
-            pending.metrics.len().min(METRICS_PER_REPORT),
-            pending.logs.len().min(LOGS_PER_REPORT),
-        );
-        let last = nm == pending.metrics.len() && nl == pending.logs.len();
-        let slice = RoleReport {
-            key,
-            metrics: pending.metrics[..nm].to_vec(),
-            logs: pending.logs[..nl].to_vec(),
-            outcome: if last { pending.outcome.clone() } else { None },
-            // Shard reports go first: the API commits a checkpoint before
-            // the job's end (at_end) is applied.
-            checkpoints: pending.checkpoints.clone(),
-            packages: pending.packages[..pending.packages.len().min(MAX_PACKAGES_PHASES)].to_vec(),
-        };
+        let (slice, last) = pending.slice();
         let answer = match client.report(executor, &slice).await {
             // The credential this role started under is no longer one the
             // API knows (the executor's row is gone): no retry can help.
@@ -263,15 +314,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                     Reported::Stored(_) => {}
                 }
                 failures = 0;
-                pending.metrics.drain(..nm);
-                pending.logs.drain(..nl);
-                let phases = slice.packages.len();
-                pending.packages.drain(..phases);
-                let sent = std::mem::take(&mut pending.checkpoints).len();
-                sink.uploads.done(sent);
-                if last {
-                    pending.outcome = None;
-                }
+                sink.uploads.done(pending.sent(&slice, last));
                 // More piled up: send the next slice at once.
                 backoff = if last { FLUSH_EVERY } else { Duration::ZERO };
             }
@@ -282,14 +325,7 @@ pub async fn deliver(sink: Sink, key: RoleKey, mut items: UnboundedReceiver<Item
                 backoff = REPORT.delay(failures + 1);
             }
         }
-        if !open
-            && !backoff.is_zero()
-            && !pending.metrics.is_empty()
-                | !pending.logs.is_empty()
-                | pending.outcome.is_some()
-                | !pending.checkpoints.is_empty()
-                | !pending.packages.is_empty()
-        {
+        if !open && !backoff.is_zero() && !pending.is_empty() {
             // The role has ended: nothing new to wait for, but a failed send
             // still waits its backoff instead of spinning.
             tokio::time::sleep(backoff).await;

@@ -153,76 +153,11 @@ impl Sharded {
         let (x, y, ids) = match shard.format {
             FileFormat::Parquet => read_parquet_unit(&f.path, &shard.url, u, columns)?,
             FileFormat::Webdataset | FileFormat::ImageFolder => {
-                let y = if shard.format == FileFormat::Webdataset {
-                    let (images, y) = webdataset::read_unit(&f.path, &shard.url, u, &self.images)?;
-                    pictures = images;
-                    y
-                } else {
-                    let bytes = std::fs::read(&f.path).map_err(|e| unreadable(&shard.url, e))?;
-                    let name = shard.url.rsplit('/').next().unwrap_or_default();
-                    let d = images::decode(&shard.url, name, &bytes, &self.images)?;
-                    pictures.push(d.tensor(self.images.channels));
-                    Tensor::from_slice(&[shard.label.unwrap_or(0)])
-                };
-                // The model check sees the first image's shape for every
-                // row (a view: no copy).
-                let x = match pictures.first() {
-                    Some(p) => p.unsqueeze(0).expand(
-                        [pictures.len() as i64, p.size()[0], p.size()[1], p.size()[2]],
-                        false,
-                    ),
-                    None => Tensor::zeros([0, 1, 1, 1], (Kind::Uint8, tch::Device::Cpu)),
-                };
+                let (x, y, images) = self.read_images(shard, &f.path, u)?;
+                pictures = images;
                 (x, y, None)
             }
-            fmt => {
-                let named = match fmt {
-                    FileFormat::Npz => Tensor::read_npz(&f.path),
-                    _ => Tensor::read_safetensors(&f.path),
-                }
-                .map_err(|e| unreadable(&shard.url, e))?;
-                let get = |name: &str| {
-                    named
-                        .iter()
-                        .find(|(n, _)| n == name || n.trim_end_matches(".npy") == name)
-                        .map(|(_, t)| t.shallow_clone())
-                };
-                let missing = |name: &str| {
-                    DataError::Shape(format!(
-                        "{} has no array named {name:?} (found {:?})",
-                        shard.url,
-                        named.iter().map(|(n, _)| n).collect::<Vec<_>>()
-                    ))
-                };
-                let x = if columns.stacked {
-                    let mut parts = Vec::with_capacity(columns.x.len());
-                    for name in &columns.x {
-                        parts.push(get(name).ok_or_else(|| missing(name))?);
-                    }
-                    super::formats::stack_inputs(&shard.url, &columns.x, parts)?
-                } else {
-                    let xname = columns.x.first().map_or("x", String::as_str);
-                    get(xname).ok_or_else(|| missing(xname))?
-                };
-                let y = get(&columns.y).ok_or_else(|| missing(&columns.y))?;
-                let ids = match &columns.id {
-                    Some(n) => {
-                        let t = get(n).ok_or_else(|| missing(n))?;
-                        if t.is_floating_point() {
-                            return Err(DataError::Shape(format!(
-                                "{}: the id array {n:?} must hold integers",
-                                shard.url
-                            )));
-                        }
-                        Some(
-                            Vec::<i64>::try_from(t.to_kind(Kind::Int64).flatten(0, -1))
-                                .map_err(|e| unreadable(&shard.url, e))?,
-                        )
-                    }
-                    None => None,
-                };
-                (x, y, ids)
-            }
+            fmt => read_arrays(shard, fmt, &f.path, columns)?,
         };
         let rows = y.size().first().copied().unwrap_or(0) as u64;
         if rows != shard.units[u] {
@@ -257,4 +192,91 @@ impl Sharded {
             ids,
         })
     }
+
+    /// Unit `u` of an image shard (a WebDataset tar's samples, or one file
+    /// of an image folder): the model check's view of the first image's
+    /// shape for every row (no copy), the labels, and the images.
+    fn read_images(
+        &self,
+        shard: &Shard,
+        path: &std::path::Path,
+        u: usize,
+    ) -> Result<(Tensor, Tensor, Vec<Tensor>), DataError> {
+        let mut pictures = Vec::new();
+        let y = if shard.format == FileFormat::Webdataset {
+            let (images, y) = webdataset::read_unit(path, &shard.url, u, &self.images)?;
+            pictures = images;
+            y
+        } else {
+            let bytes = std::fs::read(path).map_err(|e| unreadable(&shard.url, e))?;
+            let name = shard.url.rsplit('/').next().unwrap_or_default();
+            let d = images::decode(&shard.url, name, &bytes, &self.images)?;
+            pictures.push(d.tensor(self.images.channels));
+            Tensor::from_slice(&[shard.label.unwrap_or(0)])
+        };
+        let x = match pictures.first() {
+            Some(p) => p.unsqueeze(0).expand(
+                [pictures.len() as i64, p.size()[0], p.size()[1], p.size()[2]],
+                false,
+            ),
+            None => Tensor::zeros([0, 1, 1, 1], (Kind::Uint8, tch::Device::Cpu)),
+        };
+        Ok((x, y, pictures))
+    }
+}
+
+/// An npz or safetensors shard's arrays `columns` names: the inputs (one
+/// array, or several stacked), the labels and the sample ids, if named.
+fn read_arrays(
+    shard: &Shard,
+    fmt: FileFormat,
+    path: &std::path::Path,
+    columns: &Columns,
+) -> Result<(Tensor, Tensor, Option<Vec<i64>>), DataError> {
+    let named = match fmt {
+        FileFormat::Npz => Tensor::read_npz(path),
+        _ => Tensor::read_safetensors(path),
+    }
+    .map_err(|e| unreadable(&shard.url, e))?;
+    let get = |name: &str| {
+        named
+            .iter()
+            .find(|(n, _)| n == name || n.trim_end_matches(".npy") == name)
+            .map(|(_, t)| t.shallow_clone())
+    };
+    let missing = |name: &str| {
+        DataError::Shape(format!(
+            "{} has no array named {name:?} (found {:?})",
+            shard.url,
+            named.iter().map(|(n, _)| n).collect::<Vec<_>>()
+        ))
+    };
+    let x = if columns.stacked {
+        let mut parts = Vec::with_capacity(columns.x.len());
+        for name in &columns.x {
+            parts.push(get(name).ok_or_else(|| missing(name))?);
+        }
+        super::formats::stack_inputs(&shard.url, &columns.x, parts)?
+    } else {
+        let xname = columns.x.first().map_or("x", String::as_str);
+        get(xname).ok_or_else(|| missing(xname))?
+    };
+    let y = get(&columns.y).ok_or_else(|| missing(&columns.y))?;
+    let ids = match &columns.id {
+        Some(n) => {
+            let t = get(n).ok_or_else(|| missing(n))?;
+            if t.is_floating_point() {
+                return Err(DataError::Shape(format!(
+                    "{}: the id array {n:?} must hold integers",
+                    shard.url
+                )));
+            }
+            Some(
+                Vec::<i64>::try_from(t.to_kind(Kind::Int64).flatten(0, -1))
+                    .map_err(|e| unreadable(&shard.url, e))?,
+            )
+        }
+        None => None,
+    };
+    Ok((x, y, ids))
 }

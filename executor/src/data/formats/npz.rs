@@ -15,6 +15,37 @@ pub(crate) fn npz_meta(
     columns: &Columns,
 ) -> Result<(Vec<u64>, Option<u64>, u64), DataError> {
     let bad = |why: &str| unreadable(url, format!("not a readable npz: {why}"));
+    let (cd, size) = zip_directory(url, fetcher)?;
+    let entries = zip_entries(&cd);
+    let shape_of = |name: &str| -> Result<Vec<u64>, DataError> {
+        let (method, local) = entries
+            .get(&format!("{name}.npy"))
+            .or_else(|| entries.get(name))
+            .copied()
+            .ok_or_else(|| {
+                DataError::Shape(format!(
+                    "{url} has no array named {name:?} (found {:?})",
+                    entries.keys().collect::<Vec<_>>()
+                ))
+            })?;
+        let head = npy_head(url, fetcher, (method, local), size)?;
+        npy_shape(&head).ok_or_else(|| bad(&format!("{name}.npy has no readable header")))
+    };
+    let y = shape_of(&columns.y)?;
+    let x = shape_of(columns.x.first().map_or("x", String::as_str))?;
+    let rows = *y.first().ok_or_else(|| bad("y is a scalar"))?;
+    if x.first() != Some(&rows) {
+        return Err(DataError::Shape(format!(
+            "{url}: x has shape {x:?} and y {y:?}: they need the same number of samples"
+        )));
+    }
+    Ok((vec![rows], Some(x[1..].iter().product()), size))
+}
+
+/// The zip central directory of the npz at `url` (found from its end
+/// record, zip64 included), and the file's size.
+fn zip_directory(url: &str, fetcher: &Fetcher) -> Result<(Vec<u8>, u64), DataError> {
+    let bad = |why: &str| unreadable(url, format!("not a readable npz: {why}"));
     let tail_len = 65_557 + 20;
     let (tail, size) = fetcher
         .read_tail(url, tail_len)
@@ -49,16 +80,21 @@ pub(crate) fn npz_meta(
     let cd = fetcher
         .read_range(url, cd_off..cd_off + cd_size)
         .map_err(|e| unreadable(url, e))?;
-    // name → (method, local header offset)
+    Ok((cd.to_vec(), size))
+}
+
+/// The entries of a zip central directory: name → (compression method,
+/// local header offset).
+fn zip_entries(cd: &[u8]) -> HashMap<String, (u64, u64)> {
     let mut entries: HashMap<String, (u64, u64)> = HashMap::new();
     let mut at = 0usize;
     while at + 46 <= cd.len() && cd[at..at + 4] == *b"PK\x01\x02" {
-        let method = le_u16(&cd, at + 10).unwrap_or(0);
-        let name_len = le_u16(&cd, at + 28).unwrap_or(0) as usize;
-        let extra_len = le_u16(&cd, at + 30).unwrap_or(0) as usize;
-        let comment_len = le_u16(&cd, at + 32).unwrap_or(0) as usize;
-        let (usize32, csize32) = (le_u32(&cd, at + 24), le_u32(&cd, at + 20));
-        let mut local = le_u32(&cd, at + 42).unwrap_or(0);
+        let method = le_u16(cd, at + 10).unwrap_or(0);
+        let name_len = le_u16(cd, at + 28).unwrap_or(0) as usize;
+        let extra_len = le_u16(cd, at + 30).unwrap_or(0) as usize;
+        let comment_len = le_u16(cd, at + 32).unwrap_or(0) as usize;
+        let (usize32, csize32) = (le_u32(cd, at + 24), le_u32(cd, at + 20));
+        let mut local = le_u32(cd, at + 42).unwrap_or(0);
         let name = String::from_utf8_lossy(cd.get(at + 46..at + 46 + name_len).unwrap_or(&[]))
             .into_owned();
         if local == 0xFFFF_FFFF {
@@ -89,53 +125,41 @@ pub(crate) fn npz_meta(
         entries.insert(name, (method, local));
         at += 46 + name_len + extra_len + comment_len;
     }
-    let shape_of = |name: &str| -> Result<Vec<u64>, DataError> {
-        let (method, local) = entries
-            .get(&format!("{name}.npy"))
-            .or_else(|| entries.get(name))
-            .copied()
-            .ok_or_else(|| {
-                DataError::Shape(format!(
-                    "{url} has no array named {name:?} (found {:?})",
-                    entries.keys().collect::<Vec<_>>()
-                ))
-            })?;
-        let h = fetcher
-            .read_range(url, local..local + 30)
-            .map_err(|e| unreadable(url, e))?;
-        if h.len() < 30 || h[..4] != *b"PK\x03\x04" {
-            return Err(bad("broken local header"));
-        }
-        let start = local + 30 + le_u16(&h, 26).unwrap_or(0) + le_u16(&h, 28).unwrap_or(0);
-        let raw = fetcher
-            .read_range(url, start..(start + 4096).min(size))
-            .map_err(|e| unreadable(url, e))?;
-        let head = match method {
-            0 => raw.to_vec(),
-            8 => {
-                let mut out = vec![0u8; 4096];
-                let mut d = flate2::Decompress::new(false);
-                let _ = d.decompress(&raw, &mut out, flate2::FlushDecompress::None);
-                out.truncate(d.total_out() as usize);
-                out
-            }
-            m => {
-                return Err(bad(&format!(
-                    "compression method {m} (stored or deflate only)"
-                )))
-            }
-        };
-        npy_shape(&head).ok_or_else(|| bad(&format!("{name}.npy has no readable header")))
-    };
-    let y = shape_of(&columns.y)?;
-    let x = shape_of(columns.x.first().map_or("x", String::as_str))?;
-    let rows = *y.first().ok_or_else(|| bad("y is a scalar"))?;
-    if x.first() != Some(&rows) {
-        return Err(DataError::Shape(format!(
-            "{url}: x has shape {x:?} and y {y:?}: they need the same number of samples"
-        )));
+    entries
+}
+
+/// The first 4 KiB of the entry at `local` (stored or deflated), where
+/// its `.npy` header is.
+fn npy_head(
+    url: &str,
+    fetcher: &Fetcher,
+    (method, local): (u64, u64),
+    size: u64,
+) -> Result<Vec<u8>, DataError> {
+    let bad = |why: &str| unreadable(url, format!("not a readable npz: {why}"));
+    let h = fetcher
+        .read_range(url, local..local + 30)
+        .map_err(|e| unreadable(url, e))?;
+    if h.len() < 30 || h[..4] != *b"PK\x03\x04" {
+        return Err(bad("broken local header"));
     }
-    Ok((vec![rows], Some(x[1..].iter().product()), size))
+    let start = local + 30 + le_u16(&h, 26).unwrap_or(0) + le_u16(&h, 28).unwrap_or(0);
+    let raw = fetcher
+        .read_range(url, start..(start + 4096).min(size))
+        .map_err(|e| unreadable(url, e))?;
+    match method {
+        0 => Ok(raw.to_vec()),
+        8 => {
+            let mut out = vec![0u8; 4096];
+            let mut d = flate2::Decompress::new(false);
+            let _ = d.decompress(&raw, &mut out, flate2::FlushDecompress::None);
+            out.truncate(d.total_out() as usize);
+            Ok(out)
+        }
+        m => Err(bad(&format!(
+            "compression method {m} (stored or deflate only)"
+        ))),
+    }
 }
 
 /// The shape in a `.npy` header.

@@ -196,36 +196,7 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let sandbox = std::sync::Arc::new(
-        sandbox::Sandbox::new(
-            cli.sandbox,
-            cli.sandbox_user.as_deref(),
-            cli.sandbox_dir.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("trainyard-sandbox-{}", std::process::id()))
-            }),
-            sandbox::child_program(&std::env::current_exe().context("finding this executable")?)?,
-            cli.torch_threads,
-        )?
-        .with_pythons(
-            cli.pythons
-                .iter()
-                .map(|(name, path)| (name.clone(), std::path::PathBuf::from(path))),
-        ),
-    );
-    match (cli.sandbox, sandbox.refusal(), sandbox.script_refusal()) {
-        (sandbox::Mode::Off, _, _) => tracing::warn!(
-            "SANDBOX OFF: users' models and scripts run unconfined, with this executor's rights \
-             over the host's files, and script ranks on the host's network (its loopback \
-             services, the API, the database); only for a trusted single-user setup"
-        ),
-        (_, Some(why), _) => tracing::error!("users' code is refused: {why}"),
-        (_, None, Some(why)) => {
-            tracing::error!(sandbox = %sandbox.summary(), "script jobs are refused: {why}")
-        }
-        (_, None, None) => {
-            tracing::info!(sandbox = %sandbox.summary(), "users' code is confined")
-        }
-    }
+    let sandbox = std::sync::Arc::new(open_sandbox(&cli)?);
     let sandbox_report = sandbox.report();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -245,24 +216,7 @@ fn main() -> anyhow::Result<()> {
                 address.rsplit(':').next().unwrap_or("")
             )
         });
-        let cache_dir = cli.cache_dir.clone().unwrap_or_else(|| {
-            let base = std::env::var_os("XDG_CACHE_HOME")
-                .map(std::path::PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache"))
-                })
-                .unwrap_or_else(std::env::temp_dir);
-            base.join("trainyard")
-                .join("executor-cache")
-                .join(name.replace(['/', ':'], "_"))
-        });
-        let env_dir = cli.env_dir.clone().unwrap_or_else(|| {
-            // Beside the cache tier's folder.
-            cache_dir
-                .parent()
-                .unwrap_or(&cache_dir)
-                .join(format!("python-envs-{}", name.replace(['/', ':'], "_")))
-        });
+        let (cache_dir, env_dir) = folders(&cli, &name);
         trainyard_executor::script::packages::configure(
             trainyard_executor::script::packages::Config::new(
                 cli.uv.clone(),
@@ -309,6 +263,63 @@ fn main() -> anyhow::Result<()> {
     // a report the grace period gave up on) must not hold the exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+/// The sandbox users' code runs in, as the flags ask; its state said in
+/// the log (loudly where it is off).
+fn open_sandbox(cli: &Cli) -> anyhow::Result<sandbox::Sandbox> {
+    let sandbox = sandbox::Sandbox::new(
+        cli.sandbox,
+        cli.sandbox_user.as_deref(),
+        cli.sandbox_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("trainyard-sandbox-{}", std::process::id()))
+        }),
+        sandbox::child_program(&std::env::current_exe().context("finding this executable")?)?,
+        cli.torch_threads,
+    )?
+    .with_pythons(
+        cli.pythons
+            .iter()
+            .map(|(name, path)| (name.clone(), std::path::PathBuf::from(path))),
+    );
+    match (cli.sandbox, sandbox.refusal(), sandbox.script_refusal()) {
+        (sandbox::Mode::Off, _, _) => tracing::warn!(
+            "SANDBOX OFF: users' models and scripts run unconfined, with this executor's rights \
+             over the host's files, and script ranks on the host's network (its loopback \
+             services, the API, the database); only for a trusted single-user setup"
+        ),
+        (_, Some(why), _) => tracing::error!("users' code is refused: {why}"),
+        (_, None, Some(why)) => {
+            tracing::error!(sandbox = %sandbox.summary(), "script jobs are refused: {why}")
+        }
+        (_, None, None) => {
+            tracing::info!(sandbox = %sandbox.summary(), "users' code is confined")
+        }
+    }
+    Ok(sandbox)
+}
+
+/// The local cache tier's folder and the Python environments' folder
+/// (beside it) of the executor `name`, unless the flags name them.
+fn folders(cli: &Cli, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cache_dir = cli.cache_dir.clone().unwrap_or_else(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache"))
+            })
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("trainyard")
+            .join("executor-cache")
+            .join(name.replace(['/', ':'], "_"))
+    });
+    let env_dir = cli.env_dir.clone().unwrap_or_else(|| {
+        cache_dir
+            .parent()
+            .unwrap_or(&cache_dir)
+            .join(format!("python-envs-{}", name.replace(['/', ':'], "_")))
+    });
+    (cache_dir, env_dir)
 }
 
 fn resources(cli: &Cli) -> anyhow::Result<ExecutorResources> {

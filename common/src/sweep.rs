@@ -588,6 +588,21 @@ fn check_path(path: &str) -> Result<(), String> {
 /// base with the trial's values set, named `<name>/t<i>`, and checked as a
 /// job spec (a violation names `trials[i].<field>`).
 pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
+    let mut out = check_sweep(sweep);
+    if let Some(es) = &sweep.early_stopping {
+        check_early_stopping(sweep, es, &mut out);
+    }
+    if !out.is_empty() {
+        return Err(out);
+    }
+    let chosen = choose(sweep)?;
+    bound_specs(sweep, chosen.len())?;
+    build_trials(sweep, chosen)
+}
+
+/// What is wrong with `sweep`'s own fields (its name, base, parameters,
+/// concurrency and number of trials).
+fn check_sweep(sweep: &SweepSpec) -> Vec<Violation> {
     let mut out = Vec::new();
     let name = sweep.name.trim();
     if name.is_empty()
@@ -648,87 +663,47 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
             "a random search must say how many trials to run",
         ));
     }
-    if let Some(es) = &sweep.early_stopping {
-        let a = es.asha;
-        if !(2..=16).contains(&a.reduction_factor) {
+    out
+}
+
+/// What is wrong with `sweep`'s early stopping `es`, added to `out`.
+fn check_early_stopping(sweep: &SweepSpec, es: &EarlyStopping, out: &mut Vec<Violation>) {
+    let a = es.asha;
+    if !(2..=16).contains(&a.reduction_factor) {
+        out.push(violation(
+            "early_stopping.asha.reduction_factor",
+            format!("must be 2–16, got {}", a.reduction_factor),
+        ));
+    }
+    let base_steps = sweep.base.get("steps").and_then(Value::as_u64);
+    if let (Some(b), Some(m)) = (base_steps, a.max_steps) {
+        if b != m {
             out.push(violation(
-                "early_stopping.asha.reduction_factor",
-                format!("must be 2–16, got {}", a.reduction_factor),
+                "early_stopping.asha.max_steps",
+                format!("the base spec's steps ({b}) are the trials' length; leave max_steps out or make it {b}"),
             ));
         }
-        let base_steps = sweep.base.get("steps").and_then(Value::as_u64);
-        if let (Some(b), Some(m)) = (base_steps, a.max_steps) {
-            if b != m {
-                out.push(violation(
-                    "early_stopping.asha.max_steps",
-                    format!("the base spec's steps ({b}) are the trials' length; leave max_steps out or make it {b}"),
-                ));
-            }
-        }
-        match sweep.trial_steps() {
-            None => out.push(violation(
-                "base.steps",
-                "early stopping judges trials at rungs of steps: the base spec must give steps (not epochs), or a script job's early_stopping.asha.max_steps its last reported step",
-            )),
-            Some(total) if a.min_steps == 0 || a.min_steps >= total => out.push(violation(
-                "early_stopping.asha.min_steps",
-                format!("must be 1–{} (below the trials' {total} steps), got {}", total.saturating_sub(1), a.min_steps),
-            )),
-            Some(_) => {}
-        }
     }
-    if !out.is_empty() {
-        return Err(out);
+    match sweep.trial_steps() {
+        None => out.push(violation(
+            "base.steps",
+            "early stopping judges trials at rungs of steps: the base spec must give steps (not epochs), or a script job's early_stopping.asha.max_steps its last reported step",
+        )),
+        Some(total) if a.min_steps == 0 || a.min_steps >= total => out.push(violation(
+            "early_stopping.asha.min_steps",
+            format!("must be 1–{} (below the trials' {total} steps), got {}", total.saturating_sub(1), a.min_steps),
+        )),
+        Some(_) => {}
     }
+}
+
+/// The parameter values of each trial: the grid's points (all, or a
+/// seeded sample of `max_trials` in grid order), or `max_trials` random
+/// draws.
+fn choose(sweep: &SweepSpec) -> Result<Vec<BTreeMap<String, Value>>, Vec<Violation>> {
     let params: Vec<(&String, &Parameter)> = sweep.parameters.iter().collect();
-    let chosen: Vec<BTreeMap<String, Value>> = match sweep.search {
-        Search::Grid => {
-            let axes: Vec<Vec<Value>> = params.iter().map(|(_, p)| p.grid()).collect();
-            let size = axes
-                .iter()
-                .try_fold(1usize, |acc, a| acc.checked_mul(a.len()))
-                .unwrap_or(usize::MAX);
-            if size > 100_000 {
-                return Err(vec![violation(
-                    "parameters",
-                    format!("the grid has {size} points; at most 100000"),
-                )]);
-            }
-            // Only the chosen points are built: a grid of many large values
-            // never sits whole in memory.
-            let point = |mut i: usize| {
-                let mut m = BTreeMap::new();
-                // The last parameter varies fastest.
-                for (j, axis) in axes.iter().enumerate().rev() {
-                    m.insert(params[j].0.clone(), axis[i % axis.len()].clone());
-                    i /= axis.len();
-                }
-                m
-            };
-            let want = sweep.max_trials.map_or(size, |n| (n as usize).min(size));
-            if want > MAX_TRIALS as usize {
-                return Err(vec![violation(
-                    "max_trials",
-                    format!(
-                        "the grid has {size} points; run at most {MAX_TRIALS} (set max_trials to sample it)"
-                    ),
-                )]);
-            }
-            if want < size {
-                // A seeded sample of the grid, kept in grid order.
-                let mut rng = SplitMix(sweep.seed);
-                let mut idx: Vec<usize> = (0..size).collect();
-                for i in 0..want {
-                    let j = i + rng.below(size - i);
-                    idx.swap(i, j);
-                }
-                let mut pick: Vec<usize> = idx[..want].to_vec();
-                pick.sort_unstable();
-                pick.into_iter().map(point).collect()
-            } else {
-                (0..size).map(point).collect()
-            }
-        }
+    Ok(match sweep.search {
+        Search::Grid => grid_points(sweep, &params)?,
         Search::Random => {
             let mut rng = SplitMix(sweep.seed);
             (0..sweep.max_trials.unwrap_or(1))
@@ -740,8 +715,63 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                 })
                 .collect()
         }
+    })
+}
+
+/// The grid's points `sweep` runs.
+fn grid_points(
+    sweep: &SweepSpec,
+    params: &[(&String, &Parameter)],
+) -> Result<Vec<BTreeMap<String, Value>>, Vec<Violation>> {
+    let axes: Vec<Vec<Value>> = params.iter().map(|(_, p)| p.grid()).collect();
+    let size = axes
+        .iter()
+        .try_fold(1usize, |acc, a| acc.checked_mul(a.len()))
+        .unwrap_or(usize::MAX);
+    if size > 100_000 {
+        return Err(vec![violation(
+            "parameters",
+            format!("the grid has {size} points; at most 100000"),
+        )]);
+    }
+    // Only the chosen points are built: a grid of many large values
+    // never sits whole in memory.
+    let point = |mut i: usize| {
+        let mut m = BTreeMap::new();
+        // The last parameter varies fastest.
+        for (j, axis) in axes.iter().enumerate().rev() {
+            m.insert(params[j].0.clone(), axis[i % axis.len()].clone());
+            i /= axis.len();
+        }
+        m
     };
-    // Every trial's spec is stored: what they take together is bounded.
+    let want = sweep.max_trials.map_or(size, |n| (n as usize).min(size));
+    if want > MAX_TRIALS as usize {
+        return Err(vec![violation(
+            "max_trials",
+            format!(
+                "the grid has {size} points; run at most {MAX_TRIALS} (set max_trials to sample it)"
+            ),
+        )]);
+    }
+    if want == size {
+        return Ok((0..size).map(point).collect());
+    }
+    // A seeded sample of the grid, kept in grid order.
+    let mut rng = SplitMix(sweep.seed);
+    let mut idx: Vec<usize> = (0..size).collect();
+    for i in 0..want {
+        let j = i + rng.below(size - i);
+        idx.swap(i, j);
+    }
+    let mut pick: Vec<usize> = idx[..want].to_vec();
+    pick.sort_unstable();
+    Ok(pick.into_iter().map(point).collect())
+}
+
+/// Every trial's spec is stored: what `n` of them take together is
+/// bounded.
+fn bound_specs(sweep: &SweepSpec, n: usize) -> Result<(), Vec<Violation>> {
     let per_trial = sweep.base.to_string().len()
         + sweep
             .parameters
@@ -754,16 +784,25 @@ pub fn expand(sweep: &SweepSpec) -> Result<Vec<TrialPlan>, Vec<Violation>> {
                     .unwrap_or(32)
             })
             .sum::<usize>();
-    if per_trial.saturating_mul(chosen.len()) > MAX_SPEC_BYTES {
+    if per_trial.saturating_mul(n) > MAX_SPEC_BYTES {
         return Err(vec![violation(
             "max_trials",
             format!(
                 "{} trials of a spec of up to {per_trial} bytes exceed {} MiB together; run fewer or smaller",
-                chosen.len(),
+                n,
                 MAX_SPEC_BYTES >> 20
             ),
         )]);
     }
+    Ok(())
+}
+
+/// Each trial's spec: the base with its values set, named, and checked as
+/// a job spec.
+fn build_trials(
+    sweep: &SweepSpec,
+    chosen: Vec<BTreeMap<String, Value>>,
+) -> Result<Vec<TrialPlan>, Vec<Violation>> {
     let mut plans = Vec::with_capacity(chosen.len());
     let mut errors = Vec::new();
     for (i, params) in chosen.into_iter().enumerate() {

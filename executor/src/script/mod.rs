@@ -39,13 +39,14 @@ pub mod proxy;
 pub mod relay;
 pub mod repeats;
 pub mod reports;
+pub mod runtime;
 mod start;
 pub mod toolchain;
 pub mod warm;
 
 use crate::role::Role;
 use crate::sandbox::RUNTIME_MB;
-pub use start::{ask_python, runtime_folders, RuntimeError};
+pub use runtime::{ask_python, runtime_folders, RuntimeError};
 use start::{prepare, Started};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};

@@ -226,12 +226,12 @@ struct Runtime {
     id: String,
 }
 
-fn runtime_of(python: &Path) -> Result<Runtime, super::RuntimeError> {
+fn runtime_of(python: &Path) -> Result<Runtime, super::runtime::RuntimeError> {
     static KNOWN: Mutex<BTreeMap<PathBuf, Runtime>> = Mutex::new(BTreeMap::new());
     if let Some(r) = KNOWN.lock().ok().and_then(|k| k.get(python).cloned()) {
         return Ok(r);
     }
-    let text = super::ask_python(
+    let text = super::runtime::ask_python(
         python,
         "import site, sys, importlib.metadata as m\n\
          print(sys.version.split()[0])\n\

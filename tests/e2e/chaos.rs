@@ -422,6 +422,25 @@ fn jobs_of_both_patterns_survive_killed_executors_api_and_postgres_restarts() {
         run(&mut chaos, &mut reference, &pg, &mut rng, &faults, seed)
     }));
     if let Err(panic) = outcome {
+        // The test command prints the summary file at its end, where a
+        // CI log that keeps only part of the output still shows why.
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(a panic without a message)");
+        let first: String = why
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(600)
+            .collect();
+        let summary = std::fs::read_to_string(summary_path()).unwrap_or_default();
+        let _ = std::fs::write(
+            summary_path(),
+            format!("{summary}chaos: FAILED (seed {seed}): {first}\n"),
+        );
         eprintln!(
             "chaos: failed (seed {seed}); the processes' last lines:\n{}\n{}\n=== Postgres ===\n{}",
             chaos.diagnostics(),

@@ -112,30 +112,33 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
             ),
         );
     }
+    check_ps_fields(s, v);
+    if let Some(t) = &s.tracking {
+        super::tracking::check(t, &mut |field, message| v.fail(field, message));
+    }
+    check_limits(s, v);
+
+    if v.0.is_empty() {
+        check_memory(s, v);
+    }
+}
+
+/// The parameter-server fields: none where the strategy is allreduce,
+/// and each within its range.
+fn check_ps_fields(s: &UncheckedJobSpec, v: &mut Checker) {
     if s.strategy == Strategy::Allreduce {
-        if s.parameter_servers.is_some() {
-            v.fail(
-                "parameter_servers",
-                "applies only to strategies parameter_server and auto",
-            );
-        }
-        if s.consistency.is_some() {
-            v.fail(
-                "consistency",
-                "applies only to strategies parameter_server and auto",
-            );
-        }
-        if s.replicas.is_some() {
-            v.fail(
-                "replicas",
-                "applies only to strategies parameter_server and auto",
-            );
-        }
-        if s.stale_updates.is_some() {
-            v.fail(
-                "stale_updates",
-                "applies only to strategies parameter_server and auto",
-            );
+        for (field, given) in [
+            ("parameter_servers", s.parameter_servers.is_some()),
+            ("consistency", s.consistency.is_some()),
+            ("replicas", s.replicas.is_some()),
+            ("stale_updates", s.stale_updates.is_some()),
+        ] {
+            if given {
+                v.fail(
+                    field,
+                    "applies only to strategies parameter_server and auto",
+                );
+            }
         }
     }
     if let Some(u) = &s.stale_updates {
@@ -146,9 +149,10 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
             10.0,
         );
     }
-    if let Some(t) = &s.tracking {
-        super::tracking::check(t, &mut |field, message| v.fail(field, message));
-    }
+}
+
+/// The numeric bounds of the fields both kinds of job share.
+fn check_limits(s: &UncheckedJobSpec, v: &mut Checker) {
     let d = &s.divergence;
     v.finite_range("divergence.factor", d.factor, 1.5, 1e6);
     v.range("divergence.window_steps", d.window_steps, 1, 100_000);
@@ -199,10 +203,6 @@ fn check(s: &UncheckedJobSpec, v: &mut Checker) {
             ),
         );
     }
-
-    if v.0.is_empty() {
-        check_memory(s, v);
-    }
 }
 
 /// A script job's own fields: none of a model job's, the allreduce
@@ -242,6 +242,29 @@ fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) 
         }
     }
 
+    check_script_code(script, v);
+    check_script_args_and_env(script, v);
+    if let Some(p) = &script.python {
+        let ok = !p.is_empty()
+            && p.len() <= 64
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if !ok {
+            v.fail("script.python", "must be the name of one of the executors' Python runtimes: 1 to 64 letters, digits, `.`, `_` or `-`");
+        }
+    }
+    if let Some(n) = script.max_restarts {
+        v.range("script.max_restarts", n, 0, MAX_SCRIPT_RESTARTS);
+    }
+    if let Some(n) = script.max_seconds {
+        v.range("script.max_seconds", n, 1, MAX_SCRIPT_SECONDS);
+    }
+    check_requirements(script, v);
+    check_inputs(s, v);
+}
+
+/// The script's code and entrypoint.
+fn check_script_code(script: &ScriptSpec, v: &mut Checker) {
     v.url("script.code", &script.code);
     let packaging = script.packaging();
     if packaging.is_none() {
@@ -275,6 +298,11 @@ fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) 
         }
         (None, _) => {}
     }
+}
+
+/// The script's arguments and environment: bounded, without NUL, and
+/// variables it may set.
+fn check_script_args_and_env(script: &ScriptSpec, v: &mut Checker) {
     if script.args.len() > MAX_SCRIPT_ARGS {
         v.fail(
             "script.args",
@@ -305,21 +333,11 @@ fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) 
             );
         }
     }
-    if let Some(p) = &script.python {
-        let ok = !p.is_empty()
-            && p.len() <= 64
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-        if !ok {
-            v.fail("script.python", "must be the name of one of the executors' Python runtimes: 1 to 64 letters, digits, `.`, `_` or `-`");
-        }
-    }
-    if let Some(n) = script.max_restarts {
-        v.range("script.max_restarts", n, 0, MAX_SCRIPT_RESTARTS);
-    }
-    if let Some(n) = script.max_seconds {
-        v.range("script.max_seconds", n, 1, MAX_SCRIPT_SECONDS);
-    }
+}
+
+/// The script's own packages: a file, or 1 to [`MAX_REQUIREMENTS`] lines
+/// each a plain requirement of the index.
+fn check_requirements(script: &ScriptSpec, v: &mut Checker) {
     match &script.requirements {
         Some(Requirements::File(url)) => v.url("script.requirements", url),
         Some(Requirements::Lines(lines)) => {
@@ -337,7 +355,10 @@ fn check_script_job(s: &UncheckedJobSpec, script: &ScriptSpec, v: &mut Checker) 
         }
         None => {}
     }
+}
 
+/// A script job's inputs: bounded, each one file with a name of its own.
+fn check_inputs(s: &UncheckedJobSpec, v: &mut Checker) {
     if s.inputs.len() > MAX_INPUTS {
         v.fail("inputs", format!("at most {MAX_INPUTS} inputs"));
     }

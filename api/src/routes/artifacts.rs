@@ -242,7 +242,59 @@ pub async fn upload(
     }
     let version = Uuid::now_v7();
     let key = artifact_key(&owner, version, &name);
-    let mut up = st.store.upload(&key);
+    let up = st.store.upload(&key);
+    let over_room = || over_quota(&owner, held, quota.unwrap_or(u64::MAX));
+    let (size, sha256) = stream_into(&st, up, body, (limit, room), &over_room).await?;
+
+    let uploaded = Uploaded {
+        owner: &owner,
+        name: &name,
+        version,
+        size,
+        sha256: &sha256,
+        key: &key,
+    };
+    let recorded = record(&st, &uploaded, quota).await;
+    let replaced = match recorded {
+        Ok(r) => r,
+        Err(e) => {
+            // Nothing points at the object: it goes with the failure.
+            let _ = st.store.delete(&key).await;
+            return Err(e);
+        }
+    };
+    sweep_superseded(&st).await;
+    tracing::info!(%owner, %name, size, %sha256, replaced, "artifact uploaded");
+    let (artifact, _, _) = current(&st, Some(owner), &name).await?;
+    let status = if replaced {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(artifact)).into_response())
+}
+
+/// A version stored in the object store, to be recorded.
+#[derive(Clone, Copy)]
+struct Uploaded<'a> {
+    owner: &'a str,
+    name: &'a str,
+    version: Uuid,
+    size: u64,
+    sha256: &'a str,
+    key: &'a str,
+}
+
+/// Streams `body` into `up`, its bytes held to `limit` (413) and to the
+/// owner's `room` (`over_room`'s 413), a stalled or trickled body cut off
+/// (408); the size and SHA-256 stored. A failed upload is aborted.
+async fn stream_into(
+    st: &AppState,
+    mut up: trainyard_store::Upload,
+    body: Body,
+    (limit, room): (u64, u64),
+    over_room: &(dyn Fn() -> ApiError + Sync),
+) -> ApiResult<(u64, String)> {
     let mut hash = Sha256::new();
     let mut size: u64 = 0;
     let idle_secs = st.config.artifact_idle_timeout_secs;
@@ -280,7 +332,7 @@ pub async fn upload(
             break Some(too_large(limit));
         }
         if size > room {
-            break Some(over_quota(&owner, held, quota.unwrap_or(u64::MAX)));
+            break Some(over_room());
         }
         hash.update(&chunk);
         if let Err(e) = up.write(&chunk).await {
@@ -294,42 +346,22 @@ pub async fn upload(
     up.finish()
         .await
         .map_err(|e| ApiError::Unavailable(format!("object store: {e}")))?;
-    let sha256 = hex::encode(hash.finalize());
-
-    let recorded = record(&st, &owner, &name, version, size, &sha256, &key, quota).await;
-    let replaced = match recorded {
-        Ok(r) => r,
-        Err(e) => {
-            // Nothing points at the object: it goes with the failure.
-            let _ = st.store.delete(&key).await;
-            return Err(e);
-        }
-    };
-    sweep_superseded(&st).await;
-    tracing::info!(%owner, %name, size, %sha256, replaced, "artifact uploaded");
-    let (artifact, _, _) = current(&st, Some(owner), &name).await?;
-    let status = if replaced {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
-    Ok((status, Json(artifact)).into_response())
+    Ok((size, hex::encode(hash.finalize())))
 }
 
 /// Records an uploaded version and points `name` at it; whether it
 /// replaced a version. The user's total is checked again under a lock of
 /// theirs, so two concurrent uploads cannot both fit in the last room.
 #[allow(clippy::too_many_arguments)]
-async fn record(
-    st: &AppState,
-    owner: &str,
-    name: &str,
-    version: Uuid,
-    size: u64,
-    sha256: &str,
-    key: &str,
-    quota: Option<u64>,
-) -> ApiResult<bool> {
+async fn record(st: &AppState, u: &Uploaded<'_>, quota: Option<u64>) -> ApiResult<bool> {
+    let Uploaded {
+        owner,
+        name,
+        version,
+        size,
+        sha256,
+        key,
+    } = *u;
     let mut tx = st.db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('trainyard-artifacts:' || $1, 0))")
         .bind(owner)

@@ -498,100 +498,11 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
     .bind(id)
     .fetch_all(&st.db)
     .await?;
-    struct JobPeers {
-        spec: serde_json::Value,
-        owner: String,
-        policy: Option<serde_json::Value>,
-        strategy: Strategy,
-        secret: String,
-        workers: Vec<WorkerPeer>,
-        ps: Vec<PsPeer>,
-        mine: Vec<(RoleKey, Option<u32>)>,
-        // A preemption waits for this job's checkpoint.
-        preempting: bool,
-        // Generations that started roles, this one included.
-        worlds: i32,
-    }
     let mut jobs: BTreeMap<Uuid, JobPeers> = BTreeMap::new();
     for r in &rows {
-        let job_id: Uuid = r.try_get("job_id")?;
-        let entry = match jobs.entry(job_id) {
-            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => v.insert(JobPeers {
-                spec: r.try_get("spec")?,
-                owner: r.try_get("owner")?,
-                policy: r.try_get("data_policy")?,
-                strategy: if r.try_get::<Option<String>, _>("strategy")?.as_deref()
-                    == Some("allreduce")
-                {
-                    Strategy::Allreduce
-                } else {
-                    Strategy::ParameterServer
-                },
-                secret: hex::encode(
-                    r.try_get::<Option<Vec<u8>>, _>("secret")?
-                        .unwrap_or_default(),
-                ),
-                workers: Vec::new(),
-                ps: Vec::new(),
-                mine: Vec::new(),
-                preempting: r.try_get("preempting")?,
-                worlds: r.try_get("worlds")?,
-            }),
-        };
-        let index = r.try_get::<i32, _>("index")? as u32;
-        let executor_id: Uuid = r.try_get("executor_id")?;
-        let address: String = r.try_get("address")?;
-        let device = r.try_get::<Option<i32>, _>("device")?.map(|d| d as u32);
-        let role = RoleKind::parse(&r.try_get::<String, _>("role")?).unwrap_or(RoleKind::Worker);
-        match role {
-            RoleKind::Worker => entry.workers.push(WorkerPeer {
-                rank: index,
-                executor_id,
-                address,
-                device: device.unwrap_or(0),
-            }),
-            RoleKind::Ps | RoleKind::Standby => {
-                let ranges: Vec<Range> =
-                    serde_json::from_value(r.try_get("ranges")?).unwrap_or_default();
-                entry.ps.push(PsPeer {
-                    shard: index,
-                    standby: role == RoleKind::Standby,
-                    executor_id,
-                    address,
-                    ranges,
-                });
-            }
-        }
-        if executor_id == id {
-            let key = RoleKey {
-                job_id,
-                generation: r.try_get("generation")?,
-                role,
-                index,
-            };
-            entry.mine.push((key, device));
-        }
+        add_row(&mut jobs, r, id)?;
     }
-    let mut specs = BTreeMap::new();
-    for (id, j) in &jobs {
-        let spec = match JobSpec::from_stored(j.spec.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                // One broken job does not cost the executor its other roles.
-                tracing::error!(job = %id, error = %e, "leaving the job's roles out of a heartbeat answer");
-                continue;
-            }
-        };
-        match data_policy::for_executor(st, &j.owner, j.policy.clone(), spec) {
-            Ok(resolved) => {
-                specs.insert(*id, resolved);
-            }
-            Err(e) => {
-                tracing::error!(job = %id, error = %e, "leaving the job's roles out of a heartbeat answer: its resolved spec does not pass");
-            }
-        }
-    }
+    let mut specs = resolved_specs(st, &jobs);
     let wanted: Vec<_> = specs
         .iter()
         .map(|(id, (s, _))| (*id, s.resume_from))
@@ -619,6 +530,120 @@ async fn assignments_for(st: &AppState, id: Uuid) -> ApiResult<Vec<Assignment>> 
         }
     }
     Ok(out)
+}
+
+/// One job's roles as an executor's heartbeat answer names them: its
+/// stored spec and policy, its peers, and the roles of this executor.
+struct JobPeers {
+    spec: serde_json::Value,
+    owner: String,
+    policy: Option<serde_json::Value>,
+    strategy: Strategy,
+    secret: String,
+    workers: Vec<WorkerPeer>,
+    ps: Vec<PsPeer>,
+    mine: Vec<(RoleKey, Option<u32>)>,
+    // A preemption waits for this job's checkpoint.
+    preempting: bool,
+    // Generations that started roles, this one included.
+    worlds: i32,
+}
+
+/// Row `r` of a job's assignments (as `assignments_for` reads them) added
+/// to its job in `jobs`; the roles of executor `me` noted as its own.
+fn add_row(
+    jobs: &mut BTreeMap<Uuid, JobPeers>,
+    r: &sqlx::postgres::PgRow,
+    me: Uuid,
+) -> ApiResult<()> {
+    let job_id: Uuid = r.try_get("job_id")?;
+    let entry = match jobs.entry(job_id) {
+        std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::btree_map::Entry::Vacant(v) => v.insert(JobPeers {
+            spec: r.try_get("spec")?,
+            owner: r.try_get("owner")?,
+            policy: r.try_get("data_policy")?,
+            strategy: if r.try_get::<Option<String>, _>("strategy")?.as_deref() == Some("allreduce")
+            {
+                Strategy::Allreduce
+            } else {
+                Strategy::ParameterServer
+            },
+            secret: hex::encode(
+                r.try_get::<Option<Vec<u8>>, _>("secret")?
+                    .unwrap_or_default(),
+            ),
+            workers: Vec::new(),
+            ps: Vec::new(),
+            mine: Vec::new(),
+            preempting: r.try_get("preempting")?,
+            worlds: r.try_get("worlds")?,
+        }),
+    };
+    let index = r.try_get::<i32, _>("index")? as u32;
+    let executor_id: Uuid = r.try_get("executor_id")?;
+    let address: String = r.try_get("address")?;
+    let device = r.try_get::<Option<i32>, _>("device")?.map(|d| d as u32);
+    let role = RoleKind::parse(&r.try_get::<String, _>("role")?).unwrap_or(RoleKind::Worker);
+    match role {
+        RoleKind::Worker => entry.workers.push(WorkerPeer {
+            rank: index,
+            executor_id,
+            address,
+            device: device.unwrap_or(0),
+        }),
+        RoleKind::Ps | RoleKind::Standby => {
+            let ranges: Vec<Range> =
+                serde_json::from_value(r.try_get("ranges")?).unwrap_or_default();
+            entry.ps.push(PsPeer {
+                shard: index,
+                standby: role == RoleKind::Standby,
+                executor_id,
+                address,
+                ranges,
+            });
+        }
+    }
+    if executor_id == me {
+        let key = RoleKey {
+            job_id,
+            generation: r.try_get("generation")?,
+            role,
+            index,
+        };
+        entry.mine.push((key, device));
+    }
+    Ok(())
+}
+
+/// Each job's spec, resolved for executors under its owner's data
+/// policy; a job whose stored spec or resolved spec does not pass is left
+/// out (logged), so that one broken job does not cost the executor its
+/// other roles.
+fn resolved_specs(
+    st: &AppState,
+    jobs: &BTreeMap<Uuid, JobPeers>,
+) -> BTreeMap<Uuid, (JobSpec, trainyard_common::artifact::DataPolicy)> {
+    let mut specs = BTreeMap::new();
+    for (id, j) in jobs {
+        let spec = match JobSpec::from_stored(j.spec.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                // One broken job does not cost the executor its other roles.
+                tracing::error!(job = %id, error = %e, "leaving the job's roles out of a heartbeat answer");
+                continue;
+            }
+        };
+        match data_policy::for_executor(st, &j.owner, j.policy.clone(), spec) {
+            Ok(resolved) => {
+                specs.insert(*id, resolved);
+            }
+            Err(e) => {
+                tracing::error!(job = %id, error = %e, "leaving the job's roles out of a heartbeat answer: its resolved spec does not pass");
+            }
+        }
+    }
+    specs
 }
 
 /// Drain: the scheduler moves the executor's roles off; it takes no new ones.

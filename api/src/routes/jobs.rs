@@ -24,7 +24,7 @@ use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
 pub use trainyard_common::api::{EventPage, Job, JobEvent, JobPage};
 use trainyard_common::spec::UncheckedJobSpec;
 use trainyard_common::{JobSpec, JobState};
@@ -127,76 +127,12 @@ pub async fn submit(
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Response> {
     if !who.is_admin() {
-        if let Err(wait) = st.submits.take(&who.user) {
-            return Err(ApiError::TooManyRequests {
-                detail: format!(
-                    "user {:?} submits faster than {} a second (bursts of {}); retry in {:.1} s",
-                    who.user,
-                    st.config.submit_rate_per_user,
-                    st.config.submit_burst_per_user,
-                    wait.as_secs_f64()
-                ),
-                retry_after: wait.as_secs_f64().ceil() as u64,
-            });
-        }
+        submit_rate(&st, &who)?;
     }
     let key = idempotency_key(&headers)?;
     let spec = JobSpec::from_json(&body)?;
     if let Some(from) = spec.resume_from {
-        // Another user's job answers as one without checkpoints: its
-        // weights are not this caller's to start from.
-        let visible = crate::auth::owner_of(&st.db, from.job_id)
-            .await?
-            .is_some_and(|o| who.sees(&o));
-        // A script job starts from a script job's committed checkpoint
-        // folder (numbered n: `step`), a model job from a model job's.
-        let source_is_script: Option<bool> = if visible {
-            sqlx::query_scalar("SELECT spec ? 'script' FROM jobs WHERE id = $1")
-                .bind(from.job_id)
-                .fetch_optional(&st.db)
-                .await?
-        } else {
-            None
-        };
-        if source_is_script.is_some_and(|s| s != spec.is_script()) {
-            return Err(ApiError::invalid_field(
-                "resume_from.job_id",
-                if spec.is_script() {
-                    format!(
-                        "job {} is a model job: a script job starts from a script job's checkpoint",
-                        from.job_id
-                    )
-                } else {
-                    format!(
-                        "job {} is a script job: a model job starts from a model job's checkpoint",
-                        from.job_id
-                    )
-                },
-            ));
-        }
-        let found = match (visible, spec.is_script()) {
-            (false, _) => false,
-            (true, true) => script_checkpoint_exists(&st, from.job_id, from.step).await?,
-            (true, false) => checkpointing::find(&st.db, from.job_id, from.step)
-                .await?
-                .is_some(),
-        };
-        if !found {
-            let (field, what) = match from.step {
-                Some(step) => (
-                    "resume_from.step",
-                    format!(
-                        "job {} has no committed checkpoint of step {step}",
-                        from.job_id
-                    ),
-                ),
-                None => (
-                    "resume_from.job_id",
-                    format!("job {} has no committed checkpoint", from.job_id),
-                ),
-            };
-            return Err(ApiError::invalid_field(field, what));
-        }
+        check_resume_from(&st, &who, &spec, from).await?;
     }
     let tracking = crate::tracking::target_at_submit(&st.config, who.is_admin(), &spec)?;
     let (policy, versions) =
@@ -211,64 +147,10 @@ pub async fn submit(
 
     let mut tx = st.db.begin().await?;
     if !versions.is_empty() {
-        // Under the owner's artifact lock, the versions resolved above are
-        // still current: a replace or delete that came between has not
-        // swept them, and none can until this job is recorded as a reader.
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock(hashtextextended('trainyard-artifacts:' || $1, 0))",
-        )
-        .bind(&who.user)
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM artifacts WHERE owner = $1 AND version = ANY($2)",
-        )
-        .bind(&who.user)
-        .bind(&versions)
-        .fetch_one(&mut *tx)
-        .await?;
-        if current as usize != versions.len() {
-            return Err(ApiError::Conflict(
-                "an artifact this spec names was replaced or deleted while the job was submitted; submit again".into(),
-            ));
-        }
+        versions_current(&mut tx, &who.user, &versions).await?;
     }
     if !who.is_admin() {
-        // One submit of this user at a time past this point, so that the
-        // count and the insert agree (the cap holds across API replicas).
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('trainyard-submit:' || $1, 0))")
-            .bind(&who.user)
-            .execute(&mut *tx)
-            .await?;
-        let replay = match &key {
-            Some(k) => sqlx::query_scalar::<_, i32>(
-                "SELECT 1 FROM jobs WHERE owner = $1 AND idempotency_key = $2",
-            )
-            .bind(&who.user)
-            .bind(k)
-            .fetch_optional(&mut *tx)
-            .await?
-            .is_some(),
-            None => false,
-        };
-        if !replay {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('queued', 'inspecting', 'scheduling')",
-            )
-            .bind(&who.user)
-            .fetch_one(&mut *tx)
-            .await?;
-            let cap = i64::from(st.config.max_waiting_jobs_per_user);
-            if waiting >= cap {
-                return Err(ApiError::TooManyRequests {
-                    detail: format!(
-                        "user {:?} has {waiting} jobs waiting to start, the most allowed is {cap}; retry when some have started, or cancel some",
-                        who.user
-                    ),
-                    retry_after: WAITING_CAP_RETRY_SECS,
-                });
-            }
-        }
+        waiting_cap(&st, &mut tx, &who.user, key.as_deref()).await?;
     }
     let inserted = sqlx::query(&insert_job_sql())
         .bind(Uuid::now_v7())
@@ -312,6 +194,160 @@ pub async fn submit(
         ));
     }
     Ok(created(&job_from_row(&row)?, true))
+}
+
+/// A plain user's submit within their rate (a 429 with the wait
+/// otherwise).
+fn submit_rate(st: &AppState, who: &Principal) -> ApiResult<()> {
+    if let Err(wait) = st.submits.take(&who.user) {
+        return Err(ApiError::TooManyRequests {
+            detail: format!(
+                "user {:?} submits faster than {} a second (bursts of {}); retry in {:.1} s",
+                who.user,
+                st.config.submit_rate_per_user,
+                st.config.submit_burst_per_user,
+                wait.as_secs_f64()
+            ),
+            retry_after: wait.as_secs_f64().ceil() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// `resume_from` names a job the caller sees, of the same kind, with the
+/// committed checkpoint it asks for (a 422 naming the field otherwise).
+async fn check_resume_from(
+    st: &AppState,
+    who: &Principal,
+    spec: &JobSpec,
+    from: trainyard_common::spec::ResumeFrom,
+) -> ApiResult<()> {
+    // Another user's job answers as one without checkpoints: its
+    // weights are not this caller's to start from.
+    let visible = crate::auth::owner_of(&st.db, from.job_id)
+        .await?
+        .is_some_and(|o| who.sees(&o));
+    // A script job starts from a script job's committed checkpoint
+    // folder (numbered n: `step`), a model job from a model job's.
+    let source_is_script: Option<bool> = if visible {
+        sqlx::query_scalar("SELECT spec ? 'script' FROM jobs WHERE id = $1")
+            .bind(from.job_id)
+            .fetch_optional(&st.db)
+            .await?
+    } else {
+        None
+    };
+    if source_is_script.is_some_and(|s| s != spec.is_script()) {
+        return Err(ApiError::invalid_field(
+            "resume_from.job_id",
+            if spec.is_script() {
+                format!(
+                    "job {} is a model job: a script job starts from a script job's checkpoint",
+                    from.job_id
+                )
+            } else {
+                format!(
+                    "job {} is a script job: a model job starts from a model job's checkpoint",
+                    from.job_id
+                )
+            },
+        ));
+    }
+    let found = match (visible, spec.is_script()) {
+        (false, _) => false,
+        (true, true) => script_checkpoint_exists(st, from.job_id, from.step).await?,
+        (true, false) => checkpointing::find(&st.db, from.job_id, from.step)
+            .await?
+            .is_some(),
+    };
+    if !found {
+        let (field, what) = match from.step {
+            Some(step) => (
+                "resume_from.step",
+                format!(
+                    "job {} has no committed checkpoint of step {step}",
+                    from.job_id
+                ),
+            ),
+            None => (
+                "resume_from.job_id",
+                format!("job {} has no committed checkpoint", from.job_id),
+            ),
+        };
+        return Err(ApiError::invalid_field(field, what));
+    }
+    Ok(())
+}
+
+/// Under the owner's artifact lock, the artifact versions resolved at
+/// submit are still current: a replace or delete that came between has
+/// not swept them, and none can until this job is recorded as a reader.
+async fn versions_current(tx: &mut PgConnection, owner: &str, versions: &[Uuid]) -> ApiResult<()> {
+    // Under the owner's artifact lock, the versions resolved above are
+    // still current: a replace or delete that came between has not
+    // swept them, and none can until this job is recorded as a reader.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('trainyard-artifacts:' || $1, 0))")
+        .bind(owner)
+        .execute(&mut *tx)
+        .await?;
+    let current: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM artifacts WHERE owner = $1 AND version = ANY($2)")
+            .bind(owner)
+            .bind(versions)
+            .fetch_one(&mut *tx)
+            .await?;
+    if current as usize != versions.len() {
+        return Err(ApiError::Conflict(
+            "an artifact this spec names was replaced or deleted while the job was submitted; submit again".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A plain user's jobs waiting to start stay under the cap (a replayed
+/// submit adds none): a 429 otherwise.
+async fn waiting_cap(
+    st: &AppState,
+    tx: &mut PgConnection,
+    user: &str,
+    key: Option<&str>,
+) -> ApiResult<()> {
+    // One submit of this user at a time past this point, so that the
+    // count and the insert agree (the cap holds across API replicas).
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('trainyard-submit:' || $1, 0))")
+        .bind(user)
+        .execute(&mut *tx)
+        .await?;
+    let replay = match key {
+        Some(k) => sqlx::query_scalar::<_, i32>(
+            "SELECT 1 FROM jobs WHERE owner = $1 AND idempotency_key = $2",
+        )
+        .bind(user)
+        .bind(k)
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some(),
+        None => false,
+    };
+    if !replay {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('queued', 'inspecting', 'scheduling')",
+        )
+        .bind(user)
+        .fetch_one(&mut *tx)
+        .await?;
+        let cap = i64::from(st.config.max_waiting_jobs_per_user);
+        if waiting >= cap {
+            return Err(ApiError::TooManyRequests {
+                detail: format!(
+                    "user {:?} has {waiting} jobs waiting to start, the most allowed is {cap}; retry when some have started, or cancel some",
+                    user
+                ),
+                retry_after: WAITING_CAP_RETRY_SECS,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn encode_cursor(at: DateTime<Utc>, id: Uuid) -> String {

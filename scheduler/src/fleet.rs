@@ -205,8 +205,43 @@ impl Fleet {
         }
         let now = Instant::now();
         self.reap().await?;
+        self.track_registrations(&view, now).await?;
+        self.kill_overdue();
+        self.tick_idle_clocks(view.busy, now);
+        if self.closing {
+            return Ok(());
+        }
+        let template = self.provisioner.template();
+        let decision = self.decision(&view, plan, &template, now);
+        let backing_off = self.retry_at.filter(|t| *t > now);
+        self.tell_waiting(&decision, plan, backing_off).await?;
+        if decision.start > 0 && backing_off.is_none() {
+            self.start(decision.start, &decision.serves, &template)
+                .await?;
+        }
+        for name in &decision.release {
+            let idle_for = self
+                .members
+                .get(name)
+                .and_then(|m| m.idle_since)
+                .map_or(0, |t| now.duration_since(t).as_secs());
+            let why = format!(
+                "releasing {name}: no role for {idle_for}s (idle timeout {}s) and no waiting job it could serve",
+                self.config.limits.idle_timeout.as_secs()
+            );
+            self.release(name, &why).await?;
+        }
+        Ok(())
+    }
 
-        // Registrations, and executors that stopped being live.
+    /// Registrations, and executors that stopped being live: a starting
+    /// member that registered is live, one that did not within the start
+    /// timeout is killed; a live one lost or gone is starting again.
+    async fn track_registrations(
+        &mut self,
+        view: &RoundView<'_>,
+        now: Instant,
+    ) -> Result<(), sqlx::Error> {
         let live_by_name: HashMap<&str, Uuid> = view
             .live
             .iter()
@@ -268,22 +303,32 @@ impl Fleet {
                 Phase::Stopping { .. } => {}
             }
         }
-        self.kill_overdue();
+        Ok(())
+    }
 
-        // Idle clocks.
+    /// Idle clocks: a live member without a role is idle since it was
+    /// last seen holding one.
+    fn tick_idle_clocks(&mut self, busy: &BTreeSet<Uuid>, now: Instant) {
         for m in self.members.values_mut() {
             if let Phase::Live { id } = m.phase {
-                if view.busy.contains(&id) {
+                if busy.contains(&id) {
                     m.idle_since = None;
                 } else if m.idle_since.is_none() {
                     m.idle_since = Some(now);
                 }
             }
         }
-        if self.closing {
-            return Ok(());
-        }
+    }
 
+    /// What to start and release, by the provisioner's rule, from the
+    /// members' state and the round's jobs.
+    fn decision(
+        &self,
+        view: &RoundView<'_>,
+        plan: &Plan,
+        template: &Template,
+        now: Instant,
+    ) -> crate::provision::Decision {
         let mut managed_live = BTreeSet::new();
         let mut pending = 0;
         let mut idle = Vec::new();
@@ -302,8 +347,7 @@ impl Fleet {
                 Phase::Stopping { .. } => {}
             }
         }
-        let template = self.provisioner.template();
-        let decision = decide(
+        decide(
             &Inputs {
                 jobs: view.jobs,
                 waiting_on_live: plan.waiting.keys().copied().collect(),
@@ -314,12 +358,19 @@ impl Fleet {
                 idle,
                 needs_inspector: view.needs_inspector,
             },
-            &template,
+            template,
             &self.config.limits,
-        );
+        )
+    }
 
-        // Reasons into the waiting jobs' reasons; blocked jobs hear once.
-        let backing_off = self.retry_at.filter(|t| *t > now);
+    /// The decision's reasons into the waiting jobs' reasons; a blocked
+    /// job hears why once (an event of its own and the provisioner's).
+    async fn tell_waiting(
+        &mut self,
+        decision: &crate::provision::Decision,
+        plan: &mut Plan,
+        backing_off: Option<Instant>,
+    ) -> Result<(), sqlx::Error> {
         for (job, why) in decision.blocked.iter().chain(&decision.waiting) {
             if let Some(w) = plan.waiting.get_mut(job) {
                 *w = format!("{w}; {why}");
@@ -354,22 +405,6 @@ impl Fleet {
         self.told
             .retain(|job, _| decision.blocked.contains_key(job));
 
-        if decision.start > 0 && backing_off.is_none() {
-            self.start(decision.start, &decision.serves, &template)
-                .await?;
-        }
-        for name in &decision.release {
-            let idle_for = self
-                .members
-                .get(name)
-                .and_then(|m| m.idle_since)
-                .map_or(0, |t| now.duration_since(t).as_secs());
-            let why = format!(
-                "releasing {name}: no role for {idle_for}s (idle timeout {}s) and no waiting job it could serve",
-                self.config.limits.idle_timeout.as_secs()
-            );
-            self.release(name, &why).await?;
-        }
         Ok(())
     }
 

@@ -139,35 +139,18 @@ pub struct Decision {
     pub release: Vec<String>,
 }
 
-/// The decision for one round.
-pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Decision {
-    let mut out = Decision::default();
-    let with = |k: u32| -> Vec<ExecutorView> {
-        let mut v = inputs.live.to_vec();
-        v.extend((0..u128::from(inputs.pending + k)).map(|n| template.executor(n)));
-        v
-    };
-    // Waiting even with the pending executors: replanned only when some
-    // are pending (the round's own plan already covers `live`).
-    let waiting: Vec<&JobView> = if inputs.waiting_on_live.is_empty() {
-        Vec::new()
-    } else if inputs.pending == 0 {
-        inputs
-            .jobs
-            .iter()
-            .filter(|j| inputs.waiting_on_live.contains(&j.id))
-            .collect()
-    } else {
-        let p = plan(inputs.jobs, &with(0));
-        inputs
-            .jobs
-            .iter()
-            .filter(|j| p.waiting.contains_key(&j.id))
-            .collect()
-    };
-
-    // Blocked: not even every hand-started executor plus the most this
-    // provisioner may start for one job would hold its minimum set.
+/// The waiting jobs the provisioner could serve, each with the new
+/// executors it would need alone noted in `out.serves`; the others are
+/// blocked (`out.blocked`, with why): not even every hand-started executor
+/// plus the most this provisioner may start for one job would hold its
+/// minimum set.
+fn sort_blocked<'j>(
+    inputs: &Inputs<'j>,
+    template: &Template,
+    limits: &Limits,
+    waiting: Vec<&'j JobView>,
+    out: &mut Decision,
+) -> Vec<&'j JobView> {
     let cap = limits.max_per_job.min(limits.max_executors);
     let hand: Vec<ExecutorView> = inputs
         .live
@@ -175,7 +158,6 @@ pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Deci
         .filter(|e| !inputs.managed_live.contains(&e.id))
         .cloned()
         .collect();
-    let waiting_ids: BTreeSet<Uuid> = waiting.iter().map(|j| j.id).collect();
     let mut candidates: Vec<&JobView> = Vec::new();
     for j in waiting {
         let alone = JobView {
@@ -215,6 +197,38 @@ pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Deci
         }
     }
 
+    candidates
+}
+
+/// The decision for one round.
+pub fn decide(inputs: &Inputs<'_>, template: &Template, limits: &Limits) -> Decision {
+    let mut out = Decision::default();
+    let with = |k: u32| -> Vec<ExecutorView> {
+        let mut v = inputs.live.to_vec();
+        v.extend((0..u128::from(inputs.pending + k)).map(|n| template.executor(n)));
+        v
+    };
+    // Waiting even with the pending executors: replanned only when some
+    // are pending (the round's own plan already covers `live`).
+    let waiting: Vec<&JobView> = if inputs.waiting_on_live.is_empty() {
+        Vec::new()
+    } else if inputs.pending == 0 {
+        inputs
+            .jobs
+            .iter()
+            .filter(|j| inputs.waiting_on_live.contains(&j.id))
+            .collect()
+    } else {
+        let p = plan(inputs.jobs, &with(0));
+        inputs
+            .jobs
+            .iter()
+            .filter(|j| p.waiting.contains_key(&j.id))
+            .collect()
+    };
+
+    let waiting_ids: BTreeSet<Uuid> = waiting.iter().map(|j| j.id).collect();
+    let candidates = sort_blocked(inputs, template, limits, waiting, &mut out);
     let room = limits.max_executors.saturating_sub(inputs.managed_total);
     if !candidates.is_empty() {
         let served = |k: u32| -> BTreeSet<Uuid> {

@@ -89,6 +89,11 @@ pub fn preempt(
     executors: &[ExecutorView],
     sharing: &Sharing,
 ) -> (Sharing, Vec<Action>, Plan) {
+    let mut search = Search {
+        jobs,
+        executors,
+        trials: 0,
+    };
     let mut s = sharing.clone();
     let mut p = plan_shared(jobs, executors, &s);
     let by_id: HashMap<Uuid, &JobView> = jobs.iter().map(|j| (j.id, j)).collect();
@@ -97,11 +102,10 @@ pub fn preempt(
         .filter(|j| j.current.is_none() && p.capacity_waiting.contains(&j.id))
         .collect();
     waiting.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.seq, j.id));
-    let mut trials = 0;
     // Victim → the job it was shrunk or preempted for.
     let mut cause: BTreeMap<Uuid, Uuid> = BTreeMap::new();
     for w in waiting {
-        if trials >= MAX_TRIALS {
+        if search.trials >= MAX_TRIALS {
             break;
         }
         if !p.capacity_waiting.contains(&w.id) {
@@ -113,20 +117,7 @@ pub fn preempt(
             .filter_map(|id| by_id.get(id).copied())
             .filter(|v| v.priority < w.priority && !cause.contains_key(&v.id))
             .collect();
-        if victims.is_empty() {
-            continue;
-        }
-        // A job that would not fit even the whole cluster takes nothing
-        // (and costs no trials round after round).
-        let alone = JobView {
-            current: None,
-            starving: false,
-            ..w.clone()
-        };
-        if !crate::plan::plan(std::slice::from_ref(&alone), executors)
-            .placements
-            .contains_key(&w.id)
-        {
+        if victims.is_empty() || !fits_alone(w, executors) {
             continue;
         }
         // Jobs this plan would only start now go first (nothing of theirs
@@ -139,71 +130,9 @@ pub fn preempt(
                 v.id,
             )
         });
-        let mut trial = s.clone();
-        let mut tp = None;
-        let mut shrunk = Vec::new();
-        // Shrink elastic jobs first, one worker at a time.
-        'shrink: for v in &victims {
-            let n = p.placements[&v.id].workers.len() as u32;
-            let mut k = n;
-            while k > v.demand.min_workers && trials < MAX_TRIALS {
-                k -= 1;
-                trial.caps.insert(v.id, k);
-                trials += 1;
-                let t = plan_shared(jobs, executors, &trial);
-                if k < n && !shrunk.contains(&v.id) {
-                    shrunk.push(v.id);
-                }
-                if t.placements.contains_key(&w.id) {
-                    tp = Some(t);
-                    break 'shrink;
-                }
-            }
-        }
-        // Then whole jobs.
-        if tp.is_none() {
-            for v in &victims {
-                if trials >= MAX_TRIALS {
-                    break;
-                }
-                trial.caps.remove(&v.id);
-                shrunk.retain(|id| *id != v.id);
-                let why = if v.current.is_some() {
-                    preempted_reason(w, v)
-                } else {
-                    format!(
-                        "job {} of higher priority ({} > {}) needs the room this job would take",
-                        w.id, w.priority, v.priority
-                    )
-                };
-                trial.held_back.insert(v.id, why);
-                trials += 1;
-                let t = plan_shared(jobs, executors, &trial);
-                if t.placements.contains_key(&w.id) {
-                    tp = Some(t);
-                    break;
-                }
-            }
-            // Shrinks a whole preemption made unnecessary are undone.
-            if let Some(mut t) = tp.take() {
-                for v in shrunk.clone().into_iter().rev() {
-                    if trials >= MAX_TRIALS {
-                        break;
-                    }
-                    let mut undo = trial.clone();
-                    undo.caps.remove(&v);
-                    trials += 1;
-                    let u = plan_shared(jobs, executors, &undo);
-                    if u.placements.contains_key(&w.id) {
-                        trial = undo;
-                        t = u;
-                        shrunk.retain(|id| *id != v);
-                    }
-                }
-                tp = Some(t);
-            }
-        }
-        let Some(t) = tp else { continue };
+        let Some((trial, t)) = search.make_room(w, &victims, &s, &p) else {
+            continue;
+        };
         // Keep only what this job's trial added.
         for (v, _) in trial.caps.iter().filter(|(v, _)| !s.caps.contains_key(*v)) {
             cause.insert(*v, w.id);
@@ -218,11 +147,143 @@ pub fn preempt(
         s = trial;
         p = t;
     }
+    let actions = actions(&cause, &s, sharing, &by_id);
+    (s, actions, p)
+}
+
+/// Whether waiting job `w` would fit the whole cluster: a job that would
+/// not takes nothing (and costs no trials round after round).
+fn fits_alone(w: &JobView, executors: &[ExecutorView]) -> bool {
+    let alone = JobView {
+        current: None,
+        starving: false,
+        ..w.clone()
+    };
+    crate::plan::plan(std::slice::from_ref(&alone), executors)
+        .placements
+        .contains_key(&w.id)
+}
+
+/// The preemption pass's plans tried, bounded by [`MAX_TRIALS`].
+struct Search<'a> {
+    jobs: &'a [JobView],
+    executors: &'a [ExecutorView],
+    trials: usize,
+}
+
+impl Search<'_> {
+    /// The plan of `sharing`, counted as a trial.
+    fn try_plan(&mut self, sharing: &Sharing) -> Plan {
+        self.trials += 1;
+        plan_shared(self.jobs, self.executors, sharing)
+    }
+
+    /// Room for waiting job `w` on `victims` (in the order they give it):
+    /// the sharing `s` with caps (elastic jobs shrunk, one worker at a
+    /// time) or held-back jobs added, and its plan; `None` where the
+    /// trials run out first.
+    fn make_room(
+        &mut self,
+        w: &JobView,
+        victims: &[&JobView],
+        s: &Sharing,
+        p: &Plan,
+    ) -> Option<(Sharing, Plan)> {
+        let mut trial = s.clone();
+        let mut shrunk = Vec::new();
+        // Shrink elastic jobs first, one worker at a time.
+        for v in victims {
+            let n = p.placements[&v.id].workers.len() as u32;
+            let mut k = n;
+            while k > v.demand.min_workers && self.trials < MAX_TRIALS {
+                k -= 1;
+                trial.caps.insert(v.id, k);
+                let t = self.try_plan(&trial);
+                if k < n && !shrunk.contains(&v.id) {
+                    shrunk.push(v.id);
+                }
+                if t.placements.contains_key(&w.id) {
+                    return Some((trial, t));
+                }
+            }
+        }
+        // Then whole jobs.
+        let t = self.hold_back(w, victims, &mut trial, &mut shrunk)?;
+        // Shrinks a whole preemption made unnecessary are undone.
+        Some(self.undo_shrinks(w, trial, t, shrunk))
+    }
+
+    /// Holds victims back, one whole job at a time, until `w` fits; the
+    /// plan where it does.
+    fn hold_back(
+        &mut self,
+        w: &JobView,
+        victims: &[&JobView],
+        trial: &mut Sharing,
+        shrunk: &mut Vec<Uuid>,
+    ) -> Option<Plan> {
+        for v in victims {
+            if self.trials >= MAX_TRIALS {
+                break;
+            }
+            trial.caps.remove(&v.id);
+            shrunk.retain(|id| *id != v.id);
+            let why = if v.current.is_some() {
+                preempted_reason(w, v)
+            } else {
+                format!(
+                    "job {} of higher priority ({} > {}) needs the room this job would take",
+                    w.id, w.priority, v.priority
+                )
+            };
+            trial.held_back.insert(v.id, why);
+            let t = self.try_plan(trial);
+            if t.placements.contains_key(&w.id) {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// `trial` (where `w` fits, plan `t`) without the caps in `shrunk`
+    /// that `w` does not need after all, newest first.
+    fn undo_shrinks(
+        &mut self,
+        w: &JobView,
+        mut trial: Sharing,
+        mut t: Plan,
+        mut shrunk: Vec<Uuid>,
+    ) -> (Sharing, Plan) {
+        for v in shrunk.clone().into_iter().rev() {
+            if self.trials >= MAX_TRIALS {
+                break;
+            }
+            let mut undo = trial.clone();
+            undo.caps.remove(&v);
+            let u = self.try_plan(&undo);
+            if u.placements.contains_key(&w.id) {
+                trial = undo;
+                t = u;
+                shrunk.retain(|id| *id != v);
+            }
+        }
+        (trial, t)
+    }
+}
+
+/// What the pass decided, as actions: a running job held back is
+/// preempted, one capped below what it holds is shrunk (a job held back
+/// before it started just waits).
+fn actions(
+    cause: &BTreeMap<Uuid, Uuid>,
+    s: &Sharing,
+    sharing: &Sharing,
+    by_id: &HashMap<Uuid, &JobView>,
+) -> Vec<Action> {
     let mut actions = Vec::new();
-    for (&victim, &by) in &cause {
+    for (&victim, &by) in cause {
         let running = by_id.get(&victim).is_some_and(|j| j.current.is_some());
         if s.held_back.contains_key(&victim) && !sharing.held_back.contains_key(&victim) {
-            // A job held back before it started is not preempted: it waits.
             if running {
                 actions.push(Action::Preempt { victim, by });
             }
@@ -241,7 +302,7 @@ pub fn preempt(
             }
         }
     }
-    (s, actions, p)
+    actions
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 use super::describe::describe;
 use super::error::{db_err, SchedulerError};
 use super::metrics::SchedulerMetrics;
-use super::world::World;
+use super::world::{JobMeta, World};
 use crate::lifecycle::{self, event, transition};
 use crate::plan::{JobView, Placement, Plan};
 use sqlx::{PgPool, Row};
@@ -36,21 +36,7 @@ pub(super) async fn apply(
     let new = plan.placements.get(&job.id);
     if new == job.current.as_ref() {
         if let Some(why) = plan.waiting.get(&job.id) {
-            let reason = format!("waiting: {why}");
-            if meta.state_reason != reason {
-                sqlx::query(
-                    "UPDATE jobs SET state_reason = $2, updated_at = clock_timestamp()
-                 WHERE id = $1 AND state_reason <> $2 AND generation = $3
-                   AND state NOT IN ('succeeded', 'failed', 'cancelled')",
-                )
-                .bind(job.id)
-                .bind(&reason)
-                .bind(meta.generation)
-                .execute(db)
-                .await?;
-                let mut conn = db.acquire().await?;
-                lifecycle::notify(&mut conn, job.id).await?;
-            }
+            refresh_waiting(db, job.id, meta, why).await?;
         }
         return Ok(());
     }
@@ -71,44 +57,7 @@ pub(super) async fn apply(
     if let Some(note) = note {
         reason = format!("{note}: {reason}");
     }
-    sqlx::query("DELETE FROM assignments WHERE job_id = $1")
-        .bind(job.id)
-        .execute(&mut *tx)
-        .await?;
-    if let Some(p) = new {
-        for w in &p.workers {
-            sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, device) VALUES ($1, $2, 'worker', $3, $4, $5)")
-                .bind(job.id)
-                .bind(next)
-                .bind(w.rank as i32)
-                .bind(w.executor)
-                .bind(w.device as i32)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for ps in &p.parameter_servers {
-            sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
-                .bind(job.id)
-                .bind(next)
-                .bind(ps.shard as i32)
-                .bind(ps.executor)
-                .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
-                .execute(&mut *tx)
-                .await?;
-            // A standby is a role of its own, numbered by its shard, with
-            // its shard's ranges.
-            if let Some(sb) = ps.standby {
-                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'standby', $3, $4, $5)")
-                    .bind(job.id)
-                    .bind(next)
-                    .bind(ps.shard as i32)
-                    .bind(sb)
-                    .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-    }
+    write_assignments(&mut tx, job.id, next, new).await?;
     let strategy = new.map(|p| strategy_name(p.strategy));
     sqlx::query(
         "UPDATE jobs SET generation = $2, updated_at = clock_timestamp(),
@@ -130,31 +79,7 @@ pub(super) async fn apply(
     let placed = placement_data(world, job.current.as_ref(), next, new);
     event(&mut tx, job.id, &EventData::Placement(placed), &reason).await?;
     record_usage(&mut tx, job, next, new).await?;
-    match (state, new.is_some()) {
-        (JobState::Queued, true) => {
-            transition(&mut tx, job.id, JobState::Scheduling, &reason)
-                .await
-                .map_err(db_err)?;
-        }
-        (JobState::Scheduling | JobState::Running | JobState::Recovering, false) => {
-            transition(&mut tx, job.id, JobState::Queued, &reason)
-                .await
-                .map_err(db_err)?;
-        }
-        (JobState::Running, true) => {
-            transition(&mut tx, job.id, JobState::Recovering, &reason)
-                .await
-                .map_err(db_err)?;
-        }
-        _ => {
-            sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1")
-                .bind(job.id)
-                .bind(&reason)
-                .execute(&mut *tx)
-                .await?;
-            lifecycle::notify(&mut tx, job.id).await?;
-        }
-    }
+    follow_placement(&mut tx, job.id, state, new.is_some(), &reason).await?;
     tx.commit().await?;
     metrics.replans.inc();
     if job.current.is_none() && new.is_some() {
@@ -165,6 +90,118 @@ pub(super) async fn apply(
         metrics.placement_latency.observe(waited);
     }
     tracing::info!(job = %job.id, generation = next, "{reason}");
+    Ok(())
+}
+
+/// An unchanged job's waiting reason, refreshed where it changed.
+async fn refresh_waiting(
+    db: &PgPool,
+    job: Uuid,
+    meta: &JobMeta,
+    why: &str,
+) -> Result<(), SchedulerError> {
+    let reason = format!("waiting: {why}");
+    if meta.state_reason != reason {
+        sqlx::query(
+            "UPDATE jobs SET state_reason = $2, updated_at = clock_timestamp()
+                 WHERE id = $1 AND state_reason <> $2 AND generation = $3
+                   AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+        )
+        .bind(job)
+        .bind(&reason)
+        .bind(meta.generation)
+        .execute(db)
+        .await?;
+        let mut conn = db.acquire().await?;
+        lifecycle::notify(&mut conn, job).await?;
+    }
+    Ok(())
+}
+
+/// Generation `next`'s assignments of `job`: `new`'s workers, PS shards
+/// and their standbys (none where the job was released).
+async fn write_assignments(
+    tx: &mut sqlx::PgConnection,
+    job: Uuid,
+    next: i64,
+    new: Option<&Placement>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM assignments WHERE job_id = $1")
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(p) = new {
+        for w in &p.workers {
+            sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, device) VALUES ($1, $2, 'worker', $3, $4, $5)")
+                .bind(job)
+                .bind(next)
+                .bind(w.rank as i32)
+                .bind(w.executor)
+                .bind(w.device as i32)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for ps in &p.parameter_servers {
+            sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'ps', $3, $4, $5)")
+                .bind(job)
+                .bind(next)
+                .bind(ps.shard as i32)
+                .bind(ps.executor)
+                .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
+                .execute(&mut *tx)
+                .await?;
+            // A standby is a role of its own, numbered by its shard, with
+            // its shard's ranges.
+            if let Some(sb) = ps.standby {
+                sqlx::query("INSERT INTO assignments (job_id, generation, role, index, executor_id, ranges) VALUES ($1, $2, 'standby', $3, $4, $5)")
+                    .bind(job)
+                    .bind(next)
+                    .bind(ps.shard as i32)
+                    .bind(sb)
+                    .bind(serde_json::to_value(&ps.ranges).unwrap_or_default())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The state change a new placement makes (`placed`: it holds roles):
+/// a queued job schedules, a placed one released is queued again, a
+/// running one recovers; otherwise only the reason changes.
+async fn follow_placement(
+    tx: &mut sqlx::PgConnection,
+    job: Uuid,
+    state: JobState,
+    placed: bool,
+    reason: &str,
+) -> Result<(), SchedulerError> {
+    match (state, placed) {
+        (JobState::Queued, true) => {
+            transition(&mut *tx, job, JobState::Scheduling, reason)
+                .await
+                .map_err(db_err)?;
+        }
+        (JobState::Scheduling | JobState::Running | JobState::Recovering, false) => {
+            transition(&mut *tx, job, JobState::Queued, reason)
+                .await
+                .map_err(db_err)?;
+        }
+        (JobState::Running, true) => {
+            transition(&mut *tx, job, JobState::Recovering, reason)
+                .await
+                .map_err(db_err)?;
+        }
+        _ => {
+            sqlx::query("UPDATE jobs SET state_reason = $2 WHERE id = $1")
+                .bind(job)
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+            lifecycle::notify(&mut *tx, job).await?;
+        }
+    }
     Ok(())
 }
 

@@ -135,43 +135,8 @@ pub async fn judge(
     if report.suspect == reporter {
         return Err(JudgeError::Itself);
     }
-    let job: Option<(i64, JobState)> =
-        sqlx::query_as("SELECT generation, state FROM jobs WHERE id = $1")
-            .bind(report.job_id)
-            .fetch_optional(db)
-            .await?;
-    let Some((generation, state)) = job else {
-        return Err(JudgeError::NoJob(report.job_id));
-    };
-    if state.is_terminal() {
-        return Ok(stale(format!("the job is {state}")));
-    }
-    if generation != report.generation {
-        return Ok(stale(format!(
-            "the job is at generation {generation}, the report is of generation {}",
-            report.generation
-        )));
-    }
-    let (has_reporter, has_suspect): (Option<bool>, Option<bool>) = sqlx::query_as(
-        "SELECT bool_or(executor_id = $3), bool_or(executor_id = $4)
-         FROM assignments WHERE job_id = $1 AND generation = $2",
-    )
-    .bind(report.job_id)
-    .bind(report.generation)
-    .bind(reporter)
-    .bind(report.suspect)
-    .fetch_one(db)
-    .await?;
-    if has_reporter != Some(true) {
-        return Err(JudgeError::NotMember {
-            job: report.job_id,
-            generation: report.generation,
-        });
-    }
-    if has_suspect != Some(true) {
-        return Ok(stale(
-            "the suspect holds no role of the job at this generation".into(),
-        ));
+    if let Some(why) = stale_report(db, reporter, report).await? {
+        return Ok(stale(why));
     }
     let names: Vec<(Uuid, String, String, ExecutorState, f64)> = sqlx::query_as(
         "SELECT id, name, address, state,
@@ -195,17 +160,7 @@ pub async fn judge(
     let (outcome, took) = probe(&address, PROBE_TIMEOUT).await;
     let age = Duration::from_secs_f64(age.max(0.0));
     let confirmed = decide(outcome, age, interval);
-    let probe_text = match outcome {
-        ProbeOutcome::Refused => format!(
-            "nothing listens at its data-plane address {address} (connection refused in {:.1} ms)",
-            took.as_secs_f64() * 1e3
-        ),
-        ProbeOutcome::Answered => format!(
-            "it answered at {address} in {:.1} ms",
-            took.as_secs_f64() * 1e3
-        ),
-        ProbeOutcome::Silent => format!("{address} did not answer within {} ms", took.as_millis()),
-    };
+    let probe_text = probe_text(outcome, &address, took);
     let heard = format!("its last heartbeat was {:.2} s ago", age.as_secs_f64());
     let evidence = if confirmed {
         format!(
@@ -240,6 +195,87 @@ pub async fn judge(
         heartbeat_age_s: age.as_secs_f64(),
         heartbeat_interval_s: interval.as_secs_f64(),
     });
+    if !record(db, report, reporter, confirmed, &data, &evidence).await? {
+        return Ok(stale("the suspect is already lost or gone".into()));
+    }
+    Ok(SuspectAnswer { verdict, evidence })
+}
+
+/// Why `report` from `reporter` is stale (its job ended or moved on, or
+/// the suspect holds no role of it), if it is; an error where the job is
+/// unknown or the reporter is not one of its members.
+async fn stale_report(
+    db: &PgPool,
+    reporter: Uuid,
+    report: &SuspectReport,
+) -> Result<Option<String>, JudgeError> {
+    let job: Option<(i64, JobState)> =
+        sqlx::query_as("SELECT generation, state FROM jobs WHERE id = $1")
+            .bind(report.job_id)
+            .fetch_optional(db)
+            .await?;
+    let Some((generation, state)) = job else {
+        return Err(JudgeError::NoJob(report.job_id));
+    };
+    if state.is_terminal() {
+        return Ok(Some(format!("the job is {state}")));
+    }
+    if generation != report.generation {
+        return Ok(Some(format!(
+            "the job is at generation {generation}, the report is of generation {}",
+            report.generation
+        )));
+    }
+    let (has_reporter, has_suspect): (Option<bool>, Option<bool>) = sqlx::query_as(
+        "SELECT bool_or(executor_id = $3), bool_or(executor_id = $4)
+         FROM assignments WHERE job_id = $1 AND generation = $2",
+    )
+    .bind(report.job_id)
+    .bind(report.generation)
+    .bind(reporter)
+    .bind(report.suspect)
+    .fetch_one(db)
+    .await?;
+    if has_reporter != Some(true) {
+        return Err(JudgeError::NotMember {
+            job: report.job_id,
+            generation: report.generation,
+        });
+    }
+    if has_suspect != Some(true) {
+        return Ok(Some(
+            "the suspect holds no role of the job at this generation".into(),
+        ));
+    }
+    Ok(None)
+}
+
+/// The probe of the suspect's data-plane `address`, in words.
+fn probe_text(outcome: ProbeOutcome, address: &str, took: Duration) -> String {
+    match outcome {
+        ProbeOutcome::Refused => format!(
+            "nothing listens at its data-plane address {address} (connection refused in {:.1} ms)",
+            took.as_secs_f64() * 1e3
+        ),
+        ProbeOutcome::Answered => format!(
+            "it answered at {address} in {:.1} ms",
+            took.as_secs_f64() * 1e3
+        ),
+        ProbeOutcome::Silent => format!("{address} did not answer within {} ms", took.as_millis()),
+    }
+}
+
+/// Writes the verdict: a confirmed suspect is lost (with the job's event
+/// and the executors' channel told), a rejected one is an event once per
+/// suspect and generation; false where the suspect was lost already.
+async fn record(
+    db: &PgPool,
+    report: &SuspectReport,
+    reporter: Uuid,
+    confirmed: bool,
+    data: &EventData,
+    evidence: &str,
+) -> Result<bool, JudgeError> {
     let mut tx = db.begin().await?;
     if confirmed {
         let marked: Option<Uuid> = sqlx::query_scalar(
@@ -250,9 +286,9 @@ pub async fn judge(
         .fetch_optional(&mut *tx)
         .await?;
         if marked.is_none() {
-            return Ok(stale("the suspect is already lost or gone".into()));
+            return Ok(false);
         }
-        lifecycle::event(&mut tx, report.job_id, &data, &evidence).await?;
+        lifecycle::event(&mut tx, report.job_id, data, evidence).await?;
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(EXECUTOR_CHANNEL)
             .bind(report.suspect.to_string())
@@ -274,13 +310,13 @@ pub async fn judge(
         .fetch_one(&mut *tx)
         .await?;
         if !seen {
-            lifecycle::event(&mut tx, report.job_id, &data, &evidence).await?;
+            lifecycle::event(&mut tx, report.job_id, data, evidence).await?;
             lifecycle::notify(&mut tx, report.job_id).await?;
         }
         tracing::info!(executor = %report.suspect, reporter = %reporter, job = %report.job_id, "{evidence}");
     }
     tx.commit().await?;
-    Ok(SuspectAnswer { verdict, evidence })
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -136,6 +136,33 @@ struct RankRow {
 /// leave them out) out of their jobs, writing each decision as an event of
 /// the job. Returns the (job, executor) pairs left.
 pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
+    let rows = watched_ranks(db).await?;
+    let mut left = Vec::new();
+    for r in &rows {
+        if let Some((reason, data)) = stuck_decision(r) {
+            if leave(db, r.job, r.executor, r.rank, &reason, data).await? {
+                left.push((r.job, r.executor));
+            }
+        }
+    }
+    // Stragglers, per sync job that asks to leave them out.
+    let mut i = 0;
+    while i < rows.len() {
+        let job = rows[i].job;
+        let end = rows[i..]
+            .iter()
+            .position(|r| r.job != job)
+            .map_or(rows.len(), |n| i + n);
+        let ranks = &rows[i..end];
+        i = end;
+        leave_stragglers(db, ranks, &mut left).await?;
+    }
+    Ok(left)
+}
+
+/// The ranks that may be stuck, and every rank of jobs that leave
+/// stragglers out, by job and rank.
+async fn watched_ranks(db: &PgPool) -> Result<Vec<RankRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT p.job_id, p.rank, p.generation, p.executor_id, e.name, p.step, p.phase, p.phase_ms,
                 p.median_step_ms, p.busy_ms, p.window_steps, j.spec
@@ -156,7 +183,7 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
     .bind(MIN_STUCK_FLOOR_MS)
     .fetch_all(db)
     .await?;
-    let rows: Vec<RankRow> = rows
+    Ok(rows
         .iter()
         .filter_map(|r| {
             let job: Uuid = r.get("job_id");
@@ -182,126 +209,122 @@ pub async fn check(db: &PgPool) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
                 sync,
             })
         })
+        .collect())
+}
+
+/// Why rank `r` is stuck (and the event that says it), if it is: longer
+/// in its own work than its bound.
+fn stuck_decision(r: &RankRow) -> Option<(String, EventData)> {
+    let w = r.spec.watchdog;
+    let own = matches!(r.phase.as_str(), "data" | "compute");
+    let bound = own
+        .then(|| {
+            stuck_bound(
+                r.phase_ms.max(0) as u64,
+                r.median_step_ms,
+                r.window.max(0) as u32,
+                &w,
+            )
+        })
+        .flatten()?;
+    let reason = format!(
+        "rank {} on executor {} is stuck: {:.1} s in {} since step {} without completing a step, over its bound of {:.1} s (max({} × its median step of {:.3} s, {} s)); its executor still answers, so it is not declared lost: this job leaves it and the rank is re-placed",
+        r.rank,
+        r.executor_name,
+        r.phase_ms as f64 / 1e3,
+        r.phase,
+        r.step,
+        bound,
+        w.stuck_factor,
+        r.median_step_ms / 1e3,
+        w.stuck_floor_seconds
+    );
+    let data = EventData::Stuck(event::Stuck {
+        rank: r.rank.max(0) as u32,
+        generation: r.generation,
+        executor: r.executor,
+        executor_name: r.executor_name.clone(),
+        phase: r.phase.clone(),
+        phase_seconds: r.phase_ms as f64 / 1e3,
+        step: r.step.max(0) as u64,
+        median_step_seconds: r.median_step_ms / 1e3,
+        bound_seconds: bound,
+        stuck_factor: w.stuck_factor,
+        stuck_floor_seconds: w.stuck_floor_seconds,
+    });
+    Some((reason, data))
+}
+
+/// Leaves the straggler among `ranks` (one sync job's, in rank order) out
+/// where the job asks to and it is worth it: at most one rank a round,
+/// none where a rank of the job already left (`left`).
+async fn leave_stragglers(
+    db: &PgPool,
+    ranks: &[RankRow],
+    left: &mut Vec<(Uuid, Uuid)>,
+) -> Result<(), sqlx::Error> {
+    let w = ranks[0].spec.watchdog;
+    if !w.exclude_stragglers || !ranks[0].sync || ranks.len() < 2 {
+        return Ok(());
+    }
+    let busy: Vec<(f64, u32, f64)> = ranks
+        .iter()
+        .map(|r| (r.busy_ms, r.window.max(0) as u32, r.median_step_ms))
         .collect();
-    let mut left = Vec::new();
-    for r in &rows {
-        let w = r.spec.watchdog;
-        let own = matches!(r.phase.as_str(), "data" | "compute");
-        let Some(bound) = own
-            .then(|| {
-                stuck_bound(
-                    r.phase_ms.max(0) as u64,
-                    r.median_step_ms,
-                    r.window.max(0) as u32,
-                    &w,
-                )
-            })
-            .flatten()
-        else {
+    let slow = stragglers(&busy, w.straggler_factor);
+    let min_workers = ranks[0].spec.workers.min;
+    // Only a window's worth of steps makes a straggler persistent, and
+    // one rank at most leaves per round: the next generation's ranks
+    // are judged afresh.
+    for (i, (r, _)) in ranks
+        .iter()
+        .zip(&slow)
+        .enumerate()
+        .filter(|(_, (r, s))| **s && r.window as u32 >= w.window_steps)
+    {
+        if left.iter().any(|(j, _)| *j == r.job) {
+            break;
+        }
+        let extra = r.busy_ms - others_median(&busy, i).unwrap_or(r.busy_ms);
+        if !worth_leaving(extra, r.median_step_ms, ranks.len(), min_workers) {
             continue;
-        };
+        }
+        let others: Vec<String> = ranks
+            .iter()
+            .filter(|o| o.rank != r.rank)
+            .map(|o| format!("{:.1}", o.busy_ms))
+            .collect();
         let reason = format!(
-            "rank {} on executor {} is stuck: {:.1} s in {} since step {} without completing a step, over its bound of {:.1} s (max({} × its median step of {:.3} s, {} s)); its executor still answers, so it is not declared lost: this job leaves it and the rank is re-placed",
+            "rank {} on executor {} straggles: {:.1} ms of its own work per step over its last {} steps, at least {} × the other ranks' median ({} ms); the {} others wait {:.1} ms of each {:.1} ms step on it, so they train more samples a second without it; the job asks to leave stragglers out, so the job leaves its executor and the next generation runs without it",
             r.rank,
             r.executor_name,
-            r.phase_ms as f64 / 1e3,
-            r.phase,
-            r.step,
-            bound,
-            w.stuck_factor,
-            r.median_step_ms / 1e3,
-            w.stuck_floor_seconds
+            r.busy_ms,
+            r.window,
+            w.straggler_factor,
+            others.join(", "),
+            ranks.len() - 1,
+            extra,
+            r.median_step_ms,
         );
-        let data = EventData::Stuck(event::Stuck {
+        let data = EventData::Straggler(event::Straggler {
             rank: r.rank.max(0) as u32,
             generation: r.generation,
             executor: r.executor,
             executor_name: r.executor_name.clone(),
-            phase: r.phase.clone(),
-            phase_seconds: r.phase_ms as f64 / 1e3,
-            step: r.step.max(0) as u64,
-            median_step_seconds: r.median_step_ms / 1e3,
-            bound_seconds: bound,
-            stuck_factor: w.stuck_factor,
-            stuck_floor_seconds: w.stuck_floor_seconds,
+            busy_ms: r.busy_ms,
+            window_steps: r.window.max(0) as u64,
+            others_busy_ms: ranks
+                .iter()
+                .filter(|o| o.rank != r.rank)
+                .map(|o| o.busy_ms)
+                .collect(),
+            straggler_factor: w.straggler_factor,
         });
         if leave(db, r.job, r.executor, r.rank, &reason, data).await? {
             left.push((r.job, r.executor));
         }
     }
-    // Stragglers, per sync job that asks to leave them out.
-    let mut i = 0;
-    while i < rows.len() {
-        let job = rows[i].job;
-        let end = rows[i..]
-            .iter()
-            .position(|r| r.job != job)
-            .map_or(rows.len(), |n| i + n);
-        let ranks = &rows[i..end];
-        i = end;
-        let w = ranks[0].spec.watchdog;
-        if !w.exclude_stragglers || !ranks[0].sync || ranks.len() < 2 {
-            continue;
-        }
-        let busy: Vec<(f64, u32, f64)> = ranks
-            .iter()
-            .map(|r| (r.busy_ms, r.window.max(0) as u32, r.median_step_ms))
-            .collect();
-        let slow = stragglers(&busy, w.straggler_factor);
-        let min_workers = ranks[0].spec.workers.min;
-        // Only a window's worth of steps makes a straggler persistent, and
-        // one rank at most leaves per round: the next generation's ranks
-        // are judged afresh.
-        for (i, (r, _)) in ranks
-            .iter()
-            .zip(&slow)
-            .enumerate()
-            .filter(|(_, (r, s))| **s && r.window as u32 >= w.window_steps)
-        {
-            if left.iter().any(|(j, _)| *j == r.job) {
-                break;
-            }
-            let extra = r.busy_ms - others_median(&busy, i).unwrap_or(r.busy_ms);
-            if !worth_leaving(extra, r.median_step_ms, ranks.len(), min_workers) {
-                continue;
-            }
-            let others: Vec<String> = ranks
-                .iter()
-                .filter(|o| o.rank != r.rank)
-                .map(|o| format!("{:.1}", o.busy_ms))
-                .collect();
-            let reason = format!(
-                "rank {} on executor {} straggles: {:.1} ms of its own work per step over its last {} steps, at least {} × the other ranks' median ({} ms); the {} others wait {:.1} ms of each {:.1} ms step on it, so they train more samples a second without it; the job asks to leave stragglers out, so the job leaves its executor and the next generation runs without it",
-                r.rank,
-                r.executor_name,
-                r.busy_ms,
-                r.window,
-                w.straggler_factor,
-                others.join(", "),
-                ranks.len() - 1,
-                extra,
-                r.median_step_ms,
-            );
-            let data = EventData::Straggler(event::Straggler {
-                rank: r.rank.max(0) as u32,
-                generation: r.generation,
-                executor: r.executor,
-                executor_name: r.executor_name.clone(),
-                busy_ms: r.busy_ms,
-                window_steps: r.window.max(0) as u64,
-                others_busy_ms: ranks
-                    .iter()
-                    .filter(|o| o.rank != r.rank)
-                    .map(|o| o.busy_ms)
-                    .collect(),
-                straggler_factor: w.straggler_factor,
-            });
-            if leave(db, r.job, r.executor, r.rank, &reason, data).await? {
-                left.push((r.job, r.executor));
-            }
-        }
-    }
-    Ok(left)
+    Ok(())
 }
 
 /// Keeps `job` off `executor` from now on, for its `rank`, with an event

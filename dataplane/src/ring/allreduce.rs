@@ -56,20 +56,7 @@ impl Ring {
         let recv_chunk = |s: usize| (r + n * 2 - 1 - s % n) % n;
         // Every segment as a slice of its own, owned by this thread or, while
         // it is being sent, by the writer (which hands it back).
-        let mut table: Vec<Option<&mut [f32]>> = Vec::with_capacity(n * per);
-        let mut rest = data;
-        for c in 0..n {
-            let (_, clen) = chunks.part(c);
-            let (mut chunk, tail) = rest.split_at_mut(clen);
-            rest = tail;
-            let parts = Split::new(clen, per);
-            for k in 0..per {
-                let (_, l) = parts.part(k);
-                let (seg, after) = chunk.split_at_mut(l);
-                chunk = after;
-                table.push(Some(seg));
-            }
-        }
+        let mut table = segments(data, &chunks, n, per);
         let deadline = Instant::now() + self.timeout;
         let timeout = self.timeout;
         let stats = self.stats.clone();
@@ -89,35 +76,7 @@ impl Ring {
             let (returns, back) = channel::<Result<(usize, &mut [f32]), RingError>>();
             let writer_stats = stats.clone();
             let writer = scope.spawn(move || {
-                let mut packed: Vec<u16> = Vec::new();
-                for (op, idx, seg) in jobs {
-                    if stop.is_triggered() {
-                        let _ = returns.send(Err(RingError::Stopped));
-                        return;
-                    }
-                    let sent = match wire {
-                        Wire::F32 => {
-                            write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(seg))
-                        }
-                        Wire::Bf16 => {
-                            packed.clear();
-                            packed.extend(seg.iter().map(|&v| f32_to_bf16(v)));
-                            write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(&packed))
-                        }
-                    };
-                    match sent {
-                        Ok(bytes) => {
-                            writer_stats.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
-                            if returns.send(Ok((idx, seg))).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let _ = returns.send(Err(e));
-                            return;
-                        }
-                    }
-                }
+                send_segments(right, jobs, &returns, (wire, coll), &writer_stats, stop);
             });
             let result = (|| {
                 let (mut sent, mut recvd) = (0usize, 0usize);
@@ -150,30 +109,13 @@ impl Ring {
                     let h = read_header(&mut reader, timeout)?;
                     expect(&h, Tag::Reduce, coll, recvd, seg.len() * wire.bytes())?;
                     let reducing = step < n - 1;
-                    match wire {
-                        Wire::F32 if !reducing => {
-                            // All-gather: straight into place.
-                            read_payload(&mut reader, bytemuck::cast_slice_mut(seg), timeout)?;
-                        }
-                        Wire::F32 => {
-                            scratch.resize(seg.len(), 0.0);
-                            read_payload(
-                                &mut reader,
-                                bytemuck::cast_slice_mut(&mut scratch[..]),
-                                timeout,
-                            )?;
-                            for (d, s) in seg.iter_mut().zip(scratch.iter()) {
-                                *d += *s;
-                            }
-                        }
-                        Wire::Bf16 => {
-                            scratch.resize(seg.len().div_ceil(2), 0.0);
-                            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
-                            read_payload(&mut reader, &mut bytes[..seg.len() * 2], timeout)?;
-                            let src: &[u16] = &bytemuck::cast_slice(&scratch[..])[..seg.len()];
-                            combine_bf16(seg, src, reducing, step == n - 2);
-                        }
-                    }
+                    receive_segment(
+                        &mut reader,
+                        seg,
+                        scratch,
+                        (wire, timeout),
+                        (reducing, step == n - 2),
+                    )?;
                     stats
                         .bytes_received
                         .fetch_add((seg.len() * wire.bytes()) as u64, Ordering::Relaxed);
@@ -293,6 +235,105 @@ impl Ring {
 }
 
 type Returned<'a> = Result<(usize, &'a mut [f32]), RingError>;
+
+/// `data` cut into `n` chunks of `per` segments each (chunk by chunk), as
+/// slices of their own.
+fn segments<'d>(
+    data: &'d mut [f32],
+    chunks: &Split,
+    n: usize,
+    per: usize,
+) -> Vec<Option<&'d mut [f32]>> {
+    let mut table = Vec::with_capacity(n * per);
+    let mut rest = data;
+    for c in 0..n {
+        let (_, clen) = chunks.part(c);
+        let (mut chunk, tail) = rest.split_at_mut(clen);
+        rest = tail;
+        let parts = Split::new(clen, per);
+        for k in 0..per {
+            let (_, l) = parts.part(k);
+            let (seg, after) = chunk.split_at_mut(l);
+            chunk = after;
+            table.push(Some(seg));
+        }
+    }
+    table
+}
+
+/// The writer: sends each segment `jobs` hands it to the right neighbour
+/// (as `wire`, in collective `coll`) and hands it back on `returns`, or
+/// the error that ended it.
+fn send_segments<'d>(
+    right: &mut std::net::TcpStream,
+    jobs: std::sync::mpsc::Receiver<(usize, usize, &'d mut [f32])>,
+    returns: &std::sync::mpsc::Sender<Result<(usize, &'d mut [f32]), RingError>>,
+    (wire, coll): (Wire, u32),
+    stats: &super::RingStats,
+    stop: &Shutdown,
+) {
+    let mut packed: Vec<u16> = Vec::new();
+    for (op, idx, seg) in jobs {
+        if stop.is_triggered() {
+            let _ = returns.send(Err(RingError::Stopped));
+            return;
+        }
+        let sent = match wire {
+            Wire::F32 => write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(seg)),
+            Wire::Bf16 => {
+                packed.clear();
+                packed.extend(seg.iter().map(|&v| f32_to_bf16(v)));
+                write_frame(right, Tag::Reduce, coll, op, bytemuck::cast_slice(&packed))
+            }
+        };
+        match sent {
+            Ok(bytes) => {
+                stats.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+                if returns.send(Ok((idx, seg))).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = returns.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one segment's payload from the left neighbour into `seg`: added
+/// to it while `reducing` (reduce-scatter), else in its place
+/// (all-gather); bf16 payloads widened, the chunk completed by this rank
+/// (`complete`) rounded as its owner rounds it.
+fn receive_segment(
+    reader: &mut Patient<'_>,
+    seg: &mut [f32],
+    scratch: &mut Vec<f32>,
+    (wire, timeout): (Wire, Duration),
+    (reducing, complete): (bool, bool),
+) -> Result<(), RingError> {
+    match wire {
+        Wire::F32 if !reducing => {
+            // All-gather: straight into place.
+            read_payload(reader, bytemuck::cast_slice_mut(seg), timeout)?;
+        }
+        Wire::F32 => {
+            scratch.resize(seg.len(), 0.0);
+            read_payload(reader, bytemuck::cast_slice_mut(&mut scratch[..]), timeout)?;
+            for (d, s) in seg.iter_mut().zip(scratch.iter()) {
+                *d += *s;
+            }
+        }
+        Wire::Bf16 => {
+            scratch.resize(seg.len().div_ceil(2), 0.0);
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
+            read_payload(reader, &mut bytes[..seg.len() * 2], timeout)?;
+            let src: &[u16] = &bytemuck::cast_slice(&scratch[..])[..seg.len()];
+            combine_bf16(seg, src, reducing, complete);
+        }
+    }
+    Ok(())
+}
 
 /// Where the writer hands segments back, and how long to wait for them.
 struct Wait<'w, 'a> {

@@ -131,27 +131,7 @@ fn attempt(a: &Attempt) -> (bool, String) {
         Attempt::Raw => {
             errno(unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) } as i64)
         }
-        Attempt::Ping => {
-            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP) };
-            if fd < 0 {
-                return errno(-1);
-            }
-            // An echo request to 1.1.1.1: a route out is what it needs.
-            let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-            to.sin_family = libc::AF_INET as libc::sa_family_t;
-            to.sin_addr.s_addr = u32::from_ne_bytes([1, 1, 1, 1]);
-            let echo = [8u8, 0, 0, 0, 0, 0, 0, 1];
-            errno(unsafe {
-                libc::sendto(
-                    fd,
-                    echo.as_ptr().cast(),
-                    echo.len(),
-                    0,
-                    (&to as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            } as i64)
-        }
+        Attempt::Ping => ping(),
         Attempt::Bind(port) => res(std::net::TcpListener::bind(("127.0.0.1", *port)), |l| {
             format!("bound {:?}", l.local_addr())
         }),
@@ -170,63 +150,10 @@ fn attempt(a: &Attempt) -> (bool, String) {
                 caps::read(None, caps::CapSet::Effective).map(|c| c.len())
             ),
         ),
-        Attempt::Memory(mb) => {
-            let mut held: Vec<Vec<u8>> = Vec::new();
-            for _ in 0..*mb {
-                let mut v = vec![0u8; 1 << 20];
-                // Touch every page so that it is resident.
-                for i in (0..v.len()).step_by(4096) {
-                    v[i] = 1;
-                }
-                held.push(v);
-            }
-            (true, format!("held {} MiB", held.len()))
-        }
-        Attempt::Threads(n) => {
-            let mut made = 0;
-            let mut err = String::new();
-            let mut handles = Vec::new();
-            for _ in 0..*n {
-                match std::thread::Builder::new()
-                    .spawn(|| std::thread::sleep(std::time::Duration::from_millis(500)))
-                {
-                    Ok(h) => {
-                        made += 1;
-                        handles.push(h)
-                    }
-                    Err(e) => {
-                        err = e.to_string();
-                        break;
-                    }
-                }
-            }
-            for h in handles {
-                let _ = h.join();
-            }
-            (made == *n, format!("started {made} threads {err}"))
-        }
-        Attempt::OpenFiles(n) => {
-            let mut files = Vec::new();
-            for _ in 0..*n {
-                match std::fs::File::open("/dev/null") {
-                    Ok(f) => files.push(f),
-                    Err(e) => return (false, format!("after {} files: {e}", files.len())),
-                }
-            }
-            (true, format!("opened {}", files.len()))
-        }
-        Attempt::FileSize(p, mb) => {
-            let f = std::fs::File::create(p);
-            res(f, |mut f| {
-                let chunk = vec![7u8; 1 << 20];
-                for i in 0..*mb {
-                    if let Err(e) = f.write_all(&chunk) {
-                        return format!("failed after {i} MiB: {e}");
-                    }
-                }
-                format!("wrote {mb} MiB")
-            })
-        }
+        Attempt::Memory(mb) => hold_memory(*mb),
+        Attempt::Threads(n) => start_threads(*n),
+        Attempt::OpenFiles(n) => open_files(*n),
+        Attempt::FileSize(p, mb) => write_file(p, *mb),
         Attempt::Spin => loop {
             std::hint::spin_loop();
         },
@@ -243,6 +170,95 @@ fn attempt(a: &Attempt) -> (bool, String) {
             |_| "may signal it".into(),
         ),
     }
+}
+
+/// An ICMP echo to 1.1.1.1 from a datagram socket: a route out is what it
+/// needs.
+fn ping() -> (bool, String) {
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP) };
+    if fd < 0 {
+        return errno(-1);
+    }
+    // An echo request to 1.1.1.1: a route out is what it needs.
+    let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    to.sin_family = libc::AF_INET as libc::sa_family_t;
+    to.sin_addr.s_addr = u32::from_ne_bytes([1, 1, 1, 1]);
+    let echo = [8u8, 0, 0, 0, 0, 0, 0, 1];
+    errno(unsafe {
+        libc::sendto(
+            fd,
+            echo.as_ptr().cast(),
+            echo.len(),
+            0,
+            (&to as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    } as i64)
+}
+
+/// Holds `mb` MiB, every page touched (resident).
+fn hold_memory(mb: u64) -> (bool, String) {
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..mb {
+        let mut v = vec![0u8; 1 << 20];
+        // Touch every page so that it is resident.
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        held.push(v);
+    }
+    (true, format!("held {} MiB", held.len()))
+}
+
+/// Starts `n` threads at once.
+fn start_threads(n: u64) -> (bool, String) {
+    let mut made = 0;
+    let mut err = String::new();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        match std::thread::Builder::new()
+            .spawn(|| std::thread::sleep(std::time::Duration::from_millis(500)))
+        {
+            Ok(h) => {
+                made += 1;
+                handles.push(h)
+            }
+            Err(e) => {
+                err = e.to_string();
+                break;
+            }
+        }
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    (made == n, format!("started {made} threads {err}"))
+}
+
+/// Opens `n` files at once.
+fn open_files(n: u64) -> (bool, String) {
+    let mut files = Vec::new();
+    for _ in 0..n {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => files.push(f),
+            Err(e) => return (false, format!("after {} files: {e}", files.len())),
+        }
+    }
+    (true, format!("opened {}", files.len()))
+}
+
+/// Writes `mb` MiB to `p`.
+fn write_file(p: &str, mb: u64) -> (bool, String) {
+    let f = std::fs::File::create(p);
+    res(f, |mut f| {
+        let chunk = vec![7u8; 1 << 20];
+        for i in 0..mb {
+            if let Err(e) = f.write_all(&chunk) {
+                return format!("failed after {i} MiB: {e}");
+            }
+        }
+        format!("wrote {mb} MiB")
+    })
 }
 
 /// System calls that succeed for an unconfined, unprivileged process, so

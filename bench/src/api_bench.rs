@@ -98,6 +98,39 @@ fn main() -> anyhow::Result<()> {
     server.halt();
 
     // The same SQL through pgbench, with the API stopped.
+    let (pg_insert, pg_select) = pgbench_baselines(&db, &work, &spec, seconds, connections)?;
+
+    println!(
+        "# submits: {} in {:.1} s ({} non-2xx, {} socket errors), {submitted} jobs stored; reads: {} ({} non-2xx, {} socket errors)",
+        submit.requests, submit.seconds, submit.status_errors, submit.socket_errors,
+        read.requests, read.status_errors, read.socket_errors
+    );
+    emit_figures(&submit, &read, &pg_insert, &pg_select);
+    record_data(
+        "api",
+        &serde_json::json!({
+            "connections": connections, "seconds": seconds, "pool": POOL,
+            "submit": submit.json(), "read": read.json(),
+            "pgbench_insert": pg_insert.json(), "pgbench_select": pg_select.json(),
+            "jobs_stored": submitted,
+        }),
+    );
+    server.stop();
+    if submit.ok() == 0 || read.ok() == 0 {
+        bail!("the API answered no request successfully");
+    }
+    Ok(())
+}
+
+/// The API's own SQL through pgbench, with the API stopped: its submit's
+/// insert and its read's select.
+fn pgbench_baselines(
+    db: &str,
+    work: &Path,
+    spec: &str,
+    seconds: u32,
+    connections: u32,
+) -> anyhow::Result<(PgRun, PgRun)> {
     let insert_sql = work.join("insert.sql");
     // The handler's own statements, with pgbench variables for its binds
     // (the open server's user is `admin`, without an idempotency key).
@@ -138,20 +171,20 @@ fn main() -> anyhow::Result<()> {
         ),
     )?;
     let pg_insert = pgbench(
-        &db,
+        db,
         &insert_sql,
-        &work,
+        work,
         "insert",
         seconds,
         connections,
         &["-D", &format!("spec={spec}")],
     )?;
     psql(
-        &db,
+        db,
         "CREATE TABLE bench_ids AS SELECT row_number() OVER () AS n, id FROM jobs",
     )?;
-    psql(&db, "ALTER TABLE bench_ids ADD PRIMARY KEY (n)")?;
-    let count = psql_count(&db, "SELECT count(*) FROM bench_ids")?;
+    psql(db, "ALTER TABLE bench_ids ADD PRIMARY KEY (n)")?;
+    let count = psql_count(db, "SELECT count(*) FROM bench_ids")?;
     let select_sql = work.join("select.sql");
     std::fs::write(
         &select_sql,
@@ -161,16 +194,17 @@ fn main() -> anyhow::Result<()> {
              SELECT {JOB_COLUMNS} FROM jobs WHERE id = :id;\n"
         ),
     )?;
-    let pg_select = pgbench(&db, &select_sql, &work, "select", seconds, connections, &[])?;
+    let pg_select = pgbench(db, &select_sql, work, "select", seconds, connections, &[])?;
 
-    println!(
-        "# submits: {} in {:.1} s ({} non-2xx, {} socket errors), {submitted} jobs stored; reads: {} ({} non-2xx, {} socket errors)",
-        submit.requests, submit.seconds, submit.status_errors, submit.socket_errors,
-        read.requests, read.status_errors, read.socket_errors
-    );
+    Ok((pg_insert, pg_select))
+}
+
+/// Each route's throughput and latency against pgbench's, and its
+/// throughput against the target.
+fn emit_figures(submit: &WrkRun, read: &WrkRun, pg_insert: &PgRun, pg_select: &PgRun) {
     for (what, run, pg, target) in [
-        ("submit (POST /v1/jobs)", &submit, &pg_insert, 1000.0),
-        ("read (GET /v1/jobs/{id})", &read, &pg_select, 5000.0),
+        ("submit (POST /v1/jobs)", submit, pg_insert, 1000.0),
+        ("read (GET /v1/jobs/{id})", read, pg_select, 5000.0),
     ] {
         // Only answers that succeeded count as throughput.
         let ok_rate = run.ok() as f64 / run.seconds;
@@ -217,20 +251,6 @@ fn main() -> anyhow::Result<()> {
         )
         .emit();
     }
-    record_data(
-        "api",
-        &serde_json::json!({
-            "connections": connections, "seconds": seconds, "pool": POOL,
-            "submit": submit.json(), "read": read.json(),
-            "pgbench_insert": pg_insert.json(), "pgbench_select": pg_select.json(),
-            "jobs_stored": submitted,
-        }),
-    );
-    server.stop();
-    if submit.ok() == 0 || read.ok() == 0 {
-        bail!("the API answered no request successfully");
-    }
-    Ok(())
 }
 
 /// Lua `done` hook: wrk's summary as one JSON line.

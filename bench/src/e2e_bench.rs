@@ -584,6 +584,131 @@ fn emit_row(row: &Value, name: &str, baseline_name: &str, baseline: f64) {
     .emit();
 }
 
+/// A start-up figure: the TorchScript job's and the built-in one's
+/// (strategy, model label, seconds).
+type ColdStart = (&'static str, &'static str, f64);
+
+/// Each kill `runs` times, the figures the medians: the recovery rows,
+/// and the cold starts of the same jobs.
+fn recoveries(
+    c: &mut Cluster,
+    runs: usize,
+    torchscript: Model<'_>,
+) -> anyhow::Result<(Vec<serde_json::Value>, Vec<ColdStart>)> {
+    let mut recoveries = Vec::new();
+    let mut cold_starts = Vec::new();
+    // Each kill `runs` times; the figures are the medians.
+    for (strategy, victim, what, model) in [
+        ("allreduce", Victim::Worker, "ring rank", Model::Builtin),
+        (
+            "allreduce",
+            Victim::Worker,
+            "TorchScript ring rank",
+            torchscript,
+        ),
+        (
+            "parameter_server",
+            Victim::Worker,
+            "ps worker",
+            Model::Builtin,
+        ),
+        (
+            "parameter_server",
+            Victim::Worker,
+            "TorchScript ps worker",
+            torchscript,
+        ),
+        (
+            "parameter_server",
+            Victim::ReplicatedShard,
+            "replicated ps shard",
+            Model::Builtin,
+        ),
+        (
+            "parameter_server",
+            Victim::Shard,
+            "ps shard",
+            Model::Builtin,
+        ),
+    ] {
+        let mut all = Vec::new();
+        for _ in 0..runs {
+            let r = recovery(c, strategy, victim, model)?;
+            println!(
+                "#   {what}: killed {} after step {}; detection (kill → new placement) {:.2} s, resumption {:.2} s, total {:.2} s",
+                r.killed,
+                r.step_before,
+                r.detect,
+                r.total - r.detect,
+                r.total
+            );
+            all.push(r);
+        }
+        let col = |f: fn(&Recovery) -> f64| median(&all.iter().map(f).collect::<Vec<_>>());
+        let (total, detect, cold) = (col(|r| r.total), col(|r| r.detect), col(|r| r.cold_start));
+        Figure::new(
+            "e2e",
+            format!("recovery after SIGKILL of a {what}"),
+            total,
+            "s",
+            "cold start of the same job",
+            cold,
+            Better::Lower,
+        )
+        .emit();
+        // The data-plane peers report the kill at once; the target
+        // holds for the kinds a replica or a survivor takes over.
+        if victim != Victim::Shard {
+            Figure::new(
+                "e2e",
+                format!("recovery after SIGKILL of a {what}, median of {runs}"),
+                total,
+                "s",
+                "target",
+                RECOVERY_TARGET_S,
+                Better::Lower,
+            )
+            .target(trainyard_bench::figure::Target::AtMost(1.0))
+            .emit();
+        }
+        if victim == Victim::Worker {
+            cold_starts.push((strategy, model.label(), cold));
+        }
+        recoveries.push(json!({"what": what, "strategy": strategy, "total_s": total,
+            "detect_s": detect, "cold_start_s": cold,
+            "step_before": all.last().map_or(0, |r| r.step_before),
+            "runs": all.iter().map(|r| json!({"total_s": r.total, "detect_s": r.detect,
+                "cold_start_s": r.cold_start, "killed": r.killed})).collect::<Vec<_>>()}));
+    }
+    Ok((recoveries, cold_starts))
+}
+
+/// Role start-up: a confined model process against a role thread, as a
+/// job's submit → first step at the API.
+fn startup_figures(cold_starts: &[ColdStart], short_name: impl Fn(&str) -> &'static str) {
+    for strategy in ["allreduce", "parameter_server"] {
+        let find = |label: &str| {
+            cold_starts
+                .iter()
+                .find(|(s, l, _)| *s == strategy && *l == label)
+                .map_or(f64::NAN, |c| c.2)
+        };
+        Figure::new(
+            "e2e",
+            format!(
+                "start-up of a TorchScript {} job (submit → first step)",
+                short_name(strategy)
+            ),
+            find("TorchScript "),
+            "s",
+            "built-in model, in-process",
+            find(""),
+            Better::Lower,
+        )
+        .emit();
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let short = std::env::args().any(|a| a == "--short");
     // Only the recovery runs (no throughput rows, no Python baseline).
@@ -672,114 +797,8 @@ fn main() -> anyhow::Result<()> {
         }
         user_rows.push(row);
     }
-    let mut recoveries = Vec::new();
-    let mut cold_starts = Vec::new();
-    // Each kill `runs` times; the figures are the medians.
-    for (strategy, victim, what, model) in [
-        ("allreduce", Victim::Worker, "ring rank", Model::Builtin),
-        (
-            "allreduce",
-            Victim::Worker,
-            "TorchScript ring rank",
-            torchscript,
-        ),
-        (
-            "parameter_server",
-            Victim::Worker,
-            "ps worker",
-            Model::Builtin,
-        ),
-        (
-            "parameter_server",
-            Victim::Worker,
-            "TorchScript ps worker",
-            torchscript,
-        ),
-        (
-            "parameter_server",
-            Victim::ReplicatedShard,
-            "replicated ps shard",
-            Model::Builtin,
-        ),
-        (
-            "parameter_server",
-            Victim::Shard,
-            "ps shard",
-            Model::Builtin,
-        ),
-    ] {
-        let mut all = Vec::new();
-        for _ in 0..runs {
-            let r = recovery(&mut c, strategy, victim, model)?;
-            println!(
-                "#   {what}: killed {} after step {}; detection (kill → new placement) {:.2} s, resumption {:.2} s, total {:.2} s",
-                r.killed,
-                r.step_before,
-                r.detect,
-                r.total - r.detect,
-                r.total
-            );
-            all.push(r);
-        }
-        let col = |f: fn(&Recovery) -> f64| median(&all.iter().map(f).collect::<Vec<_>>());
-        let (total, detect, cold) = (col(|r| r.total), col(|r| r.detect), col(|r| r.cold_start));
-        Figure::new(
-            "e2e",
-            format!("recovery after SIGKILL of a {what}"),
-            total,
-            "s",
-            "cold start of the same job",
-            cold,
-            Better::Lower,
-        )
-        .emit();
-        // The data-plane peers report the kill at once; the target
-        // holds for the kinds a replica or a survivor takes over.
-        if victim != Victim::Shard {
-            Figure::new(
-                "e2e",
-                format!("recovery after SIGKILL of a {what}, median of {runs}"),
-                total,
-                "s",
-                "target",
-                RECOVERY_TARGET_S,
-                Better::Lower,
-            )
-            .target(trainyard_bench::figure::Target::AtMost(1.0))
-            .emit();
-        }
-        if victim == Victim::Worker {
-            cold_starts.push((strategy, model.label(), cold));
-        }
-        recoveries.push(json!({"what": what, "strategy": strategy, "total_s": total,
-            "detect_s": detect, "cold_start_s": cold,
-            "step_before": all.last().map_or(0, |r| r.step_before),
-            "runs": all.iter().map(|r| json!({"total_s": r.total, "detect_s": r.detect,
-                "cold_start_s": r.cold_start, "killed": r.killed})).collect::<Vec<_>>()}));
-    }
-    // Role start-up: a confined model process against a role thread, as a
-    // job's submit → first step at the API.
-    for strategy in ["allreduce", "parameter_server"] {
-        let find = |label: &str| {
-            cold_starts
-                .iter()
-                .find(|(s, l, _)| *s == strategy && *l == label)
-                .map_or(f64::NAN, |c| c.2)
-        };
-        Figure::new(
-            "e2e",
-            format!(
-                "start-up of a TorchScript {} job (submit → first step)",
-                short_name(strategy)
-            ),
-            find("TorchScript "),
-            "s",
-            "built-in model, in-process",
-            find(""),
-            Better::Lower,
-        )
-        .emit();
-    }
+    let (recoveries, cold_starts) = recoveries(&mut c, runs, torchscript)?;
+    startup_figures(&cold_starts, short_name);
     record_data(
         if recovery_only { "e2e-recovery" } else { "e2e" },
         &json!({"window_s": window.as_secs_f64(), "batch": BATCH, "executors": EXECUTORS,

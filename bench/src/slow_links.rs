@@ -79,9 +79,6 @@ fn main() -> anyhow::Result<()> {
         "build slow-links-ps first (cargo build --release -p trainyard-train-bench)"
     );
     let python = std::env::var("TRAINYARD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let gloo_script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ring/gloo_allreduce.py");
-
     let (worlds, sizes, iters): (&[u32], Vec<usize>, u32) = if short {
         (&[2, 4], vec![16 * MIB], 3)
     } else {
@@ -104,6 +101,29 @@ fn main() -> anyhow::Result<()> {
     );
 
     // Ring all-reduce against gloo.
+    let ring_rows = ring_against_gloo(&lab, worlds, &sizes, iters, (&ring_bin, &python))?;
+    // Parameter servers with and without prefetch.
+    let ps_rows = ps_prefetch(&lab, &ps_bin, ks, workers, (warmup, steps))?;
+    record_data(
+        BENCH,
+        &serde_json::json!({"rate_mbit": RATE_MBIT, "line_mbps": line_mbps(), "iters": iters,
+            "ring": ring_rows, "ps_warmup": warmup, "ps_steps": steps, "ps": ps_rows}),
+    );
+    drop(lab);
+    Ok(())
+}
+
+/// The ring's bus bandwidth against gloo's, one rank per host, for each
+/// world and size (`ring_bin` and `python` run them): the rows recorded.
+fn ring_against_gloo(
+    lab: &Lab,
+    worlds: &[u32],
+    sizes: &[usize],
+    iters: u32,
+    (ring_bin, python): (&std::path::Path, &str),
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let gloo_script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ring/gloo_allreduce.py");
     println!("# ring all-reduce bus bandwidth, one rank per host, {iters} iterations per size after a warm-up, slowest rank's mean");
     let size_list = sizes
         .iter()
@@ -112,8 +132,8 @@ fn main() -> anyhow::Result<()> {
         .join(",");
     let mut ring_rows = Vec::new();
     for &world in worlds {
-        let ours = ring_ranks(&lab, world, &ring_bin, &size_list, iters)?;
-        let gloo = gloo_ranks(&lab, world, &python, &gloo_script, &size_list, iters)?;
+        let ours = ring_ranks(lab, world, ring_bin, &size_list, iters)?;
+        let gloo = gloo_ranks(lab, world, python, &gloo_script, &size_list, iters)?;
         for (i, &bytes) in sizes.iter().enumerate() {
             let bus = |secs: f64| {
                 bytes as f64 / secs * 2.0 * f64::from(world - 1) / f64::from(world) / 1e6
@@ -152,11 +172,22 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    // Parameter servers with and without prefetch.
+    Ok(ring_rows)
+}
+
+/// A PS step with and without prefetch, for each shard count `ks` and
+/// worker count: the rows recorded.
+fn ps_prefetch(
+    lab: &Lab,
+    ps_bin: &std::path::Path,
+    ks: &[u32],
+    workers: &[u32],
+    (warmup, steps): (u64, u64),
+) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut ps_rows = Vec::new();
     for &k in ks {
         // A worker's share of the batch computes as long as a pull takes.
-        let calib = run_json(Command::new(&ps_bin).args([
+        let calib = run_json(Command::new(ps_bin).args([
             "calibrate",
             &k.to_string(),
             &line_mbps().to_string(),
@@ -180,7 +211,7 @@ fn main() -> anyhow::Result<()> {
             let batch = share * w;
             let mut timed = Vec::new();
             for prefetch in [false, true] {
-                let r = ps_run(&lab, &ps_bin, k, batch, w, warmup, steps, prefetch)?;
+                let r = ps_run(lab, ps_bin, k, batch, w, warmup, steps, prefetch)?;
                 println!(
                     "#   {w} worker(s), prefetch {}: step {:.0} ms (gradient {:.0} ms{}, pull+push on the critical path {:.0} ms)",
                     if prefetch { "on " } else { "off" },
@@ -208,13 +239,7 @@ fn main() -> anyhow::Result<()> {
             .emit();
         }
     }
-    record_data(
-        BENCH,
-        &serde_json::json!({"rate_mbit": RATE_MBIT, "line_mbps": line_mbps(), "iters": iters,
-            "ring": ring_rows, "ps_warmup": warmup, "ps_steps": steps, "ps": ps_rows}),
-    );
-    drop(lab);
-    Ok(())
+    Ok(ps_rows)
 }
 
 /// Child processes, killed (and reaped) when dropped, and by a watchdog

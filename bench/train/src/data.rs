@@ -206,23 +206,9 @@ fn cold_fetcher(
     Fetcher::new(options.to_vec(), Arc::new(cache), rt.handle().clone())
 }
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let steps = if quick { 120 } else { 400 };
-    // One core is left to the loader, as the checkpoint benchmark leaves
-    // one to its uploader: on a GPU machine the CPU is idle while a step
-    // computes; here the compute, the loader and the S3 server share two
-    // cores. Every run (in memory too) trains with the same threads.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tch::set_num_threads((cores.saturating_sub(1)).max(1) as i32);
-    let dir = std::env::temp_dir().join(format!("trainyard-data-bench-{}", std::process::id()));
-    let shards = dir.join("shards");
-    std::fs::create_dir_all(&shards).expect("a folder");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+/// The benchmark's shards under `shards` and the whole set in one file
+/// (its path), seeded.
+fn write_shards(dir: &Path, shards: &Path) -> std::path::PathBuf {
     tch::manual_seed(1);
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
     for i in 0..SHARDS {
@@ -243,16 +229,16 @@ fn main() {
     )
     .expect("the whole set");
     drop((xs, ys));
-    let glob = format!("file://{}/part-*.npz", shards.display());
-    let local = Fetcher::local_only();
+    whole
+}
 
-    // Warm-up: allocator, page cache.
-    train(&glob, 20, &local);
-    let (mem_ms, mem_stall) = train(&format!("file://{}", whole.display()), steps, &local);
-    let (file_ms, file_stall) = train(&glob, steps, &local);
-    let mut runs = vec![("local shards", file_ms, file_stall)];
+/// The shards on S3: their folder's URL, the store's options, the store.
+type S3Shards = (String, Vec<(String, String)>, trainyard_store::Store);
 
-    let s3 = std::env::var("TRAINYARD_TEST_S3_URL").ok().map(|base| {
+/// The shards uploaded to the test S3 server, where one is
+/// (`TRAINYARD_TEST_S3_URL`): its URL, options and store.
+fn upload_shards(shards: &Path, rt: &tokio::runtime::Runtime) -> Option<S3Shards> {
+    std::env::var("TRAINYARD_TEST_S3_URL").ok().map(|base| {
         let var = |k: &str| std::env::var(k).unwrap_or_default();
         let options: Vec<(String, String)> = [
             ("aws_endpoint", var("TRAINYARD_TEST_S3_ENDPOINT")),
@@ -276,56 +262,28 @@ fn main() {
                 .expect("an upload");
         }
         (url, options, store)
-    });
-    if let Some((url, options, _)) = &s3 {
-        let f = cold_fetcher(&dir, "cache-train", options, &rt);
-        let (ms, stall) = train(&format!("{url}/part-*.npz"), steps, &f);
-        runs.push(("S3 shards", ms, stall));
-    }
-    println!(
-        "# data: MLP 256-1024-1024-10, batch 256, {steps} steps; {SHARDS} npz shards of {PER_SHARD} samples x {FEATURES} f32 ({} MiB); shuffle buffer 4096, 128 MiB budget{}",
-        (SHARDS as i64 * PER_SHARD * (FEATURES * 4 + 8)) >> 20,
-        if s3.is_none() { "; no S3 server (TRAINYARD_TEST_S3_URL unset): S3 skipped" } else { "" }
-    );
-    let mut record =
-        serde_json::json!({"steps": steps, "in_memory_ms": mem_ms, "in_memory_stall": mem_stall});
-    for (name, ms, stall) in &runs {
-        Figure::new(
-            "data",
-            format!("step time, {name}"),
-            *ms,
-            "ms",
-            "in memory",
-            mem_ms,
-            Better::Lower,
-        )
-        .target(Target::AtMost(1.05))
-        .emit();
-        Figure::new(
-            "data",
-            format!("data-stall share, {name}"),
-            stall * 100.0,
-            "%",
-            "in memory",
-            mem_stall * 100.0,
-            Better::Lower,
-        )
-        .emit();
-        record[format!("{name} ms")] = serde_json::json!(ms);
-        record[format!("{name} stall")] = serde_json::json!(stall);
-    }
+    })
+}
 
-    // Read throughput: the loader over one epoch against 8 concurrent
-    // whole-object reads of the same objects.
+/// Read throughput: the loader over one epoch against 8 concurrent
+/// whole-object reads of the same objects, locally and on S3.
+fn read_throughput(
+    dir: &Path,
+    shards: &Path,
+    glob: &str,
+    rt: &tokio::runtime::Runtime,
+    s3: Option<&S3Shards>,
+    record: &mut serde_json::Value,
+) {
+    let local = Fetcher::local_only();
     let names: Vec<String> = (0..SHARDS).map(|i| format!("part-{i:03}.npz")).collect();
-    let file_rate = stream_rate(&glob, &local);
+    let file_rate = stream_rate(glob, &local);
     let started = Instant::now();
     let mut total = 0u64;
     std::thread::scope(|s| {
         let handles: Vec<_> = names
             .chunks(SHARDS.div_ceil(8))
             .map(|part| {
-                let shards = &shards;
                 s.spawn(move || {
                     part.iter()
                         .map(|n| std::fs::read(shards.join(n)).map_or(0, |b| b.len() as u64))
@@ -348,8 +306,8 @@ fn main() {
     .emit();
     record["local_stream_mbps"] = serde_json::json!(file_rate);
     record["local_plain_mbps"] = serde_json::json!(plain_file);
-    if let Some((url, options, store)) = &s3 {
-        let f = cold_fetcher(&dir, "cache-rate", options, &rt);
+    if let Some((url, options, store)) = s3 {
+        let f = cold_fetcher(dir, "cache-rate", options, rt);
         let rate = stream_rate(&format!("{url}/part-*.npz"), &f);
         let started = Instant::now();
         let got: u64 = rt.block_on(async {
@@ -377,9 +335,11 @@ fn main() {
         record["s3_plain_mbps"] = serde_json::json!(plain);
         let _ = rt.block_on(store.delete_prefix(""));
     }
+}
 
-    // JPEG: decoding in the loader against tensors in memory.
-    write_images(&dir);
+/// JPEG: decoding in the loader against tensors in memory.
+fn jpeg_runs(dir: &Path, quick: bool, record: &mut serde_json::Value) {
+    write_images(dir);
     let jpeg_steps = if quick { 60 } else { 200 };
     let in_memory = serde_json::json!({"kind": "file",
         "url": format!("file://{}", dir.join("images.npz").display())});
@@ -419,6 +379,76 @@ fn main() {
     record["jpeg_in_memory_ms"] = serde_json::json!(img_mem_ms);
     record["jpeg_stall"] = serde_json::json!(jpeg_stall);
     record["jpeg_decode_threads"] = serde_json::json!(1);
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let steps = if quick { 120 } else { 400 };
+    // One core is left to the loader, as the checkpoint benchmark leaves
+    // one to its uploader: on a GPU machine the CPU is idle while a step
+    // computes; here the compute, the loader and the S3 server share two
+    // cores. Every run (in memory too) trains with the same threads.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads((cores.saturating_sub(1)).max(1) as i32);
+    let dir = std::env::temp_dir().join(format!("trainyard-data-bench-{}", std::process::id()));
+    let shards = dir.join("shards");
+    std::fs::create_dir_all(&shards).expect("a folder");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let whole = write_shards(&dir, &shards);
+    let glob = format!("file://{}/part-*.npz", shards.display());
+    let local = Fetcher::local_only();
+
+    // Warm-up: allocator, page cache.
+    train(&glob, 20, &local);
+    let (mem_ms, mem_stall) = train(&format!("file://{}", whole.display()), steps, &local);
+    let (file_ms, file_stall) = train(&glob, steps, &local);
+    let mut runs = vec![("local shards", file_ms, file_stall)];
+
+    let s3 = upload_shards(&shards, &rt);
+    if let Some((url, options, _)) = &s3 {
+        let f = cold_fetcher(&dir, "cache-train", options, &rt);
+        let (ms, stall) = train(&format!("{url}/part-*.npz"), steps, &f);
+        runs.push(("S3 shards", ms, stall));
+    }
+    println!(
+        "# data: MLP 256-1024-1024-10, batch 256, {steps} steps; {SHARDS} npz shards of {PER_SHARD} samples x {FEATURES} f32 ({} MiB); shuffle buffer 4096, 128 MiB budget{}",
+        (SHARDS as i64 * PER_SHARD * (FEATURES * 4 + 8)) >> 20,
+        if s3.is_none() { "; no S3 server (TRAINYARD_TEST_S3_URL unset): S3 skipped" } else { "" }
+    );
+    let mut record =
+        serde_json::json!({"steps": steps, "in_memory_ms": mem_ms, "in_memory_stall": mem_stall});
+    for (name, ms, stall) in &runs {
+        Figure::new(
+            "data",
+            format!("step time, {name}"),
+            *ms,
+            "ms",
+            "in memory",
+            mem_ms,
+            Better::Lower,
+        )
+        .target(Target::AtMost(1.05))
+        .emit();
+        Figure::new(
+            "data",
+            format!("data-stall share, {name}"),
+            stall * 100.0,
+            "%",
+            "in memory",
+            mem_stall * 100.0,
+            Better::Lower,
+        )
+        .emit();
+        record[format!("{name} ms")] = serde_json::json!(ms);
+        record[format!("{name} stall")] = serde_json::json!(stall);
+    }
+
+    read_throughput(&dir, &shards, &glob, &rt, s3.as_ref(), &mut record);
+    jpeg_runs(&dir, quick, &mut record);
     record_data("data", &record);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -135,6 +135,22 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `a` and `b` timed `rounds` times each, alternating which goes first:
+/// their medians.
+fn alternate(rounds: usize, a: &mut dyn FnMut() -> f64, b: &mut dyn FnMut() -> f64) -> (f64, f64) {
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            ta.push(a());
+            tb.push(b());
+        } else {
+            tb.push(b());
+            ta.push(a());
+        }
+    }
+    (median(ta), median(tb))
+}
+
 /// A role's start and step, in this process and in a model process.
 fn role(model: &Path, sandbox: Arc<Sandbox>) {
     let digits = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/digits.npz");
@@ -169,17 +185,9 @@ fn role(model: &Path, sandbox: Arc<Sandbox>) {
     };
     start_in_process();
     start_confined();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        if round % 2 == 0 {
-            a.push(start_in_process().0);
-            b.push(start_confined().0);
-        } else {
-            b.push(start_confined().0);
-            a.push(start_in_process().0);
-        }
-    }
-    let (start_a, start_b) = (median(a), median(b));
+    let (start_a, start_b) = alternate(ROUNDS, &mut || start_in_process().0, &mut || {
+        start_confined().0
+    });
     Figure::new(
         "sandbox",
         "a TorchScript role's start (data, module, tensors) with its model process",
@@ -230,17 +238,7 @@ fn role(model: &Path, sandbox: Arc<Sandbox>) {
         step_in_process();
         step_confined();
     }
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for i in 0..STEPS {
-        if i % 2 == 0 {
-            a.push(step_in_process());
-            b.push(step_confined());
-        } else {
-            b.push(step_confined());
-            a.push(step_in_process());
-        }
-    }
-    let (step_a, step_b) = (median(a), median(b));
+    let (step_a, step_b) = alternate(STEPS, &mut step_in_process, &mut step_confined);
     Figure::new(
         "sandbox",
         "a forward and backward (batch 32) through the model process",

@@ -213,14 +213,7 @@ async fn an_executor_registers_beats_reports_drains_and_leaves() {
         role: RoleKind::Worker,
         index: 0,
     };
-    let empty = RoleReport {
-        key,
-        metrics: Vec::new(),
-        logs: Vec::new(),
-        outcome: None,
-        checkpoints: Vec::new(),
-        packages: Vec::new(),
-    };
+    let empty = RoleReport::empty(key);
     match exec.report(reg.id, &empty).await.unwrap() {
         Reported::Stored(ack) => assert_eq!(ack.metrics_stored, 0),
         other => panic!("stored, not {other:?}"),

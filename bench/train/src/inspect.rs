@@ -101,17 +101,7 @@ fn main() {
     // One of each first: page cache and libtorch's lazy initialisation.
     in_process();
     sandboxed();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        if round % 2 == 0 {
-            a.push(in_process());
-            b.push(sandboxed());
-        } else {
-            b.push(sandboxed());
-            a.push(in_process());
-        }
-    }
-    let (a, b) = (median(a), median(b));
+    let (a, b) = alternate(ROUNDS, &mut || in_process(), &mut || sandboxed());
     Figure::new(
         "sandbox",
         "inspection of a TorchScript MLP in a sandboxed child",

@@ -348,6 +348,20 @@ pub struct RoleReport {
     pub packages: Vec<PackagesPhase>,
 }
 
+impl RoleReport {
+    /// A report of role `key` that says nothing yet.
+    pub fn empty(key: RoleKey) -> RoleReport {
+        RoleReport {
+            key,
+            metrics: Vec::new(),
+            logs: Vec::new(),
+            outcome: None,
+            checkpoints: Vec::new(),
+            packages: Vec::new(),
+        }
+    }
+}
+
 /// Most package phases one report may carry.
 pub const MAX_PACKAGES_PHASES: usize = 16;
 /// Longest `detail` of a package phase, characters.

@@ -168,14 +168,7 @@ struct Pending {
 impl Pending {
     fn new(key: RoleKey) -> Pending {
         Pending {
-            report: RoleReport {
-                key,
-                metrics: Vec::new(),
-                logs: Vec::new(),
-                outcome: None,
-                checkpoints: Vec::new(),
-                packages: Vec::new(),
-            },
+            report: RoleReport::empty(key),
             seq: 0,
             first_step: true,
         }

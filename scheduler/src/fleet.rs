@@ -25,6 +25,7 @@
 //! stopped: an executor started by hand is never in it.
 
 use crate::plan::{ExecutorView, JobView, Plan};
+pub use crate::provision::Provisioner;
 use crate::provision::{decide, Idle, Inputs, Limits, Template};
 use serde_json::json;
 use sqlx::PgPool;
@@ -34,37 +35,6 @@ use trainyard_common::api::{ProvisionedState, ProvisionerEventKind};
 use trainyard_common::event::Provisioning;
 use trainyard_common::EventData;
 use uuid::Uuid;
-
-/// Something that starts and stops executors.
-pub trait Provisioner: Send + Sync {
-    /// Its kind, as recorded in events (`local`).
-    fn kind(&self) -> &'static str;
-    /// What each executor it starts offers.
-    fn template(&self) -> Template;
-    /// Starts an executor that registers under `name`; its process id
-    /// where there is one.
-    fn start(&mut self, name: &str) -> std::io::Result<Option<u32>>;
-    /// Asks `name` to drain and leave.
-    fn stop(&mut self, name: &str) -> std::io::Result<()>;
-    /// Ends `name` at once.
-    fn kill(&mut self, name: &str) -> std::io::Result<()>;
-    /// The executors that ended since the last call, with how.
-    fn exited(&mut self) -> Vec<(String, String)>;
-    /// Takes `name` (process `pid`) back under management after a restart;
-    /// false when it is not running any more (or is not ours).
-    fn adopt(&mut self, name: &str, pid: Option<u32>) -> bool;
-    /// Where `name`'s output goes, for messages.
-    fn log_of(&self, name: &str) -> String;
-    /// How the cluster manager knows `name` (`Slurm job 4711`), for events.
-    fn handle(&self, _name: &str) -> Option<String> {
-        None
-    }
-    /// Whether `name` waits for the cluster manager to run it at all (a
-    /// pending batch job): its start timeout counts from when it runs.
-    fn waiting(&self, _name: &str) -> bool {
-        false
-    }
-}
 
 /// Settings of a [`Fleet`].
 #[derive(Debug, Clone)]

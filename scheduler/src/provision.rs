@@ -1,5 +1,6 @@
-//! Capacity on demand: how many executors to start, which idle ones to
-//! release, and which jobs no amount of allowed capacity can serve — a
+//! Capacity on demand: what a [`Provisioner`] is (something that starts
+//! and stops executors), and how many executors to start, which idle ones
+//! to release, and which jobs no amount of allowed capacity can serve — a
 //! pure function over what one scheduling round sees.
 //!
 //! The scheduler asks this module each round, when it runs with a
@@ -34,6 +35,37 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use trainyard_common::spec::Device;
 use uuid::Uuid;
+
+/// Something that starts and stops executors.
+pub trait Provisioner: Send + Sync {
+    /// Its kind, as recorded in events (`local`).
+    fn kind(&self) -> &'static str;
+    /// What each executor it starts offers.
+    fn template(&self) -> Template;
+    /// Starts an executor that registers under `name`; its process id
+    /// where there is one.
+    fn start(&mut self, name: &str) -> std::io::Result<Option<u32>>;
+    /// Asks `name` to drain and leave.
+    fn stop(&mut self, name: &str) -> std::io::Result<()>;
+    /// Ends `name` at once.
+    fn kill(&mut self, name: &str) -> std::io::Result<()>;
+    /// The executors that ended since the last call, with how.
+    fn exited(&mut self) -> Vec<(String, String)>;
+    /// Takes `name` (process `pid`) back under management after a restart;
+    /// false when it is not running any more (or is not ours).
+    fn adopt(&mut self, name: &str, pid: Option<u32>) -> bool;
+    /// Where `name`'s output goes, for messages.
+    fn log_of(&self, name: &str) -> String;
+    /// How the cluster manager knows `name` (`Slurm job 4711`), for events.
+    fn handle(&self, _name: &str) -> Option<String> {
+        None
+    }
+    /// Whether `name` waits for the cluster manager to run it at all (a
+    /// pending batch job): its start timeout counts from when it runs.
+    fn waiting(&self, _name: &str) -> bool {
+        false
+    }
+}
 
 /// Ids of the planner's stand-ins for executors not yet started; far from
 /// any v4/v7 id a real executor gets.

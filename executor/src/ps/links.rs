@@ -3,7 +3,7 @@
 //! the pulls and pushes a step makes to every shard at once, each on a
 //! thread of its own ([`pull_all`], [`exchange_push`]).
 
-use super::shard::ShardMapError;
+use super::ranges::ShardMapError;
 use super::{from_wire, PS_TIMEOUT};
 use crate::data::Cursor;
 use crate::error::RoleError;

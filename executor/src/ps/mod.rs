@@ -41,6 +41,7 @@
 
 mod consistency;
 mod links;
+mod ranges;
 mod server;
 mod shard;
 mod stale;

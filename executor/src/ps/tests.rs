@@ -899,7 +899,7 @@ fn a_shard_refuses_a_buffer_range_before_a_parameter_range() {
     let mut a = assignment(&plane, RoleKind::Ps, json!("sync"));
     let mut bad = ranges();
     bad.rotate_left(1);
-    assert_eq!(shard::buffer_offset(&ranges()), Ok(HEAD));
+    assert_eq!(super::ranges::buffer_offset(&ranges()), Ok(HEAD));
     let e = Shard::new(&a, bad.clone())
         .err()
         .expect("refused")

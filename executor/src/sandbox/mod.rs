@@ -27,6 +27,11 @@ use trainyard_confined::protocol::{Envelope, Kind, ScriptTask};
 use trainyard_sandbox::spawn::{run, Identity, Spec};
 use trainyard_sandbox::{Confinement, Ending, Limits, Status};
 
+mod error;
+mod workspace;
+pub use error::SandboxError;
+pub use workspace::Workspace;
+
 /// Whether users' code is confined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -35,105 +40,6 @@ pub enum Mode {
     On,
     /// Not confined (trusted single-user setups only).
     Off,
-}
-
-/// Why the sandbox could not run a child, or what ended it without an
-/// answer. Its text is the reason users read.
-#[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
-    /// This kernel cannot confine what was asked (`--sandbox on`).
-    #[error("{0}")]
-    Refused(String),
-    /// `trainyard-confined` is not beside the executor.
-    #[error("{} is missing: the executor starts users' code in it and does not run without it (install it beside {}; `cargo build --bins` builds both)", .program.display(), .executable.display())]
-    NoProgram {
-        /// Where it was looked for.
-        program: PathBuf,
-        /// The executor's binary.
-        executable: PathBuf,
-    },
-    /// The sandbox's user (`--sandbox-user`) does not exist.
-    #[error("{0}")]
-    User(String),
-    /// A script job names a runtime this executor does not have.
-    #[error("this executor has no Python runtime named {name:?} (it has: {})", .have.join(", "))]
-    NoPython {
-        /// The name asked for.
-        name: String,
-        /// The runtimes it has.
-        have: Vec<String>,
-    },
-    /// A folder or file of a child could not be made, given or copied.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done, naming the path.
-        what: String,
-        /// Why it failed.
-        source: std::io::Error,
-    },
-    /// The child did not start or did not take its task.
-    #[error("{what}: {source}")]
-    Start {
-        /// What was being started.
-        what: String,
-        /// Why it failed.
-        source: std::io::Error,
-    },
-    /// A confined script rank without its network namespace.
-    #[error("a confined script rank needs its network namespace")]
-    NoNetns,
-    /// The child's task line could not be written or amended.
-    #[error("the sandboxed child's task: {0}")]
-    Task(#[from] serde_json::Error),
-    /// The child exited cleanly but its answer is not readable.
-    #[error("the sandboxed {kind} answered nothing readable ({source}): {last}")]
-    Unreadable {
-        /// What the child was.
-        kind: Kind,
-        /// Why its answer is not readable.
-        source: serde_json::Error,
-        /// The last line it wrote on stderr.
-        last: String,
-    },
-    /// The child ran out of its memory.
-    #[error("the {kind} {ending} ({asked_mb} MiB asked by resources.memory_mb, {RUNTIME_MB} MiB for the runtime)")]
-    Memory {
-        /// What the child was.
-        kind: Kind,
-        /// How it ended.
-        ending: Ending,
-        /// What the job asked for.
-        asked_mb: u64,
-    },
-    /// The child ended otherwise (a signal, a time limit, an exit code).
-    #[error("the {kind} {ending}{}", colon(.last))]
-    Ended {
-        /// What the child was.
-        kind: Kind,
-        /// How it ended.
-        ending: Ending,
-        /// The last line it wrote on stderr.
-        last: String,
-    },
-}
-
-/// `": LAST"`, or nothing where `last` is empty.
-fn colon(last: &str) -> String {
-    if last.is_empty() {
-        String::new()
-    } else {
-        format!(": {last}")
-    }
-}
-
-impl SandboxError {
-    fn io(what: String) -> impl FnOnce(std::io::Error) -> SandboxError {
-        move |source| SandboxError::Io { what, source }
-    }
-
-    fn start(what: String) -> impl FnOnce(std::io::Error) -> SandboxError {
-        move |source| SandboxError::Start { what, source }
-    }
 }
 
 /// The program a confined child runs: the `trainyard-confined` crate's.
@@ -685,157 +591,8 @@ impl Drop for Sandbox {
     }
 }
 
-/// One child's folders: `inputs/` (read-only to it) and `scratch/`.
-pub struct Workspace {
-    dir: PathBuf,
-    /// A job's (removed with the job, not when dropped).
-    keep: bool,
-}
-
-impl Workspace {
-    /// Its inputs folder.
-    pub fn inputs(&self) -> PathBuf {
-        self.dir.join("inputs")
-    }
-
-    /// Its scratch folder.
-    pub fn scratch(&self) -> PathBuf {
-        self.dir.join("scratch")
-    }
-
-    /// Puts a copy of `src` (a hard link where the file system allows)
-    /// into its inputs as `name`; the path the child reads it at.
-    pub fn input(&self, name: &str, src: &Path) -> Result<PathBuf, SandboxError> {
-        let dst = self.inputs().join(name);
-        if std::fs::hard_link(src, &dst).is_err() {
-            std::fs::copy(src, &dst).map_err(SandboxError::io(format!(
-                "copying {} into the sandbox",
-                src.display()
-            )))?;
-        }
-        Ok(dst)
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        if self.keep {
-            return;
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A shared handle.
 pub type Shared = Arc<Sandbox>;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use trainyard_common::cluster::SandboxState;
-
-    fn on_a_kernel(status: Status, mode: Mode) -> Sandbox {
-        let mut s = Sandbox::for_tests();
-        s.status = status;
-        s.mode = mode;
-        s
-    }
-
-    fn bare() -> Status {
-        Status {
-            landlock_abi: 0,
-            seccomp: true,
-            memory_cgroup: false,
-            pids_cgroup: false,
-            netns_missing: None,
-        }
-    }
-
-    #[test]
-    fn without_landlock_users_code_is_refused_unless_the_admin_says_off() {
-        let s = on_a_kernel(bare(), Mode::On);
-        let why = s.refusal().expect("refused");
-        assert!(
-            why.contains("no Landlock") && why.contains("--sandbox off"),
-            "{why}"
-        );
-        assert_eq!(s.report().state, SandboxState::Unavailable);
-        // Nothing is started: the refusal is the answer.
-        let ws = s.workspace("refused").unwrap();
-        let r: Result<serde_json::Value, SandboxError> = s.run(
-            Kind::Inspection,
-            &ws,
-            &0,
-            Limits::default(),
-            Duration::from_secs(5),
-            &|| false,
-        );
-        assert!(
-            matches!(&r, Err(SandboxError::Refused(w)) if *w == why),
-            "{r:?}"
-        );
-
-        let off = on_a_kernel(bare(), Mode::Off);
-        assert_eq!(off.refusal(), None);
-        assert_eq!(off.report().state, SandboxState::Unconfined);
-        assert!(off.report().detail.contains("unconfined"));
-    }
-
-    #[test]
-    fn without_a_network_namespace_script_jobs_are_refused_and_models_are_not() {
-        let mut status = Status::probe();
-        status.netns_missing = Some("`nft` is not installed".into());
-        let s = on_a_kernel(status.clone(), Mode::On);
-        assert_eq!(s.refusal(), None, "models are still confined here");
-        let why = s.script_refusal().expect("scripts refused");
-        assert!(
-            why.contains("nft") && why.contains("--sandbox off"),
-            "{why}"
-        );
-        let r = s.report();
-        assert_eq!(r.state, SandboxState::Confined);
-        assert_eq!(r.scripts, Some(SandboxState::Unavailable));
-        assert!(r.detail.contains("script jobs refused"), "{}", r.detail);
-        let ws = s.workspace("no-netns").unwrap();
-        let task = ScriptTask {
-            program: "/bin/true".into(),
-            args: vec![],
-            env: vec![],
-            cwd: "/".into(),
-        };
-        let started = s.start_script(
-            &ws,
-            &task,
-            Limits::default(),
-            vec![],
-            vec![],
-            tch::Device::Cpu,
-            None,
-        );
-        assert!(
-            matches!(&started, Err(SandboxError::Refused(w)) if *w == why),
-            "{:?}",
-            started.err()
-        );
-        // Off: the admin's choice, said loudly.
-        let off = on_a_kernel(status, Mode::Off);
-        assert_eq!(off.script_refusal(), None);
-        assert_eq!(off.report().scripts, Some(SandboxState::Unconfined));
-        assert!(
-            off.summary().contains("host's network"),
-            "{}",
-            off.summary()
-        );
-    }
-
-    #[test]
-    fn this_kernel_confines_and_says_how() {
-        let s = Sandbox::for_tests();
-        assert_eq!(s.refusal(), None, "{:?}", s.status());
-        let r = s.report();
-        assert_eq!(r.state, SandboxState::Confined);
-        assert!(r.detail.starts_with("on: landlock ABI"), "{}", r.detail);
-        assert_eq!(r.scripts, Some(SandboxState::Confined), "{}", r.detail);
-        assert!(r.detail.contains("network namespace each"), "{}", r.detail);
-    }
-}
+mod tests;

@@ -131,6 +131,8 @@ struct Worker<'e> {
 
 /// A trained batch on its way to the shards: what the step reports.
 struct Computed {
+    /// The job's steps, as this step counts them (computed once a step).
+    total: u64,
     samples: usize,
     loss: f64,
     lr: f64,
@@ -317,6 +319,7 @@ impl<'e> Worker<'e> {
         progress::check_finite(loss, self.rep.step + 1)?;
         let lr = progress::learning_rate(&a.spec, self.rep.step + 1, total);
         let c = Computed {
+            total,
             samples: b.samples,
             loss,
             lr,
@@ -339,7 +342,7 @@ impl<'e> Worker<'e> {
     ) -> Result<Option<(u64, u64)>, RoleError> {
         let version = ex.versions[0];
         if self.env.rank == 0 && self.flag.is_none() {
-            let total = self.rep.total_steps(self.world);
+            let total = c.total;
             let step = consistency::step_done(self.consistency, version, self.rep.step + 1);
             if self
                 .policy
@@ -398,7 +401,7 @@ impl<'e> Worker<'e> {
     fn report(&mut self, version: u64, c: &Computed, comm: (f64, u64), staleness: u64) {
         let WorkerEnv { rank, tx, ctx, .. } = *self.env;
         let (comm_seconds, comm_bytes) = comm;
-        let total = self.rep.total_steps(self.world);
+        let total = c.total;
         let step_done = consistency::step_done(self.consistency, version, self.rep.step);
         let mut stats = progress::step_stats(
             step_done,

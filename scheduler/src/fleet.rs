@@ -235,9 +235,10 @@ impl Fleet {
                         );
                         self.backoff = FIRST_BACKOFF;
                         self.retry_at = None;
-                        sqlx::query("UPDATE provisioned_executors SET state = 'running', executor_id = $2 WHERE name = $1")
+                        sqlx::query("UPDATE provisioned_executors SET state = $3, executor_id = $2 WHERE name = $1")
                             .bind(&name)
                             .bind(id)
+                            .bind(ProvisionedState::Running.as_str())
                             .execute(&self.db)
                             .await?;
                     } else if self.provisioner.waiting(&name) {

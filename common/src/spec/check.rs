@@ -132,6 +132,7 @@ fn check_ps_fields(s: &UncheckedJobSpec, v: &mut Checker) {
             ("consistency", s.consistency.is_some()),
             ("replicas", s.replicas.is_some()),
             ("stale_updates", s.stale_updates.is_some()),
+            ("until", s.until.is_some()),
         ] {
             if given {
                 v.fail(
@@ -140,6 +141,12 @@ fn check_ps_fields(s: &UncheckedJobSpec, v: &mut Checker) {
                 );
             }
         }
+    }
+    if s.until.is_some() && s.strategy != Strategy::Allreduce && s.is_sync() {
+        v.fail(
+            "until",
+            "applies only to consistency async and bounded: a sync job's workers walk one data stream together",
+        );
     }
     if let Some(u) = &s.stale_updates {
         v.finite_range(

@@ -109,6 +109,10 @@ pub struct UncheckedJobSpec {
     /// below); only for `parameter_server` and `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_updates: Option<StaleUpdates>,
+    /// When an `async` or `bounded` PS job ends (default `all`); only for
+    /// `parameter_server` and `auto`, with such a consistency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Until>,
     /// Experiment trackers the job is logged to (MLflow); see
     /// [`Tracking`](super::Tracking).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -240,6 +244,22 @@ pub enum StaleLr {
     /// step shrinks about `M + 1` times: measured, it under-trains with 4
     /// workers (docs/users/parameter-server.md).
     Scale,
+}
+
+/// When an `async` or `bounded` PS job ends. Each worker walks a share of
+/// the data of its own (a sync job's workers walk one stream together, so
+/// there it does not arise). See docs/users/parameter-server.md for what
+/// each costs, measured with a straggler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Until {
+    /// Once every worker has walked its share: every sample is trained
+    /// for every epoch, and the job takes as long as its slowest worker.
+    #[default]
+    All,
+    /// Once the first worker has walked its share: a slower worker's rest
+    /// of the epoch is not trained, and the job ends with its fastest.
+    First,
 }
 
 /// The momentum of a `momentum` optimizer under asynchrony.
@@ -995,6 +1015,11 @@ impl UncheckedJobSpec {
     /// The consistency mode (sync unless given).
     pub fn consistency_mode(&self) -> Consistency {
         self.consistency.unwrap_or(Consistency::Sync)
+    }
+
+    /// When an out-of-sync PS job ends (`all` unless given).
+    pub fn until_mode(&self) -> Until {
+        self.until.unwrap_or_default()
     }
 
     /// Whether the PS shards wait for every worker's gradient (sync).

@@ -309,6 +309,39 @@ fn strategy_specific_fields_are_rejected_elsewhere() {
 }
 
 #[test]
+fn until_is_all_unless_given_and_only_for_an_out_of_sync_ps_job() {
+    let bounded = parse(&digits()).unwrap();
+    assert_eq!(bounded.until_mode(), Until::All);
+    let first = parse(&with(digits(), "until", json!("first"))).unwrap();
+    assert_eq!(first.until_mode(), Until::First);
+    let all = with(
+        with(digits(), "until", json!("all")),
+        "consistency",
+        json!("async"),
+    );
+    assert_eq!(parse(&all).unwrap().until_mode(), Until::All);
+    // Sync workers walk one stream together: nothing to choose.
+    let sync = with(
+        with(digits(), "until", json!("first")),
+        "consistency",
+        json!("sync"),
+    );
+    let e = parse(&sync).unwrap_err();
+    assert_eq!(fields(&e), ["until"]);
+    assert!(e.to_string().contains("async and bounded"), "{e}");
+    let mut unset = with(digits(), "until", json!("all"));
+    unset.as_object_mut().unwrap().remove("consistency");
+    assert_eq!(fields(&parse(&unset).unwrap_err()), ["until"]);
+    let mut ring = with(digits(), "until", json!("first"));
+    ring["strategy"] = json!("allreduce");
+    for f in ["parameter_servers", "consistency"] {
+        ring.as_object_mut().unwrap().remove(f);
+    }
+    assert_eq!(fields(&parse(&ring).unwrap_err()), ["until"]);
+    assert!(parse(&with(digits(), "until", json!("last"))).is_err());
+}
+
+#[test]
 fn replicas_are_0_or_1_and_only_for_the_ps_tier() {
     let one = with(digits(), "replicas", json!(1));
     let spec = parse(&one).unwrap();

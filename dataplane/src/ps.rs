@@ -15,7 +15,11 @@
 //! shard has none; the `Ack`'s `samples` is 1 when they were taken), `Pull` (answered with `Weights` once the shard's version
 //! is at least the one asked for) and `Push` (a gradient summed over
 //! `samples` samples, computed at `version`; answered `Ack` or `Reject` when
-//! it is too stale). A push whose `checkpoint` is a step asks the shard to
+//! it is too stale). In an async or bounded job a worker that has walked
+//! its share of the data says `Done` to shard 0, which answers `Finished`
+//! with how many workers of its generation have (its `samples`); shard 0's
+//! `Weights` carry that count too, so that rank 0 knows when the job's
+//! `until` is met. A push whose `checkpoint` is a step asks the shard to
 //! checkpoint the values that push produces under that step (rank 0 sets
 //! it, so every shard checkpoints the same step); a shard's `Ack` with a
 //! non-zero `checkpoint` asks rank 0 for one (a draining shard server).
@@ -61,6 +65,8 @@ pub enum Kind {
     State = 4,
     /// Shard → standby: one applied update.
     Update = 5,
+    /// Worker → shard 0: this worker has walked its share of the data.
+    Done = 6,
     /// Shard → worker: the values at `version`.
     Weights = 10,
     /// Shard → worker: accepted; `version` is the shard's version now.
@@ -69,6 +75,8 @@ pub enum Kind {
     Reject = 12,
     /// Shard → worker: the connection's generation is not the shard's.
     Stale = 13,
+    /// Shard 0 → worker: workers of this generation that are done.
+    Finished = 14,
 }
 
 impl Kind {
@@ -79,10 +87,12 @@ impl Kind {
             3 => Kind::Push,
             4 => Kind::State,
             5 => Kind::Update,
+            6 => Kind::Done,
             10 => Kind::Weights,
             11 => Kind::Ack,
             12 => Kind::Reject,
             13 => Kind::Stale,
+            14 => Kind::Finished,
             _ => return None,
         })
     }
@@ -246,12 +256,24 @@ pub enum Message {
         /// stale async update's compensated momentum).
         momentum: Option<f32>,
     },
+    /// Worker → shard 0: this worker has walked its share of the data (an
+    /// async or bounded job; the connection names the worker).
+    Done,
+    /// Shard 0 → worker, answering `Done`: how many distinct workers of
+    /// this generation have said it.
+    Finished {
+        /// Workers done.
+        workers: u32,
+    },
     /// Shard → worker, values: the shard's values at `version`.
     Weights {
         /// Their version.
         version: u64,
         /// The data cursor that goes with them.
         cursor: DataCursor,
+        /// Shard 0: the workers of this generation that said `Done` (other
+        /// shards: 0).
+        finished: u32,
     },
     /// Shard → worker (or standby → shard): accepted; `version` is the
     /// shard's (or the standby's) version now.
@@ -284,6 +306,8 @@ impl Message {
             Message::Push(_) => Kind::Push,
             Message::State { .. } => Kind::State,
             Message::Update { .. } => Kind::Update,
+            Message::Done => Kind::Done,
+            Message::Finished { .. } => Kind::Finished,
             Message::Weights { .. } => Kind::Weights,
             Message::Ack { .. } => Kind::Ack,
             Message::Rejected { .. } => Kind::Reject,
@@ -304,10 +328,21 @@ impl Message {
         h.len = len;
         let cursor = |h: &mut Header, c: &DataCursor| (h.epoch, h.offset) = (c.epoch, c.offset);
         match *self {
-            Message::Init { version, cursor: c } | Message::Weights { version, cursor: c } => {
+            Message::Init { version, cursor: c } => {
                 h.version = version;
                 cursor(&mut h, &c);
             }
+            Message::Weights {
+                version,
+                cursor: c,
+                finished,
+            } => {
+                h.version = version;
+                h.samples = u64::from(finished);
+                cursor(&mut h, &c);
+            }
+            Message::Done => {}
+            Message::Finished { workers } => h.samples = u64::from(workers),
             Message::Pull { at_least } => h.version = at_least,
             Message::Push(p) => {
                 h.version = p.computed_at;
@@ -413,6 +448,11 @@ impl Message {
             Kind::Weights => Message::Weights {
                 version: h.version,
                 cursor,
+                finished: worker_count(h.samples)?,
+            },
+            Kind::Done => Message::Done,
+            Kind::Finished => Message::Finished {
+                workers: worker_count(h.samples)?,
             },
             Kind::Ack => Message::Ack {
                 version: h.version,
@@ -423,6 +463,11 @@ impl Message {
             Kind::Stale => Message::Stale,
         })
     }
+}
+
+/// A count of workers, as a header's `samples` carries it.
+fn worker_count(samples: u64) -> Result<u32, WireError> {
+    u32::try_from(samples).map_err(|_| WireError::Protocol(format!("{samples} workers done")))
 }
 
 fn carries_values(kind: Kind) -> bool {
@@ -635,8 +680,15 @@ mod tests {
                         momentum,
                     }
                 }),
-            (any::<u64>(), cursor())
-                .prop_map(|(version, cursor)| Message::Weights { version, cursor }),
+            (any::<u64>(), cursor(), any::<u32>()).prop_map(|(version, cursor, finished)| {
+                Message::Weights {
+                    version,
+                    cursor,
+                    finished,
+                }
+            }),
+            Just(Message::Done),
+            any::<u32>().prop_map(|workers| Message::Finished { workers }),
             (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(
                 |(version, values_taken, checkpoint_wanted)| Message::Ack {
                     version,
@@ -768,6 +820,26 @@ mod tests {
         assert_eq!(
             Message::Pull { at_least: 6 }.header(5, 0).encode(),
             h.encode()
+        );
+        // The workers done ride in the field no `Weights` used.
+        let weights = Message::Weights {
+            version: 6,
+            cursor: c,
+            finished: 2,
+        };
+        let mut h = Header::new(Kind::Weights, 5);
+        (h.version, h.samples, h.epoch, h.offset) = (6, 2, 2, 40);
+        assert_eq!(weights.header(5, 0).encode(), h.encode());
+        let mut h = Header::new(Kind::Finished, 5);
+        h.samples = 3;
+        assert_eq!(
+            Message::decode(&h).unwrap(),
+            Message::Finished { workers: 3 }
+        );
+        h.samples = u64::from(u32::MAX) + 1;
+        assert!(
+            Message::decode(&h).is_err(),
+            "a count beyond u32 is refused"
         );
     }
 

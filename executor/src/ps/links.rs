@@ -193,6 +193,20 @@ pub(super) struct Exchange {
     pub(super) cursor: Cursor,
     /// Bytes pulled.
     pub(super) bytes: u64,
+    /// Workers of this generation done with their share (shard 0's count).
+    pub(super) finished: u32,
+}
+
+/// Tells shard 0 that `link`'s worker has walked its share of the data;
+/// how many workers of this generation have.
+pub(super) fn say_done(link: &mut Link, stop: &Shutdown) -> Result<u32, RoleError> {
+    match link.call(&Message::Done, &[], 0, stop)? {
+        Message::Finished { workers } => Ok(workers),
+        other => Err(RoleError::ps_fatal(format!(
+            "shard 0 answered Done with {:?}",
+            other.kind()
+        ))),
+    }
 }
 
 /// A shard's answer to a pull, as far as the values.
@@ -239,8 +253,14 @@ pub(super) fn apply_pull(
     let mut cursors = Vec::new();
     let mut cursor = Cursor::default();
     let mut bytes = 0;
+    let mut done = 0;
     for (s, r) in results.into_iter().enumerate() {
-        let Message::Weights { version, cursor: c } = r? else {
+        let Message::Weights {
+            version,
+            cursor: c,
+            finished,
+        } = r?
+        else {
             return Err(RoleError::ps_fatal(format!(
                 "shard {s} answered a pull with something else than its values"
             )));
@@ -254,6 +274,7 @@ pub(super) fn apply_pull(
         let c = from_wire(c);
         if s == 0 {
             cursor = c;
+            done = finished;
         }
         cursors.push(c);
         versions.push(version);
@@ -263,6 +284,7 @@ pub(super) fn apply_pull(
         cursors,
         cursor,
         bytes,
+        finished: done,
     })
 }
 

@@ -6,7 +6,8 @@
 //! published version once it is at least the one asked for, and `Push`
 //! hands the gradient to [`Shard::take`] and answers once the version it
 //! produced is published (its standby has it) — after which the
-//! checkpoint that push asked for is handed to the uploader. A draining
+//! checkpoint that push asked for is handed to the uploader. `Done` counts
+//! a worker that walked its share (the count rides on every `Weights`). A draining
 //! executor's shard asks rank 0 for a checkpoint in its answer, once.
 //! With a standby, a replicator thread ([`super::standby::replicate`])
 //! runs beside the connections.
@@ -394,10 +395,12 @@ fn connection(
                     }
                     s = served.shard.wait(s);
                 };
+                let finished = s.done.len() as u32;
                 drop(s);
                 let out = Message::Weights {
                     version: published.version,
                     cursor: super::to_wire(published.cursor),
+                    finished,
                 };
                 // Straight from the shard's values: no copy per pull.
                 ps::write_message(&mut writer, generation, &out, &published.weights)?;
@@ -419,6 +422,15 @@ fn connection(
                     // Blocks while the previous checkpoint is still uploading.
                     u.submit(snap);
                 }
+            }
+            Message::Done => {
+                let workers = {
+                    let mut s = served.shard.lock();
+                    s.done.insert(from);
+                    s.done.len() as u32
+                };
+                let answer = Message::Finished { workers };
+                ps::write_message(&mut writer, generation, &answer, &[])?;
             }
             other => {
                 return Err(WireError::Protocol(format!(

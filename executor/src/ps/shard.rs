@@ -87,6 +87,9 @@ pub struct Shard {
     acc: Vec<f32>,
     pub(super) acc_samples: u64,
     pub(super) contributors: BTreeSet<u32>,
+    /// Workers of this generation that walked their share of the data
+    /// (async and bounded; shard 0 counts them for the job's `until`).
+    pub(super) done: BTreeSet<u32>,
     next_cursor: Cursor,
     lr: f64,
     /// Updates applied.
@@ -192,6 +195,7 @@ impl Shard {
             acc: Vec::new(),
             acc_samples: 0,
             contributors: BTreeSet::new(),
+            done: BTreeSet::new(),
             next_cursor: Cursor::default(),
             lr: 0.0,
             applied: 0,
@@ -221,6 +225,8 @@ impl Shard {
         self.expected = expected;
         self.acc_samples = 0;
         self.contributors.clear();
+        // Ranks are dealt again: each worker says it anew.
+        self.done.clear();
         self.outbox.clear();
         self.history.clear();
         self.replicated = standby;

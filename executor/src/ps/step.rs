@@ -105,6 +105,15 @@ impl PsStep {
         Ok(())
     }
 
+    /// Tells shard 0 this worker walked its share of the data; how many
+    /// workers of the generation have.
+    pub(super) fn say_done(&mut self, stop: &Shutdown) -> Result<u32, RoleError> {
+        let Some(link) = self.links.first_mut() else {
+            return Err(RoleError::ps_fatal("no PS shard to tell"));
+        };
+        super::links::say_done(link, stop)
+    }
+
     /// The next pull waits for every shard to reach `version`.
     pub(super) fn expect_all(&mut self, version: u64) {
         self.expect.fill(version);

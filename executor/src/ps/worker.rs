@@ -5,7 +5,10 @@
 //! versions in sync mode, so a membership change re-splits the rest of the
 //! epoch; in async and bounded modes each worker walks its own share of
 //! the data, and the next pull travels while this step computes where the
-//! consistency allows ([`super::consistency::prefetches`]). Rank 0 seeds
+//! consistency allows ([`super::consistency::prefetches`]). There the
+//! job's `until` says when it ends: a worker that walked its share says so
+//! to shard 0, and rank 0 stops once every worker has (`all`) or once any
+//! has (`first`). Rank 0 seeds
 //! empty shards, decides which step the shards checkpoint, reports the
 //! curve, evaluates and, at the end, writes the final weights.
 //!
@@ -38,7 +41,7 @@ use std::num::NonZeroU64;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_common::cluster::{Assignment, LogLevel, StepPhase};
-use trainyard_common::spec::{AsyncBuffers, Consistency};
+use trainyard_common::spec::{AsyncBuffers, Consistency, Until};
 use trainyard_dataplane::ps::{Message, PushHeader};
 use trainyard_shutdown::Shutdown;
 
@@ -46,6 +49,10 @@ use trainyard_shutdown::Shutdown;
 /// recomputed over (BatchNorm's default momentum of 0.1 leaves the old
 /// statistics a weight of 0.9⁵⁰ ≈ 0.5 %).
 const RECALIBRATION_BATCHES: usize = 50;
+
+/// How often rank 0 asks shard 0 whether every worker walked its share
+/// (`until: all`).
+const DONE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Where a PS worker runs: its assignment and rank, its device, and the
 /// executor's side of it (stop signal, report channel, shared context,
@@ -107,6 +114,11 @@ struct Worker<'e> {
     rep: &'e mut Replica,
     last_step: &'e mut Option<LastStep>,
     consistency: Consistency,
+    /// When the job ends (out of sync).
+    until: Until,
+    /// Workers of this generation that walked their share, as shard 0
+    /// last said.
+    done_workers: u32,
     world: u32,
     ps: PsStep,
     /// This worker's own place in the data (async and bounded).
@@ -175,6 +187,8 @@ impl<'e> Worker<'e> {
         let worker = Worker {
             env,
             consistency,
+            until: a.spec.until_mode(),
+            done_workers: 0,
             world,
             ps: PsStep::new(links, map, prefetch),
             local: cursor,
@@ -229,6 +243,11 @@ impl<'e> Worker<'e> {
             self.rep.cursor = self.local;
         }
         if self.rep.finished() {
+            return Ok(Step::Done);
+        }
+        if self.until == Until::First && ex.finished > 0 {
+            // Another worker walked its share first: the job ends here.
+            self.done_workers = ex.finished;
             return Ok(Step::Done);
         }
         let (b, computed, grad) = self.compute()?;
@@ -444,10 +463,49 @@ impl<'e> Worker<'e> {
         }
     }
 
+    /// Out of sync, a worker that walked its share tells shard 0; under
+    /// `until: all` rank 0 then waits until every worker has.
+    fn say_done(&mut self) -> Result<(), RoleError> {
+        let WorkerEnv { rank, stop, .. } = *self.env;
+        if self.consistency == Consistency::Sync || !self.rep.finished() {
+            return Ok(());
+        }
+        let mut done = self.ps.say_done(stop)?;
+        self.done_workers = done;
+        if rank != 0 || self.until != Until::All || done >= self.world {
+            return Ok(());
+        }
+        // Waiting on peers, not stuck in its own work (the watchdog reads it).
+        self.env.ctx.progress.enter(StepPhase::Comm);
+        let waited = Instant::now();
+        self.log(
+            LogLevel::Info,
+            format!(
+                "worker 0 walked its share; {done} of {} workers have: waiting for the rest (until: all)",
+                self.world
+            ),
+        );
+        while done < self.world {
+            if stop.sleep(DONE_POLL) {
+                return Err(RoleError::Stopped);
+            }
+            done = self.ps.say_done(stop)?;
+        }
+        self.done_workers = done;
+        self.log(
+            LogLevel::Info,
+            format!(
+                "every worker walked its share; worker 0 waited {:.1} s",
+                waited.elapsed().as_secs_f64()
+            ),
+        );
+        Ok(())
+    }
+
     /// After the last step: rank 0 pulls the final weights (out of sync:
     /// afresh, its buffers recomputed on them) and evaluates them; the
     /// job's outcome, rank 0's only.
-    fn finish(self) -> Result<Option<replica::Outcome>, RoleError> {
+    fn finish(mut self) -> Result<Option<replica::Outcome>, RoleError> {
         let WorkerEnv { a, rank, stop, .. } = *self.env;
         self.log(
             LogLevel::Info,
@@ -456,8 +514,22 @@ impl<'e> Worker<'e> {
                 self.rep.step, self.rejected
             ),
         );
+        self.say_done()?;
         if rank != 0 {
             return Ok(None);
+        }
+        if self.consistency != Consistency::Sync {
+            let until = match self.until {
+                Until::All => "all",
+                Until::First => "first",
+            };
+            self.log(
+                LogLevel::Info,
+                format!(
+                    "the job ends (until: {until}): {} of {} workers walked their share of the data",
+                    self.done_workers, self.world
+                ),
+            );
         }
         let Worker {
             rep,

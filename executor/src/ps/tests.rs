@@ -1000,3 +1000,79 @@ fn a_stale_async_push_is_applied_by_the_staleness_aware_rules() {
         assert!(shard.mean_staleness.mean() > 1.0);
     }
 }
+
+/// Shard 0 counts the workers that walked their share (`until`): a
+/// worker's `Done` is counted once however often it says it, the count
+/// rides on every `Weights`, and a new generation counts afresh (ranks
+/// are dealt again, so each worker says it anew).
+#[test]
+fn shard_0_counts_each_worker_done_once_per_generation() {
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let mut a = assignment(&plane, RoleKind::Ps, json!("async"));
+    a.parameter_servers.retain(|p| !p.standby);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let finished = |m: Message| match m {
+        Message::Finished { workers } => workers,
+        other => panic!("{other:?}"),
+    };
+    let on_weights = |m: Message| match m {
+        Message::Weights { finished, .. } => finished,
+        other => panic!("{other:?}"),
+    };
+    let stop = Shutdown::new();
+    let parked = std::thread::scope(|scope| {
+        let sh = scope.spawn(|| {
+            let ctx = Context::for_tests();
+            serve_shard(
+                &a,
+                &stop,
+                &tx,
+                &plane,
+                None,
+                crate::storage::no_storage(),
+                &ctx,
+            )
+        });
+        let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
+        let mut buf = Vec::new();
+        let values = initial();
+        let (m, values) = init(&values);
+        call(&mut w[0], m, values, &mut buf);
+        assert_eq!(on_weights(call(&mut w[1], pull(0), &[], &mut buf)), 0);
+        assert_eq!(finished(call(&mut w[1], Message::Done, &[], &mut buf)), 1);
+        assert_eq!(
+            finished(call(&mut w[1], Message::Done, &[], &mut buf)),
+            1,
+            "once"
+        );
+        assert_eq!(on_weights(call(&mut w[0], pull(0), &[], &mut buf)), 1);
+        assert_eq!(finished(call(&mut w[0], Message::Done, &[], &mut buf)), 2);
+        stop.trigger();
+        sh.join().unwrap()
+    });
+    let mut next = a.clone();
+    next.key.generation = 4;
+    let stop = Shutdown::new();
+    std::thread::scope(|scope| {
+        let sh = scope.spawn(|| {
+            let ctx = Context::for_tests();
+            serve_shard(
+                &next,
+                &stop,
+                &tx,
+                &plane,
+                parked,
+                crate::storage::no_storage(),
+                &ctx,
+            )
+        });
+        let mut w = dial_at(&plane, 1, 0, 4);
+        let mut buf = Vec::new();
+        let got = call_at(&mut w, 4, pull(0), &[], &mut buf);
+        assert_eq!(on_weights(got), 0, "a new generation counts afresh");
+        let got = call_at(&mut w, 4, Message::Done, &[], &mut buf);
+        assert_eq!(finished(got), 1);
+        stop.trigger();
+        sh.join().unwrap();
+    });
+}

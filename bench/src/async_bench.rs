@@ -7,9 +7,12 @@
 //! plain, momentum: compensate}`).
 //! Then the speed of each mode: the residual CNN under SGD with momentum,
 //! 2 workers, one job at a time, on executors whose worker rank 1 is a
-//! straggler (`TRAINYARD_SLOW_WORKER=1:MS`, it sleeps after each step) and
-//! on plain ones: each mode's time from start to end against sync's, with
-//! its accuracy. Every figure is printed `name: value (baseline, ratio)`
+//! straggler (`TRAINYARD_SLOW_WORKER=1:MS`, it sleeps after each step;
+//! each out-of-sync mode then under `until: all` and `until: first`) and
+//! on plain ones: each mode's time from start to end, its time to
+//! accuracy (seconds to the sync job's final held-out accuracy less a
+//! point) and its accuracy, each against sync's. Every figure is printed
+//! `name: value (baseline, ratio)`
 //! and recorded for the report.
 //!
 //! `async-bench --short`: the two residual CNNs and BatchNorm's CNN only.
@@ -26,7 +29,7 @@
 
 use std::time::Instant;
 use trainyard_bench::figure::{Better, Figure};
-use trainyard_e2e::async_matrix::{self, full, judge, matrix, seeded, Cell, Mode};
+use trainyard_e2e::async_matrix::{self, curve, full, judge, matrix, seeded, Cell, Mode};
 use trainyard_e2e::{Platform, Proc};
 
 /// The defaults before `share` (each push at the schedule's full rate,
@@ -105,8 +108,9 @@ fn main() {
     }
 }
 
-/// Each mode's time and accuracy against sync's, one job at a time, worker
-/// rank 1 sleeping `straggler_ms` after each step.
+/// Each mode's time, time to accuracy and accuracy against sync's, one
+/// job at a time, worker rank 1 sleeping `straggler_ms` after each step.
+/// With a straggler each out-of-sync mode runs under both `until`s.
 fn speed(straggler_ms: u64) {
     let p = Platform::builder("async-bench-speed").start();
     let dir = async_matrix::write_models(&p);
@@ -119,44 +123,77 @@ fn speed(straggler_ms: u64) {
     let _execs: Vec<Proc> = (0..3)
         .map(|i| p.executor_with(&format!("speed-{i}"), 4096, &env))
         .collect();
-    let cells: Vec<Cell> = [Mode::Sync, Mode::Async, Mode::Bounded(2), Mode::Bounded(4)]
-        .into_iter()
-        .map(|mode| Cell::new("res_cnn", "sgd_momentum", 2, mode))
-        .collect();
+    let mut cells = Vec::new();
+    for mode in [Mode::Sync, Mode::Async, Mode::Bounded(2), Mode::Bounded(4)] {
+        let cell = Cell::new("res_cnn", "sgd_momentum", 2, mode);
+        if mode != Mode::Sync && straggler_ms > 0 {
+            cells.push(cell.clone().until("first"));
+        }
+        cells.push(cell);
+    }
     let outcomes = async_matrix::run(&p, &dir, &cells, 1);
     let (table, _) = judge(&outcomes);
     eprintln!("{table}");
-    let sync = &outcomes[0];
+    let Some(sync) = outcomes.iter().find(|o| o.cell.mode == Mode::Sync) else {
+        return;
+    };
     let label = if straggler_ms > 0 {
         format!("worker 1 sleeps {straggler_ms} ms a step")
     } else {
         "alike workers".into()
     };
-    for o in &outcomes[1..] {
-        let (Some(t), Some(base)) = (o.seconds, sync.seconds) else {
-            continue;
+    // Time to accuracy: seconds from the start to the sync job's final
+    // held-out accuracy less a point (rank 0's evaluations, polled).
+    let target = sync.curve.last().map(|(_, a)| a - 1.0);
+    let reach = |o: &async_matrix::Outcome| target.and_then(|t| curve::time_to(&o.curve, t));
+    eprintln!(
+        "{label}: time to {} % held-out accuracy (sync's final less 1 point): {}",
+        target.map_or("—".into(), |t| format!("{t:.1}")),
+        outcomes
+            .iter()
+            .map(|o| format!(
+                "{} {}",
+                o.cell.name(),
+                reach(o).map_or("never".into(), |t| format!("{t:.2} s"))
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for o in outcomes.iter().filter(|o| o.cell.mode != Mode::Sync) {
+        let mode = format!(
+            "{}{}",
+            o.cell.mode.name(),
+            o.cell
+                .until
+                .map_or(String::new(), |u| format!(" until {u}"))
+        );
+        let against = |name: &str,
+                       value: Option<f64>,
+                       base: Option<f64>,
+                       unit: &'static str,
+                       better: Better| {
+            if let (Some(v), Some(b)) = (value, base) {
+                Figure::new(
+                    "async",
+                    format!("{label}: {mode} {name}"),
+                    v,
+                    unit,
+                    "sync",
+                    b,
+                    better,
+                )
+                .emit();
+            }
         };
-        let mode = o.cell.mode.name();
-        Figure::new(
-            "async",
-            format!("{label}: {mode} job time"),
-            t,
+        against("job time", o.seconds, sync.seconds, "s", Better::Lower);
+        against(
+            "time to accuracy",
+            reach(o),
+            reach(sync),
             "s",
-            "sync",
-            base,
             Better::Lower,
-        )
-        .emit();
-        Figure::new(
-            "async",
-            format!("{label}: {mode} accuracy"),
-            o.accuracy.unwrap_or(f64::NAN),
-            "%",
-            "sync",
-            sync.accuracy.unwrap_or(f64::NAN),
-            Better::Higher,
-        )
-        .emit();
+        );
+        against("accuracy", o.accuracy, sync.accuracy, "%", Better::Higher);
     }
 }
 

@@ -18,7 +18,7 @@
 //! seeds, made in the same run, is printed beside them.
 
 use std::time::Instant;
-use trainyard_e2e::async_matrix::{self, judge, subset};
+use trainyard_e2e::async_matrix::{self, judge, subset, Mode};
 use trainyard_e2e::{Platform, Proc};
 
 #[test]
@@ -36,5 +36,47 @@ fn async_and_bounded_jobs_score_within_two_points_of_sync() {
         cells.len(),
         async_matrix::seconds(started)
     );
+    assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
+}
+
+/// A straggler (worker rank 1 sleeps 40 ms after each step, on every
+/// executor) under each `until`: the residual CNN under the SGD recipe,
+/// 2 workers, in sync, async and bounded τ=2 (`until: all`, the default)
+/// and async `until: first`, each with three seeds. Every out-of-sync
+/// cell's mean is within 2 points of sync's, judged by PyTorch on held-out
+/// rows; an `all` job ends once both workers walked their share, a
+/// `first` job once worker 0 had, with the straggler's share unfinished.
+#[test]
+fn a_straggler_keeps_async_within_two_points_of_sync_under_either_until() {
+    let started = Instant::now();
+    let p = Platform::builder("async-straggler").start();
+    let dir = async_matrix::write_models(&p);
+    let env = [("TRAINYARD_SLOW_WORKER", "1:40")];
+    let _execs: Vec<Proc> = (0..6)
+        .map(|i| p.executor_with(&format!("straggler-{i}"), 4096, &env))
+        .collect();
+    let cells = async_matrix::straggler_cells();
+    let outcomes = async_matrix::run(&p, &dir, &cells, 2);
+    let (table, mut failures) = judge(&outcomes);
+    println!(
+        "async PS with a straggler ({} jobs, {:.0} s):\n{table}",
+        cells.len(),
+        async_matrix::seconds(started)
+    );
+    for o in outcomes.iter().filter(|o| o.cell.mode != Mode::Sync) {
+        let walked = if o.cell.until == Some("first") { 1 } else { 2 };
+        let want = format!("{walked} of 2 workers walked their share of the data");
+        let logs = p.log_messages(&o.id);
+        if !logs.iter().any(|l| l.contains(&want)) {
+            failures.push(format!(
+                "{}: no {want:?} in its log (ends: {:?}; {:.1} s)",
+                o.cell.name(),
+                logs.iter()
+                    .filter(|l| l.contains("the job ends"))
+                    .collect::<Vec<_>>(),
+                o.seconds.unwrap_or(f64::NAN)
+            ));
+        }
+    }
     assert!(failures.is_empty(), "{}\n{table}", failures.join("\n"));
 }

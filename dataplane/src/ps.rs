@@ -19,7 +19,11 @@
 //! its share of the data says `Done` to shard 0, which answers `Finished`
 //! with how many workers of its generation have (its `samples`); shard 0's
 //! `Weights` carry that count too, so that rank 0 knows when the job's
-//! `until` is met. A push whose `checkpoint` is a step asks the shard to
+//! `until` is met. At the start of every generation of such a job a
+//! worker asks shard 0 `Where` its rank resumes in the data (carrying its
+//! own place where it kept one from an earlier generation); shard 0
+//! answers `Place` with the rank's cursor, which it keeps per rank from the
+//! workers' accepted pushes. A push whose `checkpoint` is a step asks the shard to
 //! checkpoint the values that push produces under that step (rank 0 sets
 //! it, so every shard checkpoints the same step); a shard's `Ack` with a
 //! non-zero `checkpoint` asks rank 0 for one (a draining shard server).
@@ -67,6 +71,8 @@ pub enum Kind {
     Update = 5,
     /// Worker → shard 0: this worker has walked its share of the data.
     Done = 6,
+    /// Worker → shard 0: where does this worker's rank resume in the data?
+    Where = 7,
     /// Shard → worker: the values at `version`.
     Weights = 10,
     /// Shard → worker: accepted; `version` is the shard's version now.
@@ -77,6 +83,8 @@ pub enum Kind {
     Stale = 13,
     /// Shard 0 → worker: workers of this generation that are done.
     Finished = 14,
+    /// Shard 0 → worker: where the worker's rank resumes in the data.
+    Place = 15,
 }
 
 impl Kind {
@@ -88,11 +96,13 @@ impl Kind {
             4 => Kind::State,
             5 => Kind::Update,
             6 => Kind::Done,
+            7 => Kind::Where,
             10 => Kind::Weights,
             11 => Kind::Ack,
             12 => Kind::Reject,
             13 => Kind::Stale,
             14 => Kind::Finished,
+            15 => Kind::Place,
             _ => return None,
         })
     }
@@ -265,6 +275,20 @@ pub enum Message {
         /// Workers done.
         workers: u32,
     },
+    /// Worker → shard 0 (an async or bounded job, at the start of a
+    /// generation; the connection names the worker's rank): where does
+    /// this rank resume in the data? `kept` is the worker's own place
+    /// where its replica lived through an earlier generation (its
+    /// `checkpoint` bit 0 says it is there).
+    Where {
+        /// The worker's own place, if it kept one.
+        kept: Option<DataCursor>,
+    },
+    /// Shard 0 → worker, answering `Where`: the cursor the rank resumes at.
+    Place {
+        /// Where the rank's next step starts.
+        cursor: DataCursor,
+    },
     /// Shard → worker, values: the shard's values at `version`.
     Weights {
         /// Their version.
@@ -308,6 +332,8 @@ impl Message {
             Message::Update { .. } => Kind::Update,
             Message::Done => Kind::Done,
             Message::Finished { .. } => Kind::Finished,
+            Message::Where { .. } => Kind::Where,
+            Message::Place { .. } => Kind::Place,
             Message::Weights { .. } => Kind::Weights,
             Message::Ack { .. } => Kind::Ack,
             Message::Rejected { .. } => Kind::Reject,
@@ -343,6 +369,13 @@ impl Message {
             }
             Message::Done => {}
             Message::Finished { workers } => h.samples = u64::from(workers),
+            Message::Where { kept } => {
+                if let Some(c) = kept {
+                    cursor(&mut h, &c);
+                    h.checkpoint = 1;
+                }
+            }
+            Message::Place { cursor: c } => cursor(&mut h, &c),
             Message::Pull { at_least } => h.version = at_least,
             Message::Push(p) => {
                 h.version = p.computed_at;
@@ -454,6 +487,10 @@ impl Message {
             Kind::Finished => Message::Finished {
                 workers: worker_count(h.samples)?,
             },
+            Kind::Where => Message::Where {
+                kept: (h.checkpoint & 1 != 0).then_some(cursor),
+            },
+            Kind::Place => Message::Place { cursor },
             Kind::Ack => Message::Ack {
                 version: h.version,
                 values_taken: h.samples == 1,
@@ -689,6 +726,8 @@ mod tests {
             }),
             Just(Message::Done),
             any::<u32>().prop_map(|workers| Message::Finished { workers }),
+            proptest::option::of(cursor()).prop_map(|kept| Message::Where { kept }),
+            cursor().prop_map(|cursor| Message::Place { cursor }),
             (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(
                 |(version, values_taken, checkpoint_wanted)| Message::Ack {
                     version,
@@ -841,6 +880,23 @@ mod tests {
             Message::decode(&h).is_err(),
             "a count beyond u32 is refused"
         );
+        // A kept place is the cursor with bit 0 of `checkpoint` set; none
+        // is all zeros, so a worker at the data's start is told apart from
+        // one that kept nothing.
+        let mut h = Header::new(Kind::Where, 5);
+        (h.epoch, h.offset, h.checkpoint) = (2, 40, 1);
+        let kept = Message::Where { kept: Some(c) };
+        assert_eq!(kept.header(5, 0).encode(), h.encode());
+        let fresh = Message::Where {
+            kept: Some(DataCursor::default()),
+        };
+        assert_ne!(
+            fresh.header(5, 0).encode(),
+            Message::Where { kept: None }.header(5, 0).encode()
+        );
+        let mut h = Header::new(Kind::Place, 5);
+        (h.epoch, h.offset) = (2, 40);
+        assert_eq!(Message::decode(&h).unwrap(), Message::Place { cursor: c });
     }
 
     #[test]

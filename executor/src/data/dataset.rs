@@ -403,6 +403,17 @@ pub fn steps_left_in_epoch(len: usize, batch: usize, world: u32, offset: u64) ->
     left.div_ceil((world.max(1) as usize * batch).max(1)) as u64
 }
 
+/// Steps a worker of `world` took to reach `cursor` from the start of the
+/// data, `len` samples an epoch in steps of `batch` a worker: the inverse
+/// of walking [`super::samples::slice`] from the start (a step that
+/// crosses an epoch's end ends it).
+pub fn steps_before(len: usize, batch: usize, world: u32, cursor: super::Cursor) -> u64 {
+    let per_epoch = steps_left_in_epoch(len, batch, world, 0);
+    let into = steps_left_in_epoch(len, batch, world, 0)
+        - steps_left_in_epoch(len, batch, world, cursor.offset);
+    cursor.epoch.saturating_mul(per_epoch).saturating_add(into)
+}
+
 fn context(spec: &UncheckedJobSpec) -> usize {
     match &spec.model() {
         ModelSpec::Transformer(t) => t.context as usize,
@@ -450,6 +461,18 @@ mod tests {
                 cursor = next.unwrap();
             }
             prop_assert!(seen.iter().all(|&c| c == 1), "{:?}", seen);
+        }
+
+        /// A worker that takes up another's place in the data counts the
+        /// steps that place took: walking `k` steps from the start reaches
+        /// a cursor `steps_before` gives `k` for, across epochs' ends.
+        #[test]
+        fn steps_before_a_cursor_are_the_steps_walked_to_it(len in 1usize..500, batch in 1usize..40, world in 1u32..7, k in 0u64..200) {
+            let mut cursor = Cursor::default();
+            for _ in 0..k {
+                cursor = slice(len, batch, 0, world, cursor).1;
+            }
+            prop_assert_eq!(steps_before(len, batch, world, cursor), k);
         }
     }
 

@@ -76,7 +76,9 @@ mod loader_tests;
 #[cfg(test)]
 mod tests;
 
-pub use dataset::{epoch_order, generated_text, steps_left_in_epoch, Dataset, PREFETCH};
+pub use dataset::{
+    epoch_order, generated_text, steps_before, steps_left_in_epoch, Dataset, PREFETCH,
+};
 pub use decode::EvalFn;
 pub use formats::Columns;
 pub use listing::{Shard, ShardSet, MAX_SHARDS};

@@ -40,7 +40,8 @@ pub enum Data {
 
 /// Where training stands in the data: the epoch and how many samples of its
 /// permutation the steps so far have consumed (all workers together).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Cursors order by epoch, then offset: the earlier is less.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cursor {
     /// Epoch, from 0.
     pub epoch: u64,

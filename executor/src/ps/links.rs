@@ -4,7 +4,7 @@
 //! thread of its own ([`pull_all`], [`exchange_push`]).
 
 use super::ranges::ShardMapError;
-use super::{from_wire, PS_TIMEOUT};
+use super::{from_wire, to_wire, PS_TIMEOUT};
 use crate::data::Cursor;
 use crate::error::RoleError;
 use crate::replica::Replica;
@@ -204,6 +204,25 @@ pub(super) fn say_done(link: &mut Link, stop: &Shutdown) -> Result<u32, RoleErro
         Message::Finished { workers } => Ok(workers),
         other => Err(RoleError::ps_fatal(format!(
             "shard 0 answered Done with {:?}",
+            other.kind()
+        ))),
+    }
+}
+
+/// Asks shard 0 where this worker's rank resumes in the data, telling it
+/// the place the worker `kept` from an earlier generation, if any.
+pub(super) fn ask_place(
+    link: &mut Link,
+    kept: Option<Cursor>,
+    stop: &Shutdown,
+) -> Result<Cursor, RoleError> {
+    let ask = Message::Where {
+        kept: kept.map(to_wire),
+    };
+    match link.call(&ask, &[], 0, stop)? {
+        Message::Place { cursor } => Ok(from_wire(cursor)),
+        other => Err(RoleError::ps_fatal(format!(
+            "shard 0 answered Where with {:?}",
             other.kind()
         ))),
     }

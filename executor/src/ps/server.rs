@@ -432,6 +432,13 @@ fn connection(
                 let answer = Message::Finished { workers };
                 ps::write_message(&mut writer, generation, &answer, &[])?;
             }
+            Message::Where { kept } => {
+                let at = served.shard.lock().place(from, kept.map(from_wire));
+                let answer = Message::Place {
+                    cursor: super::to_wire(at),
+                };
+                ps::write_message(&mut writer, generation, &answer, &[])?;
+            }
             other => {
                 return Err(WireError::Protocol(format!(
                     "a worker sent {:?}, which only shards send",

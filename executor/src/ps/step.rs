@@ -16,7 +16,7 @@ use super::links::{
     apply_pull, exchange_pull, exchange_push, pull_all, Exchange, Link, Pulled, PushReply, ShardMap,
 };
 use super::to_wire;
-use crate::data::Batch;
+use crate::data::{Batch, Cursor};
 use crate::error::RoleError;
 use crate::replica::progress;
 use crate::replica::{Replica, TrainError};
@@ -112,6 +112,18 @@ impl PsStep {
             return Err(RoleError::ps_fatal("no PS shard to tell"));
         };
         super::links::say_done(link, stop)
+    }
+
+    /// Asks shard 0 where this worker's rank resumes in the data.
+    pub(super) fn ask_place(
+        &mut self,
+        kept: Option<Cursor>,
+        stop: &Shutdown,
+    ) -> Result<Cursor, RoleError> {
+        let Some(link) = self.links.first_mut() else {
+            return Err(RoleError::ps_fatal("no PS shard to ask"));
+        };
+        super::links::ask_place(link, kept, stop)
     }
 
     /// The next pull waits for every shard to reach `version`.

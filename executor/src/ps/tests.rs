@@ -1076,3 +1076,118 @@ fn shard_0_counts_each_worker_done_once_per_generation() {
         sh.join().unwrap();
     });
 }
+
+/// Out of sync, shard 0 keeps each rank's place in the data: a worker
+/// that asks `Where` gets its rank's place (the cursor after its last
+/// accepted push) over any place it kept, a replacement in the next
+/// generation goes on from there, the shard's cursor (what its standby and
+/// checkpoints carry) is the slowest rank's, and a generation of another
+/// number of workers starts every rank at the slowest place.
+#[test]
+fn shard_0_keeps_each_ranks_place_for_the_next_generation() {
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let mut a = assignment(&plane, RoleKind::Ps, json!("async"));
+    a.parameter_servers.retain(|p| !p.standby);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let at = |offset| DataCursor { epoch: 1, offset };
+    let place = |m: Message| match m {
+        Message::Place { cursor } => cursor,
+        other => panic!("{other:?}"),
+    };
+    let pulled_cursor = |m: Message| match m {
+        Message::Weights { cursor, .. } => cursor,
+        other => panic!("{other:?}"),
+    };
+    let push = |version, rank: u32, offset| {
+        let m = Message::Push(PushHeader {
+            computed_at: version,
+            samples: 4,
+            lr: 0.01,
+            next_cursor: at(offset),
+            checkpoint: None,
+        });
+        (m, pushed(rank + 1, rank, version))
+    };
+    let serve = |a: &Assignment, stop: &Shutdown, parked| {
+        serve_shard(
+            a,
+            stop,
+            &tx,
+            &plane,
+            parked,
+            crate::storage::no_storage(),
+            &Context::for_tests(),
+        )
+    };
+    let stop = Shutdown::new();
+    let parked = std::thread::scope(|scope| {
+        let sh = scope.spawn(|| serve(&a, &stop, None));
+        let mut w: Vec<TcpStream> = (0..2).map(|r| dial(&plane, r, 0)).collect();
+        let mut buf = Vec::new();
+        let values = initial();
+        let (m, values) = init(&values);
+        call(&mut w[0], m, values, &mut buf);
+        let fresh = Message::Where { kept: None };
+        assert_eq!(
+            place(call(&mut w[0], fresh, &[], &mut buf)),
+            DataCursor::default()
+        );
+        assert_eq!(
+            place(call(&mut w[1], fresh, &[], &mut buf)),
+            DataCursor::default()
+        );
+        let (m, g) = push(0, 0, 16);
+        call(&mut w[0], m, &g, &mut buf);
+        let (m, g) = push(1, 0, 32);
+        call(&mut w[0], m, &g, &mut buf);
+        let (m, g) = push(0, 1, 16);
+        call(&mut w[1], m, &g, &mut buf);
+        assert_eq!(
+            pulled_cursor(call(&mut w[0], pull(0), &[], &mut buf)),
+            at(16),
+            "the shard's cursor is the slowest rank's"
+        );
+        stop.trigger();
+        sh.join().unwrap()
+    });
+    // The same two ranks: rank 1's replacement goes on from rank 1's
+    // place, and rank 0's place outranks whatever its worker kept.
+    let mut next = a.clone();
+    next.key.generation = 4;
+    let stop = Shutdown::new();
+    let parked = std::thread::scope(|scope| {
+        let sh = scope.spawn(|| serve(&next, &stop, parked));
+        let mut w: Vec<TcpStream> = (0..2).map(|r| dial_at(&plane, r, 0, 4)).collect();
+        let mut buf = Vec::new();
+        let replacement = Message::Where { kept: None };
+        assert_eq!(
+            place(call_at(&mut w[1], 4, replacement, &[], &mut buf)),
+            at(16)
+        );
+        let moved = Message::Where {
+            kept: Some(at(400)),
+        };
+        assert_eq!(place(call_at(&mut w[0], 4, moved, &[], &mut buf)), at(32));
+        stop.trigger();
+        sh.join().unwrap()
+    });
+    // A third worker joins: the data is sliced in threes, and every rank,
+    // the ones that kept a place too, starts at the slowest.
+    let mut grown = a.clone();
+    grown.key.generation = 5;
+    let mut third = grown.workers[1].clone();
+    third.rank = 2;
+    grown.workers.push(third);
+    let stop = Shutdown::new();
+    std::thread::scope(|scope| {
+        let sh = scope.spawn(|| serve(&grown, &stop, parked));
+        let mut w: Vec<TcpStream> = (0..3).map(|r| dial_at(&plane, r, 0, 5)).collect();
+        let mut buf = Vec::new();
+        for (r, kept) in [(0, Some(at(32))), (1, Some(at(16))), (2, None)] {
+            let got = call_at(&mut w[r], 5, Message::Where { kept }, &[], &mut buf);
+            assert_eq!(place(got), at(16), "rank {r}");
+        }
+        stop.trigger();
+        sh.join().unwrap();
+    });
+}

@@ -8,7 +8,8 @@
 //! consistency allows ([`super::consistency::prefetches`]). There the
 //! job's `until` says when it ends: a worker that walked its share says so
 //! to shard 0, and rank 0 stops once every worker has (`all`) or once any
-//! has (`first`). Rank 0 seeds
+//! has (`first`). Each worker takes up its rank's place in the data from
+//! shard 0 when a generation starts ([`take_up_place`]). Rank 0 seeds
 //! empty shards, decides which step the shards checkpoint, reports the
 //! curve, evaluates and, at the end, writes the final weights.
 //!
@@ -181,6 +182,10 @@ impl<'e> Worker<'e> {
         // turns it on.
         let prefetch = consistency::prefetches(consistency, world)
             && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
+        let mut ps = PsStep::new(links, map, prefetch);
+        if consistency != Consistency::Sync {
+            take_up_place(env, rep, &mut ps, world)?;
+        }
         let cursor = rep.cursor;
         let batches = rep.batches(rank, world, cursor);
         let data_stats = rep.data_stats();
@@ -190,7 +195,7 @@ impl<'e> Worker<'e> {
             until: a.spec.until_mode(),
             done_workers: 0,
             world,
-            ps: PsStep::new(links, map, prefetch),
+            ps,
             local: cursor,
             stream_at: cursor,
             batches,
@@ -568,6 +573,34 @@ impl<'e> Worker<'e> {
 fn send_log(env: &WorkerEnv, level: LogLevel, msg: String) {
     tracing::info!(job = %env.a.key.job_id, "{msg}");
     let _ = env.tx.send(Item::Log(level, msg));
+}
+
+/// Out of sync, a worker takes up its rank's place in the data as shard 0
+/// keeps it: a replacement goes on where the lost worker left off rather
+/// than walking the whole share again, and a worker whose rank changed
+/// walks its new rank's share.
+fn take_up_place(
+    env: &WorkerEnv,
+    rep: &mut Replica,
+    ps: &mut PsStep,
+    world: u32,
+) -> Result<(), RoleError> {
+    let rank = env.rank;
+    let kept = (rep.step > 0).then_some(rep.cursor);
+    let at = ps.ask_place(kept, env.stop)?;
+    if kept == Some(at) || (kept.is_none() && at == Cursor::default()) {
+        return Ok(());
+    }
+    rep.resume_at(at, world);
+    send_log(
+        env,
+        LogLevel::Info,
+        format!(
+            "worker {rank} resumes its share of the data at epoch {}, sample {} (step {}): rank {rank}'s place as shard 0 keeps it",
+            at.epoch, at.offset, rep.step
+        ),
+    );
+    Ok(())
 }
 
 /// Rank 0 seeds empty shards: at the start with the seeded

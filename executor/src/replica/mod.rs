@@ -273,6 +273,18 @@ impl Replica {
         self.carries_state = carries;
     }
 
+    /// Takes up the place `cursor` in the data as a worker of `world` that
+    /// walked there from the start (an async or bounded worker resuming
+    /// its rank's share): its step count is the steps that walk took, so
+    /// that the learning-rate schedule and a `steps` job's end go on from
+    /// there.
+    pub fn resume_at(&mut self, cursor: Cursor, world: u32) {
+        let (len, b) = (self.dataset.train_len(), self.spec.batch_size() as usize);
+        self.cursor = cursor;
+        self.step = crate::data::steps_before(len, b, world, cursor);
+        self.account = (0, 0);
+    }
+
     /// Whether the job's steps or epochs are done.
     pub fn finished(&self) -> bool {
         match (self.spec.steps, self.spec.epochs) {

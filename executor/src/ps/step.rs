@@ -93,16 +93,16 @@ impl PsStep {
     }
 
     /// Pulls the newest values of every shard, whatever was prefetched
-    /// (a prefetched pull misses the last pushes).
+    /// (a prefetched pull misses the last pushes); shard 0's version then.
     pub(super) fn pull_fresh(
         &mut self,
         rep: &mut Replica,
         stop: &Shutdown,
-    ) -> Result<(), RoleError> {
+    ) -> Result<u64, RoleError> {
         self.prefetched = None;
         let zero = vec![0u64; self.links.len()];
-        exchange_pull(&mut self.links, &zero, &self.map, rep, stop)?;
-        Ok(())
+        let ex = exchange_pull(&mut self.links, &zero, &self.map, rep, stop)?;
+        Ok(ex.versions.first().copied().unwrap_or(0))
     }
 
     /// Tells shard 0 this worker walked its share of the data; how many

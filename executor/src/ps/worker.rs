@@ -523,19 +523,6 @@ impl<'e> Worker<'e> {
         if rank != 0 {
             return Ok(None);
         }
-        if self.consistency != Consistency::Sync {
-            let until = match self.until {
-                Until::All => "all",
-                Until::First => "first",
-            };
-            self.log(
-                LogLevel::Info,
-                format!(
-                    "the job ends (until: {until}): {} of {} workers walked their share of the data",
-                    self.done_workers, self.world
-                ),
-            );
-        }
         let Worker {
             rep,
             mut ps,
@@ -546,7 +533,19 @@ impl<'e> Worker<'e> {
         if consistency != Consistency::Sync {
             // The prefetched values miss the last pushes: the final
             // weights are pulled afresh.
-            ps.pull_fresh(rep, stop)?;
+            let updates = ps.pull_fresh(rep, stop)?;
+            let until = match self.until {
+                Until::All => "all",
+                Until::First => "first",
+            };
+            send_log(
+                self.env,
+                LogLevel::Info,
+                format!(
+                    "the job ends (until: {until}): {} of {world} workers walked their share of the data; shard 0 applied {updates} updates",
+                    self.done_workers
+                ),
+            );
             // The buffers rank 0 pushed were gathered on older weights
             // than these: they are recomputed on them, so that the model
             // evaluates in eval mode as its weights deserve.

@@ -352,4 +352,53 @@ fn the_page_and_its_assets_are_served_from_the_binary() {
         );
         assert!(r.text().unwrap().contains(needle), "{path}");
     }
+
+    // The entry's modules, followed import by import as the browser does:
+    // each is served as JavaScript with the page's headers, and together
+    // they are every script in web/ (a module not routed fails here).
+    let base = reqwest::Url::parse(&format!("{}/", p.base)).unwrap();
+    let mut todo = vec![base.join("assets/app.js").unwrap()];
+    let mut served = std::collections::BTreeSet::new();
+    while let Some(url) = todo.pop() {
+        if !served.insert(url.path().to_owned()) {
+            continue;
+        }
+        let r = p.get_response(url.path());
+        assert_eq!(r.status(), 200, "{url}");
+        let h = r.headers();
+        assert!(
+            h["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/javascript"),
+            "{url}"
+        );
+        assert_eq!(h["cache-control"], "no-cache", "{url}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{url}");
+        let js = r.text().unwrap();
+        for line in js.lines().filter(|l| l.starts_with("import ")) {
+            let spec = line
+                .rsplit('"')
+                .nth(1)
+                .unwrap_or_else(|| panic!("{url}: {line}"));
+            todo.push(url.join(spec).unwrap());
+        }
+    }
+    let mut on_disk = std::collections::BTreeSet::new();
+    let mut dirs = vec![repo_root().join("web")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "js") {
+                let rel = path.strip_prefix(repo_root().join("web")).unwrap();
+                on_disk.insert(format!("/assets/{}", rel.to_str().unwrap()));
+            }
+        }
+    }
+    assert_eq!(served, on_disk, "the modules reached from /assets/app.js");
+    assert!(served.len() > 10, "{served:?}");
+    assert_eq!(p.get_response("/assets/js/missing.js").status(), 404);
+    assert_eq!(p.get_response("/assets/web.rs").status(), 404);
 }

@@ -1191,3 +1191,57 @@ fn shard_0_keeps_each_ranks_place_for_the_next_generation() {
         sh.join().unwrap();
     });
 }
+
+/// Out of sync, a shard's checkpoint carries the slowest rank's place (its
+/// cursor follows the places its pushes leave), and a shard restored from
+/// it starts a fresh worker there, whatever its rank, and a worker that
+/// kept its replica at its own place: a resumed job trains no sample of
+/// any share less than the job it resumes.
+#[test]
+fn an_async_checkpoint_carries_the_slowest_place_and_a_restored_shard_resumes_there() {
+    let plane = DataPlane::bind("127.0.0.1:0").unwrap();
+    let a = assignment(&plane, RoleKind::Ps, json!("async"));
+    let rules = Rules::of(&a.spec);
+    let mut shard = seeded(&a, &initial());
+    let at = |epoch, offset| crate::data::Cursor { epoch, offset };
+    let wire = |c: crate::data::Cursor| DataCursor {
+        epoch: c.epoch,
+        offset: c.offset,
+    };
+    for r in 0..2 {
+        assert_eq!(shard.place(r, None), at(0, 0));
+    }
+    // Rank 0 runs ahead of rank 1.
+    for (version, r, next) in [(0, 0, at(0, 16)), (1, 0, at(1, 0)), (1, 1, at(0, 48))] {
+        let mut h = header(version, 4, 0.01);
+        h.next_cursor = wire(next);
+        let taken = shard.take(&rules, r, &h, &pushed(r + 1, r, version));
+        assert!(taken.accepted);
+    }
+    assert_eq!(shard.place(0, None), at(1, 0), "rank 0's own place");
+    assert_eq!(shard.place(1, None), at(0, 48), "rank 1's own place");
+    let snap = shard.snapshot(3, 0, 1, LEN).expect("a snapshot");
+    assert_eq!(
+        (snap.cursor.epoch, snap.cursor.offset),
+        (0, 48),
+        "the slowest place"
+    );
+    let loaded = crate::storage::checkpoint::Loaded {
+        tensors: snap.tensors.clone(),
+        step: snap.step,
+        cursor: snap.cursor,
+        optimizer_t: snap.optimizer_t,
+    };
+    let mut back = Shard::new(&a, ranges()).unwrap();
+    back.restore(&loaded);
+    assert_eq!(
+        back.place(0, None),
+        at(0, 48),
+        "a fresh rank 0 at the slowest place"
+    );
+    assert_eq!(
+        back.place(1, Some(at(0, 80))),
+        at(0, 80),
+        "a kept worker at its own"
+    );
+}

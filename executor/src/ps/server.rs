@@ -16,6 +16,7 @@ use super::shard::{shard_len, Locked, Rules, Shard};
 use super::standby::{self, Reporting, StandbyLink};
 use super::{from_wire, read_current, PS_TIMEOUT};
 use crate::context::{Context, Drain};
+use crate::data::Cursor;
 use crate::replica::optim::FlatOptimizer;
 use crate::reports::Item;
 use crate::storage::checkpoint::Uploader;
@@ -350,33 +351,7 @@ fn connection(
         match m.message {
             Message::Init { version, cursor } => {
                 ps::read_values(&mut r, &m, len, &mut buf)?;
-                let mut s = served.shard.lock();
-                let took = s.weights.is_none();
-                if took {
-                    s.weights = Some(Arc::new(std::mem::take(&mut buf)));
-                    s.version = version;
-                    s.cursor = from_wire(cursor);
-                    s.replaced();
-                    served.shard.changed();
-                } else if s.restored {
-                    // Restored from a checkpoint while the other shards
-                    // lived on: its values are the checkpoint's, its version
-                    // and cursor follow the job's (sync mode needs one).
-                    s.restored = false;
-                    if version > s.version {
-                        s.version = version;
-                        s.cursor = from_wire(cursor);
-                    }
-                    s.replaced();
-                    served.shard.changed();
-                }
-                let ack = Message::Ack {
-                    version: s.version,
-                    // Tells rank 0 whether its values were taken.
-                    values_taken: took,
-                    checkpoint_wanted: false,
-                };
-                drop(s);
+                let ack = init(served, version, from_wire(cursor), &mut buf);
                 ps::write_message(&mut writer, generation, &ack, &[])?;
             }
             Message::Pull { at_least } => {
@@ -446,6 +421,38 @@ fn connection(
                 )))
             }
         }
+    }
+}
+
+/// Takes rank 0's initial `values` at `version` and `cursor` where the
+/// shard has none, or aligns the version of a shard restored from a
+/// checkpoint; the `Ack` that answers it.
+fn init(served: &Served, version: u64, cursor: Cursor, values: &mut Vec<f32>) -> Message {
+    let mut s = served.shard.lock();
+    let took = s.weights.is_none();
+    if took {
+        s.weights = Some(Arc::new(std::mem::take(values)));
+        s.version = version;
+        s.cursor = cursor;
+        s.replaced();
+        served.shard.changed();
+    } else if s.restored {
+        // Restored from a checkpoint while the other shards lived on: its
+        // values are the checkpoint's, its version and cursor follow the
+        // job's (sync mode needs one).
+        s.restored = false;
+        if version > s.version {
+            s.version = version;
+            s.cursor = cursor;
+        }
+        s.replaced();
+        served.shard.changed();
+    }
+    Message::Ack {
+        version: s.version,
+        // Tells rank 0 whether its values were taken.
+        values_taken: took,
+        checkpoint_wanted: false,
     }
 }
 

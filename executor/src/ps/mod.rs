@@ -41,6 +41,7 @@
 
 mod consistency;
 mod links;
+mod places;
 mod ranges;
 mod server;
 mod shard;
@@ -53,8 +54,9 @@ mod worker;
 mod tests;
 
 pub use consistency::STALENESS_BUCKETS;
+pub use ranges::shard_len;
 pub use server::serve_shard;
-pub use shard::{shard_len, Shard};
+pub use shard::Shard;
 pub use standby::{serve_standby, STANDBY_GIVE_UP, STANDBY_RETRY, STANDBY_TIMEOUT};
 pub use step::LastStep;
 pub use worker::{run_worker, work, KeptWorker, WorkerEnv};

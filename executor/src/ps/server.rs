@@ -12,7 +12,8 @@
 //! With a standby, a replicator thread ([`super::standby::replicate`])
 //! runs beside the connections.
 
-use super::shard::{shard_len, Locked, Rules, Shard};
+use super::ranges::shard_len;
+use super::shard::{Locked, Rules, Shard};
 use super::standby::{self, Reporting, StandbyLink};
 use super::{from_wire, read_current, PS_TIMEOUT};
 use crate::context::{Context, Drain};

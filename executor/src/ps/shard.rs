@@ -22,23 +22,17 @@
 //! The optimizer state stays zero over the tail, which is the checkpoint
 //! format ("each tensor over the pieces") unchanged.
 //!
-//! Out of sync each worker walks its own share of the data, so shard 0
-//! keeps each rank's place ([`Shard::place`]): the cursor after its last
-//! accepted push. A worker that starts a generation takes up its rank's
-//! place — a replacement goes on where the lost worker left off — and the
-//! shard's own cursor is the slowest rank's, which its standby and its
-//! checkpoints carry, so that a job resumed from them leaves no sample of
-//! any share untrained. A generation with another number of workers deals
-//! the data in other slices: every rank then starts at the slowest place.
+//! Out of sync, shard 0 keeps each rank's place in the data
+//! ([`super::places`]), and the shard's cursor is the slowest of them.
 
 use super::consistency::{self, Round, Verdict, STALENESS_BUCKETS};
-pub use super::ranges::shard_len;
-use super::ranges::{buffer_offset, ShardMapError};
+use super::places::Places;
+use super::ranges::{buffer_offset, shard_len, ShardMapError};
 use super::stale::{self, MeanStaleness, DC_HISTORY};
 use crate::data::Cursor;
 use crate::replica::optim::{slice_norm, SliceOptimizer};
 use crate::storage::checkpoint::{Loaded, Snapshot};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use trainyard_common::checkpoint::CursorState;
@@ -101,7 +95,7 @@ pub struct Shard {
     pub(super) done: BTreeSet<u32>,
     /// Each rank's place in the data (async and bounded; shard 0's are the
     /// job's).
-    places: BTreeMap<u32, Cursor>,
+    places: Places,
     next_cursor: Cursor,
     lr: f64,
     /// Updates applied.
@@ -208,7 +202,7 @@ impl Shard {
             acc_samples: 0,
             contributors: BTreeSet::new(),
             done: BTreeSet::new(),
-            places: BTreeMap::new(),
+            places: Places::default(),
             next_cursor: Cursor::default(),
             lr: 0.0,
             applied: 0,
@@ -239,8 +233,7 @@ impl Shard {
             // Another number of workers slices the data otherwise: a
             // rank's place means nothing in it, and only the slowest
             // place leaves no sample untrained.
-            let floor = self.floor();
-            self.places = (0..expected).map(|r| (r, floor)).collect();
+            self.places.regroup(expected, self.cursor);
         }
         self.expected = expected;
         self.acc_samples = 0;
@@ -338,18 +331,9 @@ impl Shard {
     /// has no record: shard 0 was lost or restored). The answer is the
     /// rank's place from now on.
     pub(super) fn place(&mut self, rank: u32, kept: Option<Cursor>) -> Cursor {
-        let floor = self.floor();
-        let at = *self
-            .places
-            .entry(rank)
-            .or_insert_with(|| kept.unwrap_or(floor));
-        self.cursor = self.floor();
+        let at = self.places.take_up(rank, kept, self.cursor);
+        self.cursor = self.places.floor(self.cursor);
         at
-    }
-
-    /// The slowest rank's place (the shard's cursor where none is known).
-    fn floor(&self) -> Cursor {
-        self.places.values().min().copied().unwrap_or(self.cursor)
     }
 
     /// A copy of the shard's values and optimizer state for a checkpoint
@@ -533,8 +517,8 @@ impl Shard {
                 self.apply(grad, None, samples, lr, rules.clip, carries_state, momentum);
                 // The worker's next step starts there: its standby and its
                 // checkpoints carry the slowest rank's place.
-                self.places.insert(from, next);
-                self.cursor = self.floor();
+                self.places.moved(from, next);
+                self.cursor = self.places.floor(self.cursor);
                 self.staleness[consistency::bucket(staleness)] += 1;
                 self.queue_update(grad, None, before, samples, lr, carries_state, momentum);
                 self.compensated = g;

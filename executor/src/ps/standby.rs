@@ -26,7 +26,8 @@
 //! started on its executor takes over ([`crate::roles`] keys PS state by
 //! shard, primary or standby alike).
 
-use super::shard::{shard_len, Change, Locked, Published, Shard, Update};
+use super::ranges::shard_len;
+use super::shard::{Change, Locked, Published, Shard, Update};
 use super::{from_wire, read_current, standby_endpoint, to_wire};
 use crate::replica::optim::FlatOptimizer;
 use crate::reports::Item;

@@ -9,7 +9,7 @@
 //! job's `until` says when it ends: a worker that walked its share says so
 //! to shard 0, and rank 0 stops once every worker has (`all`) or once any
 //! has (`first`). Each worker takes up its rank's place in the data from
-//! shard 0 when a generation starts ([`take_up_place`]). Rank 0 seeds
+//! shard 0 when a generation starts ([`super::places`]). Rank 0 seeds
 //! empty shards, decides which step the shards checkpoint, reports the
 //! curve, evaluates and, at the end, writes the final weights.
 //!
@@ -28,6 +28,7 @@
 
 use super::consistency::{self, AfterPull, AfterPush};
 use super::links::{self, Exchange, PushReply, ShardMap};
+use super::places::take_up_place;
 use super::step::{catch_up, CatchingUp, LastStep, PsStep};
 use super::to_wire;
 use crate::context::Context;
@@ -569,37 +570,9 @@ impl<'e> Worker<'e> {
 }
 
 /// A line of the job's log (and this executor's).
-fn send_log(env: &WorkerEnv, level: LogLevel, msg: String) {
+pub(super) fn send_log(env: &WorkerEnv, level: LogLevel, msg: String) {
     tracing::info!(job = %env.a.key.job_id, "{msg}");
     let _ = env.tx.send(Item::Log(level, msg));
-}
-
-/// Out of sync, a worker takes up its rank's place in the data as shard 0
-/// keeps it: a replacement goes on where the lost worker left off rather
-/// than walking the whole share again, and a worker whose rank changed
-/// walks its new rank's share.
-fn take_up_place(
-    env: &WorkerEnv,
-    rep: &mut Replica,
-    ps: &mut PsStep,
-    world: u32,
-) -> Result<(), RoleError> {
-    let rank = env.rank;
-    let kept = (rep.step > 0).then_some(rep.cursor);
-    let at = ps.ask_place(kept, env.stop)?;
-    if kept == Some(at) || (kept.is_none() && at == Cursor::default()) {
-        return Ok(());
-    }
-    rep.resume_at(at, world);
-    send_log(
-        env,
-        LogLevel::Info,
-        format!(
-            "worker {rank} resumes its share of the data at epoch {}, sample {} (step {}): rank {rank}'s place as shard 0 keeps it",
-            at.epoch, at.offset, rep.step
-        ),
-    );
-    Ok(())
 }
 
 /// Rank 0 seeds empty shards: at the start with the seeded

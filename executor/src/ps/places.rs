@@ -12,12 +12,11 @@
 //! starts at the slowest place.
 
 use super::step::PsStep;
-use super::worker::{send_log, WorkerEnv};
 use crate::data::Cursor;
 use crate::error::RoleError;
 use crate::replica::Replica;
 use std::collections::BTreeMap;
-use trainyard_common::cluster::LogLevel;
+use trainyard_shutdown::Shutdown;
 
 /// Each rank's place in the data, as shard 0 keeps it.
 #[derive(Debug, Default)]
@@ -61,29 +60,21 @@ impl Places {
 /// Out of sync, a worker takes up its rank's place in the data as shard 0
 /// keeps it: a replacement goes on where the lost worker left off rather
 /// than walking the whole share again, and a worker whose rank changed
-/// walks its new rank's share.
+/// walks its new rank's share. The place where it moved the replica there
+/// (`None` where the replica already was).
 pub(super) fn take_up_place(
-    env: &WorkerEnv,
     rep: &mut Replica,
     ps: &mut PsStep,
     world: u32,
-) -> Result<(), RoleError> {
-    let rank = env.rank;
+    stop: &Shutdown,
+) -> Result<Option<Cursor>, RoleError> {
     let kept = (rep.step > 0).then_some(rep.cursor);
-    let at = ps.ask_place(kept, env.stop)?;
+    let at = ps.ask_place(kept, stop)?;
     if kept == Some(at) || (kept.is_none() && at == Cursor::default()) {
-        return Ok(());
+        return Ok(None);
     }
     rep.resume_at(at, world);
-    send_log(
-        env,
-        LogLevel::Info,
-        format!(
-            "worker {rank} resumes its share of the data at epoch {}, sample {} (step {}): rank {rank}'s place as shard 0 keeps it",
-            at.epoch, at.offset, rep.step
-        ),
-    );
-    Ok(())
+    Ok(Some(at))
 }
 
 #[cfg(test)]

@@ -185,7 +185,16 @@ impl<'e> Worker<'e> {
             && std::env::var("TRAINYARD_PS_PREFETCH").as_deref() != Ok("off");
         let mut ps = PsStep::new(links, map, prefetch);
         if consistency != Consistency::Sync {
-            take_up_place(env, rep, &mut ps, world)?;
+            if let Some(at) = take_up_place(rep, &mut ps, world, stop)? {
+                send_log(
+                    env,
+                    LogLevel::Info,
+                    format!(
+                        "worker {rank} resumes its share of the data at epoch {}, sample {} (step {}): rank {rank}'s place as shard 0 keeps it",
+                        at.epoch, at.offset, rep.step
+                    ),
+                );
+            }
         }
         let cursor = rep.cursor;
         let batches = rep.batches(rank, world, cursor);
@@ -570,7 +579,7 @@ impl<'e> Worker<'e> {
 }
 
 /// A line of the job's log (and this executor's).
-pub(super) fn send_log(env: &WorkerEnv, level: LogLevel, msg: String) {
+fn send_log(env: &WorkerEnv, level: LogLevel, msg: String) {
     tracing::info!(job = %env.a.key.job_id, "{msg}");
     let _ = env.tx.send(Item::Log(level, msg));
 }

@@ -3,6 +3,7 @@
 // the state badge, and the progress bar with the steps a spec will run.
 
 import { el } from "./dom.js";
+import { showError } from "./api.js";
 
 export const STATES = ["queued", "inspecting", "scheduling", "running", "recovering", "succeeded", "failed", "cancelled"];
 
@@ -41,4 +42,25 @@ export function setProgress(bar, step, total, state) {
   fill.style.width = frac === null ? (TERMINAL.has(state) ? "0" : "") : (frac * 100).toFixed(1) + "%";
   bar.dataset.step = step;
   bar.title = total ? `${step} / ${total} steps` : `${step} steps`;
+}
+
+// A button that acts only on a second click within 4 s (the first turns it
+// into "Really cancel?"); `act` runs on the second with the button
+// disabled, and the button comes back if it throws. Returns a disposer
+// that clears the pending revert (a view's dispose calls it).
+export function confirmingButton(button, label, act) {
+  let timer = null;
+  button.addEventListener("click", async () => {
+    if (button.dataset.confirm !== "1") {
+      button.dataset.confirm = "1";
+      button.textContent = "Really cancel?";
+      timer = setTimeout(() => { button.dataset.confirm = ""; button.textContent = label; }, 4000);
+      return;
+    }
+    clearTimeout(timer);
+    button.disabled = true;
+    try { await act(); }
+    catch (e) { showError(e); button.disabled = false; }
+  });
+  return () => clearTimeout(timer);
 }

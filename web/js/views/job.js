@@ -5,8 +5,8 @@
 
 import { $, el, mount } from "../dom.js";
 import { bytes, clock, fmt, short } from "../format.js";
-import { expectedSteps, setProgress, TERMINAL } from "../widgets.js";
-import { api, debounced, showError } from "../api.js";
+import { confirmingButton, expectedSteps, setProgress, TERMINAL } from "../widgets.js";
+import { api, debounced } from "../api.js";
 import { lineChart } from "../chart.js";
 import { drawCluster } from "../cluster.js";
 
@@ -26,20 +26,10 @@ function dataLine(pts) {
 export function jobView(main, id) {
   mount(main, "tpl-job");
   let job = null, events = [], lastEvent = 0, lastLog = 0, logLines = [];
-  let confirmTimer = null;
   const cancelButton = $("#cancel-button");
 
-  cancelButton.addEventListener("click", async () => {
-    if (cancelButton.dataset.confirm !== "1") {
-      cancelButton.dataset.confirm = "1";
-      cancelButton.textContent = "Really cancel?";
-      confirmTimer = setTimeout(() => { cancelButton.dataset.confirm = ""; cancelButton.textContent = "Cancel job"; }, 4000);
-      return;
-    }
-    clearTimeout(confirmTimer);
-    cancelButton.disabled = true;
-    try { job = await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); renderJob(); refreshAll(); }
-    catch (e) { showError(e); cancelButton.disabled = false; }
+  const disposeCancel = confirmingButton(cancelButton, "Cancel job", async () => {
+    job = await api(`/v1/jobs/${id}/cancel`, { method: "POST" }); renderJob(); refreshAll();
   });
 
   const renderJob = () => {
@@ -246,6 +236,6 @@ export function jobView(main, id) {
       else if (kind === "progress" && data.job === id) { refreshMetrics(); refreshLogs(); refreshCheckpoints(); }
       else if (kind === "executor") refreshCluster();
     },
-    dispose() { clearTimeout(confirmTimer); },
+    dispose() { disposeCancel(); },
   };
 }

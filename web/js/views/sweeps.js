@@ -5,8 +5,8 @@
 
 import { $, el, mount } from "../dom.js";
 import { age, clock, fmt, short } from "../format.js";
-import { PALETTE, stateBadge } from "../widgets.js";
-import { api, debounced, showError } from "../api.js";
+import { confirmingButton, PALETTE, stateBadge } from "../widgets.js";
+import { api, debounced } from "../api.js";
 import { lineChart } from "../chart.js";
 
 const SWEEP_TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -50,21 +50,12 @@ export function sweepsView(main) {
 
 export function sweepView(main, id) {
   mount(main, "tpl-sweep");
-  let sweep = null, confirmTimer = null;
+  let sweep = null;
   const curves = new Map(); // job id → { state, series }
   const stale = new Set();
   const cancelButton = $("#sweep-cancel");
-  cancelButton.addEventListener("click", async () => {
-    if (cancelButton.dataset.confirm !== "1") {
-      cancelButton.dataset.confirm = "1";
-      cancelButton.textContent = "Really cancel?";
-      confirmTimer = setTimeout(() => { cancelButton.dataset.confirm = ""; cancelButton.textContent = "Cancel sweep"; }, 4000);
-      return;
-    }
-    clearTimeout(confirmTimer);
-    cancelButton.disabled = true;
-    try { sweep = await api(`/v1/sweeps/${encodeURIComponent(id)}/cancel`, { method: "POST" }); render(); refresh(); }
-    catch (e) { showError(e); cancelButton.disabled = false; }
+  const disposeCancel = confirmingButton(cancelButton, "Cancel sweep", async () => {
+    sweep = await api(`/v1/sweeps/${encodeURIComponent(id)}/cancel`, { method: "POST" }); render(); refresh();
   });
   const color = (i) => PALETTE[i % PALETTE.length];
 
@@ -164,6 +155,6 @@ export function sweepView(main, id) {
       else if (kind === "resync") { for (const j of curves.keys()) stale.add(j); refresh(); }
       else if (kind === "ready" || kind === "job" || (kind === "sweep" && data.id === id)) refresh();
     },
-    dispose() { clearTimeout(confirmTimer); clearInterval(slow); },
+    dispose() { disposeCancel(); clearInterval(slow); },
   };
 }

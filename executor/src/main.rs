@@ -142,6 +142,17 @@ struct Cli {
     #[arg(long, env = "TRAINYARD_ENV_CACHE_MB", default_value_t = 20 * 1024)]
     env_cache_mb: u64,
 
+    /// Whether scripts see the host's C/C++ compiler and its headers
+    /// (`on`, the default: `torch.compile` builds its kernels with them) or
+    /// not (`off`: a compiled script's job fails, saying why).
+    #[arg(
+        long,
+        env = "TRAINYARD_SCRIPT_COMPILER",
+        value_enum,
+        default_value = "on"
+    )]
+    script_compiler: Switch,
+
     /// Longest a drain (SIGTERM, SIGINT, SIGUSR1) may take, in seconds: the
     /// scheduler moving roles away, checkpoint uploads and report delivery.
     /// When it ends the executor exits, logging what the API did not
@@ -167,6 +178,13 @@ fn advertised(bound: std::net::SocketAddr, host: Option<&str>) -> String {
     }
 }
 
+/// An on/off option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Switch {
+    On,
+    Off,
+}
+
 /// A `--label` or `--python` value without its `=`.
 #[derive(Debug, thiserror::Error)]
 #[error("expected key=value, got {0:?}")]
@@ -188,6 +206,9 @@ fn main() -> anyhow::Result<()> {
     let (Some(api), Some(join_token)) = (cli.api.clone(), cli.join_token.clone()) else {
         anyhow::bail!("give --api URL and --join-token TOKEN to run as an agent, or --probe to check the libtorch link");
     };
+    if cli.script_compiler == Switch::Off {
+        trainyard_executor::script::toolchain::withhold();
+    }
     if let Some(n) = cli.torch_threads {
         tch::set_num_threads(n);
     }

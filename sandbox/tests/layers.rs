@@ -383,6 +383,30 @@ fn a_private_dev_shm_hides_the_hosts_and_other_childrens_and_is_bounded() {
         &private(64),
     );
     assert!(big.detail.contains("No space left"), "{big:?}");
+    // Its pages count in the child's memory: with room in a /dev/shm
+    // larger than its memory limit, filling it past that limit ends the
+    // child for its memory (or the write is refused), never silently.
+    let mut small = c.clone();
+    small.limits.memory_mb = 64;
+    let roomy = Spec {
+        private_shm_mb: Some(256),
+        ..spec(small.limits, None)
+    };
+    let fill = |mb: u64| {
+        probe_as(
+            Some(&small),
+            json!({"file_size": ["/dev/shm/fill", mb]}),
+            &roomy,
+        )
+    };
+    assert!(fill(16).ok, "{:?}", fill(16));
+    let past = fill(160);
+    eprintln!("160 MiB of /dev/shm under a 64 MiB limit: {past:?}");
+    assert!(
+        past.ending == Ending::Memory { limit_mb: 64 }
+            || past.detail.contains("Cannot allocate memory"),
+        "160 MiB of /dev/shm under a 64 MiB limit: {past:?}"
+    );
     // Its temporary folder is a folder of its own, bound at a short path:
     // what it writes there lands in that folder, and nothing else is.
     use trainyard_sandbox::spawn::PRIVATE_TMP;

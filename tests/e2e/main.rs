@@ -18,6 +18,7 @@ mod replicas;
 mod sandbox;
 mod scripts;
 mod scripts_as_written;
+mod scripts_compile;
 mod server_lifecycle;
 mod sharded;
 mod sharing;

@@ -51,6 +51,7 @@ pub fn torchrun(p: &Platform, label: &str, train: &Path, nproc: u32, args: &[&st
         .env("TRAINYARD_INPUT_DIR", &inputs)
         .env("TRAINYARD_OUTPUT_DIR", reference.join("outputs"))
         .env("TRAINYARD_CHECKPOINT_DIR", reference.join("checkpoints"))
+        .env("TORCHINDUCTOR_CACHE_DIR", reference.join("inductor"))
         .env("OMP_NUM_THREADS", "1")
         .spawn()
         .unwrap()

@@ -214,7 +214,8 @@ fn watch(role: &Role, rank: u32, s: &mut Started, world: usize) -> Result<Ended,
     }
     if toolchain::folders().is_empty() && toolchain::wanted_by(&last) {
         return Err(Failure::Refused(format!(
-            "torch.compile needs a C++ compiler on the executor, and this one has none (no c++ or g++ on its PATH); {reason}"
+            "{}; {reason}",
+            toolchain::missing()
         )));
     }
     // A rank killed by a signal or a limit failed by itself: restart at

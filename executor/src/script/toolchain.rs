@@ -3,8 +3,10 @@
 //! `PATH`, against the compiler's, the system's and Python's headers. The
 //! sandbox lets a rank read and run exactly these (never write them); the
 //! kernels it builds land in the rank's scratch (`TORCHINDUCTOR_CACHE_DIR`)
-//! and are loaded from there. A host without a compiler gets a job failure
-//! that says so ([`wanted_by`]), not inductor's traceback.
+//! and are loaded from there. A host without a compiler, or an executor
+//! whose admin withheld it (`--script-compiler off`, [`withhold`]: a
+//! compiler is code a script may run), gets a job failure that says so
+//! ([`wanted_by`], [`missing`]), not inductor's traceback.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,20 +21,50 @@ const PROGRAMS: [&str; 9] = [
     "c++", "g++", "gcc", "cc", "cpp", "as", "ld", "openssl", "objcopy",
 ];
 
+static FOUND: OnceLock<Vec<PathBuf>> = OnceLock::new();
+static WITHHELD: OnceLock<bool> = OnceLock::new();
+
 /// The toolchain's files and folders (empty: no C++ compiler on this
-/// host), found once.
+/// host, or withheld), found once.
 pub fn folders() -> &'static [PathBuf] {
-    static FOUND: OnceLock<Vec<PathBuf>> = OnceLock::new();
     FOUND.get_or_init(find)
+}
+
+/// Scripts on this executor see no compiler, whatever the host has; called
+/// once at start, before any script runs.
+pub fn withhold() {
+    let _ = WITHHELD.set(true);
+    let _ = FOUND.set(Vec::new());
+}
+
+/// Why a script that wanted a compiler found none, for its job's failure.
+pub fn missing() -> &'static str {
+    if WITHHELD.get().copied().unwrap_or(false) {
+        "torch.compile needs a C++ compiler on the executor, and this one offers none to scripts (its admin started it with --script-compiler off)"
+    } else {
+        "torch.compile needs a C++ compiler on the executor, and this one has none (no c++ or g++ on its PATH)"
+    }
 }
 
 /// Whether a script's last lines show it wanted a C++ compiler (inductor
 /// looked for one and failed).
+/// Inductor 2.11 searches with `cpp_compiler_search` (`c++ --version`):
+/// a compiler that is not there ends in `FileNotFoundError: 'g++'`, one
+/// the sandbox withholds in `PermissionError: 'g++'`, either inside an
+/// `InductorError`.
 pub fn wanted_by(lines: &[String]) -> bool {
+    const SEARCH: [&str; 4] = [
+        "InvalidCxxCompiler",
+        "get_compiler_version_info",
+        "cpp_compiler_search",
+        "get_cpp_compiler",
+    ];
     lines.iter().any(|l| {
-        l.contains("InvalidCxxCompiler")
-            || l.contains("get_compiler_version_info")
-            || (l.contains("torch._inductor") && l.to_lowercase().contains("compiler"))
+        SEARCH.iter().any(|s| l.contains(s))
+            || (l.contains("InductorError")
+                && ["'g++'", "'c++'", "'clang++'"]
+                    .iter()
+                    .any(|c| l.contains(c)))
     })
 }
 
@@ -133,7 +165,21 @@ mod tests {
         assert!(wanted_by(&lines(
             "torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found"
         )));
+        // What inductor 2.11 prints where g++ is withheld (and, with
+        // FileNotFoundError, where there is none).
+        assert!(wanted_by(&lines(
+            "[rank1]:   File \".../torch/_inductor/cpp_builder.py\", line 101, in cpp_compiler_search"
+        )));
+        assert!(wanted_by(&lines(
+            "[rank1]: torch._inductor.exc.InductorError: PermissionError: [Errno 13] Permission denied: 'g++'"
+        )));
+        assert!(wanted_by(&lines(
+            "torch._inductor.exc.InductorError: FileNotFoundError: [Errno 2] No such file or directory: 'c++'"
+        )));
         assert!(!wanted_by(&lines("ValueError: bad shape\nexit 1")));
+        assert!(!wanted_by(&lines(
+            "torch._inductor.exc.InductorError: RuntimeError: shapes do not match"
+        )));
     }
 
     #[test]

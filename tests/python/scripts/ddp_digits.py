@@ -10,7 +10,11 @@ The options are what people add to such a script every day: DataLoader
 worker processes (`--workers`, `--start-method`, `--persistent`),
 `torch.compile` (`--compile`), and packages of their own (`--progress`:
 tqdm's bar, `--sklearn`: scikit-learn's accuracy, `--table`: tabulate's
-summary). None changes what is trained.
+summary). None changes what is trained. With `--compile` each rank prints
+inductor's compiled-graph cache hits and misses after its first step (a
+warm restart finds its kernels); `--fail-once-after N` exits with an error
+after epoch N's checkpoint, on the first try only, as a script with a
+transient fault does.
 """
 
 import argparse
@@ -63,6 +67,7 @@ def main():
     p.add_argument("--progress", action="store_true")
     p.add_argument("--sklearn", action="store_true")
     p.add_argument("--table", action="store_true")
+    p.add_argument("--fail-once-after", type=int, default=None)
     args = p.parse_args()
     if args.progress:
         import tqdm
@@ -114,6 +119,14 @@ def main():
             loss.backward()
             opt.step()
             total, n = total + loss.item(), n + 1
+            if args.compile and epoch == start and n == 1:
+                from torch._dynamo.utils import counters
+
+                c = counters["inductor"]
+                print(
+                    f"rank {rank} compiled graphs: cache hits {c['fxgraph_cache_hit']} misses {c['fxgraph_cache_miss']}",
+                    flush=True,
+                )
         print(f"rank {rank} epoch {epoch} loss {total / max(n, 1):.4f}", flush=True)
         # Rank 0 saves (DDP keeps the replicas equal); every rank loads.
         if rank == 0:
@@ -122,6 +135,11 @@ def main():
             torch.save(state, tmp)
             os.replace(tmp, ckpt)
         report(epoch + 1, checkpoint=True, loss=total / max(n, 1), lr=args.lr, batches=n)
+        first_try = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if epoch == args.fail_once_after and first_try:
+            dist.barrier()
+            print(f"rank {rank}: failing once after epoch {epoch}", flush=True)
+            raise SystemExit(3)
 
     if rank == 0 and (args.sklearn or args.table):
         net.eval()

@@ -81,9 +81,15 @@ struct Step {
 
 /// Every step line in `line` (two ranks writing to one pipe may share a
 /// line).
+/// Every step record in `line`: two ranks writing to one pipe (torchrun's)
+/// can glue one's record to the other's before its newline
+/// (`… t 1.5step 100 rank 1 …`), so each record ends where the next begins.
 fn parse_all(line: &str) -> Vec<Step> {
-    line.match_indices("step ")
-        .filter_map(|(at, _)| parse(&line[at..]))
+    let starts: Vec<usize> = line.match_indices("step ").map(|(at, _)| at).collect();
+    starts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &at)| parse(&line[at..starts.get(i + 1).copied().unwrap_or(line.len())]))
         .collect()
 }
 
@@ -489,9 +495,11 @@ impl Run {
             .collect();
         let (Some(t0), Some(t1)) = (at.get(&self.warmup), at.get(&self.steps)) else {
             bail!(
-                "rank 0's steps {} and {} are not in its output",
+                "rank 0's steps {} and {} are not in its output (it printed steps {:?}); its last lines: {}",
                 self.warmup,
-                self.steps
+                self.steps,
+                at.keys().collect::<Vec<_>>(),
+                lines[lines.len().saturating_sub(6)..].join(" | ")
             );
         };
         let per_sample = self.batch as f64 * world as f64;
@@ -770,4 +778,25 @@ fn throughput(short: bool) -> anyhow::Result<()> {
     on.server.stop();
     off.server.stop();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_glued_on_one_line_are_each_read() {
+        let glued = "step 100 rank 0 restart 0 pid 7 t 1.5step 100 rank 1 restart 0 pid 8 t 1.6";
+        let steps = parse_all(glued);
+        assert_eq!(steps.len(), 2, "{glued}");
+        assert_eq!((steps[0].rank, steps[0].t), (0, 1.5));
+        assert_eq!((steps[1].rank, steps[1].t), (1, 1.6));
+        let prefixed = parse_all("[rank 1] step 50 rank 1 restart 2 pid 9 t 3.25");
+        assert_eq!(prefixed.len(), 1);
+        assert_eq!(
+            (prefixed[0].step, prefixed[0].restart, prefixed[0].pid),
+            (50, 2, 9)
+        );
+        assert!(parse_all("step 5 of 9 done").is_empty());
+    }
 }

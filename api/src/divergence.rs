@@ -189,17 +189,21 @@ async fn open_policy(tx: &mut PgConnection, job: Uuid) -> ApiResult<Option<Diver
     stored_policy(tx, job).await.map(Some)
 }
 
-/// The stored spec's `divergence` (the default for a spec stored before
-/// the field existed).
+/// The stored spec's `divergence` (read by the one reader of stored
+/// specs, which gives the default to a spec stored before the field
+/// existed).
 async fn stored_policy(tx: &mut PgConnection, job: Uuid) -> ApiResult<Divergence> {
-    let v: Option<serde_json::Value> =
-        sqlx::query_scalar("SELECT spec->'divergence' FROM jobs WHERE id = $1")
+    let stored: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1")
             .bind(job)
             .fetch_optional(&mut *tx)
-            .await?
-            .flatten();
-    Ok(v.and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default())
+            .await?;
+    match stored {
+        Some(stored) => Ok(trainyard_common::JobSpec::from_stored(stored)
+            .map_err(|e| ApiError::Internal(anyhow::anyhow!("job {job}: {e}")))?
+            .divergence),
+        None => Ok(Divergence::default()),
+    }
 }
 
 /// The first [`EARLY_STEPS`] points of job `job`'s rank-0 curve.

@@ -41,7 +41,6 @@ use trainyard_common::cluster::{
     MAX_PACKAGES_DETAIL, MAX_PACKAGES_PHASES, MAX_REPORT_ITEMS, MODEL_CRASH_TRIES,
 };
 use trainyard_common::event::{Crash, Outcome, PackagesEvent};
-use trainyard_common::spec::script::DEFAULT_SCRIPT_RESTARTS;
 use trainyard_common::{EventData, JobState};
 use trainyard_scheduler::lifecycle::{self, TransitionError};
 use utoipa::IntoParams;
@@ -464,19 +463,13 @@ async fn crashed(
     let attempt = u32::try_from(before).unwrap_or(u32::MAX).saturating_add(1);
     // A script job restarts as often as its spec allows (torchrun's
     // max_restarts); a model job's model gets MODEL_CRASH_TRIES tries.
-    let script: Option<serde_json::Value> =
-        sqlx::query_scalar("SELECT spec->'script' FROM jobs WHERE id = $1")
-            .bind(job)
-            .fetch_one(&mut *tx)
-            .await?;
-    let (tries, what) = match script.filter(|s| !s.is_null()) {
-        Some(s) => (
-            s.get("max_restarts")
-                .and_then(serde_json::Value::as_u64)
-                .map_or(DEFAULT_SCRIPT_RESTARTS, |n| n as u32)
-                .saturating_add(1),
-            "script",
-        ),
+    let stored: serde_json::Value = sqlx::query_scalar("SELECT spec FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_one(&mut *tx)
+        .await?;
+    let spec = super::job_rows::stored_spec(job, stored)?;
+    let (tries, what) = match &spec.script {
+        Some(s) => (s.max_restarts().saturating_add(1), "script"),
         None => (MODEL_CRASH_TRIES, "model"),
     };
     let name: Option<String> = sqlx::query_scalar("SELECT name FROM executors WHERE id = $1")

@@ -13,13 +13,14 @@
 
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 use trainyard_common::JobState;
 use trainyard_e2e::script_jobs::{
     ddp_accuracy as accuracy, download, scripts_dir as scripts, split_digits as digits, torchrun,
     torchrun_model,
 };
-use trainyard_e2e::Platform;
+use trainyard_e2e::{ApiClient, Platform, Proc};
 
 const ADMIN: &str = "e2e-scripts-compile-admin";
 
@@ -67,19 +68,33 @@ fn compiled_job(name: &str, fail_once_after: Option<u32>) -> serde_json::Value {
     })
 }
 
-#[test]
-fn a_restarted_compiled_script_loads_its_kernels_from_the_cache() {
-    let p = Platform::builder("scripts-compile")
+/// A platform named `name` with two executors (`env` added to theirs),
+/// user alice with the script and the training digits uploaded: the
+/// platform, its executors, alice, and the (train, held-out) digits.
+fn with_script(name: &str, env: &[(&str, &str)]) -> (Platform, Vec<Proc>, ApiClient, Digits) {
+    let mut b = Platform::builder(name)
         .admin_token(ADMIN)
         .no_provisioner()
         .executor_env("TRAINYARD_TORCH_THREADS", "1")
-        .executor_ram_mb(6144)
-        .start();
-    let _execs = [p.executor("a"), p.executor("b")];
+        .executor_ram_mb(6144);
+    for (k, v) in env {
+        b = b.executor_env(k, v);
+    }
+    let p = b.start();
+    let execs = vec![p.executor("a"), p.executor("b")];
     let alice = p.with_token(ADMIN).new_user("alice");
     let (train, test) = digits(&p);
     alice.upload("train.py", &scripts().join("ddp_digits.py"));
     alice.upload("digits-train.npz", &train);
+    (p, execs, alice, (train, test))
+}
+
+/// The training digits and the held-out ones.
+type Digits = (PathBuf, PathBuf);
+
+#[test]
+fn a_restarted_compiled_script_loads_its_kernels_from_the_cache() {
+    let (p, _execs, alice, (train, test)) = with_script("scripts-compile", &[]);
 
     let id = alice.submit(&compiled_job("compiled-restart", Some(1)));
     // The reference: torchrun, the same script without the fault (its own
@@ -130,18 +145,10 @@ fn a_restarted_compiled_script_loads_its_kernels_from_the_cache() {
 
 #[test]
 fn an_executor_without_a_compiler_for_scripts_fails_a_compiled_job_saying_so() {
-    let p = Platform::builder("scripts-no-compiler")
-        .admin_token(ADMIN)
-        .no_provisioner()
-        .executor_env("TRAINYARD_TORCH_THREADS", "1")
-        .executor_env("TRAINYARD_SCRIPT_COMPILER", "off")
-        .executor_ram_mb(6144)
-        .start();
-    let _execs = [p.executor("a"), p.executor("b")];
-    let alice = p.with_token(ADMIN).new_user("alice");
-    let (train, _) = digits(&p);
-    alice.upload("train.py", &scripts().join("ddp_digits.py"));
-    alice.upload("digits-train.npz", &train);
+    let (_p, _execs, alice, _) = with_script(
+        "scripts-no-compiler",
+        &[("TRAINYARD_SCRIPT_COMPILER", "off")],
+    );
 
     let id = alice.submit(&compiled_job("no-compiler", None));
     let done = alice.wait_end(&id, Duration::from_secs(300));

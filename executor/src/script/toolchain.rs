@@ -6,7 +6,9 @@
 //! and are loaded from there. A host without a compiler, or an executor
 //! whose admin withheld it (`--script-compiler off`, [`withhold`]: a
 //! compiler is code a script may run), gets a job failure that says so
-//! ([`wanted_by`], [`missing`]), not inductor's traceback.
+//! ([`wanted_by`], [`missing`]), not inductor's traceback. Withholding is
+//! not a confinement layer: a rank may still run what it writes in its
+//! scratch or installs as a package, as confined as itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -48,6 +50,7 @@ pub fn missing() -> &'static str {
 
 /// Whether a script's last lines show it wanted a C++ compiler (inductor
 /// looked for one and failed).
+///
 /// Inductor 2.11 searches with `cpp_compiler_search` (`c++ --version`):
 /// a compiler that is not there ends in `FileNotFoundError: 'g++'`, one
 /// the sandbox withholds in `PermissionError: 'g++'`, either inside an
